@@ -1,0 +1,32 @@
+"""streamq's client side: submit prompts, follow their token events, tail requests.
+
+Imports neither vllm nor torch, so any service can use it.
+"""
+
+from producer.client import (
+    Completion,
+    DuplicateRequest,
+    RequestError,
+    RequestHandle,
+    StreamGap,
+    StreamqClient,
+    StreamqError,
+)
+from producer.protocol import ChatMessage, ChunkEvent, ErrorEvent, Event, FinalEvent, InvalidRequest, SamplingOptions
+
+__all__ = [
+    "ChatMessage",
+    "ChunkEvent",
+    "Completion",
+    "DuplicateRequest",
+    "ErrorEvent",
+    "Event",
+    "FinalEvent",
+    "InvalidRequest",
+    "RequestError",
+    "RequestHandle",
+    "SamplingOptions",
+    "StreamGap",
+    "StreamqClient",
+    "StreamqError",
+]

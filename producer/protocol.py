@@ -1,0 +1,242 @@
+"""The wire contract between producers and workers: names, job payload, events.
+
+This is the only module that knows how streamq looks on the wire; PROTOCOL.md
+documents the same for other languages. Both sides import it, so it must not
+import vllm or torch. Everything on the wire is JSON (never pickle: a pickled
+arq job in Redis would be code execution on every worker).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Final, Literal, Union
+
+import msgspec
+
+PROTOCOL_VERSION: Final = 1
+
+# --- Redis names -------------------------------------------------------------
+DEFAULT_QUEUE: Final = "streamq:queue"
+"""arq queue (a sorted set of job ids scored by run-at time in ms)."""
+JOB_KEY_PREFIX: Final = "arq:job:"
+"""arq's key for a job's payload; the job id is the request id."""
+EVENTS_CHANNEL_PREFIX: Final = "streamq:events:"
+"""Pub/sub channel of one request's events: ``streamq:events:<request_id>``."""
+WAKEUP_CHANNEL: Final = "streamq:wakeup"
+"""Producers publish the queue name here after an enqueue, so idle workers start at once."""
+JOB_FUNCTION: Final = "generate"
+"""Name of the arq job function that workers register."""
+
+REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+"""Request ids become parts of Redis key and channel names: a narrow alphabet keeps
+one request from reaching another's keys, and 128 characters bound the names."""
+MAX_PROMPT_CHARS: Final = 1_000_000
+"""A payload bound that fails fast long before Redis or the tokenizer struggles."""
+
+
+def events_channel(request_id: str) -> str:
+    """Name of the pub/sub channel that carries ``request_id``'s events."""
+    return EVENTS_CHANNEL_PREFIX + request_id
+
+
+def is_valid_request_id(request_id: object) -> bool:
+    """True if ``request_id`` may be used as a request id (and so in key names)."""
+    return isinstance(request_id, str) and REQUEST_ID_PATTERN.fullmatch(request_id) is not None
+
+
+# --- Job payload -------------------------------------------------------------
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    """One chat message; the worker renders a list of them with the model's chat template."""
+
+    role: str
+    content: str
+
+
+class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The subset of ``vllm.SamplingParams`` a request may set.
+
+    ``None`` means vLLM's own default. Types are checked here; values (ranges,
+    combinations) are checked by vLLM when the worker builds ``SamplingParams``,
+    so both sides agree on what is valid without the producer importing vLLM.
+    """
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that were set, ready for ``SamplingParams(**...)``."""
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not None}
+
+
+class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The payload of one job: what to generate and how.
+
+    Exactly one of ``prompt`` (plain text) or ``messages`` (chat) is given.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingOptions = msgspec.field(default_factory=SamplingOptions)
+
+    def __post_init__(self) -> None:
+        if not is_valid_request_id(self.request_id):
+            raise ValueError(
+                f"request_id must match {REQUEST_ID_PATTERN.pattern} "
+                f"(letters, digits, '._:-', at most 128 characters), got {self.request_id!r}"
+            )
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.prompt is not None and not self.prompt:
+            raise ValueError("prompt must not be empty")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages must not be empty")
+        size = len(self.prompt or "") + sum(len(m.content) for m in self.messages or ())
+        if size > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
+
+
+class InvalidRequest(ValueError):
+    """A job payload that can never succeed; reported to the requester, never retried."""
+
+
+def parse_request(raw: object) -> GenerateRequest:
+    """Validate a decoded job argument into a ``GenerateRequest``.
+
+    Raises ``InvalidRequest`` with a message meant for the requester.
+    """
+    try:
+        return msgspec.convert(raw, GenerateRequest)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+# --- Events --------------------------------------------------------------------
+class _Event(msgspec.Struct, tag_field="type", kw_only=True, forbid_unknown_fields=False):
+    """Fields every event carries. ``seq`` is contiguous from 0 per request, across
+    every event type, so a reader can detect gaps and duplicates."""
+
+    v: int = PROTOCOL_VERSION
+    request_id: str
+    seq: int
+
+
+class ChunkEvent(_Event, tag="chunk", kw_only=True):
+    """One DELTA from the engine for completion ``index``.
+
+    ``text`` may be empty while ``token_ids`` is not: byte-level tokens that do not
+    yet form a whole UTF-8 character. ``finish_reason`` is set on the last chunk of
+    that completion.
+    """
+
+    index: int = 0
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+class FinalEvent(_Event, tag="final", kw_only=True):
+    """The last event of a request that completed. ``finish_reasons[i]`` is that of
+    completion ``i`` (one entry unless ``n > 1``)."""
+
+    finish_reasons: list[str | None]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+ErrorCode = Literal["invalid_request", "engine_dead", "internal"]
+
+
+class ErrorEvent(_Event, tag="error", kw_only=True):
+    """The last event of a request that failed. ``invalid_request`` is the
+    requester's fault and is never retried."""
+
+    code: str
+    message: str
+
+
+Event = Union[ChunkEvent, FinalEvent, ErrorEvent]
+TERMINAL_EVENTS: Final = (FinalEvent, ErrorEvent)
+
+_event_encoder = msgspec.json.Encoder()
+_event_decoder = msgspec.json.Decoder(Event)
+
+
+def encode_event(event: Event) -> bytes:
+    """Serialize an event to its JSON wire form."""
+    return _event_encoder.encode(event)
+
+
+def decode_event(data: bytes | str) -> Event:
+    """Parse an event's JSON wire form (raises ``msgspec.DecodeError`` on bad input)."""
+    return _event_decoder.decode(data)
+
+
+# --- arq job serialization -----------------------------------------------------
+_json_encoder = msgspec.json.Encoder(enc_hook=lambda obj: _encode_fallback(obj))
+
+
+def _encode_fallback(obj: Any) -> Any:
+    """arq stores exceptions as failed-job results; JSON gets their type and message."""
+    if isinstance(obj, BaseException):
+        return {"error": type(obj).__name__, "message": str(obj)}
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
+
+
+def serialize_job(data: Any) -> bytes:
+    """arq ``job_serializer``: JSON instead of arq's default pickle."""
+    return _json_encoder.encode(data)
+
+
+BAD_PAYLOAD_MARKER: Final = "__streamq_bad_payload__"
+"""Keyword argument of the synthetic job that ``deserialize_job`` makes from a
+payload that is not a valid arq job, so the job function can report it."""
+
+
+def deserialize_job(data: bytes) -> Any:
+    """arq ``job_deserializer``: JSON, and a payload that is not JSON still runs.
+
+    arq would only log an undecodable job; the requester would wait forever. Instead
+    it becomes a call of the job function carrying the reason, which then publishes
+    an error event on the channel of the job id (the request id).
+    """
+    try:
+        decoded = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        return _bad_payload_job(f"job payload is not valid JSON: {exc}")
+    if not isinstance(decoded, dict):
+        return _bad_payload_job("job payload must be a JSON object")
+    shape = {"f": str, "a": list, "k": dict, "et": (int, float)}
+    wrong = [key for key, kind in shape.items() if not isinstance(decoded.get(key), kind)]
+    if wrong:
+        return _bad_payload_job(f"job payload lacks or mistypes arq fields {wrong}")
+    if decoded["f"] != JOB_FUNCTION:
+        return _bad_payload_job(f"unknown job function {decoded['f']!r}; use {JOB_FUNCTION!r}")
+    return decoded
+
+
+def _bad_payload_job(reason: str) -> dict[str, Any]:
+    return {
+        "t": 1,
+        "f": JOB_FUNCTION,
+        "a": [],
+        "k": {BAD_PAYLOAD_MARKER: reason},
+        "et": int(time.time() * 1000),
+    }

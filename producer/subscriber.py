@@ -1,0 +1,114 @@
+"""Many request channels over one Redis pub/sub connection.
+
+A producer may follow hundreds of requests at once; a connection per request would
+exhaust Redis's client slots. One ``EventSubscriber`` owns one pub/sub connection,
+subscribes channels as requests start, and routes each message to the queue of
+its channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+Delivery = bytes | BaseException
+"""What a channel's queue carries: a raw event, or the error that ended the connection."""
+
+
+class EventSubscriber:
+    """Routes pub/sub messages of many channels to per-channel queues."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._pubsub: PubSub | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._queues: dict[str, list[asyncio.Queue[Delivery]]] = defaultdict(list)
+        self._confirmations: dict[str, asyncio.Future[None]] = {}
+        self._start_lock = asyncio.Lock()
+
+    async def _ensure_started(self) -> PubSub:
+        async with self._start_lock:
+            if self._pubsub is None:
+                pubsub = self._redis.pubsub()
+                # A channel of our own keeps the connection subscribed (and the reader
+                # alive) while no request is being followed.
+                await pubsub.subscribe(f"streamq:subscriber:{uuid.uuid4().hex}")
+                self._pubsub = pubsub
+                self._reader = asyncio.create_task(self._read(pubsub), name="event-subscriber")
+            return self._pubsub
+
+    async def subscribe(self, channel: str) -> asyncio.Queue[Delivery]:
+        """Subscribe to ``channel`` and return its queue once Redis confirmed it.
+
+        Waiting for the confirmation is what makes "subscribe, then enqueue" safe:
+        after it, no event published on the channel can be missed.
+        """
+        pubsub = await self._ensure_started()
+        queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._queues[channel].append(queue)
+        if len(self._queues[channel]) == 1:
+            confirmed = asyncio.get_running_loop().create_future()
+            self._confirmations[channel] = confirmed
+            await pubsub.subscribe(channel)
+            await confirmed
+        else:
+            await self._confirmations[channel]
+        return queue
+
+    async def unsubscribe(self, channel: str, queue: asyncio.Queue[Delivery]) -> None:
+        """Stop routing ``channel`` to ``queue``; unsubscribe when nobody follows it."""
+        queues = self._queues.get(channel)
+        if not queues or queue not in queues:
+            return
+        queues.remove(queue)
+        if not queues:
+            del self._queues[channel]
+            self._confirmations.pop(channel, None)
+            if self._pubsub is not None and self._reader is not None and not self._reader.done():
+                await self._pubsub.unsubscribe(channel)
+
+    async def close(self) -> None:
+        """Stop reading and close the connection."""
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+        self._pubsub = self._reader = None
+
+    async def _read(self, pubsub: PubSub) -> None:
+        try:
+            async for message in pubsub.listen():
+                kind, channel = message["type"], _text(message["channel"])
+                if kind == "message":
+                    for queue in self._queues.get(channel, ()):
+                        queue.put_nowait(message["data"])
+                elif kind == "subscribe":
+                    confirmed = self._confirmations.get(channel)
+                    if confirmed is not None and not confirmed.done():
+                        confirmed.set_result(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the connection is gone: every follower must hear it
+            for future in self._confirmations.values():
+                if not future.done():
+                    future.set_exception(exc)
+            for queues in self._queues.values():
+                for queue in queues:
+                    queue.put_nowait(exc)
+            # Start afresh on the next subscribe.
+            self._queues.clear()
+            self._confirmations.clear()
+            self._pubsub = None
+            await pubsub.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,60 @@
+"""``python -m worker``: run a streamq worker.
+
+Worker options come first in --help; every other flag is a vLLM engine argument,
+spelled as ``vllm serve`` spells it. Example::
+
+    python -m worker --model Qwen/Qwen2.5-0.5B-Instruct --max-model-len 4096
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+
+from arq.connections import RedisSettings
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from producer.protocol import DEFAULT_QUEUE
+from worker.arq_worker import StreamqWorker
+from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
+from worker.settings import DEFAULT_REDIS_URL, worker_settings
+
+
+def build_parser() -> FlexibleArgumentParser:
+    parser = FlexibleArgumentParser(
+        prog="python -m worker",
+        description="streamq worker: pulls prompts from Redis, streams tokens to pub/sub.",
+        epilog=f"Engine flags may also come from ${ENGINE_ARGS_ENV}; flags given here win.",
+    )
+    group = parser.add_argument_group("worker")
+    group.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+                       help="Redis to serve (default: $REDIS_URL or %(default)s)")
+    group.add_argument("--queue", default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
+                       help="queue to pull from (default: $STREAMQ_QUEUE or %(default)s)")
+    group.add_argument("--max-jobs", type=int, default=None,
+                       help="requests run at once (default: the engine's max_num_seqs)")
+    add_engine_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    argv = shlex.split(os.environ.get(ENGINE_ARGS_ENV, "")) + argv
+    args = build_parser().parse_args(argv)
+    log_level = str(getattr(args, "log_level", "info")).upper()  # vLLM's --log-level
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, object] = {
+        "redis_settings": RedisSettings.from_dsn(args.redis_url),
+        "queue_name": args.queue,
+        "ctx": {"engine_args": engine_args_from_namespace(args)},
+    }
+    if args.max_jobs is not None:
+        overrides["max_jobs"] = args.max_jobs
+    worker = StreamqWorker(**worker_settings(**overrides), max_jobs_from_engine=args.max_jobs is None)
+    worker.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Coalesced, pipelined publishing of events to Redis pub/sub.
+
+One awaited redis-py command costs about 100 µs of Python, while an engine emits
+thousands of tokens per second across the requests of a worker. So jobs never
+await Redis per token: they append encoded events to a buffer and a single
+flusher task sends everything buffered in one pipelined round trip. While a round
+trip is in flight, new events accumulate and go out together in the next one, so
+the batch grows with the load and the first token of an idle worker goes out at
+once. One flusher keeps each channel's events in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+logger = logging.getLogger("streamq.worker")
+
+
+class PublishFailed(RuntimeError):
+    """Redis stayed unreachable for longer than the publisher's retry budget."""
+
+
+class EventPublisher:
+    """Buffers ``(channel, payload)`` pairs and flushes them in pipelined batches."""
+
+    def __init__(self, redis: Redis, *, retry_attempts: int = 5, retry_delay_s: float = 0.2) -> None:
+        self._redis = redis
+        self._pending: list[tuple[str, bytes]] = []
+        self._pending_waiters: list[asyncio.Future[None]] = []
+        self._has_pending = asyncio.Event()
+        self._retry_attempts = retry_attempts
+        self._retry_delay_s = retry_delay_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the flusher task on the running loop."""
+        self._task = asyncio.get_running_loop().create_task(self._flush_forever(), name="event-publisher")
+
+    async def close(self) -> None:
+        """Flush what is buffered, then stop the flusher."""
+        if self._pending:
+            await self.flushed()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def publish(self, channel: str, payload: bytes) -> None:
+        """Queue ``payload`` for ``channel``; returns at once (no I/O)."""
+        self._pending.append((channel, payload))
+        self._has_pending.set()
+
+    def flushed(self) -> asyncio.Future[None]:
+        """A future that resolves once everything published so far has reached Redis."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            waiter.set_result(None)
+        else:
+            self._pending_waiters.append(waiter)
+        return waiter
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            self._has_pending.clear()
+            batch, self._pending = self._pending, []
+            waiters, self._pending_waiters = self._pending_waiters, []
+            try:
+                await self._send(batch)
+            except PublishFailed as exc:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                continue
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def _send(self, batch: list[tuple[str, bytes]]) -> None:
+        for attempt in range(1, self._retry_attempts + 1):
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for channel, payload in batch:
+                        pipe.publish(channel, payload)
+                    await pipe.execute()
+                return
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                logger.warning("publish of %d events failed (attempt %d): %s", len(batch), attempt, exc)
+                await asyncio.sleep(self._retry_delay_s * attempt)
+        raise PublishFailed(f"could not publish {len(batch)} events after {self._retry_attempts} attempts")

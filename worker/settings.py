@@ -1,0 +1,83 @@
+"""arq settings for a streamq worker: JSON jobs, the engine's lifecycle, batching.
+
+``arq worker.WorkerSettings`` runs it with arq's own command line (engine flags
+from ``$STREAMQ_ENGINE_ARGS``); ``python -m worker`` runs the same settings in
+``StreamqWorker``, which also starts jobs the moment they are enqueued.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from arq.connections import RedisSettings
+
+from producer.protocol import DEFAULT_QUEUE, deserialize_job, serialize_job
+from worker.engine import engine_args_from_env, max_batch_size, start_engine
+from worker.job import RequestFailed, generate
+from worker.publisher import EventPublisher
+
+logger = logging.getLogger("streamq.worker")
+
+DEFAULT_REDIS_URL = "redis://localhost:6379"
+
+
+async def on_startup(ctx: dict[str, Any]) -> None:
+    """Start the engine inside arq's loop, and the publisher beside it."""
+    engine_args = ctx.get("engine_args") or engine_args_from_env()
+    ctx["engine"] = start_engine(engine_args)
+    ctx["publisher"] = EventPublisher(ctx["redis"])
+    ctx["publisher"].start()
+
+
+async def on_shutdown(ctx: dict[str, Any]) -> None:
+    """Flush pending events and shut the engine down (always, as the seed does)."""
+    publisher: EventPublisher | None = ctx.get("publisher")
+    if publisher is not None:
+        await publisher.close()
+    engine = ctx.get("engine")
+    if engine is not None:
+        engine.shutdown()
+        logger.info("engine shut down")
+
+
+class _QuietRequestFailures(logging.Filter):
+    """A request that failed for a known reason is logged in one line by the job
+    (and its error event tells the requester); arq's traceback would only add noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], RequestFailed):
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("arq.worker").addFilter(_QuietRequestFailures())
+
+
+class WorkerSettings:
+    """Settings as arq reads them (a bag of ``arq.Worker`` keyword arguments)."""
+
+    functions = [generate]
+    on_startup = on_startup
+    on_shutdown = on_shutdown
+    queue_name = os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
+    redis_settings = RedisSettings.from_dsn(os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    job_serializer = staticmethod(serialize_job)
+    job_deserializer = staticmethod(deserialize_job)
+    # The engine, not arq, decides how many requests run together: StreamqWorker
+    # raises this to the engine's max_num_seqs once the engine is up.
+    max_jobs = 256
+    # Without wake-ups (plain `arq`), this bounds the pickup delay; with them it is
+    # only the idle fallback. Either way far below arq's 0.5 s default.
+    poll_delay = 0.05
+    job_timeout = 3600  # long generations are normal; arq's 300 s default would kill them
+    keep_result = 3600
+    health_check_interval = 10
+
+
+def worker_settings(**overrides: Any) -> dict[str, Any]:
+    """``WorkerSettings`` as a dict of keyword arguments, with ``overrides`` applied."""
+    settings = {k: v for k, v in vars(WorkerSettings).items() if not k.startswith("_")}
+    settings.update(overrides)
+    return settings

@@ -1,0 +1,62 @@
+"""The events of one request, numbered and handed to the publisher."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from producer.protocol import ChunkEvent, ErrorEvent, FinalEvent, encode_event, events_channel
+from worker.publisher import EventPublisher
+
+
+class RequestStream:
+    """Numbers one request's events contiguously from 0 and publishes them.
+
+    Chunks, the final event and an error all share one sequence, so a reader can
+    tell a gap or a duplicate from the numbers alone.
+    """
+
+    def __init__(self, publisher: EventPublisher, request_id: str) -> None:
+        self.request_id = request_id
+        self._publisher = publisher
+        self._channel = events_channel(request_id)
+        self._next_seq = 0
+        self.closed = False
+
+    def _take_seq(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        return seq
+
+    def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
+        """Publish one DELTA of completion ``index``."""
+        event = ChunkEvent(
+            request_id=self.request_id,
+            seq=self._take_seq(),
+            index=index,
+            text=text,
+            token_ids=list(token_ids),
+            finish_reason=finish_reason,
+        )
+        self._publisher.publish(self._channel, encode_event(event))
+
+    def final(self, finish_reasons: list[str | None], prompt_tokens: int, completion_tokens: int) -> None:
+        """Publish the event that ends a completed request."""
+        event = FinalEvent(
+            request_id=self.request_id,
+            seq=self._take_seq(),
+            finish_reasons=finish_reasons,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+        self._publisher.publish(self._channel, encode_event(event))
+        self.closed = True
+
+    def error(self, code: str, message: str) -> None:
+        """Publish the event that ends a failed request."""
+        event = ErrorEvent(request_id=self.request_id, seq=self._take_seq(), code=code, message=message)
+        self._publisher.publish(self._channel, encode_event(event))
+        self.closed = True
+
+    async def delivered(self) -> None:
+        """Wait until every event published so far has reached Redis."""
+        await self._publisher.flushed()
