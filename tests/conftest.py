@@ -1,0 +1,67 @@
+"""Shared fixtures: a real Redis server, a tiny model, real worker processes.
+
+An engine takes ~20 s to start on this machine, so workers are session-scoped and
+shared; each test uses fresh request ids instead of flushing Redis under them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.redis_server import RedisServer
+from devkit.tiny_model import build_tiny_model
+from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from producer.client import StreamqClient
+
+MAX_MODEL_LEN = 256
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def worker(redis_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """One real ``python -m worker`` on the tiny model, shared by the session."""
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    process = WorkerProcess(redis_url, tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN), log_path=log_path)
+    process.start().wait_ready()
+    yield process
+    code = process.stop()
+    assert code == 0, f"worker exited with {code}:\n{process.log_tail()}"
+
+
+@pytest.fixture
+async def client(worker: WorkerProcess) -> AsyncIterator[StreamqClient]:
+    async with await StreamqClient.connect(worker.redis_url, queue=worker.queue) as client:
+        yield client
+
+
+@pytest.fixture
+async def raw_redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A plain redis-py client, for checking what Redis itself holds."""
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def request_id() -> str:
+    return f"test-{uuid.uuid4().hex}"

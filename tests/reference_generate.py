@@ -1,0 +1,44 @@
+"""Generate with a bare AsyncLLM, the seed example's way, for comparison.
+
+Run as a script (the engine spawns processes, so it needs a __main__ guard):
+    python tests/reference_generate.py MODEL_DIR MAX_MODEL_LEN MAX_TOKENS PROMPT...
+prints one JSON object: prompt -> {"text": ..., "token_ids": [...]}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+
+async def generate_all(model: str, max_model_len: int, max_tokens: int, prompts: list[str]) -> dict[str, dict]:
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=model, dtype="float32", max_model_len=max_model_len, enforce_eager=True)
+    )
+    results: dict[str, dict] = {}
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+        for i, prompt in enumerate(prompts):
+            text, token_ids = [], []
+            async for output in engine.generate(request_id=f"ref-{i}", prompt=prompt, sampling_params=params):
+                for completion in output.outputs:
+                    text.append(completion.text)
+                    token_ids.extend(completion.token_ids)
+                if output.finished:
+                    break
+            results[prompt] = {"text": "".join(text), "token_ids": token_ids}
+    finally:
+        engine.shutdown()
+    return results
+
+
+if __name__ == "__main__":
+    model, max_model_len, max_tokens, *prompts = sys.argv[1:]
+    out = asyncio.run(generate_all(model, int(max_model_len), int(max_tokens), prompts))
+    print("REFERENCE " + json.dumps(out))

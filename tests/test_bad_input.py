@@ -1,0 +1,121 @@
+"""Bad input gets a clear error event and a failed job; the worker keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.worker_process import WorkerProcess
+from producer.client import RequestError, StreamqClient
+from producer.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL, InvalidRequest
+from tests.events import assert_well_formed, capture_events
+
+pytestmark = pytest.mark.engine
+
+
+def arq_job(request: Any, **overrides: Any) -> bytes:
+    job = {"t": 1, "f": "generate", "a": [request], "k": {}, "et": int(time.time() * 1000)}
+    job.update(overrides)
+    return json.dumps(job).encode()
+
+
+def good_request(request_id: str, **fields: Any) -> dict[str, Any]:
+    return {"request_id": request_id, "prompt": "Hello there", "sampling": {"max_tokens": 4}, **fields}
+
+
+# (case, job payload as stored in Redis, text the error message must contain)
+BAD_JOBS = [
+    ("negative temperature", lambda rid: arq_job(good_request(rid, sampling={"temperature": -1.0})), "temperature"),
+    ("top_p above 1", lambda rid: arq_job(good_request(rid, sampling={"top_p": 1.5})), "top_p"),
+    ("zero max_tokens", lambda rid: arq_job(good_request(rid, sampling={"max_tokens": 0})), "max_tokens"),
+    ("zero n", lambda rid: arq_job(good_request(rid, sampling={"n": 0})), "n"),
+    ("empty prompt", lambda rid: arq_job(good_request(rid, prompt="")), "prompt must not be empty"),
+    ("prompt longer than max_model_len", lambda rid: arq_job(good_request(rid, prompt="hello " * 400)),
+     "maximum context length"),
+    ("unknown top-level field", lambda rid: arq_job(good_request(rid, priority=3)), "priority"),
+    ("unknown sampling field", lambda rid: arq_job(good_request(rid, sampling={"temprature": 0.5})), "temprature"),
+    ("wrong type", lambda rid: arq_job(good_request(rid, sampling={"max_tokens": "many"})), "max_tokens"),
+    ("prompt and messages", lambda rid: arq_job(good_request(rid, messages=[{"role": "user", "content": "x"}])),
+     "exactly one"),
+    ("neither prompt nor messages", lambda rid: arq_job({"request_id": rid}), "exactly one"),
+    ("empty messages", lambda rid: arq_job({"request_id": rid, "messages": []}), "messages must not be empty"),
+    ("not JSON", lambda rid: b"\x80\x04\x95 definitely not json", "not valid JSON"),
+    ("JSON but not an object", lambda rid: b"[1, 2, 3]", "JSON object"),
+    ("missing request id", lambda rid: arq_job({"prompt": "Hello"}), "request_id"),
+    ("request id differs from job id", lambda rid: arq_job(good_request(rid + "-other")), "job id"),
+    ("request is not an object", lambda rid: arq_job("Hello"), "Expected `object`"),
+    ("unknown job function", lambda rid: arq_job(good_request(rid), f="os.system"), "unknown job function"),
+    ("keyword arguments", lambda rid: arq_job(good_request(rid), k={"extra": 1}), "no keywords"),
+]
+
+
+async def enqueue_raw(redis: aioredis.Redis, job_id: str, payload: bytes) -> None:
+    """Enqueue as a service in another language would: SET the job, ZADD its id."""
+    await redis.set(f"arq:job:{job_id}", payload, px=86_400_000)
+    await redis.zadd(DEFAULT_QUEUE, {job_id: int(time.time() * 1000)})
+    await redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
+
+
+@pytest.mark.parametrize(("case", "payload", "message"), BAD_JOBS, ids=[c[0] for c in BAD_JOBS])
+async def test_bad_job_gets_error_event_and_failed_result(
+    worker: WorkerProcess, raw_redis: aioredis.Redis, redis_url: str, case: str, payload: Any, message: str
+) -> None:
+    job_id = f"bad-{uuid.uuid4().hex}"
+    events = await capture_events(redis_url, job_id, lambda: enqueue_raw(raw_redis, job_id, payload(job_id)))
+
+    assert_well_formed(events, job_id)
+    [error] = events
+    assert error["type"] == "error" and error["code"] == "invalid_request"
+    assert message in error["message"]
+    result = json.loads(await _wait_for_result(raw_redis, job_id))
+    assert result["s"] is False  # arq recorded a failed job
+    assert result["t"] == 1  # tried once...
+    assert await raw_redis.zscore(DEFAULT_QUEUE, job_id) is None  # ...and not queued again
+
+
+async def _wait_for_result(redis: aioredis.Redis, job_id: str, timeout_s: float = 10.0) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    while (result := await redis.get(f"arq:result:{job_id}")) is None:
+        assert time.monotonic() < deadline, "no job result stored"
+        await asyncio.sleep(0.05)
+    return result
+
+
+async def test_worker_keeps_serving_after_bad_jobs(
+    worker: WorkerProcess, raw_redis: aioredis.Redis, client: StreamqClient, redis_url: str
+) -> None:
+    for _, payload, _ in BAD_JOBS:
+        job_id = f"bad-{uuid.uuid4().hex}"
+        await capture_events(redis_url, job_id, lambda: enqueue_raw(raw_redis, job_id, payload(job_id)))
+    completion = await (await client.submit("Still there?", max_tokens=4, ignore_eos=True)).result()
+    assert completion.completion_tokens == 4
+    assert worker.process is not None and worker.process.poll() is None
+
+
+async def test_library_rejects_malformed_requests_before_sending(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
+    queued_before = await raw_redis.zcard(DEFAULT_QUEUE)
+    for kwargs in (
+        {"prompt": ""},
+        {"prompt": "x", "temprature": 0.5},
+        {"prompt": "x", "max_tokens": "many"},
+        {"prompt": "x", "request_id": "has spaces and / slashes"},
+        {"prompt": "x", "messages": [{"role": "user", "content": "y"}]},
+        {},
+    ):
+        with pytest.raises(InvalidRequest):
+            await client.submit(**kwargs)
+    assert await raw_redis.zcard(DEFAULT_QUEUE) == queued_before
+
+
+async def test_library_reports_engine_validation_errors(client: StreamqClient) -> None:
+    handle = await client.submit("Hello", temperature=-0.5)
+    with pytest.raises(RequestError) as raised:
+        await handle.result()
+    assert raised.value.code == "invalid_request"
+    assert "temperature" in raised.value.message
