@@ -1,8 +1,18 @@
 """streamq's worker: one vLLM AsyncLLM per process, fed by an arq queue.
 
-``arq worker.WorkerSettings`` or ``python -m worker`` runs it.
+``arq worker.WorkerSettings`` or ``python -m worker`` runs it. ``WorkerSettings``
+is imported lazily so that the pieces that do not need vLLM (the publisher) can be
+imported without loading it.
 """
 
-from worker.settings import WorkerSettings
+from typing import Any
 
 __all__ = ["WorkerSettings"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WorkerSettings":
+        from worker.settings import WorkerSettings
+
+        return WorkerSettings
+    raise AttributeError(f"module 'worker' has no attribute {name!r}")

@@ -35,6 +35,9 @@ def build_parser() -> FlexibleArgumentParser:
                        help="queue to pull from (default: $STREAMQ_QUEUE or %(default)s)")
     group.add_argument("--max-jobs", type=int, default=None,
                        help="requests run at once (default: the engine's max_num_seqs)")
+    group.add_argument("--drain-seconds", type=int, default=int(os.environ.get("STREAMQ_DRAIN_SECONDS", "30")),
+                       help="on SIGTERM, time running requests get to finish before they are handed back "
+                       "to the queue (default: $STREAMQ_DRAIN_SECONDS or %(default)s)")
     add_engine_args(parser)
     return parser
 
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, object] = {
         "redis_settings": RedisSettings.from_dsn(args.redis_url),
         "queue_name": args.queue,
+        "job_completion_wait": args.drain_seconds,
         "ctx": {"engine_args": engine_args_from_namespace(args)},
     }
     if args.max_jobs is not None:

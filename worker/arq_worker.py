@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
@@ -93,3 +94,17 @@ class StreamqWorker(Worker):
             await asyncio.gather(*self.tasks.values())
             return True
         return False
+
+    async def close(self) -> None:
+        """arq's ``close``, except that a job task cancelled during shutdown cannot
+        make it skip ``on_shutdown``: the engine is always shut down."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        if not self._pool:
+            return
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await self.pool.delete(self.health_check_key)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+        await self.pool.close(close_connection_pool=True)
+        self._pool = None

@@ -71,6 +71,9 @@ class WorkerSettings:
     # Without wake-ups (plain `arq`), this bounds the pickup delay; with them it is
     # only the idle fallback. Either way far below arq's 0.5 s default.
     poll_delay = 0.05
+    # SIGTERM/SIGINT: stop taking jobs, let running ones finish for this long, then
+    # cancel the rest (arq puts them back on the queue for another worker).
+    job_completion_wait = int(os.environ.get("STREAMQ_DRAIN_SECONDS", "30"))
     job_timeout = 3600  # long generations are normal; arq's 300 s default would kill them
     keep_result = 3600
     health_check_interval = 10
