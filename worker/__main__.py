@@ -38,6 +38,9 @@ def build_parser() -> FlexibleArgumentParser:
     group.add_argument("--drain-seconds", type=int, default=int(os.environ.get("STREAMQ_DRAIN_SECONDS", "30")),
                        help="on SIGTERM, time running requests get to finish before they are handed back "
                        "to the queue (default: $STREAMQ_DRAIN_SECONDS or %(default)s)")
+    group.add_argument("--engine-factory", default=None, metavar="MODULE:CALLABLE",
+                       help="build the engine with this callable instead of vLLM's AsyncLLM "
+                       "(a scripted engine for load tests; default: $STREAMQ_ENGINE_FACTORY or none)")
     add_engine_args(parser)
     return parser
 
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         "redis_settings": RedisSettings.from_dsn(args.redis_url),
         "queue_name": args.queue,
         "job_completion_wait": args.drain_seconds,
-        "ctx": {"engine_args": engine_args_from_namespace(args)},
+        "ctx": {"engine_args": engine_args_from_namespace(args), "engine_factory": args.engine_factory},
     }
     if args.max_jobs is not None:
         overrides["max_jobs"] = args.max_jobs

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from arq.connections import RedisSettings
+from arq.utils import import_string
 
 from producer.protocol import DEFAULT_QUEUE, deserialize_job, serialize_job
 from worker.engine import engine_args_from_env, max_batch_size, start_engine
@@ -23,10 +24,23 @@ logger = logging.getLogger("streamq.worker")
 DEFAULT_REDIS_URL = "redis://localhost:6379"
 
 
+ENGINE_FACTORY_ENV = "STREAMQ_ENGINE_FACTORY"
+
+
 async def on_startup(ctx: dict[str, Any]) -> None:
-    """Start the engine inside arq's loop, and the publisher beside it."""
-    engine_args = ctx.get("engine_args") or engine_args_from_env()
-    ctx["engine"] = start_engine(engine_args)
+    """Start the engine inside arq's loop, and the publisher beside it.
+
+    ``ctx["engine_factory"]`` (or ``$STREAMQ_ENGINE_FACTORY``), a ``module:callable``
+    taking the engine arguments, replaces vLLM's ``AsyncLLM`` with an object of the
+    same interface: a scripted engine for load-testing the queue layer.
+    """
+    factory_path = ctx.get("engine_factory") or os.environ.get(ENGINE_FACTORY_ENV)
+    if factory_path:
+        factory = import_string(factory_path.replace(":", "."))
+        ctx["engine"] = factory(ctx.get("engine_args"))
+        logger.info("engine from factory %s", factory_path)
+    else:
+        ctx["engine"] = start_engine(ctx.get("engine_args") or engine_args_from_env())
     ctx["publisher"] = EventPublisher(ctx["redis"])
     ctx["publisher"].start()
 
