@@ -44,17 +44,24 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """Runs a private server on loopback for the life of a ``with`` block."""
+    """Runs a private server on loopback for the life of a ``with`` block.
 
-    def __init__(self, port: int | None = None, *, password: str | None = None) -> None:
+    With ``user`` and ``password`` the server accepts only that ACL user (the
+    ``default`` user is switched off), as a production Redis should.
+    """
+
+    def __init__(self, port: int | None = None, *, user: str | None = None, password: str | None = None) -> None:
+        if (user is None) != (password is None):
+            raise ValueError("give both user and password, or neither")
         self.port = port or free_port()
+        self.user = user
         self.password = password
         self._dir = tempfile.TemporaryDirectory(prefix="streamq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
+        auth = f"{self.user}:{self.password}@" if self.user else ""
         return f"redis://{auth}127.0.0.1:{self.port}"
 
     @property
@@ -71,8 +78,10 @@ class RedisServer:
             "--dir", self._dir.name,
             "--logfile", str(self.log_path),
         ]
-        if self.password:
-            command += ["--requirepass", self.password]
+        if self.user:
+            acl_file = Path(self._dir.name) / "users.acl"
+            acl_file.write_text(f"user default off\nuser {self.user} on >{self.password} ~* &* +@all\n")
+            command += ["--aclfile", str(acl_file)]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url)

@@ -64,8 +64,11 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
+        # A session of its own, so kill() can take the engine's processes down with it.
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
         return self
 
     def wait_ready(self, timeout_s: float = 300.0) -> WorkerProcess:
@@ -96,6 +99,12 @@ class WorkerProcess:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its engine processes at once: a crash, no cleanup."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -3,6 +3,7 @@
     python -m producer "The key to happiness is" "In a galaxy far, far away"
     python -m producer --json --max-tokens 32 "Hello"
     python -m producer tail REQUEST_ID
+    python -m producer cancel REQUEST_ID
 
 Exit status: 0 when every request finished, 1 when any failed (errors on stderr),
 2 for bad command-line arguments.
@@ -45,8 +46,9 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
 def submit_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m producer",
-        description="Enqueue prompts to streamq and stream their responses. "
-        "Subcommand: 'tail REQUEST_ID' follows a request already submitted.",
+        description="Enqueue prompts to streamq and stream their responses (Ctrl-C cancels them). "
+        "Subcommands: 'tail REQUEST_ID' follows a request already submitted, "
+        "'cancel REQUEST_ID' cancels one.",
     )
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one job is enqueued per prompt")
     _common_options(parser)
@@ -60,8 +62,18 @@ def submit_parser() -> argparse.ArgumentParser:
 
 
 def tail_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m producer tail",
-                                     description="Follow the events of a request from now until it ends.")
+    parser = argparse.ArgumentParser(
+        prog="python -m producer tail",
+        description="Print a request's events from its replay log, then live ones until it ends.",
+    )
+    parser.add_argument("request_id")
+    parser.add_argument("--from-seq", type=int, default=0, help="first event to print (default: %(default)s)")
+    _common_options(parser)
+    return parser
+
+
+def cancel_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m producer cancel", description="Cancel a request.")
     parser.add_argument("request_id")
     _common_options(parser)
     return parser
@@ -139,8 +151,14 @@ async def run_submit(args: argparse.Namespace) -> int:
         except (InvalidRequest, StreamqError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, InvalidRequest) else 1
-        with ResponsePrinter(args.prompts, as_json=args.json) as printer:
-            outcomes = await asyncio.gather(*(_follow(h, p, printer) for h, p in zip(handles, args.prompts)))
+        for handle in handles:
+            handle.cancel_on_close = True  # Ctrl-C: nobody will read the rest, stop generating it
+        try:
+            with ResponsePrinter(args.prompts, as_json=args.json) as printer:
+                outcomes = await asyncio.gather(*(_follow(h, p, printer) for h, p in zip(handles, args.prompts)))
+        finally:
+            for handle in handles:
+                await handle.close()  # after Ctrl-C this cancels the unfinished requests
     return 0 if all(outcomes) else 1
 
 
@@ -149,14 +167,35 @@ async def run_tail(args: argparse.Namespace) -> int:
         print(f"error: {args.request_id!r} is not a valid request id", file=sys.stderr)
         return 2
     async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
-        handle = await client.follow(args.request_id, from_start=False)
+        handle = await client.follow(args.request_id, from_seq=args.from_seq)
         with ResponsePrinter([args.request_id], as_json=args.json) as printer:
             ok = await _follow(handle, args.request_id, printer)
     return 0 if ok else 1
 
 
+async def run_cancel(args: argparse.Namespace) -> int:
+    if not is_valid_request_id(args.request_id):
+        print(f"error: {args.request_id!r} is not a valid request id", file=sys.stderr)
+        return 2
+    async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
+        outcome = await client.cancel(args.request_id)
+    messages = {
+        "running": "cancelling: the worker running it stops it",
+        "queued": "cancelled before it ran",
+        "unknown": "nothing to cancel: not queued or running (finished, or never submitted)",
+    }
+    print(f"{args.request_id}: {messages[outcome]}")
+    return 0 if outcome != "unknown" else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["tail"]:
-        return asyncio.run(run_tail(tail_parser().parse_args(argv[1:])))
-    return asyncio.run(run_submit(submit_parser().parse_args(argv)))
+    try:
+        if argv[:1] == ["tail"]:
+            return asyncio.run(run_tail(tail_parser().parse_args(argv[1:])))
+        if argv[:1] == ["cancel"]:
+            return asyncio.run(run_cancel(cancel_parser().parse_args(argv[1:])))
+        return asyncio.run(run_submit(submit_parser().parse_args(argv)))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

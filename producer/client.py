@@ -1,30 +1,34 @@
 """The producer library: submit prompts to streamq and follow their tokens.
 
-    async with StreamqClient.from_url("redis://localhost:6379") as client:
+    async with await StreamqClient.connect("redis://localhost:6379") as client:
         handle = await client.submit("The key to happiness is", max_tokens=32)
         async for event in handle:
             if isinstance(event, ChunkEvent):
                 print(event.text, end="", flush=True)
 
 ``submit`` subscribes to the request's channel before it enqueues the job, so no
-event can be missed. Imports neither vllm nor torch.
+event can be missed; ``follow`` joins a request later and replays its log first.
+Imports neither vllm nor torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from arq.connections import ArqRedis, RedisSettings, create_pool
 
 from producer.protocol import (
+    CANCEL_CHANNEL,
     DEFAULT_QUEUE,
     JOB_FUNCTION,
+    JOB_KEY_PREFIX,
     TERMINAL_EVENTS,
     WAKEUP_CHANNEL,
     ChatMessage,
@@ -34,11 +38,31 @@ from producer.protocol import (
     FinalEvent,
     decode_event,
     deserialize_job,
+    encode_event,
     events_channel,
     parse_request,
     serialize_job,
 )
+from producer.replay import ReplayLog
 from producer.subscriber import Delivery, EventSubscriber
+
+IN_PROGRESS_PREFIX = "arq:in-progress:"
+
+# Atomically: a running job is told to stop (every worker hears the channel; the one
+# running it cancels it); a queued one is taken off the queue before any worker can.
+_CANCEL = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  return 'running'
+end
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+  redis.call('DEL', KEYS[3])
+  return 'queued'
+end
+return 'unknown'
+"""
+
+CancelOutcome = Literal["running", "queued", "unknown"]
 
 
 class StreamqError(Exception):
@@ -58,7 +82,7 @@ class DuplicateRequest(StreamqError):
 
 
 class StreamGap(StreamqError):
-    """Events went missing between two sequence numbers (the subscriber fell behind)."""
+    """Events went missing and the replay log no longer holds them."""
 
 
 @dataclass
@@ -78,44 +102,78 @@ class Completion:
         return self.texts[0]
 
 
-@dataclass
 class RequestHandle:
     """The events of one request, in order, ending with its final or error event.
 
-    Duplicates (by sequence number) are dropped; a gap raises ``StreamGap``.
+    Live events come from pub/sub; whatever is missing (joining late, or a gap) is
+    read from the replay log. Duplicates (by sequence number) are dropped.
     """
 
-    request_id: str
-    _subscriber: EventSubscriber = field(repr=False)
-    _queue: asyncio.Queue[Delivery] = field(repr=False)
-    _next_seq: int | None = 0
-    _done: bool = False
+    def __init__(self, client: StreamqClient, request_id: str, queue: asyncio.Queue[Delivery], next_seq: int) -> None:
+        self.request_id = request_id
+        self._client = client
+        self._queue = queue
+        self._backlog: deque[bytes] = deque()
+        self._next_seq = next_seq
+        self._done = False
+        self._closed = False
+        self.cancel_on_close = False
+        """If set, closing the handle before the request ended cancels the request."""
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
 
+    @property
+    def done(self) -> bool:
+        """True once the final or error event has been seen."""
+        return self._done
+
+    async def _next_raw(self) -> bytes:
+        if self._backlog:
+            return self._backlog.popleft()
+        delivery = await self._queue.get()
+        if isinstance(delivery, BaseException):
+            raise StreamqError(f"lost the connection to Redis: {delivery}") from delivery
+        return delivery
+
+    async def _replay(self) -> bool:
+        """Queue logged events from the next expected one; False if there are none."""
+        logged = await self._client.log.read(self.request_id, self._next_seq)
+        self._backlog.extendleft(reversed(logged))
+        return bool(logged)
+
     async def _events(self) -> AsyncIterator[Event]:
         try:
             while not self._done:
-                delivery = await self._queue.get()
-                if isinstance(delivery, BaseException):
-                    raise StreamqError(f"lost the connection to Redis: {delivery}") from delivery
-                event = decode_event(delivery)
-                if self._next_seq is None:  # tail of a request already under way
-                    self._next_seq = event.seq
+                event = decode_event(await self._next_raw())
                 if event.seq < self._next_seq:
                     continue
                 if event.seq > self._next_seq:
-                    raise StreamGap(f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}")
+                    self._backlog.appendleft(encode_event(event))
+                    if not await self._replay():
+                        raise StreamGap(
+                            f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}"
+                        )
+                    continue
                 self._next_seq += 1
                 self._done = isinstance(event, TERMINAL_EVENTS)
                 yield event
         finally:
             await self.close()
 
+    async def cancel(self) -> CancelOutcome:
+        """Cancel the request (see ``StreamqClient.cancel``); its stream ends with a
+        final event whose finish reason is ``cancelled``."""
+        return await self._client.cancel(self.request_id)
+
     async def close(self) -> None:
-        """Stop following the request (the request itself goes on)."""
-        await self._subscriber.unsubscribe(events_channel(self.request_id), self._queue)
+        """Stop following the request; cancel it too if ``cancel_on_close`` is set."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._client.subscriber.unsubscribe(events_channel(self.request_id), self._queue)
+        if self.cancel_on_close and not self._done:
+            await self.cancel()
 
     async def result(self) -> Completion:
         """Wait for the request to finish and return its assembled output.
@@ -144,12 +202,14 @@ class RequestHandle:
 
 
 class StreamqClient:
-    """Submits requests to a streamq queue and follows their event channels."""
+    """Submits requests to a streamq queue, follows and cancels them."""
 
     def __init__(self, redis: ArqRedis, *, queue: str = DEFAULT_QUEUE) -> None:
         self.redis = redis
         self.queue = queue
-        self._subscriber = EventSubscriber(redis)
+        self.subscriber = EventSubscriber(redis)
+        self.log = ReplayLog(redis)
+        self._cancel_script = redis.register_script(_CANCEL)
 
     @classmethod
     async def connect(cls, url: str = "redis://localhost:6379", *, queue: str = DEFAULT_QUEUE) -> StreamqClient:
@@ -171,7 +231,7 @@ class StreamqClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._subscriber.close()
+        await self.subscriber.close()
         await self.redis.aclose()
 
     async def submit(
@@ -180,14 +240,17 @@ class StreamqClient:
         *,
         messages: Sequence[ChatMessage | dict[str, str]] | None = None,
         request_id: str | None = None,
+        timeout_s: float | None = None,
+        queue_timeout_s: float | None = None,
         **sampling: Any,
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events.
 
         ``sampling`` takes ``SamplingOptions`` fields (``max_tokens``, ``temperature``,
-        ...). Raises ``InvalidRequest`` (a ``ValueError``) before anything is sent
-        if the request is malformed,
-        and ``DuplicateRequest`` if ``request_id`` is already in use.
+        ...). ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s``
+        the time waiting for a worker. Raises ``InvalidRequest`` (a ``ValueError``)
+        before anything is sent if the request is malformed, and ``DuplicateRequest``
+        if ``request_id`` is already in use.
         """
         request = parse_request(
             {
@@ -195,9 +258,11 @@ class StreamqClient:
                 "prompt": prompt,
                 "messages": msgspec.to_builtins(list(messages)) if messages is not None else None,
                 "sampling": sampling,
+                "timeout_s": timeout_s,
+                "queue_timeout_s": queue_timeout_s,
             }
         )
-        handle = await self.follow(request.request_id)
+        handle = await self._subscribe(request.request_id, next_seq=0)
         try:
             job = await self.redis.enqueue_job(
                 JOB_FUNCTION, msgspec.to_builtins(request), _job_id=request.request_id, _queue_name=self.queue
@@ -210,12 +275,34 @@ class StreamqClient:
             raise
         return handle
 
-    async def follow(self, request_id: str, *, from_start: bool = True) -> RequestHandle:
-        """Follow the events of ``request_id`` from now on.
+    async def follow(self, request_id: str, *, from_seq: int = 0) -> RequestHandle:
+        """Follow ``request_id`` from event ``from_seq`` on: the replay log first,
+        then live events, with no gap and no duplicate."""
+        handle = await self._subscribe(request_id, next_seq=from_seq)
+        await handle._replay()
+        return handle
 
-        With ``from_start=False`` the first event received sets the starting
-        sequence number (for a request already under way; see ``tail``).
+    async def _subscribe(self, request_id: str, *, next_seq: int) -> RequestHandle:
+        queue = await self.subscriber.subscribe(events_channel(request_id))
+        return RequestHandle(self, request_id, queue, next_seq)
+
+    async def cancel(self, request_id: str) -> CancelOutcome:
+        """Cancel a request: a running one is aborted in the engine, a queued one is
+        removed before it runs. Either way its stream ends with a final event whose
+        finish reason is ``cancelled``. Returns what the request was doing:
+        ``running``, ``queued``, or ``unknown`` (finished, or never submitted).
         """
-        queue = await self._subscriber.subscribe(events_channel(request_id))
-        return RequestHandle(request_id, self._subscriber, queue, _next_seq=0 if from_start else None)
+        keys = [IN_PROGRESS_PREFIX + request_id, self.queue, JOB_KEY_PREFIX + request_id]
+        outcome = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
+        outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
+        if outcome == "queued":  # no worker will ever run it: end its stream here
+            logged = await self.log.read(request_id)
+            next_seq = decode_event(logged[-1]).seq + 1 if logged else 0
+            final = FinalEvent(request_id=request_id, seq=next_seq, finish_reasons=["cancelled"],
+                               prompt_tokens=0, completion_tokens=0)
+            await self.log.append([(request_id, final.seq, encode_event(final))])
+        return outcome  # type: ignore[no-any-return]
 
+    async def queue_depth(self) -> int:
+        """Jobs waiting or running on this client's queue (the autoscaling signal)."""
+        return int(await self.redis.zcard(self.queue))

@@ -25,6 +25,8 @@ EVENTS_CHANNEL_PREFIX: Final = "streamq:events:"
 """Pub/sub channel of one request's events: ``streamq:events:<request_id>``."""
 WAKEUP_CHANNEL: Final = "streamq:wakeup"
 """Producers publish the queue name here after an enqueue, so idle workers start at once."""
+CANCEL_CHANNEL: Final = "streamq:cancel"
+"""Producers publish a request id here to cancel it while it runs; every worker listens."""
 JOB_FUNCTION: Final = "generate"
 """Name of the arq job function that workers register."""
 
@@ -93,6 +95,12 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingOptions = msgspec.field(default_factory=SamplingOptions)
+    timeout_s: float | None = None
+    """Seconds from enqueue by which the request must be complete; when they pass it
+    ends with finish reason ``timeout``."""
+    queue_timeout_s: float | None = None
+    """Seconds the request may wait in the queue; a worker that picks it up later ends
+    it at once with finish reason ``queue_timeout``."""
 
     def __post_init__(self) -> None:
         if not is_valid_request_id(self.request_id):
@@ -106,6 +114,10 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError("prompt must not be empty")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
+        for name in ("timeout_s", "queue_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
         size = len(self.prompt or "") + sum(len(m.content) for m in self.messages or ())
         if size > MAX_PROMPT_CHARS:
             raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
@@ -134,6 +146,9 @@ class _Event(msgspec.Struct, tag_field="type", kw_only=True, forbid_unknown_fiel
     v: int = PROTOCOL_VERSION
     request_id: str
     seq: int
+    attempt: int = 1
+    """Which run of the job produced the event: a request taken over after a worker
+    failure goes on with ``attempt`` 2, 3, ... and the sequence numbers continue."""
 
 
 class ChunkEvent(_Event, tag="chunk", kw_only=True):

@@ -23,7 +23,9 @@ MAX_MODEL_LEN = 256
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
+    """The session's Redis admits only an ACL user with a password, so every test
+    also shows that workers and producers work with Redis authentication."""
+    with RedisServer(user="streamq", password=uuid.uuid4().hex) as server:
         yield server
 
 

@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
         overrides["max_jobs"] = args.max_jobs
     worker = StreamqWorker(**worker_settings(**overrides), max_jobs_from_engine=args.max_jobs is None)
     worker.run()
+    state = worker.ctx.get("state")
+    if state is not None and state.engine_dead:
+        sys.exit(3)  # the engine died: make supervisors (and compose) restart us
 
 
 if __name__ == "__main__":

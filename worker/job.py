@@ -1,16 +1,22 @@
-"""The arq job function: one request through the engine, every DELTA to pub/sub.
+"""The arq job function: one request through the engine, every DELTA to Redis.
 
 This is vLLM's ``async_llm_streaming.py`` pattern with Redis in place of ``print``:
 ``SamplingParams(output_kind=DELTA)``, ``async for output in engine.generate(...)``,
-publish each completion's delta, stop at ``output.finished``.
+publish each completion's delta, stop at ``output.finished``. Around it: the
+request is validated, the job holds a short lease, a cancel or a deadline ends it
+with a final event, and a job that runs again after a worker died goes on from
+what the replay log holds instead of starting over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 
+from arq import Retry
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
@@ -25,7 +31,9 @@ from producer.protocol import (
     is_valid_request_id,
     parse_request,
 )
-from worker.publisher import EventPublisher
+from worker.cancel import CancelListener
+from worker.lease import Lease
+from worker.progress import NotResumable, Progress
 from worker.stream import RequestStream
 
 logger = logging.getLogger("streamq.worker")
@@ -43,22 +51,27 @@ async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, 
     would otherwise fail it with a ``TypeError`` the requester never sees).
     """
     job_id: str = ctx["job_id"]
-    publisher: EventPublisher = ctx["publisher"]
     # Errors go to the channel of the job id (which must equal the request id), or
     # to that of the claimed request id when the job id cannot name a channel.
     raw = args[0] if args else None
     claimed_id = raw.get("request_id") if isinstance(raw, dict) else None
     reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
-    stream = RequestStream(publisher, reply_to) if reply_to is not None else None
+    stream = RequestStream(ctx["publisher"], reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
 
     try:
         request = _validate(job_id, args, kwargs)
         assert stream is not None, "a valid request always has a channel"
-        return await _run(ctx["engine"], request, stream)
+        return await _serve(ctx, request, stream)
     except (InvalidRequest, VLLMValidationError) as exc:
         code, message = "invalid_request", str(exc)
-    except EngineDeadError as exc:
-        code, message = "engine_dead", f"the engine of this worker died: {exc}"
+    except EngineDeadError:
+        # This worker is useless now: hand the job back (another worker resumes it
+        # from the replay log) and let the worker exit non-zero.
+        logger.critical("request %s: the engine died; handing the job back and stopping", job_id)
+        ctx["state"].engine_died()
+        raise Retry(defer=0) from None
+    except NotResumable as exc:
+        code, message = "worker_lost", f"the worker running this request died, and {exc}"
     except Exception as exc:
         logger.exception("request %s: unexpected error", job_id)
         code, message = "internal", f"{type(exc).__name__}: {exc}"
@@ -84,10 +97,11 @@ def sampling_params_for(request: GenerateRequest) -> SamplingParams:
     return SamplingParams(**request.sampling.to_dict(), output_kind=RequestOutputKind.DELTA)
 
 
-def _prompt_for(engine: AsyncLLM, request: GenerateRequest) -> str | TokensPrompt:
-    if request.prompt is not None:
-        return request.prompt
-    assert request.messages is not None
+def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:
+    """Token ids of a chat prompt (rendered with the chat template); ``None`` for a
+    plain prompt, which vLLM tokenizes itself."""
+    if request.messages is None:
+        return None
     tokenizer = engine.get_tokenizer()
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
     try:
@@ -95,41 +109,81 @@ def _prompt_for(engine: AsyncLLM, request: GenerateRequest) -> str | TokensPromp
     except Exception as exc:  # jinja errors, a model without a chat template, ...
         raise InvalidRequest(f"cannot render messages with the model's chat template: {exc}") from exc
     # The template already holds any special tokens, so tokenize without adding more.
-    return TokensPrompt(prompt_token_ids=tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-async def _run(engine: AsyncLLM, request: GenerateRequest, stream: RequestStream) -> dict[str, Any]:
+def _seconds_since(enqueued: datetime) -> float:
+    return (datetime.now(timezone.utc) - enqueued).total_seconds()
+
+
+async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestStream) -> dict[str, Any]:
+    engine: AsyncLLM = ctx["engine"]
+    cancels: CancelListener = ctx["cancels"]
     params = sampling_params_for(request)
-    prompt = _prompt_for(engine, request)
+    chat_ids = _prompt_token_ids(engine, request)
+    progress = Progress(params.n)
+    if stream.attempt > 1:
+        progress = await Progress.from_log(ctx["replay_log"], request.request_id, params.n)
+        if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
+            return progress.summary(request.request_id)
+        stream.next_seq = progress.next_seq
+        logger.info("request %s: attempt %d resumes after %d tokens", request.request_id, stream.attempt,
+                    progress.completion_tokens)
+
+    waited = _seconds_since(ctx["enqueue_time"])
+    if request.queue_timeout_s is not None and stream.attempt == 1 and waited > request.queue_timeout_s:
+        return await _end(stream, request, progress, "queue_timeout")
+    time_left = None if request.timeout_s is None else request.timeout_s - waited
+    if time_left is not None and time_left <= 0:
+        return await _end(stream, request, progress, "timeout")
+
+    prompt: str | TokensPrompt = request.prompt if chat_ids is None else TokensPrompt(prompt_token_ids=chat_ids)
+    if progress.completion_tokens:
+        prompt, params = progress.continuation(engine, request, chat_ids, params)
+        if params.max_tokens is not None and params.max_tokens <= 0:
+            return await _end(stream, request, progress, "length")
+
     started = time.monotonic()
-    logger.info("request %s started", request.request_id)
-    completion_tokens = 0
-    finish_reasons: list[str | None] = [None] * params.n
-    prompt_tokens = 0
-    async for output in engine.generate(request_id=request.request_id, prompt=prompt, sampling_params=params):
-        for completion in output.outputs:
-            stream.chunk(completion.index, completion.text, completion.token_ids, completion.finish_reason)
-            completion_tokens += len(completion.token_ids)
-            if completion.finish_reason is not None:
-                finish_reasons[completion.index] = completion.finish_reason
-        if output.finished:
-            prompt_tokens = len(output.prompt_token_ids or ())
-            stream.final(finish_reasons, prompt_tokens, completion_tokens)
+    logger.info("request %s started (attempt %d)", request.request_id, stream.attempt)
+    try:
+        with cancels.registered(request.request_id):
+            async with Lease(ctx["redis"], request.request_id), asyncio.timeout(time_left):
+                async for output in engine.generate(
+                    request_id=request.request_id, prompt=prompt, sampling_params=params
+                ):
+                    for completion in output.outputs:
+                        stream.chunk(completion.index, completion.text, completion.token_ids,
+                                     completion.finish_reason)
+                        progress.add(completion.index, completion.token_ids, completion.finish_reason)
+                    if output.finished:
+                        progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
+                        stream.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
+    except asyncio.CancelledError:
+        if not cancels.was_cancelled(request.request_id):
+            raise  # worker shutdown: arq hands the job back, another worker resumes it
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        return await _end(stream, request, progress, "cancelled")
+    except TimeoutError:
+        return await _end(stream, request, progress, "timeout")
     await stream.delivered()
     logger.info(
         "request %s finished: %s, %d prompt + %d completion tokens in %.2fs",
         request.request_id,
-        ",".join(str(r) for r in finish_reasons),
-        prompt_tokens,
-        completion_tokens,
+        ",".join(str(r) for r in progress.finish_reasons),
+        progress.prompt_tokens,
+        progress.completion_tokens,
         time.monotonic() - started,
     )
-    return {
-        "request_id": request.request_id,
-        "finish_reasons": finish_reasons,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-    }
+    return progress.summary(request.request_id)
+
+
+async def _end(stream: RequestStream, request: GenerateRequest, progress: Progress, reason: str) -> dict[str, Any]:
+    """End the request early: unfinished completions get ``reason``."""
+    progress.end_unfinished(reason)
+    stream.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
+    await stream.delivered()
+    logger.info("request %s ended: %s after %d tokens", request.request_id, reason, progress.completion_tokens)
+    return progress.summary(request.request_id)
 
 
 async def _fail(stream: RequestStream | None, job_id: str, code: str, message: str) -> NoReturn:

@@ -1,12 +1,13 @@
-"""Coalesced, pipelined publishing of events to Redis pub/sub.
+"""Coalesced publishing of events to the replay log and pub/sub.
 
 One awaited redis-py command costs about 100 µs of Python, while an engine emits
 thousands of tokens per second across the requests of a worker. So jobs never
 await Redis per token: they append encoded events to a buffer and a single
-flusher task sends everything buffered in one pipelined round trip. While a round
-trip is in flight, new events accumulate and go out together in the next one, so
-the batch grows with the load and the first token of an idle worker goes out at
-once. One flusher keeps each channel's events in order.
+flusher task sends everything buffered in one command (``ReplayLog.append``).
+While that round trip is in flight, new events accumulate and go out together in
+the next one, so the batch grows with the load and the first token of an idle
+worker goes out at once. One flusher keeps each request's events in order, and
+since the log skips sequence numbers it already holds, a retried batch is safe.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from producer.replay import ReplayLog
 
 logger = logging.getLogger("streamq.worker")
 
@@ -26,11 +28,11 @@ class PublishFailed(RuntimeError):
 
 
 class EventPublisher:
-    """Buffers ``(channel, payload)`` pairs and flushes them in pipelined batches."""
+    """Buffers ``(request_id, seq, payload)`` events and flushes them in batches."""
 
-    def __init__(self, redis: Redis, *, retry_attempts: int = 5, retry_delay_s: float = 0.2) -> None:
-        self._redis = redis
-        self._pending: list[tuple[str, bytes]] = []
+    def __init__(self, log: ReplayLog, *, retry_attempts: int = 5, retry_delay_s: float = 0.2) -> None:
+        self._log = log
+        self._pending: list[tuple[str, int, bytes]] = []
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._has_pending = asyncio.Event()
         self._retry_attempts = retry_attempts
@@ -53,9 +55,9 @@ class EventPublisher:
                 pass
             self._task = None
 
-    def publish(self, channel: str, payload: bytes) -> None:
-        """Queue ``payload`` for ``channel``; returns at once (no I/O)."""
-        self._pending.append((channel, payload))
+    def publish(self, request_id: str, seq: int, payload: bytes) -> None:
+        """Queue event ``seq`` of ``request_id``; returns at once (no I/O)."""
+        self._pending.append((request_id, seq, payload))
         self._has_pending.set()
 
     def flushed(self) -> asyncio.Future[None]:
@@ -84,13 +86,10 @@ class EventPublisher:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def _send(self, batch: list[tuple[str, bytes]]) -> None:
+    async def _send(self, batch: list[tuple[str, int, bytes]]) -> None:
         for attempt in range(1, self._retry_attempts + 1):
             try:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for channel, payload in batch:
-                        pipe.publish(channel, payload)
-                    await pipe.execute()
+                await self._log.append(batch)
                 return
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 logger.warning("publish of %d events failed (attempt %d): %s", len(batch), attempt, exc)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Any
 
 from arq.connections import RedisSettings
 from arq.utils import import_string
 
 from producer.protocol import DEFAULT_QUEUE, deserialize_job, serialize_job
-from worker.engine import engine_args_from_env, max_batch_size, start_engine
+from producer.replay import ReplayLog
+from worker.cancel import CancelListener
+from worker.engine import engine_args_from_env, start_engine
 from worker.job import RequestFailed, generate
 from worker.publisher import EventPublisher
 
@@ -25,10 +28,23 @@ DEFAULT_REDIS_URL = "redis://localhost:6379"
 
 
 ENGINE_FACTORY_ENV = "STREAMQ_ENGINE_FACTORY"
+class WorkerState:
+    """What the job functions tell the worker process (jobs get copies of ctx, so a
+    shared object carries it)."""
+
+    def __init__(self) -> None:
+        self.engine_dead = False
+
+    def engine_died(self) -> None:
+        """Stop this worker (exit code 3): it can serve nothing more."""
+        if not self.engine_dead:
+            self.engine_dead = True
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def on_startup(ctx: dict[str, Any]) -> None:
-    """Start the engine inside arq's loop, and the publisher beside it.
+    """Start the engine inside arq's loop, and beside it the publisher and the
+    cancel listener.
 
     ``ctx["engine_factory"]`` (or ``$STREAMQ_ENGINE_FACTORY``), a ``module:callable``
     taking the engine arguments, replaces vLLM's ``AsyncLLM`` with an object of the
@@ -41,15 +57,19 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         logger.info("engine from factory %s", factory_path)
     else:
         ctx["engine"] = start_engine(ctx.get("engine_args") or engine_args_from_env())
-    ctx["publisher"] = EventPublisher(ctx["redis"])
+    ctx["state"] = WorkerState()
+    ctx["replay_log"] = ReplayLog(ctx["redis"])
+    ctx["publisher"] = EventPublisher(ctx["replay_log"])
     ctx["publisher"].start()
+    ctx["cancels"] = CancelListener(ctx["redis"])
+    await ctx["cancels"].start()
 
 
 async def on_shutdown(ctx: dict[str, Any]) -> None:
     """Flush pending events and shut the engine down (always, as the seed does)."""
-    publisher: EventPublisher | None = ctx.get("publisher")
-    if publisher is not None:
-        await publisher.close()
+    for name in ("cancels", "publisher"):
+        if name in ctx:
+            await ctx[name].close()
     engine = ctx.get("engine")
     if engine is not None:
         engine.shutdown()

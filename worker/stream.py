@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from producer.protocol import ChunkEvent, ErrorEvent, FinalEvent, encode_event, events_channel
+from producer.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent, encode_event
 from worker.publisher import EventPublisher
 
 
@@ -15,11 +15,11 @@ class RequestStream:
     tell a gap or a duplicate from the numbers alone.
     """
 
-    def __init__(self, publisher: EventPublisher, request_id: str) -> None:
+    def __init__(self, publisher: EventPublisher, request_id: str, *, next_seq: int = 0, attempt: int = 1) -> None:
         self.request_id = request_id
+        self.attempt = attempt
         self._publisher = publisher
-        self._channel = events_channel(request_id)
-        self._next_seq = 0
+        self._next_seq = next_seq
         self.closed = False
 
     def _take_seq(self) -> int:
@@ -27,34 +27,41 @@ class RequestStream:
         self._next_seq += 1
         return seq
 
+    def _publish(self, event: Event) -> None:
+        self._publisher.publish(self.request_id, event.seq, encode_event(event))
+
     def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
         """Publish one DELTA of completion ``index``."""
         event = ChunkEvent(
             request_id=self.request_id,
             seq=self._take_seq(),
+            attempt=self.attempt,
             index=index,
             text=text,
             token_ids=list(token_ids),
             finish_reason=finish_reason,
         )
-        self._publisher.publish(self._channel, encode_event(event))
+        self._publish(event)
 
     def final(self, finish_reasons: list[str | None], prompt_tokens: int, completion_tokens: int) -> None:
         """Publish the event that ends a completed request."""
         event = FinalEvent(
             request_id=self.request_id,
             seq=self._take_seq(),
+            attempt=self.attempt,
             finish_reasons=finish_reasons,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
-        self._publisher.publish(self._channel, encode_event(event))
+        self._publish(event)
         self.closed = True
 
     def error(self, code: str, message: str) -> None:
         """Publish the event that ends a failed request."""
-        event = ErrorEvent(request_id=self.request_id, seq=self._take_seq(), code=code, message=message)
-        self._publisher.publish(self._channel, encode_event(event))
+        event = ErrorEvent(
+            request_id=self.request_id, seq=self._take_seq(), attempt=self.attempt, code=code, message=message
+        )
+        self._publish(event)
         self.closed = True
 
     async def delivered(self) -> None:

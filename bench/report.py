@@ -1,0 +1,135 @@
+"""The run's outputs: JSON, a markdown table with the issue's targets, a PNG plot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.metrics import PathResult
+from bench.scale_out import ScaleOutResult
+
+PATH_NAMES = {"a": "(a) bare AsyncLLM", "b": "(b) streamq", "c": "(c) vllm serve"}
+
+
+def ratio_to_engine(results: Sequence[PathResult]) -> dict[tuple[str, int], float | None]:
+    """Output tok/s of each row over path (a)'s at the same concurrency."""
+    ceiling = {r.concurrency: r.output_tok_s for r in results if r.path == "a"}
+    return {(r.path, r.concurrency): (r.output_tok_s / ceiling[r.concurrency] if r.concurrency in ceiling else None)
+            for r in results}
+
+
+def paths_table(results: Sequence[PathResult]) -> str:
+    ratios = ratio_to_engine(results)
+    lines = [
+        "| path | concurrency | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | output tok/s | ratio to (a) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(results, key=lambda r: (r.concurrency, r.path)):
+        ratio = ratios[(r.path, r.concurrency)]
+        lines.append(
+            f"| {PATH_NAMES[r.path]} | {r.concurrency} | {r.ttft_p50_ms:.2f} | {r.ttft_p99_ms:.2f} | "
+            f"{r.itl_p50_ms:.2f} | {r.itl_p99_ms:.2f} | {r.output_tok_s:,.0f} | "
+            f"{'' if ratio is None else f'{ratio:.3f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
+    base = next((r.delivered_chunks_s for r in results if r.workers == 1), None)
+    lines = [
+        "| workers | subscriber processes | requests in flight | offered chunks/s | delivered chunks/s | vs 1 worker | errors | CPU % (100 = one core) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        speedup = f"{r.delivered_chunks_s / base:.2f}x" if base else ""
+        cpu = ", ".join(f"{role} {pct:.0f}" for role, pct in r.cpu_percent.items())
+        lines.append(f"| {r.workers} | {r.subscribers} | {r.requests_in_flight} | {r.offered_chunks_s:,.0f} | "
+                     f"{r.delivered_chunks_s:,.0f} | {speedup} | {r.errors} | {cpu} |")
+    return "\n".join(lines)
+
+
+def target_checks(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult]) -> list[tuple[str, str, bool]]:
+    """The issue's targets that this run's data covers: (target, measured, met)."""
+    by = {(r.path, r.concurrency): r for r in results}
+    ratios = ratio_to_engine(results)
+    checks: list[tuple[str, str, bool]] = []
+    levels = sorted({r.concurrency for r in results})
+    b_ratios = [(c, ratios[("b", c)]) for c in levels if ("b", c) in by and ratios[("b", c)] is not None]
+    if b_ratios:
+        measured = ", ".join(f"c={c}: {ratio:.3f}" for c, ratio in b_ratios)
+        checks.append(("(b)/(a) output tok/s >= 0.95 at every concurrency", measured,
+                       all(ratio is not None and ratio >= 0.95 for _, ratio in b_ratios)))
+    if ("a", 1) in by and ("b", 1) in by:
+        delta = by[("b", 1)].ttft_p50_ms - by[("a", 1)].ttft_p50_ms
+        checks.append(("(b) TTFT p50 - (a) TTFT p50 <= 2 ms at c=1", f"{delta:+.2f} ms", delta <= 2.0))
+    top = max(levels, default=0)
+    if ("b", top) in by and ("c", top) in by:
+        b, c = by[("b", top)].output_tok_s, by[("c", top)].output_tok_s
+        checks.append((f"(b) >= (c) output tok/s at c={top}", f"{b:,.0f} vs {c:,.0f} ({b / c:.3f})", b >= c))
+    chunks = {r.workers: r.delivered_chunks_s for r in scale_out}
+    if 1 in chunks:
+        checks.append(("1 worker >= 50,000 chunks/s (synthetic engine)", f"{chunks[1]:,.0f}", chunks[1] >= 50_000))
+    if 1 in chunks and 2 in chunks:
+        speedup = chunks[2] / chunks[1]
+        checks.append(("2 workers >= 1.7x one", f"{speedup:.2f}x", speedup >= 1.7))
+    return checks
+
+
+def markdown(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult], header: str) -> str:
+    parts = [header]
+    if results:
+        parts += ["## Side by side", paths_table(results)]
+    if scale_out:
+        parts += ["## Scale-out (synthetic engine)", scale_out_table(scale_out)]
+    checks = target_checks(results, scale_out)
+    if checks:
+        rows = ["| target | measured | met |", "|---|---|---|"]
+        rows += [f"| {target} | {measured} | {'yes' if met else '**no**'} |" for target, measured, met in checks]
+        parts += ["## Targets", "\n".join(rows)]
+    return "\n\n".join(parts) + "\n"
+
+
+def write_json(path: Path, meta: dict[str, Any], results: Sequence[PathResult],
+               scale_out: Sequence[ScaleOutResult]) -> None:
+    ratios = ratio_to_engine(results)
+    payload = {
+        **meta,
+        "paths": [{**asdict(r), "ratio_to_a": ratios[(r.path, r.concurrency)]} for r in results],
+        "scale_out": [asdict(r) for r in scale_out],
+        "targets": [{"target": t, "measured": m, "met": met} for t, m, met in target_checks(results, scale_out)],
+    }
+    path.write_text(json.dumps(payload, indent=1))
+
+
+def write_plot(path: Path, results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("output_tok_s", "output tokens/s"), ("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    for ax, (attribute, title) in zip(axes, panels):
+        for key, name in PATH_NAMES.items():
+            rows = sorted((r for r in results if r.path == key), key=lambda r: r.concurrency)
+            if rows:
+                ax.plot([r.concurrency for r in rows], [getattr(r, attribute) for r in rows], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax = axes[3]
+    if scale_out:
+        ax.bar([str(r.workers) for r in scale_out], [r.delivered_chunks_s for r in scale_out], color="tab:orange")
+        ax.axhline(50_000, color="grey", linestyle="--", label="target, 1 worker")
+        ax.legend()
+    ax.set_xlabel("workers (synthetic engine)")
+    ax.set_title("chunks/s delivered to subscribers")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

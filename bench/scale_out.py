@@ -1,0 +1,128 @@
+"""The scale-out run: 1, 2, 4 workers on one Redis with the synthetic engine.
+
+No model compute anywhere, so the chunks per second that reach subscribers is
+what the queue layer itself can carry. Each worker count gets a fresh Redis, its
+workers (``python -m worker --engine-factory bench.synthetic_engine:create``),
+and subscriber processes running the producer library, enough requests in
+flight to fill every worker's ``max_jobs``. The CPU time of every process over
+the measurement window is recorded too (100% = one core): on a small machine
+workers, Redis and subscribers share the same cores, and those figures show which
+of them is the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devkit.redis_server import RedisServer
+from devkit.worker_process import WorkerProcess, worker_env
+
+from bench.config import SYNTH_MAX_NUM_SEQS_ENV, SYNTH_TOKENS_PER_S_ENV
+
+READY_LINE = "max_jobs set"
+"""Each worker logs this once its engine is up; with several workers on one queue
+the shared arq health-check key cannot tell them apart."""
+
+
+@dataclass(frozen=True)
+class ScaleOutConfig:
+    workers: tuple[int, ...]
+    tokens_per_s: float  # per request
+    max_num_seqs: int  # per worker
+    output_len: int
+    subscribers: int  # subscriber processes
+    warmup_s: float
+    measure_s: float
+    results_dir: Path
+    run_id: str
+
+
+@dataclass
+class ScaleOutResult:
+    workers: int
+    subscribers: int
+    requests_in_flight: int
+    offered_chunks_s: float
+    delivered_chunks_s: float
+    errors: int
+    cpu_percent: dict[str, float] = field(default_factory=dict)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_logged(worker: WorkerProcess, line: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while line not in worker.log_path.read_text(errors="replace"):
+        assert worker.process is not None
+        if worker.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"worker not ready:\n{worker.log_tail()}")
+        time.sleep(0.2)
+
+
+def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
+    in_flight = workers * config.max_num_seqs
+    env = worker_env(**{SYNTH_TOKENS_PER_S_ENV: str(config.tokens_per_s), SYNTH_MAX_NUM_SEQS_ENV: str(config.max_num_seqs)})
+    with RedisServer() as redis_server:
+        assert redis_server.process is not None
+        processes = []
+        for i in range(workers):
+            log_path = config.results_dir / f"{config.run_id}-scale{workers}-worker{i}.log"
+            command = [sys.executable, "-m", "worker", "--redis-url", redis_server.url,
+                       "--engine-factory", "bench.synthetic_engine:create"]
+            processes.append(WorkerProcess(redis_server.url, [], log_path=log_path, command=command, env=env).start())
+        try:
+            for worker in processes:
+                wait_logged(worker, READY_LINE)
+            start_at = time.time() + 2.0
+            clients = []
+            for i in range(config.subscribers):
+                share = in_flight // config.subscribers + (i < in_flight % config.subscribers)
+                out = config.results_dir / f"{config.run_id}-scale{workers}-subscriber{i}.json"
+                command = [sys.executable, "-m", "bench.scale_out_client", "--redis-url", redis_server.url,
+                           "--concurrency", str(share), "--output-len", str(config.output_len),
+                           "--start-at", str(start_at), "--stagger", str(config.output_len / config.tokens_per_s),
+                           "--warmup", str(config.warmup_s), "--measure", str(config.measure_s), "--out", str(out)]
+                clients.append((subprocess.Popen(command, env=env), out))
+            roles = {f"worker{i}": w.process.pid for i, w in enumerate(processes) if w.process is not None}
+            roles["redis"] = redis_server.process.pid
+            roles.update({f"subscriber{i}": c.pid for i, (c, _) in enumerate(clients)})
+            window_start = start_at + config.warmup_s
+            time.sleep(max(0.0, window_start - time.time()))
+            before = {role: cpu_seconds(pid) for role, pid in roles.items()}
+            time.sleep(max(0.0, window_start + config.measure_s - time.time()))
+            after = {role: cpu_seconds(pid) for role, pid in roles.items()}
+            for client, _ in clients:
+                if client.wait(timeout=120) != 0:
+                    raise RuntimeError(f"a subscriber process exited with {client.returncode}")
+            counts = [json.loads(out.read_text()) for _, out in clients]
+        finally:
+            for worker in processes:
+                worker.stop()
+    delivered = sum(c["chunks_in_window"] for c in counts) / config.measure_s
+    result = ScaleOutResult(
+        workers=workers,
+        subscribers=config.subscribers,
+        requests_in_flight=in_flight,
+        offered_chunks_s=in_flight * config.tokens_per_s,
+        delivered_chunks_s=delivered,
+        errors=sum(c["errors"] for c in counts),
+        cpu_percent={role: round(100 * (after[role] - before[role]) / config.measure_s, 1) for role in roles},
+    )
+    cpu = ", ".join(f"{role} {pct:.0f}%" for role, pct in result.cpu_percent.items())
+    print(f"[scale-out] {workers} worker(s): {delivered:,.0f} chunks/s delivered "
+          f"(offered {result.offered_chunks_s:,.0f}); CPU: {cpu}", flush=True)
+    return result
+
+
+def run_scale_out(config: ScaleOutConfig) -> list[ScaleOutResult]:
+    return [run_one(config, workers) for workers in config.workers]

@@ -1,0 +1,92 @@
+"""Cancellation requests, heard by every worker, acted on by the one running the job.
+
+A producer that cancels a running request publishes its id on ``CANCEL_CHANNEL``
+(``StreamqClient.cancel``). Every worker hears it; the one running the request
+cancels the job's task, and cancelling the task that iterates
+``engine.generate()`` is what aborts the request inside vLLM and frees its KV
+cache. A cancel can arrive just before the job registers (the job was being
+picked up), so requests are remembered for a while and checked at registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from redis.asyncio import Redis
+
+from producer.protocol import CANCEL_CHANNEL
+
+logger = logging.getLogger("streamq.worker")
+
+REMEMBER_S = 60.0
+
+
+class CancelListener:
+    """Listens on ``CANCEL_CHANNEL`` and cancels the registered job of a request."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._running: dict[str, asyncio.Task[object]] = {}
+        self._requested: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._listen(), name="cancel-listener")
+        await self._subscribed.wait()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def was_cancelled(self, request_id: str) -> bool:
+        """True if a cancel for ``request_id`` has been heard (recently)."""
+        return request_id in self._requested
+
+    @contextmanager
+    def registered(self, request_id: str) -> Iterator[None]:
+        """While inside, a cancel for ``request_id`` cancels the current task."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._running[request_id] = task
+        try:
+            if self.was_cancelled(request_id):
+                task.cancel()
+            yield
+        finally:
+            self._running.pop(request_id, None)
+
+    def _cancel(self, request_id: str) -> None:
+        now = time.monotonic()
+        self._requested = {rid: t for rid, t in self._requested.items() if now - t < REMEMBER_S}
+        self._requested[request_id] = now
+        task = self._running.get(request_id)
+        if task is not None:
+            logger.info("request %s: cancel requested", request_id)
+            task.cancel()
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(CANCEL_CHANNEL)
+                self._subscribed.set()
+                async for message in pubsub.listen():
+                    if message["type"] == "message":
+                        data = message["data"]
+                        self._cancel(data.decode() if isinstance(data, bytes) else data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis went away: resubscribe when it is back
+                logger.warning("cancel channel lost (%s); resubscribing", exc)
+                await asyncio.sleep(1)
+            finally:
+                await pubsub.aclose()
