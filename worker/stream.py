@@ -19,12 +19,12 @@ class RequestStream:
         self.request_id = request_id
         self.attempt = attempt
         self._publisher = publisher
-        self._next_seq = next_seq
+        self.next_seq = next_seq
         self.closed = False
 
     def _take_seq(self) -> int:
-        seq = self._next_seq
-        self._next_seq += 1
+        seq = self.next_seq
+        self.next_seq += 1
         return seq
 
     def _publish(self, event: Event) -> None:

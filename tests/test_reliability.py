@@ -1,0 +1,182 @@
+"""Nothing lost: replay, crash recovery, shutdown hand-back, cancellation, deadlines.
+
+Fault injection uses real processes: a second worker beside the session's, killed
+with SIGKILL (its engine processes too) or stopped with SIGTERM mid-stream, while
+the session's worker is paused with SIGSTOP until the fault so the request surely
+starts on the worker that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from producer.client import StreamqClient
+from producer.protocol import FinalEvent
+from tests.conftest import MAX_MODEL_LEN
+from tests.events import assert_well_formed, capture_events
+
+pytestmark = pytest.mark.engine
+
+LONG = 200  # tokens: long enough to interrupt mid-stream, short enough for max_model_len
+
+
+@contextmanager
+def paused(worker: WorkerProcess) -> Iterator[None]:
+    """SIGSTOP the worker so that it takes no job until the block ends."""
+    assert worker.process is not None
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker.process.pid, signal.SIGCONT)
+
+
+def second_worker(worker: WorkerProcess, tiny_model: Path, tmp_path: Path, *extra: str) -> WorkerProcess:
+    """Another real worker on the session's queue; it must be ready before any test
+    pauses the session worker (which is then the only one able to take jobs)."""
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN) + list(extra)
+    process = WorkerProcess(worker.redis_url, flags, log_path=tmp_path / "second-worker.log").start()
+    deadline = time.monotonic() + 300
+    while "max_jobs set" not in process.log_tail(200):
+        assert process.process is not None and process.process.poll() is None, process.log_tail()
+        assert time.monotonic() < deadline, process.log_tail()
+        time.sleep(0.2)
+    return process
+
+
+async def wait_for_chunks(redis_url: str, request_id: str, count: int) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        async with asyncio.timeout(60):
+            while await client.xlen(f"streamq:events:{request_id}") < count:
+                await asyncio.sleep(0.005)
+    finally:
+        await client.aclose()
+
+
+async def test_late_follower_gets_every_event_from_the_replay_log(client: StreamqClient) -> None:
+    done = await (await client.submit("The key to happiness is", max_tokens=20, ignore_eos=True)).result()
+    late = await client.follow(done.request_id, from_seq=5)
+    events = [event async for event in late]
+    assert [e.seq for e in events] == list(range(5, 5 + len(events)))
+    assert isinstance(events[-1], FinalEvent)
+    all_events = [event async for event in await client.follow(done.request_id)]
+    assert "".join(getattr(e, "text", "") for e in all_events) == done.text
+    assert all_events[-1].seq == len(all_events) - 1
+
+
+async def test_sigkill_mid_stream_resumes_on_another_worker(
+    worker: WorkerProcess, client: StreamqClient, tiny_model: Path, tmp_path: Path, redis_url: str
+) -> None:
+    doomed = second_worker(worker, tiny_model, tmp_path)
+    request_id = f"crash-{uuid.uuid4().hex}"
+    killed_at: list[float] = []
+
+    async def submit_and_crash() -> None:
+        with paused(worker):
+            await client.submit("In a galaxy far, far away", request_id=request_id, max_tokens=LONG,
+                                ignore_eos=True, temperature=0)
+            await wait_for_chunks(redis_url, request_id, 10)
+            doomed.kill()
+            killed_at.append(time.monotonic())
+
+    try:
+        events = await capture_events(redis_url, request_id, submit_and_crash)
+    finally:
+        doomed.kill()
+
+    assert_well_formed(events, request_id)  # one stream: no gap, no repeat, one final
+    chunks, final = events[:-1], events[-1]
+    assert final["type"] == "final" and final["finish_reasons"] == ["length"]
+    assert sum(len(c["token_ids"]) for c in chunks) == final["completion_tokens"] == LONG
+    attempts = [e["attempt"] for e in events]
+    assert attempts == sorted(attempts) and attempts[0] == 1 and attempts[-1] == 2
+
+
+async def test_sigterm_hands_running_requests_back_without_loss(
+    worker: WorkerProcess, client: StreamqClient, tiny_model: Path, tmp_path: Path, redis_url: str
+) -> None:
+    leaving = second_worker(worker, tiny_model, tmp_path, "--drain-seconds", "0")
+    request_id = f"drain-{uuid.uuid4().hex}"
+
+    async def submit_and_stop() -> None:
+        with paused(worker):
+            await client.submit("The future of artificial intelligence is", request_id=request_id,
+                                max_tokens=LONG, ignore_eos=True)
+            await wait_for_chunks(redis_url, request_id, 10)
+            assert await asyncio.to_thread(leaving.stop) == 0, leaving.log_tail()
+
+    try:
+        events = await capture_events(redis_url, request_id, submit_and_stop)
+    finally:
+        leaving.kill()
+
+    assert_well_formed(events, request_id)
+    assert events[-1]["type"] == "final"
+    assert sum(len(e["token_ids"]) for e in events[:-1]) == events[-1]["completion_tokens"] == LONG
+    assert {e["attempt"] for e in events} == {1, 2}
+    assert "cancelled, will be run again" in leaving.log_tail(400)
+
+
+async def test_cancel_aborts_a_running_request(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
+    handle = await client.submit("Tell me everything", max_tokens=LONG, ignore_eos=True)
+    events = []
+    async for event in handle:
+        events.append(event)
+        if len(events) == 3:
+            assert await handle.cancel() == "running"
+    final = events[-1]
+    assert final.finish_reasons == ["cancelled"]
+    assert final.completion_tokens < LONG
+    result = json.loads(await raw_redis.get(f"arq:result:{handle.request_id}"))
+    assert result["r"]["finish_reasons"] == ["cancelled"]
+
+
+async def test_cancel_removes_a_queued_request(redis_url: str, raw_redis: aioredis.Redis) -> None:
+    async with await StreamqClient.connect(redis_url, queue="streamq:nobody-serves-this") as idle:
+        handle = await idle.submit("Never run")
+        assert await idle.cancel(handle.request_id) == "queued"
+        completion = await handle.result()
+        assert completion.finish_reasons == ["cancelled"] and completion.completion_tokens == 0
+        assert await idle.queue_depth() == 0
+        assert await raw_redis.exists(f"arq:job:{handle.request_id}") == 0
+        assert await idle.cancel(handle.request_id) == "unknown"
+
+
+async def test_closing_a_handle_can_cancel_its_request(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
+    handle = await client.submit("Go on and on", max_tokens=LONG, ignore_eos=True)
+    handle.cancel_on_close = True
+    async for _ in handle:
+        break  # the consumer walks away
+    await handle.close()
+    async with asyncio.timeout(30):
+        while (result := await raw_redis.get(f"arq:result:{handle.request_id}")) is None:
+            await asyncio.sleep(0.05)
+    assert json.loads(result)["r"]["finish_reasons"] == ["cancelled"]
+
+
+async def test_deadline_ends_the_request_with_a_timeout(client: StreamqClient) -> None:
+    completion = await (await client.submit("Slowly", max_tokens=LONG, ignore_eos=True, timeout_s=0.05)).result()
+    assert completion.finish_reasons == ["timeout"]
+    assert completion.completion_tokens < LONG
+
+
+async def test_queue_wait_limit_ends_a_stale_request(worker: WorkerProcess, client: StreamqClient) -> None:
+    with paused(worker):
+        handle = await client.submit("Too late", max_tokens=8, queue_timeout_s=0.2)
+        await asyncio.sleep(0.5)
+    completion = await handle.result()
+    assert completion.finish_reasons == ["queue_timeout"]
+    assert completion.completion_tokens == 0
