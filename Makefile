@@ -30,5 +30,11 @@ demo: install
 test: install
 	$(PY) -m pytest
 
+lint: install
+	$(PY) -m pip install -q ruff mypy 2>&1 | $(PIP_QUIET)
+	$(PY) -m ruff check worker producer devkit tests bench
+	$(PY) -m ruff format --check worker producer devkit tests bench
+	$(PY) -m mypy worker producer devkit
+
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

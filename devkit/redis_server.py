@@ -50,12 +50,21 @@ class RedisServer:
     ``default`` user is switched off), as a production Redis should.
     """
 
-    def __init__(self, port: int | None = None, *, user: str | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        persistent: bool = False,
+    ) -> None:
         if (user is None) != (password is None):
             raise ValueError("give both user and password, or neither")
         self.port = port or free_port()
         self.user = user
         self.password = password
+        self.persistent = persistent
+        """Keep data across stop() and start() (an append-only file, fsynced per write)."""
         self._dir = tempfile.TemporaryDirectory(prefix="streamq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -71,12 +80,18 @@ class RedisServer:
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         command = [
             server_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", self._dir.name,
-            "--logfile", str(self.log_path),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--logfile",
+            str(self.log_path),
         ]
         if self.user:
             acl_file = Path(self._dir.name) / "users.acl"

@@ -81,7 +81,7 @@ def build_tiny_model(out_dir: Path = DEFAULT_DIR, *, max_position_embeddings: in
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     LlamaForCausalLM(config).save_pretrained(out_dir)
     marker.write_text(json.dumps({"vocab_size": len(fast), "layers": 2}))

@@ -24,9 +24,12 @@ HEALTH_CHECK_SUFFIX = ":health-check"
 def tiny_engine_flags(model_dir: str | Path, *, max_model_len: int = 256) -> list[str]:
     """Engine flags for the generated tiny model on a CPU (or any) machine."""
     return [
-        "--model", str(model_dir),
-        "--dtype", "float32",
-        "--max-model-len", str(max_model_len),
+        "--model",
+        str(model_dir),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(max_model_len),
         "--enforce-eager",
     ]
 
@@ -58,7 +61,14 @@ class WorkerProcess:
         self.queue = queue
         self.log_path = log_path
         self.command = command or [
-            sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue, *engine_flags
+            sys.executable,
+            "-m",
+            "worker",
+            "--redis-url",
+            redis_url,
+            "--queue",
+            queue,
+            *engine_flags,
         ]
         self.env = env or worker_env()
         self.process: subprocess.Popen[bytes] | None = None

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
+from producer.connection import DEFAULT_REDIS_URL
 from producer.protocol import (
     DEFAULT_QUEUE,
     ChunkEvent,
@@ -32,14 +33,18 @@ from producer.protocol import (
     is_valid_request_id,
 )
 
-DEFAULT_REDIS_URL = "redis://localhost:6379"
-
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-                        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)")
-    parser.add_argument("--queue", default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
-                        help="queue to submit to (default: $STREAMQ_QUEUE or %(default)s)")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
+    )
+    parser.add_argument(
+        "--queue",
+        default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
+        help="queue to submit to (default: $STREAMQ_QUEUE or %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print the raw events as JSON lines")
 
 
@@ -52,12 +57,15 @@ def submit_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one job is enqueued per prompt")
     _common_options(parser)
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt (default: %(default)s)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=64, help="tokens to generate per prompt (default: %(default)s)"
+    )
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: vLLM's, 1.0)")
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--request-id", action="append", default=None,
-                        help="request id of each prompt, in order (default: random ids)")
+    parser.add_argument(
+        "--request-id", action="append", default=None, help="request id of each prompt, in order (default: random ids)"
+    )
     return parser
 
 
@@ -147,7 +155,10 @@ async def run_submit(args: argparse.Namespace) -> int:
     ids = args.request_id or [None] * len(args.prompts)
     async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
         try:
-            handles = [await client.submit(p, request_id=rid, **sampling) for p, rid in zip(args.prompts, ids)]
+            handles = [
+                await client.submit(prompt, request_id=rid, **sampling)
+                for prompt, rid in zip(args.prompts, ids, strict=True)
+            ]
         except (InvalidRequest, StreamqError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, InvalidRequest) else 1
@@ -155,7 +166,8 @@ async def run_submit(args: argparse.Namespace) -> int:
             handle.cancel_on_close = True  # Ctrl-C: nobody will read the rest, stop generating it
         try:
             with ResponsePrinter(args.prompts, as_json=args.json) as printer:
-                outcomes = await asyncio.gather(*(_follow(h, p, printer) for h, p in zip(handles, args.prompts)))
+                follows = (_follow(h, p, printer) for h, p in zip(handles, args.prompts, strict=True))
+                outcomes = await asyncio.gather(*follows)
         finally:
             for handle in handles:
                 await handle.close()  # after Ctrl-C this cancels the unfinished requests

@@ -19,11 +19,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import msgspec
-from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.connections import ArqRedis, create_pool
 
+from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
 from producer.protocol import (
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
@@ -44,7 +45,7 @@ from producer.protocol import (
     serialize_job,
 )
 from producer.replay import ReplayLog
-from producer.subscriber import Delivery, EventSubscriber
+from producer.subscriber import Delivery, EventSubscriber, Resync
 
 IN_PROGRESS_PREFIX = "arq:in-progress:"
 
@@ -129,12 +130,15 @@ class RequestHandle:
         return self._done
 
     async def _next_raw(self) -> bytes:
-        if self._backlog:
-            return self._backlog.popleft()
-        delivery = await self._queue.get()
-        if isinstance(delivery, BaseException):
-            raise StreamqError(f"lost the connection to Redis: {delivery}") from delivery
-        return delivery
+        while not self._backlog:
+            delivery = await self._queue.get()
+            if isinstance(delivery, BaseException):
+                raise StreamqError(f"lost the connection to Redis: {delivery}") from delivery
+            if isinstance(delivery, Resync):
+                await self._replay()
+            else:
+                return delivery
+        return self._backlog.popleft()
 
     async def _replay(self) -> bool:
         """Queue logged events from the next expected one; False if there are none."""
@@ -151,9 +155,7 @@ class RequestHandle:
                 if event.seq > self._next_seq:
                     self._backlog.appendleft(encode_event(event))
                     if not await self._replay():
-                        raise StreamGap(
-                            f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}"
-                        )
+                        raise StreamGap(f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}")
                     continue
                 self._next_seq += 1
                 self._done = isinstance(event, TERMINAL_EVENTS)
@@ -212,10 +214,11 @@ class StreamqClient:
         self._cancel_script = redis.register_script(_CANCEL)
 
     @classmethod
-    async def connect(cls, url: str = "redis://localhost:6379", *, queue: str = DEFAULT_QUEUE) -> StreamqClient:
-        """Connect to the Redis at ``url`` (``redis://`` or ``rediss://``)."""
+    async def connect(cls, url: str = DEFAULT_REDIS_URL, *, queue: str = DEFAULT_QUEUE) -> StreamqClient:
+        """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS;
+        see ``producer.connection``)."""
         redis = await create_pool(
-            RedisSettings.from_dsn(url),
+            redis_settings_for(url),
             job_serializer=serialize_job,
             job_deserializer=deserialize_job,
             default_queue_name=queue,
@@ -293,15 +296,16 @@ class StreamqClient:
         ``running``, ``queued``, or ``unknown`` (finished, or never submitted).
         """
         keys = [IN_PROGRESS_PREFIX + request_id, self.queue, JOB_KEY_PREFIX + request_id]
-        outcome = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
-        outcome = outcome.decode() if isinstance(outcome, bytes) else outcome
+        reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
+        outcome = cast(CancelOutcome, reply.decode() if isinstance(reply, bytes) else reply)
         if outcome == "queued":  # no worker will ever run it: end its stream here
             logged = await self.log.read(request_id)
             next_seq = decode_event(logged[-1]).seq + 1 if logged else 0
-            final = FinalEvent(request_id=request_id, seq=next_seq, finish_reasons=["cancelled"],
-                               prompt_tokens=0, completion_tokens=0)
+            final = FinalEvent(
+                request_id=request_id, seq=next_seq, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0
+            )
             await self.log.append([(request_id, final.seq, encode_event(final))])
-        return outcome  # type: ignore[no-any-return]
+        return outcome
 
     async def queue_depth(self) -> int:
         """Jobs waiting or running on this client's queue (the autoscaling signal)."""

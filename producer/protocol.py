@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Final, Literal, Union
+from typing import Any, Final
 
 import msgspec
 
@@ -35,6 +35,8 @@ REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 one request from reaching another's keys, and 128 characters bound the names."""
 MAX_PROMPT_CHARS: Final = 1_000_000
 """A payload bound that fails fast long before Redis or the tokenizer struggles."""
+MAX_JOB_BYTES: Final = 8_000_000
+"""Job payloads larger than this are refused before they are even parsed."""
 
 
 def events_channel(request_id: str) -> str:
@@ -174,18 +176,16 @@ class FinalEvent(_Event, tag="final", kw_only=True):
     completion_tokens: int
 
 
-ErrorCode = Literal["invalid_request", "engine_dead", "internal"]
-
-
 class ErrorEvent(_Event, tag="error", kw_only=True):
-    """The last event of a request that failed. ``invalid_request`` is the
-    requester's fault and is never retried."""
+    """The last event of a request that failed. ``code`` is ``invalid_request`` (the
+    requester's fault; never retried), ``worker_lost`` (the worker died and the
+    request could not continue elsewhere) or ``internal``."""
 
     code: str
     message: str
 
 
-Event = Union[ChunkEvent, FinalEvent, ErrorEvent]
+Event = ChunkEvent | FinalEvent | ErrorEvent
 TERMINAL_EVENTS: Final = (FinalEvent, ErrorEvent)
 
 _event_encoder = msgspec.json.Encoder()
@@ -232,13 +232,15 @@ def deserialize_job(data: bytes) -> Any:
     it becomes a call of the job function carrying the reason, which then publishes
     an error event on the channel of the job id (the request id).
     """
+    if len(data) > MAX_JOB_BYTES:
+        return _bad_payload_job(f"job payload is {len(data)} bytes; the limit is {MAX_JOB_BYTES}")
     try:
         decoded = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         return _bad_payload_job(f"job payload is not valid JSON: {exc}")
     if not isinstance(decoded, dict):
         return _bad_payload_job("job payload must be a JSON object")
-    shape = {"f": str, "a": list, "k": dict, "et": (int, float)}
+    shape: dict[str, type | tuple[type, ...]] = {"f": str, "a": list, "k": dict, "et": (int, float)}
     wrong = [key for key, kind in shape.items() if not isinstance(decoded.get(key), kind)]
     if wrong:
         return _bad_payload_job(f"job payload lacks or mistypes arq fields {wrong}")

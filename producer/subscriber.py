@@ -15,8 +15,19 @@ from collections import defaultdict
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-Delivery = bytes | BaseException
-"""What a channel's queue carries: a raw event, or the error that ended the connection."""
+from producer.tasks import stop_task
+
+
+class Resync:
+    """Queued for each channel after the connection was re-established: events
+    published meanwhile were missed, so the follower re-reads the replay log."""
+
+
+RESYNC = Resync()
+
+Delivery = bytes | BaseException | Resync
+"""What a channel's queue carries: a raw event, ``RESYNC``, or the error that ended
+the connection."""
 
 
 class EventSubscriber:
@@ -73,12 +84,7 @@ class EventSubscriber:
 
     async def close(self) -> None:
         """Stop reading and close the connection."""
-        if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._reader)
         if self._pubsub is not None:
             await self._pubsub.aclose()
         self._pubsub = self._reader = None
@@ -94,6 +100,9 @@ class EventSubscriber:
                     confirmed = self._confirmations.get(channel)
                     if confirmed is not None and not confirmed.done():
                         confirmed.set_result(None)
+                    else:  # redis-py resubscribed after a reconnect
+                        for queue in self._queues.get(channel, ()):
+                            queue.put_nowait(RESYNC)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the connection is gone: every follower must hear it

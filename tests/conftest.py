@@ -18,7 +18,7 @@ from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
 
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 1024
 
 
 @pytest.fixture(scope="session")

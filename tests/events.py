@@ -48,3 +48,12 @@ def assert_well_formed(events: list[dict[str, Any]], request_id: str) -> None:
     assert all(e["request_id"] == request_id and e["v"] == 1 for e in events)
     terminal = [e for e in events if e["type"] in ("final", "error")]
     assert terminal == [events[-1]]
+
+
+async def job_result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """arq's stored result of a job, once the worker has written it."""
+    async with asyncio.timeout(timeout_s):
+        while (result := await redis.get(f"arq:result:{job_id}")) is None:
+            await asyncio.sleep(0.05)
+    decoded: dict[str, Any] = json.loads(result)
+    return decoded

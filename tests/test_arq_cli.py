@@ -22,8 +22,9 @@ async def test_arq_command_line_serves_jobs(redis_url: str, tiny_model: Path, tm
         STREAMQ_ENGINE_ARGS=shlex.join(tiny_engine_flags(tiny_model)),
     )
     arq = str(Path(sys.executable).with_name("arq"))
-    process = WorkerProcess(redis_url, [], queue=queue, log_path=tmp_path / "arq.log",
-                            command=[arq, "worker.WorkerSettings"], env=env)
+    process = WorkerProcess(
+        redis_url, [], queue=queue, log_path=tmp_path / "arq.log", command=[arq, "worker.WorkerSettings"], env=env
+    )
     process.start().wait_ready()
     try:
         async with await StreamqClient.connect(redis_url, queue=queue) as client:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import pytest
@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, StreamqClient
 from producer.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL, InvalidRequest
-from tests.events import assert_well_formed, capture_events
+from tests.conftest import MAX_MODEL_LEN
+from tests.events import assert_well_formed, capture_events, job_result
 
 pytestmark = pytest.mark.engine
 
@@ -36,13 +37,19 @@ BAD_JOBS = [
     ("zero max_tokens", lambda rid: arq_job(good_request(rid, sampling={"max_tokens": 0})), "max_tokens"),
     ("zero n", lambda rid: arq_job(good_request(rid, sampling={"n": 0})), "n"),
     ("empty prompt", lambda rid: arq_job(good_request(rid, prompt="")), "prompt must not be empty"),
-    ("prompt longer than max_model_len", lambda rid: arq_job(good_request(rid, prompt="hello " * 400)),
-     "maximum context length"),
+    (
+        "prompt longer than max_model_len",
+        lambda rid: arq_job(good_request(rid, prompt="hello " * (MAX_MODEL_LEN + 10))),
+        "maximum context length",
+    ),
     ("unknown top-level field", lambda rid: arq_job(good_request(rid, priority=3)), "priority"),
     ("unknown sampling field", lambda rid: arq_job(good_request(rid, sampling={"temprature": 0.5})), "temprature"),
     ("wrong type", lambda rid: arq_job(good_request(rid, sampling={"max_tokens": "many"})), "max_tokens"),
-    ("prompt and messages", lambda rid: arq_job(good_request(rid, messages=[{"role": "user", "content": "x"}])),
-     "exactly one"),
+    (
+        "prompt and messages",
+        lambda rid: arq_job(good_request(rid, messages=[{"role": "user", "content": "x"}])),
+        "exactly one",
+    ),
     ("neither prompt nor messages", lambda rid: arq_job({"request_id": rid}), "exactly one"),
     ("empty messages", lambda rid: arq_job({"request_id": rid, "messages": []}), "messages must not be empty"),
     ("not JSON", lambda rid: b"\x80\x04\x95 definitely not json", "not valid JSON"),
@@ -52,6 +59,35 @@ BAD_JOBS = [
     ("request is not an object", lambda rid: arq_job("Hello"), "Expected `object`"),
     ("unknown job function", lambda rid: arq_job(good_request(rid), f="os.system"), "unknown job function"),
     ("keyword arguments", lambda rid: arq_job(good_request(rid), k={"extra": 1}), "no keywords"),
+    (
+        "two positional arguments",
+        lambda rid: arq_job(good_request(rid), a=[good_request(rid), 1]),
+        "exactly one positional",
+    ),
+    ("no arguments", lambda rid: arq_job(good_request(rid), a=[]), "exactly one positional"),
+    ("arguments not a list", lambda rid: arq_job(good_request(rid), a={"x": 1}), "mistypes"),
+    (
+        "missing enqueue time",
+        lambda rid: json.dumps({"f": "generate", "a": [good_request(rid)], "k": {}}).encode(),
+        "'et'",
+    ),
+    ("request id of another request's keys", lambda rid: arq_job(good_request("../" + rid)), "request_id must match"),
+    ("request id too long", lambda rid: arq_job(good_request("x" * 200)), "request_id must match"),
+    ("request id not a string", lambda rid: arq_job(good_request(12345)), "request_id"),
+    ("prompt not a string", lambda rid: arq_job(good_request(rid, prompt=["a", "b"])), "prompt"),
+    ("message without content", lambda rid: arq_job({"request_id": rid, "messages": [{"role": "user"}]}), "content"),
+    (
+        "message with unknown field",
+        lambda rid: arq_job({"request_id": rid, "messages": [{"role": "user", "content": "x", "name": "bob"}]}),
+        "name",
+    ),
+    ("sampling not an object", lambda rid: arq_job(good_request(rid, sampling=[1, 2])), "sampling"),
+    ("stop not a list of strings", lambda rid: arq_job(good_request(rid, sampling={"stop": [1, 2]})), "stop"),
+    ("negative timeout", lambda rid: arq_job(good_request(rid, timeout_s=-1)), "timeout_s must be positive"),
+    ("prompt over the size limit", lambda rid: arq_job(good_request(rid, prompt="x" * 1_000_001)), "limit"),
+    ("payload over the size limit", lambda rid: b"{" + b" " * 8_000_001 + b"}", "bytes; the limit"),
+    ("top_k below -1", lambda rid: arq_job(good_request(rid, sampling={"top_k": -5})), "top_k"),
+    ("empty UTF-8-invalid bytes", lambda rid: b"\xff\xfe", "not valid JSON"),
 ]
 
 
@@ -73,32 +109,30 @@ async def test_bad_job_gets_error_event_and_failed_result(
     [error] = events
     assert error["type"] == "error" and error["code"] == "invalid_request"
     assert message in error["message"]
-    result = json.loads(await _wait_for_result(raw_redis, job_id))
+    result = await job_result(raw_redis, job_id)
     assert result["s"] is False  # arq recorded a failed job
     assert result["t"] == 1  # tried once...
     assert await raw_redis.zscore(DEFAULT_QUEUE, job_id) is None  # ...and not queued again
 
 
-async def _wait_for_result(redis: aioredis.Redis, job_id: str, timeout_s: float = 10.0) -> bytes:
-    deadline = time.monotonic() + timeout_s
-    while (result := await redis.get(f"arq:result:{job_id}")) is None:
-        assert time.monotonic() < deadline, "no job result stored"
-        await asyncio.sleep(0.05)
-    return result
-
-
 async def test_worker_keeps_serving_after_bad_jobs(
     worker: WorkerProcess, raw_redis: aioredis.Redis, client: StreamqClient, redis_url: str
 ) -> None:
-    for _, payload, _ in BAD_JOBS:
-        job_id = f"bad-{uuid.uuid4().hex}"
-        await capture_events(redis_url, job_id, lambda: enqueue_raw(raw_redis, job_id, payload(job_id)))
+    job_ids = [f"bad-{uuid.uuid4().hex}" for _ in BAD_JOBS]
+    for job_id, (_, payload, _) in zip(job_ids, BAD_JOBS, strict=True):
+        await capture_events(redis_url, job_id, partial(enqueue_raw, raw_redis, job_id, payload(job_id)))
     completion = await (await client.submit("Still there?", max_tokens=4, ignore_eos=True)).result()
     assert completion.completion_tokens == 4
     assert worker.process is not None and worker.process.poll() is None
+    # None of them is left running, queued, or waiting for a retry.
+    for job_id in job_ids:
+        assert await raw_redis.exists(f"arq:in-progress:{job_id}", f"arq:job:{job_id}") == 0
+        assert await raw_redis.zscore(DEFAULT_QUEUE, job_id) is None
 
 
-async def test_library_rejects_malformed_requests_before_sending(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
+async def test_library_rejects_malformed_requests_before_sending(
+    client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
     queued_before = await raw_redis.zcard(DEFAULT_QUEUE)
     for kwargs in (
         {"prompt": ""},

@@ -21,14 +21,24 @@ pytestmark = pytest.mark.engine
 
 def run_producer(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "REDIS_URL": redis_url}
-    return subprocess.run([sys.executable, "-m", "producer", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "producer", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_json_output_is_the_event_stream(worker: WorkerProcess) -> None:
     request_id = f"cli-{uuid.uuid4().hex}"
-    result = run_producer(worker.redis_url, "--json", "--max-tokens", "6", "--temperature", "0",
-                          "--request-id", request_id, "The key to happiness is")
+    result = run_producer(
+        worker.redis_url,
+        "--json",
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--request-id",
+        request_id,
+        "The key to happiness is",
+    )
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert [e["seq"] for e in events] == list(range(len(events)))
@@ -68,8 +78,15 @@ async def test_tail_follows_a_running_request(worker: WorkerProcess, client: Str
     request_id = f"tail-{uuid.uuid4().hex}"
     env = {**os.environ, "REDIS_URL": worker.redis_url}
     tail = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "producer", "tail", request_id, "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        sys.executable,
+        "-m",
+        "producer",
+        "tail",
+        request_id,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     redis = aioredis.Redis.from_url(worker.redis_url)
     try:

@@ -37,7 +37,10 @@ def reference_outputs(tiny_model: Path, worker: WorkerProcess) -> dict[str, dict
     script = Path(__file__).with_name("reference_generate.py")
     result = subprocess.run(
         [sys.executable, str(script), str(tiny_model), str(MAX_MODEL_LEN), str(MAX_TOKENS), *PROMPTS],
-        capture_output=True, text=True, env=worker_env(), timeout=300,
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("REFERENCE "))
@@ -78,7 +81,7 @@ async def test_deltas_decode_to_the_streamed_text(client: StreamqClient, tiny_mo
     # vLLM holds back bytes that do not yet form a whole character; any left when the
     # generation stops never become text (a full decode shows them as U+FFFD).
     assert decoded.startswith(completion.text)
-    assert set(decoded[len(completion.text):]) <= {"\ufffd"}
+    assert set(decoded[len(completion.text) :]) <= {"\ufffd"}
 
 
 async def test_32_concurrent_prompts_all_complete(client: StreamqClient) -> None:
@@ -92,8 +95,9 @@ async def test_n_completions_are_kept_apart_by_index(client: StreamqClient, redi
     events = await capture_events(
         redis_url,
         request_id,
-        lambda: client.submit(PROMPTS[2], request_id=request_id, n=3, max_tokens=8, temperature=1.0, seed=7,
-                              ignore_eos=True),
+        lambda: client.submit(
+            PROMPTS[2], request_id=request_id, n=3, max_tokens=8, temperature=1.0, seed=7, ignore_eos=True
+        ),
     )
     assert_well_formed(events, request_id)
     chunks, final = events[:-1], events[-1]
@@ -122,10 +126,15 @@ async def test_job_enqueued_with_plain_redis_commands_streams(worker: WorkerProc
     cli = [str(Path(server_binary()).with_name("valkey-cli")), "-u", redis_url]
     if not Path(cli[0]).exists():
         pytest.skip("no redis-cli binary beside the server")
-    job = json.dumps({
-        "t": 1, "f": "generate", "k": {}, "et": int(time.time() * 1000),
-        "a": [{"request_id": request_id, "prompt": PROMPTS[0], "sampling": {"max_tokens": 8, "temperature": 0}}],
-    })
+    job = json.dumps(
+        {
+            "t": 1,
+            "f": "generate",
+            "k": {},
+            "et": int(time.time() * 1000),
+            "a": [{"request_id": request_id, "prompt": PROMPTS[0], "sampling": {"max_tokens": 8, "temperature": 0}}],
+        }
+    )
 
     async def enqueue() -> None:
         for command in (

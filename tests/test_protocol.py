@@ -37,7 +37,13 @@ def test_events_round_trip_as_versioned_json() -> None:
         assert json.loads(wire)["v"] == 1
         assert decode_event(wire) == event
     assert json.loads(encode_event(events[0])) == {
-        "type": "chunk", "v": 1, "request_id": "r1", "seq": 0, "attempt": 1, "index": 0, "text": "",
+        "type": "chunk",
+        "v": 1,
+        "request_id": "r1",
+        "seq": 0,
+        "attempt": 1,
+        "index": 0,
+        "text": "",
         "token_ids": [226],
         "finish_reason": None,
     }

@@ -9,7 +9,6 @@ starts on the worker that fails.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 import redis.asyncio as aioredis
 
@@ -25,11 +25,11 @@ from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
 from producer.protocol import FinalEvent
 from tests.conftest import MAX_MODEL_LEN
-from tests.events import assert_well_formed, capture_events
+from tests.events import assert_well_formed, capture_events, job_result
 
 pytestmark = pytest.mark.engine
 
-LONG = 200  # tokens: long enough to interrupt mid-stream, short enough for max_model_len
+LONG = 900  # tokens: seconds of streaming to interrupt, within max_model_len with the prompt
 
 
 @contextmanager
@@ -86,8 +86,9 @@ async def test_sigkill_mid_stream_resumes_on_another_worker(
 
     async def submit_and_crash() -> None:
         with paused(worker):
-            await client.submit("In a galaxy far, far away", request_id=request_id, max_tokens=LONG,
-                                ignore_eos=True, temperature=0)
+            await client.submit(
+                "In a galaxy far, far away", request_id=request_id, max_tokens=LONG, ignore_eos=True, temperature=0
+            )
             await wait_for_chunks(redis_url, request_id, 10)
             doomed.kill()
             killed_at.append(time.monotonic())
@@ -113,8 +114,9 @@ async def test_sigterm_hands_running_requests_back_without_loss(
 
     async def submit_and_stop() -> None:
         with paused(worker):
-            await client.submit("The future of artificial intelligence is", request_id=request_id,
-                                max_tokens=LONG, ignore_eos=True)
+            await client.submit(
+                "The future of artificial intelligence is", request_id=request_id, max_tokens=LONG, ignore_eos=True
+            )
             await wait_for_chunks(redis_url, request_id, 10)
             assert await asyncio.to_thread(leaving.stop) == 0, leaving.log_tail()
 
@@ -130,6 +132,37 @@ async def test_sigterm_hands_running_requests_back_without_loss(
     assert "cancelled, will be run again" in leaving.log_tail(400)
 
 
+async def test_engine_death_stops_the_worker_and_its_job_moves(
+    worker: WorkerProcess, client: StreamqClient, tiny_model: Path, tmp_path: Path, redis_url: str
+) -> None:
+    stricken = second_worker(worker, tiny_model, tmp_path)
+    assert stricken.process is not None
+    engine_cores = [
+        p
+        for p in psutil.Process(stricken.process.pid).children(recursive=True)
+        if "EngineCore" in " ".join(p.cmdline()) + p.name()
+    ]
+    assert engine_cores, "no EngineCore process found"
+    for process in engine_cores:
+        process.kill()
+    request_id = f"dead-{uuid.uuid4().hex}"
+
+    async def submit_to_the_stricken_worker() -> None:
+        with paused(worker):
+            await client.submit("The key to happiness is", request_id=request_id, max_tokens=20, ignore_eos=True)
+            assert await asyncio.to_thread(stricken.process.wait, 120) == 3, stricken.log_tail()
+
+    try:
+        events = await capture_events(redis_url, request_id, submit_to_the_stricken_worker)
+    finally:
+        stricken.kill()
+
+    assert_well_formed(events, request_id)
+    assert events[-1]["type"] == "final"
+    assert sum(len(e["token_ids"]) for e in events[:-1]) == 20
+    assert {e["attempt"] for e in events} == {2}  # the first try handed the job back untouched
+
+
 async def test_cancel_aborts_a_running_request(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
     handle = await client.submit("Tell me everything", max_tokens=LONG, ignore_eos=True)
     events = []
@@ -140,8 +173,8 @@ async def test_cancel_aborts_a_running_request(client: StreamqClient, raw_redis:
     final = events[-1]
     assert final.finish_reasons == ["cancelled"]
     assert final.completion_tokens < LONG
-    result = json.loads(await raw_redis.get(f"arq:result:{handle.request_id}"))
-    assert result["r"]["finish_reasons"] == ["cancelled"]
+    result = await job_result(raw_redis, handle.request_id)
+    assert result["s"] is True and result["r"]["finish_reasons"] == ["cancelled"]
 
 
 async def test_cancel_removes_a_queued_request(redis_url: str, raw_redis: aioredis.Redis) -> None:
@@ -161,10 +194,7 @@ async def test_closing_a_handle_can_cancel_its_request(client: StreamqClient, ra
     async for _ in handle:
         break  # the consumer walks away
     await handle.close()
-    async with asyncio.timeout(30):
-        while (result := await raw_redis.get(f"arq:result:{handle.request_id}")) is None:
-            await asyncio.sleep(0.05)
-    assert json.loads(result)["r"]["finish_reasons"] == ["cancelled"]
+    assert (await job_result(raw_redis, handle.request_id))["r"]["finish_reasons"] == ["cancelled"]
 
 
 async def test_deadline_ends_the_request_with_a_timeout(client: StreamqClient) -> None:

@@ -13,13 +13,13 @@ import os
 import shlex
 import sys
 
-from arq.connections import RedisSettings
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
 from producer.protocol import DEFAULT_QUEUE
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
-from worker.settings import DEFAULT_REDIS_URL, worker_settings
+from worker.settings import worker_settings
 
 
 def build_parser() -> FlexibleArgumentParser:
@@ -29,18 +29,33 @@ def build_parser() -> FlexibleArgumentParser:
         epilog=f"Engine flags may also come from ${ENGINE_ARGS_ENV}; flags given here win.",
     )
     group = parser.add_argument_group("worker")
-    group.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-                       help="Redis to serve (default: $REDIS_URL or %(default)s)")
-    group.add_argument("--queue", default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
-                       help="queue to pull from (default: $STREAMQ_QUEUE or %(default)s)")
-    group.add_argument("--max-jobs", type=int, default=None,
-                       help="requests run at once (default: the engine's max_num_seqs)")
-    group.add_argument("--drain-seconds", type=int, default=int(os.environ.get("STREAMQ_DRAIN_SECONDS", "30")),
-                       help="on SIGTERM, time running requests get to finish before they are handed back "
-                       "to the queue (default: $STREAMQ_DRAIN_SECONDS or %(default)s)")
-    group.add_argument("--engine-factory", default=None, metavar="MODULE:CALLABLE",
-                       help="build the engine with this callable instead of vLLM's AsyncLLM "
-                       "(a scripted engine for load tests; default: $STREAMQ_ENGINE_FACTORY or none)")
+    group.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis to serve (default: $REDIS_URL or %(default)s)",
+    )
+    group.add_argument(
+        "--queue",
+        default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
+        help="queue to pull from (default: $STREAMQ_QUEUE or %(default)s)",
+    )
+    group.add_argument(
+        "--max-jobs", type=int, default=None, help="requests run at once (default: the engine's max_num_seqs)"
+    )
+    group.add_argument(
+        "--drain-seconds",
+        type=int,
+        default=int(os.environ.get("STREAMQ_DRAIN_SECONDS", "30")),
+        help="on SIGTERM, time running requests get to finish before they are handed back "
+        "to the queue (default: $STREAMQ_DRAIN_SECONDS or %(default)s)",
+    )
+    group.add_argument(
+        "--engine-factory",
+        default=None,
+        metavar="MODULE:CALLABLE",
+        help="build the engine with this callable instead of vLLM's AsyncLLM "
+        "(a scripted engine for load tests; default: $STREAMQ_ENGINE_FACTORY or none)",
+    )
     add_engine_args(parser)
     return parser
 
@@ -52,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     log_level = str(getattr(args, "log_level", "info")).upper()  # vLLM's --log-level
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, object] = {
-        "redis_settings": RedisSettings.from_dsn(args.redis_url),
+        "redis_settings": redis_settings_for(args.redis_url),
         "queue_name": args.queue,
         "job_completion_wait": args.drain_seconds,
         "ctx": {"engine_args": engine_args_from_namespace(args), "engine_factory": args.engine_factory},

@@ -12,13 +12,17 @@ schedules at once would only wait inside this worker instead of on another one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.protocol import WAKEUP_CHANNEL
+from producer.tasks import stop_task
 from worker.engine import max_batch_size
 
 logger = logging.getLogger("streamq.worker")
@@ -57,15 +61,20 @@ class StreamqWorker(Worker):
         try:
             while True:
                 self._wake.clear()
-                await self._poll_iteration()
+                try:
+                    await self._poll_iteration()
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    # Redis is restarting or failing over: wait for it instead of exiting
+                    # (running jobs go on; their publisher and lease retry on their own).
+                    logger.warning("cannot reach Redis (%s); retrying in 1s", exc)
+                    await asyncio.sleep(1)
+                    continue
                 if self.burst and await self._burst_done():
                     return
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
-                except asyncio.TimeoutError:
-                    pass
         finally:
-            listener.cancel()
+            await stop_task(listener)
             await wakeups.aclose()
 
     def _resize(self, max_jobs: int) -> None:

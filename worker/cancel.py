@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from redis.asyncio import Redis
 
 from producer.protocol import CANCEL_CHANNEL
+from producer.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
 
@@ -40,12 +41,7 @@ class CancelListener:
         await self._subscribed.wait()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)
 
     def was_cancelled(self, request_id: str) -> bool:
         """True if a cancel for ``request_id`` has been heard (recently)."""
@@ -63,6 +59,12 @@ class CancelListener:
             yield
         finally:
             self._running.pop(request_id, None)
+
+    def cancel_all(self) -> None:
+        """Cancel every registered job without marking it as requested by a producer:
+        each one is handed back to the queue (used when the engine died)."""
+        for task in self._running.values():
+            task.cancel()
 
     def _cancel(self, request_id: str) -> None:
         now = time.monotonic()

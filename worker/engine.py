@@ -39,7 +39,7 @@ def engine_args_from_env() -> AsyncEngineArgs:
     """Build ``AsyncEngineArgs`` from the flags in ``$STREAMQ_ENGINE_ARGS``."""
     flags = os.environ.get(ENGINE_ARGS_ENV, "")
     if "--model" not in flags:
-        raise SystemExit(f"{ENGINE_ARGS_ENV} must name a model, e.g. {ENGINE_ARGS_ENV}='--model Qwen/Qwen2.5-0.5B-Instruct'")
+        raise SystemExit(f"{ENGINE_ARGS_ENV} must name a model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct")
     parser = FlexibleArgumentParser()
     add_engine_args(parser)
     return engine_args_from_namespace(parser.parse_args(shlex.split(flags)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from arq import Retry
@@ -103,9 +103,9 @@ def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] |
     if request.messages is None:
         return None
     tokenizer = engine.get_tokenizer()
-    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    messages: list[Any] = [{"role": m.role, "content": m.content} for m in request.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     except Exception as exc:  # jinja errors, a model without a chat template, ...
         raise InvalidRequest(f"cannot render messages with the model's chat template: {exc}") from exc
     # The template already holds any special tokens, so tokenize without adding more.
@@ -113,7 +113,7 @@ def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] |
 
 
 def _seconds_since(enqueued: datetime) -> float:
-    return (datetime.now(timezone.utc) - enqueued).total_seconds()
+    return (datetime.now(UTC) - enqueued).total_seconds()
 
 
 async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestStream) -> dict[str, Any]:
@@ -127,8 +127,12 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
         if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
             return progress.summary(request.request_id)
         stream.next_seq = progress.next_seq
-        logger.info("request %s: attempt %d resumes after %d tokens", request.request_id, stream.attempt,
-                    progress.completion_tokens)
+        logger.info(
+            "request %s: attempt %d resumes after %d tokens",
+            request.request_id,
+            stream.attempt,
+            progress.completion_tokens,
+        )
 
     waited = _seconds_since(ctx["enqueue_time"])
     if request.queue_timeout_s is not None and stream.attempt == 1 and waited > request.queue_timeout_s:
@@ -137,12 +141,19 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     if time_left is not None and time_left <= 0:
         return await _end(stream, request, progress, "timeout")
 
-    prompt: str | TokensPrompt = request.prompt if chat_ids is None else TokensPrompt(prompt_token_ids=chat_ids)
+    prompt: str | TokensPrompt
+    if chat_ids is not None:
+        prompt = TokensPrompt(prompt_token_ids=chat_ids)
+    else:
+        assert request.prompt is not None, "validated: a request has a prompt or messages"
+        prompt = request.prompt
     if progress.completion_tokens:
         prompt, params = progress.continuation(engine, request, chat_ids, params)
         if params.max_tokens is not None and params.max_tokens <= 0:
             return await _end(stream, request, progress, "length")
 
+    if getattr(engine, "errored", False):
+        raise EngineDeadError("the engine is dead")
     started = time.monotonic()
     logger.info("request %s started (attempt %d)", request.request_id, stream.attempt)
     try:
@@ -152,8 +163,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
                     request_id=request.request_id, prompt=prompt, sampling_params=params
                 ):
                     for completion in output.outputs:
-                        stream.chunk(completion.index, completion.text, completion.token_ids,
-                                     completion.finish_reason)
+                        stream.chunk(completion.index, completion.text, completion.token_ids, completion.finish_reason)
                         progress.add(completion.index, completion.token_ids, completion.finish_reason)
                     if output.finished:
                         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))

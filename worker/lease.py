@@ -16,6 +16,8 @@ from types import TracebackType
 
 from redis.asyncio import Redis
 
+from producer.tasks import stop_task
+
 logger = logging.getLogger("streamq.worker")
 
 IN_PROGRESS_PREFIX = "arq:in-progress:"
@@ -38,12 +40,7 @@ class Lease:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)
 
     async def _renew_forever(self) -> None:
         while True:

@@ -9,6 +9,8 @@ subscriber sees one answer with no repeated and no missing text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
@@ -36,7 +38,7 @@ class Progress:
     def completion_tokens(self) -> int:
         return sum(map(len, self.token_ids))
 
-    def add(self, index: int, token_ids: list[int], finish_reason: str | None) -> None:
+    def add(self, index: int, token_ids: Sequence[int], finish_reason: str | None) -> None:
         self.token_ids[index].extend(token_ids)
         if finish_reason is not None:
             self.finish_reasons[index] = finish_reason
@@ -88,7 +90,11 @@ class Progress:
         """
         if len(self.token_ids) > 1:
             raise NotResumable("a request with n > 1 cannot continue on another worker")
-        prompt_ids = chat_ids if chat_ids is not None else list(engine.get_tokenizer().encode(request.prompt))
+        if chat_ids is not None:
+            prompt_ids = chat_ids
+        else:
+            assert request.prompt is not None
+            prompt_ids = list(engine.get_tokenizer().encode(request.prompt))
         self.prompt_tokens = len(prompt_ids)
         generated = self.token_ids[0]
         rest = params.clone()

@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.replay import ReplayLog
+from producer.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
 
@@ -47,13 +48,8 @@ class EventPublisher:
         """Flush what is buffered, then stop the flusher."""
         if self._pending:
             await self.flushed()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     def publish(self, request_id: str, seq: int, payload: bytes) -> None:
         """Queue event ``seq`` of ``request_id``; returns at once (no I/O)."""

@@ -7,16 +7,18 @@ from ``$STREAMQ_ENGINE_ARGS``); ``python -m worker`` runs the same settings in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 from typing import Any
 
-from arq.connections import RedisSettings
 from arq.utils import import_string
 
+from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
 from producer.protocol import DEFAULT_QUEUE, deserialize_job, serialize_job
 from producer.replay import ReplayLog
+from producer.tasks import stop_task
 from worker.cancel import CancelListener
 from worker.engine import engine_args_from_env, start_engine
 from worker.job import RequestFailed, generate
@@ -24,22 +26,35 @@ from worker.publisher import EventPublisher
 
 logger = logging.getLogger("streamq.worker")
 
-DEFAULT_REDIS_URL = "redis://localhost:6379"
-
 
 ENGINE_FACTORY_ENV = "STREAMQ_ENGINE_FACTORY"
+
+
 class WorkerState:
     """What the job functions tell the worker process (jobs get copies of ctx, so a
     shared object carries it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cancels: CancelListener) -> None:
         self.engine_dead = False
+        self._cancels = cancels
 
     def engine_died(self) -> None:
-        """Stop this worker (exit code 3): it can serve nothing more."""
+        """Hand every running job back and stop this worker (exit code 3): it can
+        serve nothing more, and its jobs can resume on another worker."""
         if not self.engine_dead:
             self.engine_dead = True
+            logger.critical("the engine died: handing running jobs back and stopping")
+            self._cancels.cancel_all()
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def _watch_engine(engine: Any, state: WorkerState) -> None:
+    """Notice an engine that died between requests, or under one whose output
+    handler stopped without failing it (a request would wait forever)."""
+    while not state.engine_dead:
+        if getattr(engine, "errored", False):
+            state.engine_died()
+        await asyncio.sleep(0.5)
 
 
 async def on_startup(ctx: dict[str, Any]) -> None:
@@ -57,16 +72,18 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         logger.info("engine from factory %s", factory_path)
     else:
         ctx["engine"] = start_engine(ctx.get("engine_args") or engine_args_from_env())
-    ctx["state"] = WorkerState()
     ctx["replay_log"] = ReplayLog(ctx["redis"])
     ctx["publisher"] = EventPublisher(ctx["replay_log"])
     ctx["publisher"].start()
     ctx["cancels"] = CancelListener(ctx["redis"])
     await ctx["cancels"].start()
+    ctx["state"] = WorkerState(ctx["cancels"])
+    ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
 
 
 async def on_shutdown(ctx: dict[str, Any]) -> None:
     """Flush pending events and shut the engine down (always, as the seed does)."""
+    await stop_task(ctx.get("engine_watch"))
     for name in ("cancels", "publisher"):
         if name in ctx:
             await ctx[name].close()
@@ -96,7 +113,7 @@ class WorkerSettings:
     on_startup = on_startup
     on_shutdown = on_shutdown
     queue_name = os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
-    redis_settings = RedisSettings.from_dsn(os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    redis_settings = redis_settings_for(os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     job_serializer = staticmethod(serialize_job)
     job_deserializer = staticmethod(deserialize_job)
     # The engine, not arq, decides how many requests run together: StreamqWorker

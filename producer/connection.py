@@ -1,0 +1,35 @@
+"""How streamq connects to Redis: one URL, riding out short outages.
+
+Used by both sides so that a Redis restart or failover of a few seconds is a pause,
+not a crash: every command is retried with exponential backoff (about 20 s in all)
+before an error surfaces. ``rediss://`` URLs (TLS) may name their CA and
+verification mode in the query: ``rediss://host:6380?ssl_ca_certs=/ca.pem``,
+``&ssl_cert_reqs=none|optional|required``.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlparse
+
+from arq.connections import RedisSettings
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+DEFAULT_REDIS_URL = "redis://localhost:6379"
+
+
+def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> RedisSettings:
+    """arq ``RedisSettings`` for ``url``, with retries on connection errors."""
+    settings = RedisSettings.from_dsn(url)
+    query = parse_qs(urlparse(url).query)
+    if "ssl_ca_certs" in query:
+        settings.ssl_ca_certs = query["ssl_ca_certs"][0]
+    if "ssl_cert_reqs" in query:
+        settings.ssl_cert_reqs = query["ssl_cert_reqs"][0]
+    settings.retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=12)
+    settings.retry_on_error = [RedisConnectionError, RedisTimeoutError, ConnectionResetError]
+    settings.retry_on_timeout = True
+    settings.conn_retries = 20  # at start-up: Redis may come up after the worker
+    return settings

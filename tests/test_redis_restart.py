@@ -1,0 +1,62 @@
+"""Redis restarted under load: workers and subscribers carry on by themselves.
+
+The server keeps its data on disk (as a production Redis would), stops and starts
+again on the same port while requests stream. The worker runs the scripted engine:
+what is under test is every Redis connection of both sides, not the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devkit.redis_server import RedisServer
+from devkit.worker_process import WorkerProcess, worker_env
+from producer.client import StreamqClient
+from producer.protocol import ChunkEvent, FinalEvent
+
+TOKENS = 300  # at 100 tokens/s per request: three seconds of streaming each
+
+
+@pytest.fixture
+def restartable_redis() -> Iterator[RedisServer]:
+    with RedisServer(persistent=True) as server:
+        yield server
+
+
+async def test_requests_in_flight_survive_a_redis_restart(restartable_redis: RedisServer, tmp_path: Path) -> None:
+    url = restartable_redis.url
+    command = [sys.executable, "-m", "worker", "--redis-url", url, "--engine-factory", "bench.synthetic_engine:create"]
+    worker = WorkerProcess(
+        url, [], log_path=tmp_path / "worker.log", command=command, env=worker_env(STREAMQ_SYNTH_TOKENS_PER_S="100")
+    )
+    worker.start().wait_ready(timeout_s=120)
+    try:
+        async with await StreamqClient.connect(url) as client:
+            handles = [await client.submit(f"request {i}", max_tokens=TOKENS) for i in range(8)]
+
+            async def collect(handle_index: int) -> list[ChunkEvent | FinalEvent]:
+                return [event async for event in handles[handle_index]]  # type: ignore[misc]
+
+            streams = asyncio.gather(*(collect(i) for i in range(8)))
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(restartable_redis.stop)
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(restartable_redis.start)
+            results = await asyncio.wait_for(streams, timeout=60)
+
+            for events in results:
+                assert [e.seq for e in events] == list(range(len(events)))  # no gap, no repeat
+                final = events[-1]
+                assert isinstance(final, FinalEvent) and final.finish_reasons == ["length"]
+                assert sum(len(e.token_ids) for e in events if isinstance(e, ChunkEvent)) == TOKENS
+            # ...and the worker still takes new work.
+            after = await (await client.submit("after the restart", max_tokens=5)).result()
+            assert after.completion_tokens == 5
+        assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
+    finally:
+        assert worker.stop() == 0, worker.log_tail()
