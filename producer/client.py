@@ -14,6 +14,7 @@ Imports neither vllm nor torch.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -64,6 +65,21 @@ return 'unknown'
 """
 
 CancelOutcome = Literal["running", "queued", "unknown"]
+
+# arq's enqueue (refuse an id that is queued, running or has a result; store the job;
+# queue it) and the wake-up, in one round trip instead of arq's five.
+_ENQUEUE = """
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"""
+JOB_EXPIRY_MS = 86_400_000
+"""A job nobody takes within a day is dropped (arq's default expiry)."""
+RESULT_KEY_PREFIX = "arq:result:"
 
 
 class StreamqError(Exception):
@@ -212,6 +228,7 @@ class StreamqClient:
         self.subscriber = EventSubscriber(redis)
         self.log = ReplayLog(redis)
         self._cancel_script = redis.register_script(_CANCEL)
+        self._enqueue_script = redis.register_script(_ENQUEUE)
 
     @classmethod
     async def connect(cls, url: str = DEFAULT_REDIS_URL, *, queue: str = DEFAULT_QUEUE) -> StreamqClient:
@@ -267,12 +284,12 @@ class StreamqClient:
         )
         handle = await self._subscribe(request.request_id, next_seq=0)
         try:
-            job = await self.redis.enqueue_job(
-                JOB_FUNCTION, msgspec.to_builtins(request), _job_id=request.request_id, _queue_name=self.queue
-            )
-            if job is None:
+            now_ms = int(time.time() * 1000)
+            job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
+            keys = [JOB_KEY_PREFIX + request.request_id, RESULT_KEY_PREFIX + request.request_id, self.queue]
+            args: list[bytes | int | str] = [job, now_ms, JOB_EXPIRY_MS, request.request_id, WAKEUP_CHANNEL, self.queue]
+            if not await self._enqueue_script(keys=keys, args=args):
                 raise DuplicateRequest(f"request id {request.request_id!r} is already in use")
-            await self.redis.publish(WAKEUP_CHANNEL, self.queue)
         except BaseException:
             await handle.close()
             raise

@@ -33,7 +33,7 @@ _APPEND_AND_PUBLISH = """
 -- KEYS: the log/channel name of each event; ARGV: maxlen, ttl_ms, then entry id and
 -- payload of each event, in the order of KEYS. Returns how many were already logged.
 local maxlen, ttl = ARGV[1], ARGV[2]
-local duplicates = 0
+local duplicates, touched = 0, {}
 for i, key in ipairs(KEYS) do
   local id, payload = ARGV[2 * i + 1], ARGV[2 * i + 2]
   local added = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
@@ -41,8 +41,11 @@ for i, key in ipairs(KEYS) do
     duplicates = duplicates + 1
   else
     redis.call('PUBLISH', key, payload)
-    redis.call('PEXPIRE', key, ttl)
+    touched[key] = true
   end
+end
+for key in pairs(touched) do
+  redis.call('PEXPIRE', key, ttl)
 end
 return duplicates
 """

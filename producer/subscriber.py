@@ -9,13 +9,21 @@ its channel.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import defaultdict
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.tasks import stop_task
+
+RECONNECT_FOR_S = 30.0
+"""How long a lost connection is retried before the followers are told it is gone."""
+RECONNECT_DELAY_S = 0.5
 
 
 class Resync:
@@ -90,33 +98,52 @@ class EventSubscriber:
         self._pubsub = self._reader = None
 
     async def _read(self, pubsub: PubSub) -> None:
-        try:
-            async for message in pubsub.listen():
-                kind, channel = message["type"], _text(message["channel"])
-                if kind == "message":
-                    for queue in self._queues.get(channel, ()):
-                        queue.put_nowait(message["data"])
-                elif kind == "subscribe":
-                    confirmed = self._confirmations.get(channel)
-                    if confirmed is not None and not confirmed.done():
-                        confirmed.set_result(None)
-                    else:  # redis-py resubscribed after a reconnect
-                        for queue in self._queues.get(channel, ()):
-                            queue.put_nowait(RESYNC)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the connection is gone: every follower must hear it
-            for future in self._confirmations.values():
-                if not future.done():
-                    future.set_exception(exc)
-            for queues in self._queues.values():
-                for queue in queues:
-                    queue.put_nowait(exc)
-            # Start afresh on the next subscribe.
-            self._queues.clear()
-            self._confirmations.clear()
-            self._pubsub = None
+        lost_since: float | None = None
+        while True:
+            try:
+                async for message in pubsub.listen():
+                    lost_since = None
+                    self._dispatch(message)
+            except asyncio.CancelledError:
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # The next listen() reconnects and redis-py resubscribes every channel;
+                # the confirmations make the followers re-read the replay log.
+                now = time.monotonic()
+                lost_since = lost_since or now
+                if now - lost_since < RECONNECT_FOR_S:
+                    await asyncio.sleep(RECONNECT_DELAY_S)
+                    continue
+                self._fail_everyone(exc)
+            except Exception as exc:
+                self._fail_everyone(exc)
+            self._pubsub = None  # start afresh on the next subscribe
             await pubsub.aclose()
+            return
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind, channel = message["type"], _text(message["channel"])
+        if kind == "message":
+            for queue in self._queues.get(channel, ()):
+                queue.put_nowait(message["data"])
+        elif kind == "subscribe":
+            confirmed = self._confirmations.get(channel)
+            if confirmed is not None and not confirmed.done():
+                confirmed.set_result(None)
+            else:  # resubscribed after a reconnect: events may have been missed meanwhile
+                for queue in self._queues.get(channel, ()):
+                    queue.put_nowait(RESYNC)
+
+    def _fail_everyone(self, exc: BaseException) -> None:
+        """The connection is gone for good: every follower must hear it."""
+        for future in self._confirmations.values():
+            if not future.done():
+                future.set_exception(exc)
+        for queues in self._queues.values():
+            for queue in queues:
+                queue.put_nowait(exc)
+        self._queues.clear()
+        self._confirmations.clear()
 
 
 def _text(value: bytes | str) -> str:

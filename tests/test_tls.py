@@ -12,10 +12,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess, worker_env
@@ -66,6 +68,21 @@ def make_certificates(directory: Path) -> None:
     )
 
 
+def wait_until_serving(url: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    client = redis.Redis.from_url(url)
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "the TLS Redis did not start"
+                time.sleep(0.05)
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def tls_redis_url(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("redis-server")
@@ -103,8 +120,10 @@ def tls_redis_url(tmp_path: Path) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    url = f"rediss://127.0.0.1:{port}?ssl_ca_certs={tmp_path / 'ca.pem'}"
     try:
-        yield f"rediss://127.0.0.1:{port}?ssl_ca_certs={tmp_path / 'ca.pem'}"
+        wait_until_serving(url)
+        yield url
     finally:
         server.terminate()
         server.wait(timeout=10)

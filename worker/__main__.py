@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None) -> None:
         "redis_settings": redis_settings_for(args.redis_url),
         "queue_name": args.queue,
         "job_completion_wait": args.drain_seconds,
-        "ctx": {"engine_args": engine_args_from_namespace(args), "engine_factory": args.engine_factory},
+        # With a scripted engine vLLM's arguments are unused (and would name a hub model).
+        "ctx": {
+            "engine_args": None if args.engine_factory else engine_args_from_namespace(args),
+            "engine_factory": args.engine_factory,
+        },
     }
     if args.max_jobs is not None:
         overrides["max_jobs"] = args.max_jobs

@@ -1,12 +1,21 @@
-"""``StreamqWorker``: arq's worker, starting jobs the moment they are enqueued.
+"""``StreamqWorker``: arq's worker, taking jobs the moment they are enqueued, cheaply.
 
-arq finds new jobs by polling the queue every ``poll_delay``; each poll is a Redis
-round trip, and the delay adds straight to time-to-first-token. Producers publish
-on ``WAKEUP_CHANNEL`` after each enqueue, so this worker waits on that channel
-(and on its own jobs finishing, which frees slots) and polls at once when woken.
-The ``poll_delay`` timeout stays as a fallback for producers that do not publish.
+Two things in arq's own loop cost a streaming service dearly:
+
+- it finds new jobs by polling every ``poll_delay``, which adds straight to
+  time-to-first-token. Producers publish on ``WAKEUP_CHANNEL`` after each enqueue,
+  so this worker waits on that channel (and on its own jobs finishing, when more
+  may be waiting) and polls at once; ``poll_delay`` stays as a fallback for
+  producers that do not publish.
+- each poll walks every id in the queue, running jobs included (arq keeps a job
+  queued until it finishes), with several round trips per id. With a hundred
+  requests streaming, that walk took most of the event loop that also runs vLLM's
+  output handler. Here one Lua script per poll claims up to the free slots' worth
+  of jobs (``SET arq:in-progress:<id> NX``, as arq's claim does) in one round trip.
+
 It also sizes ``max_jobs`` to the engine's batch: more jobs than the engine
 schedules at once would only wait inside this worker instead of on another one.
+The job runs through arq's own ``run_job``, so results, retries and aborts are arq's.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import contextlib
 import logging
 import signal
 
+from arq.utils import timestamp_ms
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,17 +34,41 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from producer.protocol import WAKEUP_CHANNEL
 from producer.tasks import stop_task
 from worker.engine import max_batch_size
+from worker.lease import IN_PROGRESS_PREFIX
 
 logger = logging.getLogger("streamq.worker")
 
+_CLAIM = """
+-- KEYS[1]: the queue. ARGV: now (ms), how many to claim, in-progress TTL (ms),
+-- queue entries to read per page, the in-progress key prefix.
+-- Returns id, score, id, score, ... of the jobs claimed. Running jobs stay in arq's
+-- queue until they finish, so pages are read until enough free ones are found.
+local wanted, page, claimed, offset = tonumber(ARGV[2]), tonumber(ARGV[4]), {}, 0
+while #claimed < 2 * wanted do
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', offset, page)
+  if #due == 0 then break end
+  for i = 1, #due, 2 do
+    if redis.call('SET', ARGV[5] .. due[i], '1', 'NX', 'PX', ARGV[3]) then
+      claimed[#claimed + 1] = due[i]
+      claimed[#claimed + 1] = due[i + 1]
+      if #claimed >= 2 * wanted then break end
+    end
+  end
+  offset = offset + page
+end
+return claimed
+"""
+
 
 class StreamqWorker(Worker):
-    """An arq ``Worker`` with wake-up driven job pickup and engine-sized ``max_jobs``."""
+    """An arq ``Worker`` with wake-up driven, one-round-trip job pickup and
+    engine-sized ``max_jobs``."""
 
     def __init__(self, *args: object, max_jobs_from_engine: bool = True, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._max_jobs_from_engine = max_jobs_from_engine
         self._wake = asyncio.Event()
+        self._more_may_wait = False
 
     async def main(self) -> None:
         """arq's ``Worker.main`` with the fixed-interval poll replaced by wake-ups."""
@@ -50,6 +84,7 @@ class StreamqWorker(Worker):
             )
         logger.info("worker listening on queue %s", self.queue_name)
         self.ctx["redis"] = self.pool
+        self._claim = self.pool.register_script(_CLAIM)
         if self.on_startup:
             await self.on_startup(self.ctx)
         if self._max_jobs_from_engine and "engine" in self.ctx:
@@ -77,6 +112,36 @@ class StreamqWorker(Worker):
             await stop_task(listener)
             await wakeups.aclose()
 
+    async def _poll_iteration(self) -> None:
+        """Claim due jobs for the free slots in one round trip and start them; then
+        arq's housekeeping (aborts, finished tasks, health check)."""
+        free = self.max_jobs - self.job_counter
+        if self.allow_pick_jobs and free > 0:
+            leases = self.ctx.get("leases")
+            ttl_ms = leases.ttl_ms if leases is not None else int(self.in_progress_timeout_s * 1000)
+            reply = await self._claim(
+                keys=[self.queue_name],
+                args=[timestamp_ms(), free, ttl_ms, self.queue_read_limit, IN_PROGRESS_PREFIX],
+            )
+            for job_id, score in zip(reply[::2], reply[1::2], strict=True):
+                await self._start(job_id.decode(), int(float(score)))
+            self._more_may_wait = len(reply) // 2 == free
+        if self.allow_abort_jobs:
+            await self._cancel_aborted_jobs()
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()  # re-raise what went wrong inside arq's run_job
+        await self.heart_beat()
+
+    async def _start(self, job_id: str, score: int) -> None:
+        """Run a claimed job as arq's ``start_jobs`` would once it has claimed it."""
+        await self.sem.acquire()  # never waits: there was a free slot
+        self.job_counter += 1
+        task = self.loop.create_task(self.run_job(job_id, score))
+        task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+        self.tasks[job_id] = task
+
     def _resize(self, max_jobs: int) -> None:
         self.max_jobs = max_jobs
         self.sem = asyncio.BoundedSemaphore(max_jobs + 1)
@@ -96,7 +161,8 @@ class StreamqWorker(Worker):
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
-        self._wake.set()  # a slot is free: a job that did not fit may start now
+        if self._more_may_wait:
+            self._wake.set()  # a slot is free and the last claim filled every slot
 
     async def _burst_done(self) -> bool:
         if 0 <= self.max_burst_jobs <= self._jobs_started() or await self.pool.zcard(self.queue_name) == 0:

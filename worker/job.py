@@ -32,7 +32,6 @@ from producer.protocol import (
     parse_request,
 )
 from worker.cancel import CancelListener
-from worker.lease import Lease
 from worker.progress import NotResumable, Progress
 from worker.stream import RequestStream
 
@@ -157,8 +156,8 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     started = time.monotonic()
     logger.info("request %s started (attempt %d)", request.request_id, stream.attempt)
     try:
-        with cancels.registered(request.request_id):
-            async with Lease(ctx["redis"], request.request_id), asyncio.timeout(time_left):
+        with cancels.registered(request.request_id), ctx["leases"].held(request.request_id):
+            async with asyncio.timeout(time_left):
                 async for output in engine.generate(
                     request_id=request.request_id, prompt=prompt, sampling_params=params
                 ):

@@ -31,7 +31,7 @@ class PublishFailed(RuntimeError):
 class EventPublisher:
     """Buffers ``(request_id, seq, payload)`` events and flushes them in batches."""
 
-    def __init__(self, log: ReplayLog, *, retry_attempts: int = 5, retry_delay_s: float = 0.2) -> None:
+    def __init__(self, log: ReplayLog, *, retry_attempts: int = 12, retry_delay_s: float = 0.2) -> None:
         self._log = log
         self._pending: list[tuple[str, int, bytes]] = []
         self._pending_waiters: list[asyncio.Future[None]] = []
@@ -89,5 +89,5 @@ class EventPublisher:
                 return
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 logger.warning("publish of %d events failed (attempt %d): %s", len(batch), attempt, exc)
-                await asyncio.sleep(self._retry_delay_s * attempt)
+                await asyncio.sleep(min(self._retry_delay_s * attempt, 2.0))  # ~15 s in all
         raise PublishFailed(f"could not publish {len(batch)} events after {self._retry_attempts} attempts")

@@ -22,6 +22,7 @@ from producer.tasks import stop_task
 from worker.cancel import CancelListener
 from worker.engine import engine_args_from_env, start_engine
 from worker.job import RequestFailed, generate
+from worker.lease import Leases
 from worker.publisher import EventPublisher
 
 logger = logging.getLogger("streamq.worker")
@@ -77,6 +78,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     ctx["publisher"].start()
     ctx["cancels"] = CancelListener(ctx["redis"])
     await ctx["cancels"].start()
+    ctx["leases"] = Leases(ctx["redis"])
+    ctx["leases"].start()
     ctx["state"] = WorkerState(ctx["cancels"])
     ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
 
@@ -84,7 +87,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
 async def on_shutdown(ctx: dict[str, Any]) -> None:
     """Flush pending events and shut the engine down (always, as the seed does)."""
     await stop_task(ctx.get("engine_watch"))
-    for name in ("cancels", "publisher"):
+    for name in ("leases", "cancels", "publisher"):
         if name in ctx:
             await ctx[name].close()
     engine = ctx.get("engine")
