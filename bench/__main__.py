@@ -16,14 +16,13 @@ import sys
 import time
 from pathlib import Path
 
-from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
-from devkit.worker_process import worker_env
-
 from bench.config import BenchConfig
 from bench.metrics import PathResult
 from bench.path_run import read_results
 from bench.report import markdown, write_json, write_plot
 from bench.scale_out import ScaleOutConfig, ScaleOutResult, run_scale_out
+from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
+from devkit.worker_process import worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH_MODULES = {"a": "bench.path_engine", "b": "bench.path_queue", "c": "bench.path_serve"}
@@ -42,17 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", help=f"levels, comma-separated (default {DEFAULTS['concurrency']})")
     parser.add_argument("--num-prompts", type=int, help="requests per level (default: max(64, 16 x concurrency))")
     parser.add_argument("--input-len", type=int, default=32, help="prompt tokens (default %(default)s)")
-    parser.add_argument("--output-len", type=int, help=f"output tokens, ignore_eos (default {DEFAULTS['output_len']})")
+    parser.add_argument("--output-len", type=int,
+                        help=f"output tokens, ignore_eos (default {DEFAULTS['output_len']})")
     parser.add_argument("--paths", default="a,b,c", help="which of a,b,c to run (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random dataset (default %(default)s)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR, help="tiny model, built if absent")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--profile", action="store_true",
-                        help="record path (b)'s worker and its engine core with py-spy (perturbs (b)'s figures)")
+                        help="record path (b)'s worker (with its engine core) and the scale-out's worker 0 with py-spy "
+                        "(perturbs their figures; use a separate run)")
     group = parser.add_argument_group("scale-out (synthetic engine)")
     group.add_argument("--scale-out-workers",
                        help=f"worker counts, comma-separated, '' to skip (default {DEFAULTS['scale_out_workers']})")
-    group.add_argument("--scale-out-subscribers", type=int, default=2, help="subscriber processes (default %(default)s)")
+    group.add_argument("--scale-out-subscribers", type=int, default=2,
+                       help="subscriber processes (default %(default)s)")
     group.add_argument("--synth-tokens-per-s", type=float, default=250.0,
                        help="tokens/s of each request (default %(default)s)")
     group.add_argument("--synth-max-num-seqs", type=int, default=256,
@@ -119,6 +121,7 @@ def main() -> None:
             max_num_seqs=args.synth_max_num_seqs, output_len=args.scale_out_output_len,
             subscribers=args.scale_out_subscribers, warmup_s=args.scale_out_warmup_s,
             measure_s=args.scale_out_measure_s, results_dir=args.results_dir, run_id=run_id,
+            model_dir=str(model_dir), profile=args.profile,
         ))
     header = (f"# streamq benchmark {run_id}\n\nTiny random Llama ({model_dir}), input {config.input_len} tokens, "
               f"output {config.output_len} tokens (ignore_eos, temperature 0), engine flags "
@@ -127,8 +130,8 @@ def main() -> None:
     table = markdown(results, scale_out, header)
     base = args.results_dir / run_id
     base.with_suffix(".md").write_text(table)
-    write_json(base.with_suffix(".json"), {"run_id": run_id, "config": vars(args) | {"results_dir": str(args.results_dir),
-               "model_dir": str(model_dir)}}, results, scale_out)
+    settings = vars(args) | {"results_dir": str(args.results_dir), "model_dir": str(model_dir)}
+    write_json(base.with_suffix(".json"), {"run_id": run_id, "config": settings}, results, scale_out)
     write_plot(base.with_suffix(".png"), results, scale_out)
     print("\n" + table)
     print(f"written: {base}.json, {base}.md, {base}.png", flush=True)

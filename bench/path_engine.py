@@ -40,7 +40,8 @@ async def measure(config: BenchConfig) -> list[PathResult]:
             params = SamplingParams(
                 max_tokens=prompt.output_len, ignore_eos=True, temperature=0, output_kind=RequestOutputKind.DELTA
             )
-            async for output in engine.generate(request_id=uuid.uuid4().hex, prompt=prompt.text, sampling_params=params):
+            request_id = uuid.uuid4().hex
+            async for output in engine.generate(request_id=request_id, prompt=prompt.text, sampling_params=params):
                 tokens = sum(len(c.token_ids) for c in output.outputs)
                 if tokens:
                     yield tokens

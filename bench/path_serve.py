@@ -18,12 +18,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from devkit.redis_server import free_port
-from devkit.worker_process import worker_env
-
 from bench.config import BenchConfig
 from bench.metrics import PathResult
 from bench.path_run import parse_path_args, write_results
+from devkit.redis_server import free_port
+from devkit.worker_process import worker_env
 
 
 def start_server(config: BenchConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:

@@ -24,7 +24,8 @@ def ratio_to_engine(results: Sequence[PathResult]) -> dict[tuple[str, int], floa
 def paths_table(results: Sequence[PathResult]) -> str:
     ratios = ratio_to_engine(results)
     lines = [
-        "| path | concurrency | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | output tok/s | ratio to (a) |",
+        "| path | concurrency | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | output tok/s "
+        "| ratio to (a) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.concurrency, r.path)):
@@ -40,14 +41,16 @@ def paths_table(results: Sequence[PathResult]) -> str:
 def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
     base = next((r.delivered_chunks_s for r in results if r.workers == 1), None)
     lines = [
-        "| workers | subscriber processes | requests in flight | offered chunks/s | delivered chunks/s | vs 1 worker | errors | CPU % (100 = one core) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| workers | subscriber processes | requests in flight | offered chunks/s | delivered chunks/s | vs 1 worker | "
+        "time to first chunk p50/p99 (ms) | errors | CPU % (100 = one core) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         speedup = f"{r.delivered_chunks_s / base:.2f}x" if base else ""
         cpu = ", ".join(f"{role} {pct:.0f}" for role, pct in r.cpu_percent.items())
         lines.append(f"| {r.workers} | {r.subscribers} | {r.requests_in_flight} | {r.offered_chunks_s:,.0f} | "
-                     f"{r.delivered_chunks_s:,.0f} | {speedup} | {r.errors} | {cpu} |")
+                     f"{r.delivered_chunks_s:,.0f} | {speedup} | {r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f} | "
+                     f"{r.errors} | {cpu} |")
     return "\n".join(lines)
 
 
@@ -112,7 +115,7 @@ def write_plot(path: Path, results: Sequence[PathResult], scale_out: Sequence[Sc
 
     panels = [("output_tok_s", "output tokens/s"), ("ttft_p50_ms", "TTFT p50 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
-    for ax, (attribute, title) in zip(axes, panels):
+    for ax, (attribute, title) in zip(axes[:3], panels, strict=True):
         for key, name in PATH_NAMES.items():
             rows = sorted((r for r in results if r.path == key), key=lambda r: r.concurrency)
             if rows:

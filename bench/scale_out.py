@@ -12,6 +12,7 @@ of them is the limit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,10 +21,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devkit.redis_server import RedisServer
-from devkit.worker_process import WorkerProcess, worker_env
+import numpy as np
 
 from bench.config import SYNTH_MAX_NUM_SEQS_ENV, SYNTH_TOKENS_PER_S_ENV
+from bench.profiling import PySpyRecording
+from devkit.redis_server import RedisServer
+from devkit.worker_process import WorkerProcess, worker_env
 
 READY_LINE = "max_jobs set"
 """Each worker logs this once its engine is up; with several workers on one queue
@@ -41,6 +44,8 @@ class ScaleOutConfig:
     measure_s: float
     results_dir: Path
     run_id: str
+    model_dir: str  # the worker builds engine arguments even for a factory, so it needs a model that resolves offline
+    profile: bool = False  # record worker 0 with py-spy over the window (perturbs the figures)
 
 
 @dataclass
@@ -51,6 +56,8 @@ class ScaleOutResult:
     offered_chunks_s: float
     delivered_chunks_s: float
     errors: int
+    ttft_p50_ms: float  # submit to first chunk: how long a request waits to be picked up and started
+    ttft_p99_ms: float
     cpu_percent: dict[str, float] = field(default_factory=dict)
 
 
@@ -71,14 +78,15 @@ def wait_logged(worker: WorkerProcess, line: str, timeout_s: float = 120) -> Non
 
 def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
     in_flight = workers * config.max_num_seqs
-    env = worker_env(**{SYNTH_TOKENS_PER_S_ENV: str(config.tokens_per_s), SYNTH_MAX_NUM_SEQS_ENV: str(config.max_num_seqs)})
+    env = worker_env(**{SYNTH_TOKENS_PER_S_ENV: str(config.tokens_per_s),
+                        SYNTH_MAX_NUM_SEQS_ENV: str(config.max_num_seqs)})
     with RedisServer() as redis_server:
         assert redis_server.process is not None
         processes = []
         for i in range(workers):
             log_path = config.results_dir / f"{config.run_id}-scale{workers}-worker{i}.log"
             command = [sys.executable, "-m", "worker", "--redis-url", redis_server.url,
-                       "--engine-factory", "bench.synthetic_engine:create"]
+                       "--engine-factory", "bench.synthetic_engine:create", "--model", config.model_dir]
             processes.append(WorkerProcess(redis_server.url, [], log_path=log_path, command=command, env=env).start())
         try:
             for worker in processes:
@@ -98,9 +106,13 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
             roles.update({f"subscriber{i}": c.pid for i, (c, _) in enumerate(clients)})
             window_start = start_at + config.warmup_s
             time.sleep(max(0.0, window_start - time.time()))
-            before = {role: cpu_seconds(pid) for role, pid in roles.items()}
-            time.sleep(max(0.0, window_start + config.measure_s - time.time()))
-            after = {role: cpu_seconds(pid) for role, pid in roles.items()}
+            with contextlib.ExitStack() as stack:
+                if config.profile:
+                    out = config.results_dir / f"{config.run_id}-scale{workers}-worker0.pyspy.txt"
+                    stack.enter_context(PySpyRecording(roles["worker0"], out))
+                before = {role: cpu_seconds(pid) for role, pid in roles.items()}
+                time.sleep(max(0.0, window_start + config.measure_s - time.time()))
+                after = {role: cpu_seconds(pid) for role, pid in roles.items()}
             for client, _ in clients:
                 if client.wait(timeout=120) != 0:
                     raise RuntimeError(f"a subscriber process exited with {client.returncode}")
@@ -109,6 +121,7 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
             for worker in processes:
                 worker.stop()
     delivered = sum(c["chunks_in_window"] for c in counts) / config.measure_s
+    ttfts = [t for c in counts for t in c["ttft_s"]] or [0.0]
     result = ScaleOutResult(
         workers=workers,
         subscribers=config.subscribers,
@@ -116,11 +129,14 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
         offered_chunks_s=in_flight * config.tokens_per_s,
         delivered_chunks_s=delivered,
         errors=sum(c["errors"] for c in counts),
+        ttft_p50_ms=1000 * float(np.percentile(ttfts, 50)),
+        ttft_p99_ms=1000 * float(np.percentile(ttfts, 99)),
         cpu_percent={role: round(100 * (after[role] - before[role]) / config.measure_s, 1) for role in roles},
     )
     cpu = ", ".join(f"{role} {pct:.0f}%" for role, pct in result.cpu_percent.items())
     print(f"[scale-out] {workers} worker(s): {delivered:,.0f} chunks/s delivered "
-          f"(offered {result.offered_chunks_s:,.0f}); CPU: {cpu}", flush=True)
+          f"(offered {result.offered_chunks_s:,.0f}); time to first chunk p50 {result.ttft_p50_ms:.0f} ms, "
+          f"p99 {result.ttft_p99_ms:.0f} ms; CPU: {cpu}", flush=True)
     return result
 
 

@@ -5,7 +5,8 @@ closed loop: ``--concurrency`` slots, each submitting its next request when the
 previous one ends. Slots start spread over ``--stagger`` seconds so requests do
 not all end in the same instant. Chunk events received inside the measurement
 window (wall-clock times shared with the other subscriber processes) are counted;
-the result goes to ``--out`` as JSON.
+so is the time from each ``submit`` to its first chunk (for requests sent in the
+window); the result goes to ``--out`` as JSON.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from producer.client import StreamqClient
@@ -26,16 +27,23 @@ class ClientCounts:
     chunks_in_window: int = 0
     requests_completed: int = 0
     errors: int = 0
+    ttft_s: list[float] = field(default_factory=list)  # submit to first chunk, requests sent in the window
 
 
 async def run_slot(client: StreamqClient, output_len: int, delay_s: float, end: float, counts: ClientCounts,
                    window: tuple[float, float]) -> None:
     await asyncio.sleep(delay_s)
     while time.time() < end:
+        sent = time.time()
+        first = True
         handle = await client.submit("scale-out", max_tokens=output_len)
         async for event in handle:
             if isinstance(event, ChunkEvent):
-                if window[0] <= time.time() < window[1]:
+                now = time.time()
+                if first and window[0] <= sent:
+                    counts.ttft_s.append(now - sent)
+                first = False
+                if window[0] <= now < window[1]:
                     counts.chunks_in_window += 1
             elif isinstance(event, ErrorEvent):
                 counts.errors += 1
