@@ -26,10 +26,24 @@ from devkit.worker_process import worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH_MODULES = {"a": "bench.path_engine", "b": "bench.path_queue", "c": "bench.path_serve"}
-QUICK = {"concurrency": "1,4", "num_prompts": 8, "output_len": 16, "scale_out_workers": "1",
-         "scale_out_output_len": 200, "scale_out_warmup_s": 2.0, "scale_out_measure_s": 3.0}
-DEFAULTS = {"concurrency": "1,16,64", "num_prompts": None, "output_len": 64, "scale_out_workers": "1,2,4",
-            "scale_out_output_len": 1000, "scale_out_warmup_s": 5.0, "scale_out_measure_s": 10.0}
+QUICK = {
+    "concurrency": "1,4",
+    "num_prompts": 8,
+    "output_len": 16,
+    "scale_out_workers": "1",
+    "scale_out_output_len": 200,
+    "scale_out_warmup_s": 2.0,
+    "scale_out_measure_s": 3.0,
+}
+DEFAULTS = {
+    "concurrency": "1,16,64",
+    "num_prompts": None,
+    "output_len": 64,
+    "scale_out_workers": "1,2,4",
+    "scale_out_output_len": 1000,
+    "scale_out_warmup_s": 5.0,
+    "scale_out_measure_s": 10.0,
+}
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -41,29 +55,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", help=f"levels, comma-separated (default {DEFAULTS['concurrency']})")
     parser.add_argument("--num-prompts", type=int, help="requests per level (default: max(64, 16 x concurrency))")
     parser.add_argument("--input-len", type=int, default=32, help="prompt tokens (default %(default)s)")
-    parser.add_argument("--output-len", type=int,
-                        help=f"output tokens, ignore_eos (default {DEFAULTS['output_len']})")
+    parser.add_argument("--output-len", type=int, help=f"output tokens, ignore_eos (default {DEFAULTS['output_len']})")
     parser.add_argument("--paths", default="a,b,c", help="which of a,b,c to run (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random dataset (default %(default)s)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR, help="tiny model, built if absent")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("--profile", action="store_true",
-                        help="record path (b)'s worker (with its engine core) and the scale-out's worker 0 with py-spy "
-                        "(perturbs their figures; use a separate run)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record path (b)'s worker (with its engine core) and the scale-out's worker 0 with py-spy "
+        "(perturbs their figures; use a separate run)",
+    )
     group = parser.add_argument_group("scale-out (synthetic engine)")
-    group.add_argument("--scale-out-workers",
-                       help=f"worker counts, comma-separated, '' to skip (default {DEFAULTS['scale_out_workers']})")
-    group.add_argument("--scale-out-subscribers", type=int, default=2,
-                       help="subscriber processes (default %(default)s)")
-    group.add_argument("--synth-tokens-per-s", type=float, default=250.0,
-                       help="tokens/s of each request (default %(default)s)")
-    group.add_argument("--synth-max-num-seqs", type=int, default=256,
-                       help="requests per worker at once (default %(default)s)")
+    group.add_argument(
+        "--scale-out-workers",
+        help=f"worker counts, comma-separated, '' to skip (default {DEFAULTS['scale_out_workers']})",
+    )
+    group.add_argument(
+        "--scale-out-subscribers", type=int, default=2, help="subscriber processes (default %(default)s)"
+    )
+    group.add_argument(
+        "--synth-tokens-per-s", type=float, default=250.0, help="tokens/s of each request (default %(default)s)"
+    )
+    group.add_argument(
+        "--synth-max-num-seqs", type=int, default=256, help="requests per worker at once (default %(default)s)"
+    )
     group.add_argument("--scale-out-output-len", type=int, help="tokens per request (default 1000)")
     group.add_argument("--scale-out-warmup-s", type=float, help="seconds before the window (default 5)")
     group.add_argument("--scale-out-measure-s", type=float, help="seconds measured (default 10)")
-    parser.add_argument("--quick", action="store_true", help="a short smoke run: " + ", ".join(
-        f"{k.replace('_', '-')}={v}" for k, v in QUICK.items()))
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short smoke run: " + ", ".join(f"{k.replace('_', '-')}={v}" for k, v in QUICK.items()),
+    )
     return parser
 
 
@@ -86,8 +110,9 @@ def run_path(path: str, config: BenchConfig) -> list[PathResult]:
     print(f"--- path ({path}): {PATH_MODULES[path]} (log: {log_path})", flush=True)
     command = [sys.executable, "-m", PATH_MODULES[path], str(config_path), str(out)]
     with open(log_path, "w") as log:
-        child = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+        child = subprocess.Popen(
+            command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         assert child.stdout is not None
         for line in child.stdout:
             log.write(line)
@@ -105,9 +130,15 @@ def main() -> None:
     run_id = time.strftime("%Y%m%d-%H%M%S")
     model_dir = build_tiny_model(args.model_dir)
     config = BenchConfig(
-        model_dir=str(model_dir), input_len=args.input_len, output_len=args.output_len,
-        concurrencies=int_list(args.concurrency), num_prompts=args.num_prompts, seed=args.seed,
-        results_dir=str(args.results_dir), run_id=run_id, profile=args.profile,
+        model_dir=str(model_dir),
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrencies=int_list(args.concurrency),
+        num_prompts=args.num_prompts,
+        seed=args.seed,
+        results_dir=str(args.results_dir),
+        run_id=run_id,
+        profile=args.profile,
     )
     started = time.monotonic()
     results: list[PathResult] = []
@@ -116,17 +147,27 @@ def main() -> None:
     scale_out: list[ScaleOutResult] = []
     if int_list(args.scale_out_workers):
         print("--- scale-out", flush=True)
-        scale_out = run_scale_out(ScaleOutConfig(
-            workers=int_list(args.scale_out_workers), tokens_per_s=args.synth_tokens_per_s,
-            max_num_seqs=args.synth_max_num_seqs, output_len=args.scale_out_output_len,
-            subscribers=args.scale_out_subscribers, warmup_s=args.scale_out_warmup_s,
-            measure_s=args.scale_out_measure_s, results_dir=args.results_dir, run_id=run_id,
-            model_dir=str(model_dir), profile=args.profile,
-        ))
-    header = (f"# streamq benchmark {run_id}\n\nTiny random Llama ({model_dir}), input {config.input_len} tokens, "
-              f"output {config.output_len} tokens (ignore_eos, temperature 0), engine flags "
-              f"`{' '.join(config.engine_flags())}`; {os.cpu_count()} CPUs; "
-              f"{time.monotonic() - started:.0f} s in all.")
+        scale_out = run_scale_out(
+            ScaleOutConfig(
+                workers=int_list(args.scale_out_workers),
+                tokens_per_s=args.synth_tokens_per_s,
+                max_num_seqs=args.synth_max_num_seqs,
+                output_len=args.scale_out_output_len,
+                subscribers=args.scale_out_subscribers,
+                warmup_s=args.scale_out_warmup_s,
+                measure_s=args.scale_out_measure_s,
+                results_dir=args.results_dir,
+                run_id=run_id,
+                model_dir=str(model_dir),
+                profile=args.profile,
+            )
+        )
+    header = (
+        f"# streamq benchmark {run_id}\n\nTiny random Llama ({model_dir}), input {config.input_len} tokens, "
+        f"output {config.output_len} tokens (ignore_eos, temperature 0), engine flags "
+        f"`{' '.join(config.engine_flags())}`; {os.cpu_count()} CPUs; "
+        f"{time.monotonic() - started:.0f} s in all."
+    )
     table = markdown(results, scale_out, header)
     base = args.results_dir / run_id
     base.with_suffix(".md").write_text(table)

@@ -46,8 +46,10 @@ class BenchConfig:
         """The engine flags of all three paths, exactly as ``vllm serve`` spells them."""
         return [
             *tiny_engine_flags(self.model_dir),
-            "--max-num-seqs", str(max(128, *self.concurrencies)),
-            "--max-num-batched-tokens", str(SERVE_MAX_NUM_BATCHED_TOKENS),
+            "--max-num-seqs",
+            str(max(128, *self.concurrencies)),
+            "--max-num-batched-tokens",
+            str(SERVE_MAX_NUM_BATCHED_TOKENS),
         ]
 
     def save(self, path: Path) -> None:

@@ -118,7 +118,10 @@ async def measure_levels(
         await time_request(stream, prompts[0])
         duration, timings = await run_batch(stream, prompts, concurrency)
         result = summarize(path, concurrency, duration, timings)
-        print(f"[{path}] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
-              f"ITL p50 {result.itl_p50_ms:.2f} ms ({len(prompts)} requests, {duration:.1f}s)", flush=True)
+        print(
+            f"[{path}] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
+            f"ITL p50 {result.itl_p50_ms:.2f} ms ({len(prompts)} requests, {duration:.1f}s)",
+            flush=True,
+        )
         results.append(result)
     return results

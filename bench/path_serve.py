@@ -26,8 +26,16 @@ from devkit.worker_process import worker_env
 
 
 def start_server(config: BenchConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *config.engine_flags(),
-               "--host", "127.0.0.1", "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *config.engine_flags(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env())
 
@@ -55,16 +63,47 @@ def bench_serve(config: BenchConfig, port: int, concurrency: int) -> PathResult:
     filename = f"{config.run_id}-c-vllm-bench-serve-c{concurrency}.json"
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args([
-        "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
-        "--model", config.model_dir,
-        "--dataset-name", "random", "--random-input-len", str(config.input_len),
-        "--random-output-len", str(config.output_len), "--random-range-ratio", "0", "--seed", str(config.seed),
-        "--num-prompts", str(config.prompts_for(concurrency)), "--max-concurrency", str(concurrency),
-        "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", filename,
-    ])
+    args = parser.parse_args(
+        [
+            "--backend",
+            "openai",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            config.model_dir,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(config.input_len),
+            "--random-output-len",
+            str(config.output_len),
+            "--random-range-ratio",
+            "0",
+            "--seed",
+            str(config.seed),
+            "--num-prompts",
+            str(config.prompts_for(concurrency)),
+            "--max-concurrency",
+            str(concurrency),
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--temperature",
+            "0",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--disable-tqdm",
+            "--save-result",
+            "--result-dir",
+            str(result_dir),
+            "--result-filename",
+            filename,
+        ]
+    )
     main(args)
     saved = json.loads((result_dir / filename).read_text())
     return PathResult(
@@ -91,8 +130,11 @@ def main() -> None:
         results = []
         for concurrency in config.concurrencies:
             result = bench_serve(config, port, concurrency)
-            print(f"[c] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
-                  f"ITL p50 {result.itl_p50_ms:.2f} ms", flush=True)
+            print(
+                f"[c] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
+                f"ITL p50 {result.itl_p50_ms:.2f} ms",
+                flush=True,
+            )
             results.append(result)
         write_results(out, results)
     finally:

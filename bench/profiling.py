@@ -37,8 +37,20 @@ class PySpyRecording:
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> PySpyRecording:
-        command = [py_spy_binary(), "record", "--pid", str(self.pid), "--subprocesses", "--nonblocking",
-                   "--rate", str(self.rate), "--format", "raw", "--output", str(self.out)]
+        command = [
+            py_spy_binary(),
+            "record",
+            "--pid",
+            str(self.pid),
+            "--subprocesses",
+            "--nonblocking",
+            "--rate",
+            str(self.rate),
+            "--format",
+            "raw",
+            "--output",
+            str(self.out),
+        ]
         self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return self
 

@@ -17,8 +17,10 @@ PATH_NAMES = {"a": "(a) bare AsyncLLM", "b": "(b) streamq", "c": "(c) vllm serve
 def ratio_to_engine(results: Sequence[PathResult]) -> dict[tuple[str, int], float | None]:
     """Output tok/s of each row over path (a)'s at the same concurrency."""
     ceiling = {r.concurrency: r.output_tok_s for r in results if r.path == "a"}
-    return {(r.path, r.concurrency): (r.output_tok_s / ceiling[r.concurrency] if r.concurrency in ceiling else None)
-            for r in results}
+    return {
+        (r.path, r.concurrency): (r.output_tok_s / ceiling[r.concurrency] if r.concurrency in ceiling else None)
+        for r in results
+    }
 
 
 def paths_table(results: Sequence[PathResult]) -> str:
@@ -48,9 +50,11 @@ def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
     for r in results:
         speedup = f"{r.delivered_chunks_s / base:.2f}x" if base else ""
         cpu = ", ".join(f"{role} {pct:.0f}" for role, pct in r.cpu_percent.items())
-        lines.append(f"| {r.workers} | {r.subscribers} | {r.requests_in_flight} | {r.offered_chunks_s:,.0f} | "
-                     f"{r.delivered_chunks_s:,.0f} | {speedup} | {r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f} | "
-                     f"{r.errors} | {cpu} |")
+        lines.append(
+            f"| {r.workers} | {r.subscribers} | {r.requests_in_flight} | {r.offered_chunks_s:,.0f} | "
+            f"{r.delivered_chunks_s:,.0f} | {speedup} | {r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f} | "
+            f"{r.errors} | {cpu} |"
+        )
     return "\n".join(lines)
 
 
@@ -63,8 +67,13 @@ def target_checks(results: Sequence[PathResult], scale_out: Sequence[ScaleOutRes
     b_ratios = [(c, ratios[("b", c)]) for c in levels if ("b", c) in by and ratios[("b", c)] is not None]
     if b_ratios:
         measured = ", ".join(f"c={c}: {ratio:.3f}" for c, ratio in b_ratios)
-        checks.append(("(b)/(a) output tok/s >= 0.95 at every concurrency", measured,
-                       all(ratio is not None and ratio >= 0.95 for _, ratio in b_ratios)))
+        checks.append(
+            (
+                "(b)/(a) output tok/s >= 0.95 at every concurrency",
+                measured,
+                all(ratio is not None and ratio >= 0.95 for _, ratio in b_ratios),
+            )
+        )
     if ("a", 1) in by and ("b", 1) in by:
         delta = by[("b", 1)].ttft_p50_ms - by[("a", 1)].ttft_p50_ms
         checks.append(("(b) TTFT p50 - (a) TTFT p50 <= 2 ms at c=1", f"{delta:+.2f} ms", delta <= 2.0))
@@ -95,8 +104,9 @@ def markdown(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult],
     return "\n\n".join(parts) + "\n"
 
 
-def write_json(path: Path, meta: dict[str, Any], results: Sequence[PathResult],
-               scale_out: Sequence[ScaleOutResult]) -> None:
+def write_json(
+    path: Path, meta: dict[str, Any], results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult]
+) -> None:
     ratios = ratio_to_engine(results)
     payload = {
         **meta,

@@ -78,15 +78,25 @@ def wait_logged(worker: WorkerProcess, line: str, timeout_s: float = 120) -> Non
 
 def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
     in_flight = workers * config.max_num_seqs
-    env = worker_env(**{SYNTH_TOKENS_PER_S_ENV: str(config.tokens_per_s),
-                        SYNTH_MAX_NUM_SEQS_ENV: str(config.max_num_seqs)})
+    env = worker_env(
+        **{SYNTH_TOKENS_PER_S_ENV: str(config.tokens_per_s), SYNTH_MAX_NUM_SEQS_ENV: str(config.max_num_seqs)}
+    )
     with RedisServer() as redis_server:
         assert redis_server.process is not None
         processes = []
         for i in range(workers):
             log_path = config.results_dir / f"{config.run_id}-scale{workers}-worker{i}.log"
-            command = [sys.executable, "-m", "worker", "--redis-url", redis_server.url,
-                       "--engine-factory", "bench.synthetic_engine:create", "--model", config.model_dir]
+            command = [
+                sys.executable,
+                "-m",
+                "worker",
+                "--redis-url",
+                redis_server.url,
+                "--engine-factory",
+                "bench.synthetic_engine:create",
+                "--model",
+                config.model_dir,
+            ]
             processes.append(WorkerProcess(redis_server.url, [], log_path=log_path, command=command, env=env).start())
         try:
             for worker in processes:
@@ -96,10 +106,27 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
             for i in range(config.subscribers):
                 share = in_flight // config.subscribers + (i < in_flight % config.subscribers)
                 out = config.results_dir / f"{config.run_id}-scale{workers}-subscriber{i}.json"
-                command = [sys.executable, "-m", "bench.scale_out_client", "--redis-url", redis_server.url,
-                           "--concurrency", str(share), "--output-len", str(config.output_len),
-                           "--start-at", str(start_at), "--stagger", str(config.output_len / config.tokens_per_s),
-                           "--warmup", str(config.warmup_s), "--measure", str(config.measure_s), "--out", str(out)]
+                command = [
+                    sys.executable,
+                    "-m",
+                    "bench.scale_out_client",
+                    "--redis-url",
+                    redis_server.url,
+                    "--concurrency",
+                    str(share),
+                    "--output-len",
+                    str(config.output_len),
+                    "--start-at",
+                    str(start_at),
+                    "--stagger",
+                    str(config.output_len / config.tokens_per_s),
+                    "--warmup",
+                    str(config.warmup_s),
+                    "--measure",
+                    str(config.measure_s),
+                    "--out",
+                    str(out),
+                ]
                 clients.append((subprocess.Popen(command, env=env), out))
             roles = {f"worker{i}": w.process.pid for i, w in enumerate(processes) if w.process is not None}
             roles["redis"] = redis_server.process.pid
@@ -134,9 +161,12 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
         cpu_percent={role: round(100 * (after[role] - before[role]) / config.measure_s, 1) for role in roles},
     )
     cpu = ", ".join(f"{role} {pct:.0f}%" for role, pct in result.cpu_percent.items())
-    print(f"[scale-out] {workers} worker(s): {delivered:,.0f} chunks/s delivered "
-          f"(offered {result.offered_chunks_s:,.0f}); time to first chunk p50 {result.ttft_p50_ms:.0f} ms, "
-          f"p99 {result.ttft_p99_ms:.0f} ms; CPU: {cpu}", flush=True)
+    print(
+        f"[scale-out] {workers} worker(s): {delivered:,.0f} chunks/s delivered "
+        f"(offered {result.offered_chunks_s:,.0f}); time to first chunk p50 {result.ttft_p50_ms:.0f} ms, "
+        f"p99 {result.ttft_p99_ms:.0f} ms; CPU: {cpu}",
+        flush=True,
+    )
     return result
 
 

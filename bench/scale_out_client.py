@@ -30,8 +30,14 @@ class ClientCounts:
     ttft_s: list[float] = field(default_factory=list)  # submit to first chunk, requests sent in the window
 
 
-async def run_slot(client: StreamqClient, output_len: int, delay_s: float, end: float, counts: ClientCounts,
-                   window: tuple[float, float]) -> None:
+async def run_slot(
+    client: StreamqClient,
+    output_len: int,
+    delay_s: float,
+    end: float,
+    counts: ClientCounts,
+    window: tuple[float, float],
+) -> None:
     await asyncio.sleep(delay_s)
     while time.time() < end:
         sent = time.time()
@@ -56,8 +62,9 @@ async def run(args: argparse.Namespace) -> ClientCounts:
     async with await StreamqClient.connect(args.redis_url) as client:
         await asyncio.sleep(max(0.0, args.start_at - time.time()))
         slots = [
-            asyncio.create_task(run_slot(client, args.output_len, args.stagger * i / args.concurrency, window[1],
-                                         counts, window))
+            asyncio.create_task(
+                run_slot(client, args.output_len, args.stagger * i / args.concurrency, window[1], counts, window)
+            )
             for i in range(args.concurrency)
         ]
         await asyncio.sleep(max(0.0, window[1] - time.time()))
