@@ -47,6 +47,17 @@ class _Running:
         self.ready = asyncio.Event()
 
 
+class _ScriptedTokenizer:
+    """Enough of a tokenizer for chat messages and for resuming a request elsewhere:
+    every text is the same few prompt tokens."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(PROMPT_TOKEN_IDS)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> str:
+        return "\n".join(m["content"] for m in messages)
+
+
 class SyntheticEngine:
     """``AsyncLLM``'s interface as the worker uses it, producing tokens on a clock."""
 
@@ -114,8 +125,8 @@ class SyntheticEngine:
             )
             running.ready.set()
 
-    def get_tokenizer(self) -> Any:
-        raise NotImplementedError("the synthetic engine takes plain prompts only, no chat messages")
+    def get_tokenizer(self) -> _ScriptedTokenizer:
+        return _ScriptedTokenizer()
 
     def shutdown(self) -> None:
         if self._stepper is not None:

@@ -321,7 +321,7 @@ class StreamqClient:
             final = FinalEvent(
                 request_id=request_id, seq=next_seq, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0
             )
-            await self.log.append([(request_id, final.seq, encode_event(final))])
+            await self.log.append([(request_id, final.seq, 0, encode_event(final))])
         return outcome
 
     async def queue_depth(self) -> int:

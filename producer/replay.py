@@ -29,25 +29,54 @@ entry per DELTA chunk plus its final event."""
 LOG_TTL_MS: Final = 3_600_000
 """How long a request's log outlives its last event."""
 
+OWNER_KEY_PREFIX: Final = "streamq:owner:"
+"""``streamq:owner:<request_id>``: the newest attempt that wrote to (or took over) the log."""
+
 _APPEND_AND_PUBLISH = """
--- KEYS: the log/channel name of each event; ARGV: maxlen, ttl_ms, then entry id and
--- payload of each event, in the order of KEYS. Returns how many were already logged.
+-- KEYS: per event, its log/channel name and its owner key. ARGV: maxlen, ttl_ms, then
+-- per event its entry id, attempt (0: not fenced) and payload. An event is skipped when
+-- its sequence number is already logged, or when a newer attempt owns the request (a
+-- worker that lost its lease but still runs must not write over the one that took
+-- over). Returns how many were skipped.
 local maxlen, ttl = ARGV[1], ARGV[2]
-local duplicates, touched = 0, {}
-for i, key in ipairs(KEYS) do
-  local id, payload = ARGV[2 * i + 1], ARGV[2 * i + 2]
-  local added = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
-  if type(added) == 'table' and added.err then
-    duplicates = duplicates + 1
+local skipped, touched, owners = 0, {}, {}
+for i = 1, #KEYS, 2 do
+  local key, owner_key = KEYS[i], KEYS[i + 1]
+  local base = 3 * (i - 1) / 2 + 2
+  local id, attempt, payload = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3]
+  if attempt > 0 and owners[owner_key] == nil then
+    owners[owner_key] = tonumber(redis.call('GET', owner_key) or '0')
+  end
+  if attempt > 0 and attempt < owners[owner_key] then
+    skipped = skipped + 1
   else
-    redis.call('PUBLISH', key, payload)
-    touched[key] = true
+    local added = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
+    if type(added) == 'table' and added.err then
+      skipped = skipped + 1
+    else
+      redis.call('PUBLISH', key, payload)
+      touched[key] = true
+      if attempt > 0 and attempt > owners[owner_key] then
+        owners[owner_key] = attempt
+        redis.call('SET', owner_key, attempt, 'PX', ttl)
+      end
+    end
   end
 end
 for key in pairs(touched) do
   redis.call('PEXPIRE', key, ttl)
 end
-return duplicates
+return skipped
+"""
+
+_TAKE_OVER = """
+-- KEYS: the log, the owner key. ARGV: attempt, ttl_ms. Makes ``attempt`` the owner
+-- (fencing off older ones) and returns the log as it is at that moment.
+local owner = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) > owner then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+end
+return redis.call('XRANGE', KEYS[1], '-', '+')
 """
 
 
@@ -64,18 +93,32 @@ class ReplayLog:
         self._maxlen = maxlen
         self._ttl_ms = ttl_ms
         self._append_script = redis.register_script(_APPEND_AND_PUBLISH)
+        self._take_over_script = redis.register_script(_TAKE_OVER)
 
-    async def append(self, events: Sequence[tuple[str, int, bytes]]) -> int:
-        """Log and publish ``(request_id, seq, payload)`` events, in order, in one
-        command. Returns how many were skipped as already logged."""
+    async def append(self, events: Sequence[tuple[str, int, int, bytes]]) -> int:
+        """Log and publish ``(request_id, seq, attempt, payload)`` events, in order, in
+        one command. ``attempt`` 0 is never fenced off (a producer's own event).
+        Returns how many were skipped: already logged, or from a superseded attempt."""
         keys: list[str] = []
         args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
-        for request_id, seq, payload in events:
-            keys.append(events_channel(request_id))
-            args += [entry_id(seq), payload]
+        for request_id, seq, attempt, payload in events:
+            keys += [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
+            args += [entry_id(seq), attempt, payload]
         return int(await self._append_script(keys=keys, args=args))
+
+    async def take_over(self, request_id: str, attempt: int) -> list[bytes]:
+        """Make ``attempt`` the request's owner, so that older attempts still running
+        can no longer write, and return everything logged so far."""
+        keys = [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
+        entries = await self._take_over_script(keys=keys, args=[attempt, self._ttl_ms])
+        return [_field(fields, b"event") for _, fields in entries]
 
     async def read(self, request_id: str, from_seq: int = 0) -> list[bytes]:
         """The logged events of ``request_id`` with ``seq >= from_seq``, in order."""
         entries = await self._redis.xrange(events_channel(request_id), min=entry_id(from_seq), max="+")
         return [fields[b"event"] for _, fields in entries]
+
+
+def _field(flat: list[bytes], name: bytes) -> bytes:
+    """A field of a stream entry as a Lua script returns it: [name, value, ...]."""
+    return flat[flat.index(name) + 1]

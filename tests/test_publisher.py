@@ -34,7 +34,7 @@ async def test_concurrent_requests_arrive_complete_and_in_order(redis: aioredis.
 
     async def one_request(request_id: str) -> None:
         for seq in range(200):
-            publisher.publish(request_id, seq, json.dumps({"seq": seq}).encode())
+            publisher.publish(request_id, seq, 1, json.dumps({"seq": seq}).encode())
             if seq % 7 == 0:
                 await asyncio.sleep(0)  # let other "requests" interleave, as jobs do
 
@@ -59,7 +59,7 @@ async def test_close_flushes_what_is_buffered(redis: aioredis.Redis) -> None:
     request_id = f"pub-{uuid.uuid4().hex}"
     publisher = EventPublisher(ReplayLog(redis))
     publisher.start()
-    publisher.publish(request_id, 0, b"last words")
+    publisher.publish(request_id, 0, 1, b"last words")
     await publisher.close()
     assert await ReplayLog(redis).read(request_id) == [b"last words"]
 
@@ -73,8 +73,8 @@ async def test_an_event_already_logged_is_not_published_again(redis: aioredis.Re
     await pubsub.subscribe(events_channel(request_id))
     await pubsub.get_message(timeout=5)
 
-    assert await log.append([(request_id, 0, b"first"), (request_id, 1, b"second")]) == 0
-    assert await log.append([(request_id, 1, b"second again"), (request_id, 2, b"third")]) == 1
+    assert await log.append([(request_id, 0, 1, b"first"), (request_id, 1, 1, b"second")]) == 0
+    assert await log.append([(request_id, 1, 1, b"second again"), (request_id, 2, 1, b"third")]) == 1
 
     published = []
     while (message := await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)) is not None:
@@ -84,3 +84,17 @@ async def test_an_event_already_logged_is_not_published_again(redis: aioredis.Re
     assert 0 < await redis.pttl(events_channel(request_id)) <= 3_600_000  # the log expires
     await pubsub.aclose()
     await listener.aclose()
+
+
+async def test_a_superseded_attempt_can_no_longer_write(redis: aioredis.Redis) -> None:
+    """A worker that lost its lease but still runs must not write over the one that
+    took the request over."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    await log.append([(request_id, 0, 1, b"a1-0"), (request_id, 1, 1, b"a1-1")])
+
+    assert await log.take_over(request_id, 2) == [b"a1-0", b"a1-1"]
+    assert await log.append([(request_id, 2, 1, b"a1-2 (stale)")]) == 1
+    assert await log.append([(request_id, 2, 2, b"a2-2"), (request_id, 3, 1, b"a1-3 (stale)")]) == 1
+    assert await log.append([(request_id, 3, 0, b"producer's own event")]) == 0
+    assert await log.read(request_id) == [b"a1-0", b"a1-1", b"a2-2", b"producer's own event"]

@@ -122,7 +122,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     chat_ids = _prompt_token_ids(engine, request)
     progress = Progress(params.n)
     if stream.attempt > 1:
-        progress = await Progress.from_log(ctx["replay_log"], request.request_id, params.n)
+        progress = await Progress.take_over(ctx["replay_log"], request.request_id, stream.attempt, params.n)
         if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
             return progress.summary(request.request_id)
         stream.next_seq = progress.next_seq

@@ -61,10 +61,10 @@ class Progress:
         }
 
     @classmethod
-    async def from_log(cls, log: ReplayLog, request_id: str, n: int) -> Progress:
-        """Rebuild what earlier attempts published for ``request_id``."""
+    async def take_over(cls, log: ReplayLog, request_id: str, attempt: int, n: int) -> Progress:
+        """Fence off earlier attempts of ``request_id`` and rebuild what they published."""
         progress = cls(n)
-        for raw in await log.read(request_id):
+        for raw in await log.take_over(request_id, attempt):
             try:
                 event = decode_event(raw)
             except msgspec.DecodeError:

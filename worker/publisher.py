@@ -29,11 +29,11 @@ class PublishFailed(RuntimeError):
 
 
 class EventPublisher:
-    """Buffers ``(request_id, seq, payload)`` events and flushes them in batches."""
+    """Buffers ``(request_id, seq, attempt, payload)`` events and flushes them in batches."""
 
     def __init__(self, log: ReplayLog, *, retry_attempts: int = 12, retry_delay_s: float = 0.2) -> None:
         self._log = log
-        self._pending: list[tuple[str, int, bytes]] = []
+        self._pending: list[tuple[str, int, int, bytes]] = []
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._has_pending = asyncio.Event()
         self._retry_attempts = retry_attempts
@@ -51,9 +51,9 @@ class EventPublisher:
         await stop_task(self._task)
         self._task = None
 
-    def publish(self, request_id: str, seq: int, payload: bytes) -> None:
-        """Queue event ``seq`` of ``request_id``; returns at once (no I/O)."""
-        self._pending.append((request_id, seq, payload))
+    def publish(self, request_id: str, seq: int, attempt: int, payload: bytes) -> None:
+        """Queue event ``seq`` of ``request_id``'s ``attempt``; returns at once (no I/O)."""
+        self._pending.append((request_id, seq, attempt, payload))
         self._has_pending.set()
 
     def flushed(self) -> asyncio.Future[None]:
@@ -82,7 +82,7 @@ class EventPublisher:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def _send(self, batch: list[tuple[str, int, bytes]]) -> None:
+    async def _send(self, batch: list[tuple[str, int, int, bytes]]) -> None:
         for attempt in range(1, self._retry_attempts + 1):
             try:
                 await self._log.append(batch)

@@ -28,7 +28,7 @@ class RequestStream:
         return seq
 
     def _publish(self, event: Event) -> None:
-        self._publisher.publish(self.request_id, event.seq, encode_event(event))
+        self._publisher.publish(self.request_id, event.seq, self.attempt, encode_event(event))
 
     def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
         """Publish one DELTA of completion ``index``."""
