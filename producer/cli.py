@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Sequence
 
@@ -22,9 +21,8 @@ from rich.live import Live
 from rich.text import Text
 
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
-from producer.connection import DEFAULT_REDIS_URL
+from producer.connection import add_connection_options
 from producer.protocol import (
-    DEFAULT_QUEUE,
     ChunkEvent,
     ErrorEvent,
     FinalEvent,
@@ -35,16 +33,7 @@ from producer.protocol import (
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
-    )
-    parser.add_argument(
-        "--queue",
-        default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
-        help="queue to submit to (default: $STREAMQ_QUEUE or %(default)s)",
-    )
+    add_connection_options(parser)
     parser.add_argument("--json", action="store_true", help="print the raw events as JSON lines")
 
 

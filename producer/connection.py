@@ -9,6 +9,8 @@ verification mode in the query: ``rediss://host:6380?ssl_ca_certs=/ca.pem``,
 
 from __future__ import annotations
 
+import argparse
+import os
 from urllib.parse import parse_qs, urlparse
 
 from arq.connections import RedisSettings
@@ -17,7 +19,24 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from producer.protocol import DEFAULT_QUEUE
+
 DEFAULT_REDIS_URL = "redis://localhost:6379"
+
+
+def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--redis-url`` and ``--queue``, defaulting to ``$REDIS_URL`` and ``$STREAMQ_QUEUE``:
+    the same spelling and environment on both sides of the queue."""
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
+    )
+    parser.add_argument(
+        "--queue",
+        default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
+        help="the queue (default: $STREAMQ_QUEUE or %(default)s)",
+    )
 
 
 def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> RedisSettings:

@@ -15,8 +15,7 @@ import sys
 
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
-from producer.protocol import DEFAULT_QUEUE
+from producer.connection import add_connection_options, redis_settings_for
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.settings import worker_settings
@@ -29,16 +28,7 @@ def build_parser() -> FlexibleArgumentParser:
         epilog=f"Engine flags may also come from ${ENGINE_ARGS_ENV}; flags given here win.",
     )
     group = parser.add_argument_group("worker")
-    group.add_argument(
-        "--redis-url",
-        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-        help="Redis to serve (default: $REDIS_URL or %(default)s)",
-    )
-    group.add_argument(
-        "--queue",
-        default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
-        help="queue to pull from (default: $STREAMQ_QUEUE or %(default)s)",
-    )
+    add_connection_options(group)
     group.add_argument(
         "--max-jobs", type=int, default=None, help="requests run at once (default: the engine's max_num_seqs)"
     )
