@@ -66,7 +66,6 @@ async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, 
     except EngineDeadError:
         # This worker is useless now: hand the job back (another worker resumes it
         # from the replay log) and let the worker exit non-zero.
-        logger.critical("request %s: the engine died; handing the job back and stopping", job_id)
         ctx["state"].engine_died()
         raise Retry(defer=0) from None
     except NotResumable as exc:
