@@ -6,6 +6,7 @@ exactly what users run, not an in-process imitation.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -111,10 +112,15 @@ class WorkerProcess:
         return self.process.returncode
 
     def kill(self) -> None:
-        """SIGKILL the worker and its engine processes at once: a crash, no cleanup."""
-        if self.process is not None and self.process.poll() is None:
+        """SIGKILL the worker and its engine processes at once: a crash, no cleanup.
+
+        The whole process group, even when the worker itself has exited: engine
+        processes it left behind would otherwise spin on a core for a while."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        self.process.wait()
 
     def log_tail(self, lines: int = 40) -> str:
         try:
