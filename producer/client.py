@@ -28,7 +28,6 @@ from arq.connections import ArqRedis, create_pool
 from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
 from producer.protocol import (
     CANCEL_CHANNEL,
-    CANCEL_MARKER_PREFIX,
     DEFAULT_QUEUE,
     JOB_FUNCTION,
     JOB_KEY_PREFIX,
@@ -55,7 +54,6 @@ IN_PROGRESS_PREFIX = "arq:in-progress:"
 # running it cancels it); a queued one is taken off the queue before any worker can.
 _CANCEL = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('SET', KEYS[4], '1', 'PX', ARGV[3])
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 'running'
 end
@@ -79,7 +77,6 @@ redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return 1
 """
-CANCEL_MARKER_TTL_MS = 600_000
 JOB_EXPIRY_MS = 86_400_000
 """A job nobody takes within a day is dropped (arq's default expiry)."""
 RESULT_KEY_PREFIX = "arq:result:"
@@ -315,13 +312,8 @@ class StreamqClient:
         finish reason is ``cancelled``. Returns what the request was doing:
         ``running``, ``queued``, or ``unknown`` (finished, or never submitted).
         """
-        keys = [
-            IN_PROGRESS_PREFIX + request_id,
-            self.queue,
-            JOB_KEY_PREFIX + request_id,
-            CANCEL_MARKER_PREFIX + request_id,
-        ]
-        reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL, CANCEL_MARKER_TTL_MS])
+        keys = [IN_PROGRESS_PREFIX + request_id, self.queue, JOB_KEY_PREFIX + request_id]
+        reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
         outcome = cast(CancelOutcome, reply.decode() if isinstance(reply, bytes) else reply)
         if outcome == "queued":  # no worker will ever run it: end its stream here
             logged = await self.log.read(request_id)

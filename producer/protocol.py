@@ -27,9 +27,6 @@ WAKEUP_CHANNEL: Final = "streamq:wakeup"
 """Producers publish the queue name here after an enqueue, so idle workers start at once."""
 CANCEL_CHANNEL: Final = "streamq:cancel"
 """Producers publish a request id here to cancel it while it runs; every worker listens."""
-CANCEL_MARKER_PREFIX: Final = "streamq:cancelled:"
-"""``streamq:cancelled:<request_id>``, set beside the cancel message: the worker's lease
-renewal sees it within a second even if the message was missed."""
 JOB_FUNCTION: Final = "generate"
 """Name of the arq job function that workers register."""
 

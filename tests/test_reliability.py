@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
-from producer.protocol import CANCEL_MARKER_PREFIX, FinalEvent
+from producer.protocol import FinalEvent
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events, job_result
 
@@ -92,21 +92,6 @@ async def test_cancel_aborts_a_running_request(client: StreamqClient, raw_redis:
     assert final.completion_tokens < LONG
     result = await job_result(raw_redis, handle.request_id)
     assert result["s"] is True and result["r"]["finish_reasons"] == ["cancelled"]
-
-
-async def test_a_cancel_whose_message_was_missed_still_takes_effect(
-    client: StreamqClient, raw_redis: aioredis.Redis
-) -> None:
-    """The cancel marker alone (as if the pub/sub message never arrived) is seen by the
-    worker's next lease renewal."""
-    handle = await client.submit("Keep going", max_tokens=LONG, ignore_eos=True)
-    events = []
-    async for event in handle:
-        events.append(event)
-        if len(events) == 3:
-            await raw_redis.set(f"{CANCEL_MARKER_PREFIX}{handle.request_id}", 1, px=60_000)
-    assert events[-1].finish_reasons == ["cancelled"]
-    assert events[-1].completion_tokens < LONG
 
 
 async def test_cancel_removes_a_queued_request(redis_url: str, raw_redis: aioredis.Redis) -> None:

@@ -33,7 +33,6 @@ class CancelListener:
         self._redis = redis
         self._running: dict[str, asyncio.Task[object]] = {}
         self._requested: dict[str, float] = {}
-        self._cancelling: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -60,7 +59,6 @@ class CancelListener:
             yield
         finally:
             self._running.pop(request_id, None)
-            self._cancelling.discard(request_id)
 
     def cancel_all(self) -> None:
         """Cancel every registered job without marking it as requested by a producer:
@@ -68,14 +66,12 @@ class CancelListener:
         for task in self._running.values():
             task.cancel()
 
-    def cancel(self, request_id: str) -> None:
-        """Cancel ``request_id``'s job if it runs here (or when it registers)."""
+    def _cancel(self, request_id: str) -> None:
         now = time.monotonic()
         self._requested = {rid: t for rid, t in self._requested.items() if now - t < REMEMBER_S}
         self._requested[request_id] = now
         task = self._running.get(request_id)
-        if task is not None and request_id not in self._cancelling:
-            self._cancelling.add(request_id)
+        if task is not None:
             logger.info("request %s: cancel requested", request_id)
             task.cancel()
 
@@ -88,7 +84,7 @@ class CancelListener:
                 async for message in pubsub.listen():
                     if message["type"] == "message":
                         data = message["data"]
-                        self.cancel(data.decode() if isinstance(data, bytes) else data)
+                        self._cancel(data.decode() if isinstance(data, bytes) else data)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: resubscribe when it is back

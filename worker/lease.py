@@ -6,8 +6,6 @@ before another worker may take them. While jobs run, the worker's ``Leases`` kee
 those keys' expiry ``ttl_ms`` ahead instead, renewing all of them in one pipelined
 round trip every ``ttl_ms / 3``; if the worker dies, the keys lapse within
 ``ttl_ms`` and the jobs, still in the queue, go to the next worker that polls.
-The same round trip looks for each job's cancel marker, so a cancel whose pub/sub
-message was missed still takes effect within ``ttl_ms / 3``.
 """
 
 from __future__ import annotations
@@ -15,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from producer.protocol import CANCEL_MARKER_PREFIX
 from producer.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
@@ -32,10 +29,9 @@ DEFAULT_TTL_MS = 3000
 class Leases:
     """Keeps the in-progress keys of this worker's running jobs alive."""
 
-    def __init__(self, redis: Redis, on_cancel_marker: Callable[[str], None], *, ttl_ms: int = DEFAULT_TTL_MS) -> None:
+    def __init__(self, redis: Redis, *, ttl_ms: int = DEFAULT_TTL_MS) -> None:
         self.ttl_ms = ttl_ms
         self._redis = redis
-        self._on_cancel_marker = on_cancel_marker
         self._held: set[str] = set()
         self._renew_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -59,20 +55,15 @@ class Leases:
 
     async def _renew_forever(self) -> None:
         while True:
-            self._renew_now.clear()
+            self._renew_now.clear()  # before renewing: a job held meanwhile asks again
             if self._held:
                 held = list(self._held)
                 try:
                     async with self._redis.pipeline(transaction=False) as pipe:
                         for job_id in held:
                             pipe.pexpire(IN_PROGRESS_PREFIX + job_id, self.ttl_ms)
-                            pipe.exists(CANCEL_MARKER_PREFIX + job_id)
-                        replies = await pipe.execute()
+                        await pipe.execute()
                 except Exception as exc:  # Redis unreachable for a moment: try again next period
                     logger.warning("could not renew %d leases: %s", len(held), exc)
-                else:
-                    for job_id, marked in zip(held, replies[1::2], strict=True):
-                        if marked:
-                            self._on_cancel_marker(job_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._renew_now.wait(), self.ttl_ms / 3000)

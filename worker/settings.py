@@ -78,7 +78,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     ctx["publisher"].start()
     ctx["cancels"] = CancelListener(ctx["redis"])
     await ctx["cancels"].start()
-    ctx["leases"] = Leases(ctx["redis"], on_cancel_marker=ctx["cancels"].cancel)
+    ctx["leases"] = Leases(ctx["redis"])
     ctx["leases"].start()
     ctx["state"] = WorkerState(ctx["cancels"])
     ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
