@@ -29,8 +29,10 @@ from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
 from producer.protocol import (
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
+    IN_PROGRESS_PREFIX,
     JOB_FUNCTION,
     JOB_KEY_PREFIX,
+    RESULT_KEY_PREFIX,
     TERMINAL_EVENTS,
     WAKEUP_CHANNEL,
     ChatMessage,
@@ -47,8 +49,6 @@ from producer.protocol import (
 )
 from producer.replay import ReplayLog
 from producer.subscriber import Delivery, EventSubscriber, Resync
-
-IN_PROGRESS_PREFIX = "arq:in-progress:"
 
 # Atomically: a running job is told to stop (every worker hears the channel; the one
 # running it cancels it); a queued one is taken off the queue before any worker can.
@@ -79,7 +79,6 @@ return 1
 """
 JOB_EXPIRY_MS = 86_400_000
 """A job nobody takes within a day is dropped (arq's default expiry)."""
-RESULT_KEY_PREFIX = "arq:result:"
 
 
 class StreamqError(Exception):

@@ -31,10 +31,9 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.protocol import WAKEUP_CHANNEL
+from producer.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL
 from producer.tasks import stop_task
 from worker.engine import max_batch_size
-from worker.lease import IN_PROGRESS_PREFIX
 
 logger = logging.getLogger("streamq.worker")
 

@@ -18,11 +18,11 @@ from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
+from producer.protocol import IN_PROGRESS_PREFIX
 from producer.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
 
-IN_PROGRESS_PREFIX = "arq:in-progress:"
 DEFAULT_TTL_MS = 3000
 
 
