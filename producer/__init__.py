@@ -6,11 +6,14 @@ Imports neither vllm nor torch, so any service can use it.
 from producer.client import (
     Completion,
     DuplicateRequest,
+    NoLiveWorker,
+    QueueFull,
     RequestError,
     RequestHandle,
     StreamGap,
     StreamqClient,
     StreamqError,
+    UnknownModel,
 )
 from producer.protocol import ChatMessage, ChunkEvent, ErrorEvent, Event, FinalEvent, InvalidRequest, SamplingOptions
 
@@ -23,10 +26,13 @@ __all__ = [
     "Event",
     "FinalEvent",
     "InvalidRequest",
+    "NoLiveWorker",
+    "QueueFull",
     "RequestError",
     "RequestHandle",
     "SamplingOptions",
     "StreamGap",
     "StreamqClient",
     "StreamqError",
+    "UnknownModel",
 ]

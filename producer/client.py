@@ -47,6 +47,7 @@ from producer.protocol import (
     parse_request,
     serialize_job,
 )
+from producer.registry import Routes, WorkerRegistry
 from producer.replay import ReplayLog
 from producer.subscriber import Delivery, EventSubscriber, Resync
 
@@ -66,11 +67,16 @@ return 'unknown'
 
 CancelOutcome = Literal["running", "queued", "unknown"]
 
-# arq's enqueue (refuse an id that is queued, running or has a result; store the job;
-# queue it) and the wake-up, in one round trip instead of arq's five.
+# arq's enqueue (refuse an id that is queued, running or has a result; refuse when the
+# queue holds ARGV[7] jobs or more, if ARGV[7] >= 0; store the job; queue it) and the
+# wake-up, in one round trip instead of arq's five.
 _ENQUEUE = """
 if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
   return 0
+end
+local limit = tonumber(ARGV[7])
+if limit >= 0 and redis.call('ZCARD', KEYS[3]) >= limit then
+  return -1
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
@@ -101,6 +107,19 @@ class StreamGap(StreamqError):
     """Events went missing and the replay log no longer holds them."""
 
 
+class QueueFull(StreamqError):
+    """The queue already holds ``max_queue_depth`` jobs (waiting or running): the
+    request was not enqueued. Retry later, or add workers."""
+
+
+class UnknownModel(StreamqError):
+    """No worker has ever registered this model name."""
+
+
+class NoLiveWorker(StreamqError):
+    """Workers served this model once, but none is live now."""
+
+
 @dataclass
 class Completion:
     """A finished request's output, assembled from its events."""
@@ -125,8 +144,18 @@ class RequestHandle:
     read from the replay log. Duplicates (by sequence number) are dropped.
     """
 
-    def __init__(self, client: StreamqClient, request_id: str, queue: asyncio.Queue[Delivery], next_seq: int) -> None:
+    def __init__(
+        self,
+        client: StreamqClient,
+        request_id: str,
+        queue: asyncio.Queue[Delivery],
+        next_seq: int,
+        *,
+        job_queue: str | None = None,
+    ) -> None:
         self.request_id = request_id
+        self.job_queue = job_queue or client.queue
+        """The arq queue the request was put on (the client's, or its model's)."""
         self._client = client
         self._queue = queue
         self._backlog: deque[bytes] = deque()
@@ -181,7 +210,7 @@ class RequestHandle:
     async def cancel(self) -> CancelOutcome:
         """Cancel the request (see ``StreamqClient.cancel``); its stream ends with a
         final event whose finish reason is ``cancelled``."""
-        return await self._client.cancel(self.request_id)
+        return await self._client.cancel(self.request_id, queue=self.job_queue)
 
     async def close(self) -> None:
         """Stop following the request; cancel it too if ``cancel_on_close`` is set."""
@@ -221,25 +250,34 @@ class RequestHandle:
 class StreamqClient:
     """Submits requests to a streamq queue, follows and cancels them."""
 
-    def __init__(self, redis: ArqRedis, *, queue: str = DEFAULT_QUEUE) -> None:
+    def __init__(self, redis: ArqRedis, *, queue: str = DEFAULT_QUEUE, max_queue_depth: int | None = None) -> None:
+        if max_queue_depth is not None and max_queue_depth < 0:
+            raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
         self.redis = redis
         self.queue = queue
+        self.max_queue_depth = max_queue_depth
+        """``submit`` raises ``QueueFull`` when the queue already holds this many jobs
+        (waiting or running); ``None``: no limit."""
         self.subscriber = EventSubscriber(redis)
         self.log = ReplayLog(redis)
+        self.registry = WorkerRegistry(redis)
         self._cancel_script = redis.register_script(_CANCEL)
         self._enqueue_script = redis.register_script(_ENQUEUE)
 
     @classmethod
-    async def connect(cls, url: str = DEFAULT_REDIS_URL, *, queue: str = DEFAULT_QUEUE) -> StreamqClient:
+    async def connect(
+        cls, url: str = DEFAULT_REDIS_URL, *, queue: str = DEFAULT_QUEUE, max_queue_depth: int | None = None
+    ) -> StreamqClient:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS;
-        see ``producer.connection``)."""
+        see ``producer.connection``). ``max_queue_depth`` bounds every queue this
+        client submits to (see ``submit``)."""
         redis = await create_pool(
             redis_settings_for(url),
             job_serializer=serialize_job,
             job_deserializer=deserialize_job,
             default_queue_name=queue,
         )
-        return cls(redis, queue=queue)
+        return cls(redis, queue=queue, max_queue_depth=max_queue_depth)
 
     async def __aenter__(self) -> StreamqClient:
         return self
@@ -259,17 +297,22 @@ class StreamqClient:
         *,
         messages: Sequence[ChatMessage | dict[str, str]] | None = None,
         request_id: str | None = None,
+        model: str | None = None,
         timeout_s: float | None = None,
         queue_timeout_s: float | None = None,
         **sampling: Any,
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events.
 
+        ``model`` routes the request to the queue of the workers serving that model
+        (see ``routes``); without it, the request goes to this client's queue.
         ``sampling`` takes ``SamplingOptions`` fields (``max_tokens``, ``temperature``,
         ...). ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s``
         the time waiting for a worker. Raises ``InvalidRequest`` (a ``ValueError``)
-        before anything is sent if the request is malformed, and ``DuplicateRequest``
-        if ``request_id`` is already in use.
+        before anything is sent if the request is malformed, ``UnknownModel`` or
+        ``NoLiveWorker`` if ``model`` cannot be served, ``QueueFull`` if the queue
+        already holds ``max_queue_depth`` jobs, and ``DuplicateRequest`` if
+        ``request_id`` is already in use.
         """
         request = parse_request(
             {
@@ -281,14 +324,27 @@ class StreamqClient:
                 "queue_timeout_s": queue_timeout_s,
             }
         )
-        handle = await self._subscribe(request.request_id, next_seq=0)
+        queue = self.queue if model is None else await self.queue_for(model)
+        handle = await self._subscribe(request.request_id, next_seq=0, job_queue=queue)
         try:
             now_ms = int(time.time() * 1000)
             job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
-            keys = [JOB_KEY_PREFIX + request.request_id, RESULT_KEY_PREFIX + request.request_id, self.queue]
-            args: list[bytes | int | str] = [job, now_ms, JOB_EXPIRY_MS, request.request_id, WAKEUP_CHANNEL, self.queue]
-            if not await self._enqueue_script(keys=keys, args=args):
+            keys = [JOB_KEY_PREFIX + request.request_id, RESULT_KEY_PREFIX + request.request_id, queue]
+            limit = -1 if self.max_queue_depth is None else self.max_queue_depth
+            args: list[bytes | int | str] = [
+                job,
+                now_ms,
+                JOB_EXPIRY_MS,
+                request.request_id,
+                WAKEUP_CHANNEL,
+                queue,
+                limit,
+            ]
+            outcome = await self._enqueue_script(keys=keys, args=args)
+            if outcome == 0:
                 raise DuplicateRequest(f"request id {request.request_id!r} is already in use")
+            if outcome == -1:
+                raise QueueFull(f"queue {queue} already holds {limit} jobs (its limit): try again later")
         except BaseException:
             await handle.close()
             raise
@@ -301,17 +357,41 @@ class StreamqClient:
         await handle._replay()
         return handle
 
-    async def _subscribe(self, request_id: str, *, next_seq: int) -> RequestHandle:
+    async def _subscribe(self, request_id: str, *, next_seq: int, job_queue: str | None = None) -> RequestHandle:
         queue = await self.subscriber.subscribe(events_channel(request_id))
-        return RequestHandle(self, request_id, queue, next_seq)
+        return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue)
 
-    async def cancel(self, request_id: str) -> CancelOutcome:
+    async def routes(self) -> Routes:
+        """The live workers (model, queue) and every model ever registered."""
+        return await self.registry.routes()
+
+    async def live_models(self) -> dict[str, str]:
+        """Model name -> queue, for each model that has a live worker."""
+        return (await self.routes()).live_models()
+
+    async def queue_for(self, model: str) -> str:
+        """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``."""
+        routes = await self.routes()
+        queue = routes.live_models().get(model)
+        if queue is not None:
+            return queue
+        if model in routes.known_models:
+            raise NoLiveWorker(f"no live worker serves model {model!r} now")
+        live = ", ".join(sorted(routes.live_models())) or "none"
+        raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
+
+    async def exists(self, request_id: str) -> bool:
+        """True if ``request_id`` is queued or has events in the replay log: something to follow."""
+        return bool(await self.redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)))
+
+    async def cancel(self, request_id: str, *, queue: str | None = None) -> CancelOutcome:
         """Cancel a request: a running one is aborted in the engine, a queued one is
         removed before it runs. Either way its stream ends with a final event whose
         finish reason is ``cancelled``. Returns what the request was doing:
         ``running``, ``queued``, or ``unknown`` (finished, or never submitted).
+        ``queue`` is the queue it was put on (default: this client's).
         """
-        keys = [IN_PROGRESS_PREFIX + request_id, self.queue, JOB_KEY_PREFIX + request_id]
+        keys = [IN_PROGRESS_PREFIX + request_id, queue or self.queue, JOB_KEY_PREFIX + request_id]
         reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
         outcome = cast(CancelOutcome, reply.decode() if isinstance(reply, bytes) else reply)
         if outcome == "queued":  # no worker will ever run it: end its stream here

@@ -33,6 +33,16 @@ CANCEL_CHANNEL: Final = "streamq:cancel"
 """Producers publish a request id here to cancel it while it runs; every worker listens."""
 JOB_FUNCTION: Final = "generate"
 """Name of the arq job function that workers register."""
+WORKERS_KEY: Final = "streamq:workers"
+"""Live workers: a sorted set whose members are ``WorkerRegistration`` JSON, each scored
+with the Unix ms (Redis's clock) until which that worker counts as live. Workers renew
+their score every ``WORKER_RENEW_S`` to ``WORKER_TTL_MS`` ahead, so one sorted set read
+(``ZRANGEBYSCORE streamq:workers <now ms> +inf``) routes by model, without a SCAN."""
+MODELS_KEY: Final = "streamq:models"
+"""Hash model name -> queue of every model a worker ever registered (never expires), so
+a model whose workers are all gone (503) is told apart from one never served (404)."""
+WORKER_TTL_MS: Final = 10_000
+WORKER_RENEW_S: Final = 3.0
 
 REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """Request ids become parts of Redis key and channel names: a narrow alphabet keeps
@@ -142,6 +152,34 @@ def parse_request(raw: object) -> GenerateRequest:
         return msgspec.convert(raw, GenerateRequest)
     except (msgspec.ValidationError, ValueError) as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+# --- Worker registry -------------------------------------------------------------
+class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
+    """What a live worker tells producers: which model it serves on which queue.
+
+    ``model`` is vLLM's served model name (``--served-model-name``, else ``--model``):
+    the name OpenAI clients put in ``"model"``. Unknown fields are ignored, so later
+    versions may add some."""
+
+    worker_id: str
+    model: str
+    queue: str
+    max_model_len: int | None = None
+    v: int = PROTOCOL_VERSION
+
+
+_registration_decoder = msgspec.json.Decoder(WorkerRegistration)
+
+
+def encode_registration(registration: WorkerRegistration) -> bytes:
+    """A registration's JSON: the same bytes on every renewal (it is the set member)."""
+    return msgspec.json.encode(registration)
+
+
+def decode_registration(data: bytes | str) -> WorkerRegistration:
+    """Parse a registration (raises ``msgspec.DecodeError`` / ``ValidationError``)."""
+    return _registration_decoder.decode(data)
 
 
 # --- Events --------------------------------------------------------------------

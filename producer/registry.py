@@ -1,0 +1,94 @@
+"""The worker registry in Redis: which models have live workers, on which queues.
+
+Workers announce themselves (``worker/presence.py`` renews the announcement every few
+seconds); producers read it to route a request by model name. Liveness is judged on
+Redis's clock (``TIME`` inside the scripts), so clock skew between machines cannot make
+a live worker look dead or a dead one live. Key names and formats: ``producer/protocol.py``
+and PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import msgspec
+from redis.asyncio import Redis
+
+from producer.protocol import (
+    MODELS_KEY,
+    WORKER_TTL_MS,
+    WORKERS_KEY,
+    WorkerRegistration,
+    decode_registration,
+    encode_registration,
+)
+
+logger = logging.getLogger("streamq.registry")
+
+# Renew one worker's registration to TTL ms from now, drop registrations that lapsed,
+# and remember the model's queue for good.
+_REGISTER = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+return now
+"""
+
+# The live registrations, and every model ever registered (flat name, queue, ...).
+_READ = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+return {redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf'), redis.call('HGETALL', KEYS[2])}
+"""
+
+
+@dataclass(frozen=True)
+class Routes:
+    """A snapshot of the registry: live workers, and every model ever seen."""
+
+    workers: list[WorkerRegistration]
+    known_models: dict[str, str]
+    """Model name -> queue, for every model a worker ever registered."""
+
+    def live_models(self) -> dict[str, str]:
+        """Model name -> queue, for models that have at least one live worker."""
+        return {w.model: w.queue for w in self.workers}
+
+
+class WorkerRegistry:
+    """Registers workers and reads which models are served where."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._register = redis.register_script(_REGISTER)
+        self._read = redis.register_script(_READ)
+        self._redis = redis
+
+    async def register(self, registration: WorkerRegistration, ttl_ms: int = WORKER_TTL_MS) -> None:
+        """Announce (or renew) ``registration`` as live for ``ttl_ms`` from now."""
+        await self._register(
+            keys=[WORKERS_KEY, MODELS_KEY],
+            args=[encode_registration(registration), ttl_ms, registration.model, registration.queue],
+        )
+
+    async def unregister(self, registration: WorkerRegistration) -> None:
+        """Withdraw ``registration`` at once (a clean shutdown), instead of letting it lapse."""
+        await self._redis.zrem(WORKERS_KEY, encode_registration(registration))
+
+    async def routes(self) -> Routes:
+        """The live workers and known models, read in one round trip."""
+        members, flat = await self._read(keys=[WORKERS_KEY, MODELS_KEY], args=[])
+        workers = []
+        for member in members:
+            try:
+                workers.append(decode_registration(member))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # written by hand, or a newer protocol
+                logger.warning("ignoring a malformed worker registration %r: %s", member[:200], exc)
+        known = {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+        return Routes(workers=workers, known_models=known)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
