@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         "ctx": {
             "engine_args": None if args.engine_factory else engine_args_from_namespace(args),
             "engine_factory": args.engine_factory,
+            "queue_name": args.queue,  # the queue this worker registers for its model
         },
     }
     if args.max_jobs is not None:

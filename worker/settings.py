@@ -23,6 +23,7 @@ from worker.cancel import CancelListener
 from worker.engine import engine_args_from_env, start_engine
 from worker.job import RequestFailed, generate
 from worker.lease import Leases
+from worker.presence import Presence, served_model_name
 from worker.publisher import EventPublisher
 
 logger = logging.getLogger("streamq.worker")
@@ -82,12 +83,17 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     ctx["leases"].start()
     ctx["state"] = WorkerState(ctx["cancels"])
     ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
+    # Last: once registered, producers route this model's requests here.
+    model, max_model_len = served_model_name(ctx["engine"])
+    queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
+    ctx["presence"] = Presence(ctx["redis"], model=model, queue=queue, max_model_len=max_model_len)
+    await ctx["presence"].start()
 
 
 async def on_shutdown(ctx: dict[str, Any]) -> None:
     """Flush pending events and shut the engine down (always, as the seed does)."""
     await stop_task(ctx.get("engine_watch"))
-    for name in ("leases", "cancels", "publisher"):
+    for name in ("presence", "leases", "cancels", "publisher"):
         if name in ctx:
             await ctx[name].close()
     engine = ctx.get("engine")

@@ -1,0 +1,69 @@
+"""``Presence``: keeps this worker in the registry while it runs.
+
+Producers route a request by model name to the queue of that model's live workers
+(``producer/registry.py``). The registration lapses ``WORKER_TTL_MS`` after the last
+renewal, so a worker that dies without cleaning up (SIGKILL, lost host) drops out of
+``/v1/models`` within seconds; a clean shutdown withdraws it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+from redis.asyncio import Redis
+
+from producer.protocol import WORKER_RENEW_S, WorkerRegistration
+from producer.registry import WorkerRegistry
+from producer.tasks import stop_task
+
+logger = logging.getLogger("streamq.worker")
+
+
+def served_model_name(engine: Any) -> tuple[str, int | None]:
+    """The name clients use for the engine's model (vLLM's ``--served-model-name``,
+    else ``--model``), and its ``max_model_len``. A scripted engine may lack some."""
+    config = getattr(getattr(engine, "vllm_config", None), "model_config", None)
+    name = getattr(config, "served_model_name", None) or getattr(config, "model", None) or "unknown"
+    if isinstance(name, list):  # vLLM resolves aliases to the first; a scripted engine may not
+        name = name[0]
+    max_len = getattr(config, "max_model_len", None)
+    return str(name), int(max_len) if isinstance(max_len, int) else None
+
+
+class Presence:
+    """Registers the worker now and renews the registration every ``WORKER_RENEW_S``."""
+
+    def __init__(self, redis: Redis, *, model: str, queue: str, max_model_len: int | None = None) -> None:
+        worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.registration = WorkerRegistration(
+            worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len
+        )
+        self._registry = WorkerRegistry(redis)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Register before returning, so the worker is routable once start-up is done."""
+        await self._registry.register(self.registration)
+        logger.info("registered model %r on queue %s", self.registration.model, self.registration.queue)
+        self._task = asyncio.create_task(self._renew(), name="presence")
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(WORKER_RENEW_S)
+            try:
+                await self._registry.register(self.registration)
+            except Exception as exc:  # Redis away for longer than the retries: try again next round
+                logger.warning("could not renew the worker registration: %s", exc)
+
+    async def close(self) -> None:
+        """Stop renewing and withdraw the registration (best effort: it lapses anyway)."""
+        await stop_task(self._task)
+        try:
+            await self._registry.unregister(self.registration)
+        except Exception as exc:
+            logger.warning("could not withdraw the worker registration: %s", exc)
