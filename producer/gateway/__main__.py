@@ -1,0 +1,50 @@
+"""``python -m producer.gateway``: serve OpenAI's completions API from the queue.
+
+python -m producer.gateway --redis-url redis://localhost:6379 --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+import uvicorn
+
+from producer.connection import DEFAULT_REDIS_URL
+from producer.gateway.app import create_app
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m producer.gateway",
+        description="OpenAI-compatible HTTP gateway: /v1/completions, /v1/chat/completions, /v1/models, /health. "
+        "Requests are routed by model to the queues of live workers.",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
+    )
+    parser.add_argument("--host", default=os.environ.get("STREAMQ_GATEWAY_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("STREAMQ_GATEWAY_PORT", "8000")))
+    parser.add_argument(
+        "--max-queue-depth",
+        type=int,
+        default=None,
+        help="answer 429 when a model's queue already holds this many jobs, waiting or running (default: no limit)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.max_queue_depth is not None and args.max_queue_depth < 0:
+        build_parser().error("--max-queue-depth must be >= 0")
+    app = create_app(args.redis_url, max_queue_depth=args.max_queue_depth)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

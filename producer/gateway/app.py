@@ -1,0 +1,174 @@
+"""The gateway's HTTP routes: OpenAI's API in front of the queue.
+
+Every completion is a streamq request: ``StreamqClient.submit`` with the model's
+queue (from the worker registry), its events turned into OpenAI responses. An
+anonymous request is cancelled when its client disconnects, as ``vllm serve`` aborts
+it. A request the client names with ``x-streamq-request-id`` is resumable instead:
+its SSE events carry ``id: <seq>``, it keeps running when the connection drops, and
+the same POST again with ``Last-Event-ID: <seq>`` continues from the replay log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from producer.client import RequestError, RequestHandle, StreamqClient
+from producer.connection import DEFAULT_REDIS_URL
+from producer.gateway.disconnect import ClientGone, EventStreamResponse, until_disconnected
+from producer.gateway.errors import ApiError, api_error_for, bad_request
+from producer.gateway.params import parse_body
+from producer.gateway.responses import DONE, ResponseShape, StreamEncoder
+from producer.openai_params import chat_completion_response, completion_response
+from producer.protocol import TERMINAL_EVENTS, ErrorEvent, Event, decode_event, events_channel, is_valid_request_id
+
+REQUEST_ID_HEADER = "x-streamq-request-id"
+"""Names a request (and makes it resumable); the response always carries ``x-request-id``."""
+HEALTH_TIMEOUT_S = 2.0
+
+
+def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | None = None) -> FastAPI:
+    """The gateway application, with one ``StreamqClient`` (one Redis pool, one pub/sub
+    connection) shared by all requests."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.client = await StreamqClient.connect(redis_url, max_queue_depth=max_queue_depth)
+        try:
+            yield
+        finally:
+            await app.state.client.close()
+
+    app = FastAPI(title="streamq gateway", lifespan=lifespan)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        """200 while Redis answers; live workers are what ``/v1/models`` shows."""
+        try:
+            await asyncio.wait_for(request.app.state.client.redis.ping(), HEALTH_TIMEOUT_S)
+        except Exception as exc:
+            return api_error_for(ConnectionError(str(exc) or type(exc).__name__)).response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            routes = await request.app.state.client.routes()
+        except Exception as exc:
+            return api_error_for(exc).response()
+        seen: dict[str, dict[str, Any]] = {}
+        for worker in routes.workers:
+            entry = seen.setdefault(
+                worker.model,
+                {"id": worker.model, "object": "model", "created": 0, "owned_by": "streamq", "root": worker.model},
+            )
+            if worker.max_model_len is not None:
+                entry["max_model_len"] = worker.max_model_len
+            entry["workers"] = entry.get("workers", 0) + 1
+        return JSONResponse({"object": "list", "data": list(seen.values())})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _respond(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _respond(request, chat=True)
+
+    return app
+
+
+async def _respond(request: Request, *, chat: bool) -> Response:
+    """One completion request, every failure mapped to OpenAI's error shape."""
+    try:
+        return await _generate(request, chat=chat)
+    except ClientGone:
+        return Response(status_code=499)  # nobody is listening any more
+    except Exception as exc:
+        return api_error_for(exc).response()
+
+
+async def _generate(request: Request, *, chat: bool) -> Response:
+    client: StreamqClient = request.app.state.client
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise bad_request("the request body is not valid JSON") from None
+    params = parse_body(body, chat=chat)
+    named = request.headers.get(REQUEST_ID_HEADER)
+    if named is not None and not is_valid_request_id(named):
+        raise bad_request(
+            f"{REQUEST_ID_HEADER} must match [A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}", param=REQUEST_ID_HEADER
+        )
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None:
+        resumed = await _resume(client, named, last_event_id, stream=params.stream)
+        if resumed is None:  # the client has every event already
+            return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
+        handle = resumed
+    else:
+        handle = await client.submit(model=params.model, request_id=named, **params.submit_kwargs)
+    handle.cancel_on_close = named is None  # a named request waits to be resumed instead
+    shape = ResponseShape(chat=chat, request_id=handle.request_id, model=params.model, created=int(time.time()))
+    headers = {"x-request-id": handle.request_id}
+    events = aiter(handle)
+    try:
+        if not params.stream:
+            completion = await until_disconnected(request.receive, handle.result())
+            to_body = chat_completion_response if chat else completion_response
+            return JSONResponse(to_body(completion, model=params.model, created=shape.created), headers=headers)
+        # Wait for the first event before answering, so that parameters vLLM refuses
+        # still get a 400 rather than an error inside a 200 stream.
+        first = await until_disconnected(request.receive, _next(events))
+        if isinstance(first, ErrorEvent):
+            raise RequestError(handle.request_id, first.code, first.message)
+    except BaseException:
+        await handle.close()
+        raise
+    encoder = StreamEncoder(shape, include_usage=params.include_usage, event_ids=named is not None)
+    return EventStreamResponse(_sse(encoder, first, events), headers=headers, on_close=handle.close)
+
+
+async def _resume(
+    client: StreamqClient, named: str | None, last_event_id: str, *, stream: bool
+) -> RequestHandle | None:
+    """Follow a named request from the event after ``last_event_id``; ``None`` when that
+    was its last event (following would wait forever for an event that never comes)."""
+    if named is None:
+        raise bad_request(
+            f"Last-Event-ID needs {REQUEST_ID_HEADER} naming the request to resume", param="Last-Event-ID"
+        )
+    if not stream:
+        raise bad_request("Last-Event-ID resumes streams only; send stream=true", param="stream")
+    try:
+        last_seq = int(last_event_id)
+    except ValueError:
+        last_seq = -2
+    if last_seq < -1:
+        raise bad_request("Last-Event-ID must be an event id (-1 for the whole stream)", param="Last-Event-ID")
+    if not await client.exists(named):
+        raise ApiError(404, f"no request {named!r} to resume (unknown, or its log expired)", code="request_not_found")
+    newest = await client.redis.xrevrange(events_channel(named), count=1)
+    if newest:
+        last = decode_event(newest[0][1][b"event"])
+        if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
+            return None
+    return await client.follow(named, from_seq=last_seq + 1)
+
+
+async def _next(events: AsyncIterator[Event]) -> Event:
+    return await anext(events)
+
+
+async def _sse(encoder: StreamEncoder, first: Event, rest: AsyncIterator[Event]) -> AsyncGenerator[str, None]:
+    yield encoder.encode(first)
+    async for event in rest:
+        if text := encoder.encode(event):
+            yield text
