@@ -79,7 +79,7 @@ class WorkerProcess:
         # with it; but the caller's session, NOT a new one (start_new_session). Linux
         # schedules each session as one group ("autogroup"): a worker in a session of
         # its own, whose engine busy-polls the CPUs, starved everything outside it
-        # (Redis, the subscriber) for up to 2 s at a time. See README, "Scheduling".
+        # (Redis, the subscriber) for up to 2 s at a time. README: "CPU starvation".
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, process_group=0

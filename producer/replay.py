@@ -17,11 +17,12 @@ or a second worker on the same request) is neither logged nor published twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from redis.asyncio import Redis
 
-from producer.protocol import events_channel
+from producer.protocol import EVENTS_CHANNEL_PREFIX, events_channel
 
 LOG_MAXLEN: Final = 100_000
 """Entries kept per request (approximately: trimming is lazy). A request has one
@@ -37,9 +38,10 @@ _APPEND_AND_PUBLISH = """
 -- per event its entry id, attempt (0: not fenced) and payload. An event is skipped when
 -- its sequence number is already logged, or when a newer attempt owns the request (a
 -- worker that lost its lease but still runs must not write over the one that took
--- over). Returns how many were skipped.
+-- over). Returns how many were skipped, then the request ids (their log keys) whose
+-- events were dropped because a newer attempt owns them, each once.
 local maxlen, ttl = ARGV[1], ARGV[2]
-local skipped, touched, owners = 0, {}, {}
+local skipped, touched, owners, superseded = 0, {}, {}, {}
 for i = 1, #KEYS, 2 do
   local key, owner_key = KEYS[i], KEYS[i + 1]
   local base = 3 * (i - 1) / 2 + 2
@@ -49,6 +51,7 @@ for i = 1, #KEYS, 2 do
   end
   if attempt > 0 and attempt < owners[owner_key] then
     skipped = skipped + 1
+    superseded[key] = true
   else
     local added = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
     if type(added) == 'table' and added.err then
@@ -66,7 +69,11 @@ end
 for key in pairs(touched) do
   redis.call('PEXPIRE', key, ttl)
 end
-return skipped
+local reply = {skipped}
+for key in pairs(superseded) do
+  reply[#reply + 1] = key
+end
+return reply
 """
 
 _TAKE_OVER = """
@@ -78,6 +85,17 @@ if tonumber(ARGV[1]) > owner then
 end
 return redis.call('XRANGE', KEYS[1], '-', '+')
 """
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What became of a batch given to ``ReplayLog.append``."""
+
+    skipped: int
+    """Events not logged: already there, or from a superseded attempt."""
+    superseded: frozenset[str]
+    """Requests whose events were dropped because a newer attempt owns them: the
+    attempt that sent them should stop (another worker has taken the request over)."""
 
 
 def entry_id(seq: int) -> str:
@@ -95,16 +113,17 @@ class ReplayLog:
         self._append_script = redis.register_script(_APPEND_AND_PUBLISH)
         self._take_over_script = redis.register_script(_TAKE_OVER)
 
-    async def append(self, events: Sequence[tuple[str, int, int, bytes]]) -> int:
+    async def append(self, events: Sequence[tuple[str, int, int, bytes]]) -> Appended:
         """Log and publish ``(request_id, seq, attempt, payload)`` events, in order, in
-        one command. ``attempt`` 0 is never fenced off (a producer's own event).
-        Returns how many were skipped: already logged, or from a superseded attempt."""
+        one command. ``attempt`` 0 is never fenced off (a producer's own event)."""
         keys: list[str] = []
         args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
         for request_id, seq, attempt, payload in events:
             keys += [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
             args += [entry_id(seq), attempt, payload]
-        return int(await self._append_script(keys=keys, args=args))
+        skipped, *superseded = await self._append_script(keys=keys, args=args)
+        prefix = len(EVENTS_CHANNEL_PREFIX)
+        return Appended(int(skipped), frozenset(key.decode()[prefix:] for key in superseded))
 
     async def take_over(self, request_id: str, attempt: int) -> list[bytes]:
         """Make ``attempt`` the request's owner, so that older attempts still running

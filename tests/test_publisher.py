@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer.protocol import events_channel
-from producer.replay import ReplayLog
+from producer.replay import Appended, ReplayLog
 from worker.publisher import EventPublisher
 
 
@@ -73,8 +73,9 @@ async def test_an_event_already_logged_is_not_published_again(redis: aioredis.Re
     await pubsub.subscribe(events_channel(request_id))
     await pubsub.get_message(timeout=5)
 
-    assert await log.append([(request_id, 0, 1, b"first"), (request_id, 1, 1, b"second")]) == 0
-    assert await log.append([(request_id, 1, 1, b"second again"), (request_id, 2, 1, b"third")]) == 1
+    assert await log.append([(request_id, 0, 1, b"first"), (request_id, 1, 1, b"second")]) == Appended(0, frozenset())
+    again = await log.append([(request_id, 1, 1, b"second again"), (request_id, 2, 1, b"third")])
+    assert again == Appended(1, frozenset())  # a duplicate, not a superseded attempt
 
     published = []
     while (message := await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)) is not None:
@@ -94,7 +95,8 @@ async def test_a_superseded_attempt_can_no_longer_write(redis: aioredis.Redis) -
     await log.append([(request_id, 0, 1, b"a1-0"), (request_id, 1, 1, b"a1-1")])
 
     assert await log.take_over(request_id, 2) == [b"a1-0", b"a1-1"]
-    assert await log.append([(request_id, 2, 1, b"a1-2 (stale)")]) == 1
-    assert await log.append([(request_id, 2, 2, b"a2-2"), (request_id, 3, 1, b"a1-3 (stale)")]) == 1
-    assert await log.append([(request_id, 3, 0, b"producer's own event")]) == 0
+    assert await log.append([(request_id, 2, 1, b"a1-2 (stale)")]) == Appended(1, frozenset({request_id}))
+    mixed = await log.append([(request_id, 2, 2, b"a2-2"), (request_id, 3, 1, b"a1-3 (stale)")])
+    assert mixed == Appended(1, frozenset({request_id}))
+    assert await log.append([(request_id, 3, 0, b"producer's own event")]) == Appended(0, frozenset())
     assert await log.read(request_id) == [b"a1-0", b"a1-1", b"a2-2", b"producer's own event"]

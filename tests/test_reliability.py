@@ -1,8 +1,6 @@
 """Nothing lost: replay, crash recovery, shutdown hand-back, cancellation, deadlines.
 
-Tests that only need a healthy worker come first; the fault-injection tests, which
-pause the session's worker and kill others beside it, run last (see the closing note
-of issue 4: cancels were seen to go unheard on the session worker after them).
+Tests that only need a healthy worker come first, the fault-injection tests last.
 Fault injection uses real processes: a second worker beside the session's, killed
 with SIGKILL (its engine processes too) or stopped with SIGTERM mid-stream, while
 the session's worker is paused with SIGSTOP until the fault so the request surely
@@ -27,6 +25,7 @@ import redis.asyncio as aioredis
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
 from producer.protocol import FinalEvent
+from producer.replay import ReplayLog
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events, job_result
 
@@ -80,13 +79,6 @@ async def test_late_follower_gets_every_event_from_the_replay_log(client: Stream
     assert all_events[-1].seq == len(all_events) - 1
 
 
-# A worker sometimes does not run its cancel listener until a long generation ends
-# (README, "Open defect"): each try still has to show the cancel working; a third
-# failure fails the test.
-KNOWN_CANCEL_DEFECT = pytest.mark.flaky(reruns=2)
-
-
-@KNOWN_CANCEL_DEFECT
 async def test_cancel_aborts_a_running_request(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
     handle = await client.submit("Tell me everything", max_tokens=LONG, ignore_eos=True)
     events = []
@@ -112,7 +104,6 @@ async def test_cancel_removes_a_queued_request(redis_url: str, raw_redis: aiored
         assert await idle.cancel(handle.request_id) == "unknown"
 
 
-@KNOWN_CANCEL_DEFECT
 async def test_closing_a_handle_can_cancel_its_request(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
     handle = await client.submit("Go on and on", max_tokens=LONG, ignore_eos=True)
     handle.cancel_on_close = True
@@ -135,6 +126,32 @@ async def test_queue_wait_limit_ends_a_stale_request(worker: WorkerProcess, clie
     completion = await handle.result()
     assert completion.finish_reasons == ["queue_timeout"]
     assert completion.completion_tokens == 0
+
+
+async def test_an_attempt_taken_over_elsewhere_stops_and_the_request_resumes(
+    worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, redis_url: str
+) -> None:
+    """A worker whose lease lapsed while it still ran (cut off from Redis, or starved)
+    loses the request to the attempt that takes it over. Here the test takes it over
+    as a resuming worker would; once the log refuses the old attempt's events, that
+    attempt must stop and leave arq's keys alone, so that the job can run again."""
+    request_id = f"fenced-{uuid.uuid4().hex}"
+
+    async def submit_and_take_over() -> None:
+        await client.submit("Tell me everything", request_id=request_id, max_tokens=LONG, ignore_eos=True)
+        await wait_for_chunks(redis_url, request_id, 3)
+        await ReplayLog(raw_redis).take_over(request_id, attempt=2)
+
+    events = await capture_events(redis_url, request_id, submit_and_take_over)
+
+    assert_well_formed(events, request_id)
+    chunks, final = events[:-1], events[-1]
+    assert final["type"] == "final" and final["finish_reasons"] == ["length"]
+    assert sum(len(c["token_ids"]) for c in chunks) == final["completion_tokens"] == LONG
+    assert {e["attempt"] for e in events} == {1, 2}  # the job ran again after the old attempt stopped
+    assert f"request {request_id}: taken over by another worker; stopping this attempt" in worker.log_tail(400)
+    result = await job_result(raw_redis, request_id)
+    assert result["t"] == 2 and result["r"]["finish_reasons"] == ["length"]
 
 
 async def test_sigkill_mid_stream_resumes_on_another_worker(

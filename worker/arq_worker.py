@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from typing import Any
 
 from arq.utils import timestamp_ms
 from arq.worker import Worker
@@ -157,6 +158,17 @@ class StreamqWorker(Worker):
                 continue
             if message is not None and message["data"] in (self.queue_name, self.queue_name.encode()):
                 self._wake.set()
+
+    async def finish_job(self, job_id: str, *args: Any, **kwargs: Any) -> None:
+        """arq's bookkeeping at the end of a job, skipped for a job this worker was
+        running when another worker took it over (its lease had lapsed): the job's
+        keys and result now belong to the attempt that took over, which may still run."""
+        state = self.ctx.get("state")
+        if state is not None and job_id in state.superseded_jobs:
+            state.superseded_jobs.discard(job_id)
+            logger.info("job %s: superseded; leaving its keys to the attempt that took it over", job_id)
+            return
+        await super().finish_job(job_id, *args, **kwargs)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()

@@ -6,6 +6,9 @@ cancels the job's task, and cancelling the task that iterates
 ``engine.generate()`` is what aborts the request inside vLLM and frees its KV
 cache. A cancel can arrive just before the job registers (the job was being
 picked up), so requests are remembered for a while and checked at registration.
+
+The same path stops an attempt that another worker has taken over (its lease had
+lapsed): the replay log refuses its events, and the publisher reports it here.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class CancelListener:
         self._redis = redis
         self._running: dict[str, asyncio.Task[object]] = {}
         self._requested: dict[str, float] = {}
+        self._superseded: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -47,11 +51,24 @@ class CancelListener:
         """True if a cancel for ``request_id`` has been heard (recently)."""
         return request_id in self._requested
 
+    def was_superseded(self, request_id: str) -> bool:
+        """True if the current attempt at ``request_id`` was stopped by ``supersede``."""
+        return request_id in self._superseded
+
+    def supersede(self, request_id: str) -> None:
+        """Stop this worker's attempt at ``request_id``: a newer one elsewhere owns it."""
+        task = self._running.get(request_id)
+        if task is not None and request_id not in self._superseded:
+            logger.warning("request %s: taken over by another worker; stopping this attempt", request_id)
+            self._superseded.add(request_id)
+            task.cancel()
+
     @contextmanager
     def registered(self, request_id: str) -> Iterator[None]:
         """While inside, a cancel for ``request_id`` cancels the current task."""
         task = asyncio.current_task()
         assert task is not None
+        self._superseded.discard(request_id)  # a new attempt starts unsuperseded
         self._running[request_id] = task
         try:
             if self.was_cancelled(request_id):

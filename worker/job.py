@@ -167,6 +167,10 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
                         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
                         stream.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
     except asyncio.CancelledError:
+        if cancels.was_superseded(request.request_id):
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            ctx["state"].superseded_jobs.add(request.request_id)  # arq's bookkeeping is the new owner's
+            return {"request_id": request.request_id, "superseded": True}
         if not cancels.was_cancelled(request.request_id):
             raise  # worker shutdown: arq hands the job back, another worker resumes it
         asyncio.current_task().uncancel()  # type: ignore[union-attr]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,10 +30,22 @@ class PublishFailed(RuntimeError):
 
 
 class EventPublisher:
-    """Buffers ``(request_id, seq, attempt, payload)`` events and flushes them in batches."""
+    """Buffers ``(request_id, seq, attempt, payload)`` events and flushes them in batches.
 
-    def __init__(self, log: ReplayLog, *, retry_attempts: int = 12, retry_delay_s: float = 0.2) -> None:
+    ``on_superseded`` is called with each request whose events the log refused
+    because a newer attempt (on another worker) owns it: that attempt's job should stop.
+    """
+
+    def __init__(
+        self,
+        log: ReplayLog,
+        *,
+        on_superseded: Callable[[str], None] | None = None,
+        retry_attempts: int = 12,
+        retry_delay_s: float = 0.2,
+    ) -> None:
         self._log = log
+        self._on_superseded = on_superseded
         self._pending: list[tuple[str, int, int, bytes]] = []
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._has_pending = asyncio.Event()
@@ -85,7 +98,10 @@ class EventPublisher:
     async def _send(self, batch: list[tuple[str, int, int, bytes]]) -> None:
         for attempt in range(1, self._retry_attempts + 1):
             try:
-                await self._log.append(batch)
+                appended = await self._log.append(batch)
+                if self._on_superseded is not None:
+                    for request_id in appended.superseded:
+                        self._on_superseded(request_id)
                 return
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 logger.warning("publish of %d events failed (attempt %d): %s", len(batch), attempt, exc)

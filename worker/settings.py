@@ -38,6 +38,9 @@ class WorkerState:
 
     def __init__(self, cancels: CancelListener) -> None:
         self.engine_dead = False
+        self.superseded_jobs: set[str] = set()
+        """Jobs stopped because another worker took them over: their arq keys and
+        result belong to that worker, so ``StreamqWorker`` leaves them alone."""
         self._cancels = cancels
 
     def engine_died(self) -> None:
@@ -75,10 +78,10 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     else:
         ctx["engine"] = start_engine(ctx.get("engine_args") or engine_args_from_env())
     ctx["replay_log"] = ReplayLog(ctx["redis"])
-    ctx["publisher"] = EventPublisher(ctx["replay_log"])
-    ctx["publisher"].start()
     ctx["cancels"] = CancelListener(ctx["redis"])
     await ctx["cancels"].start()
+    ctx["publisher"] = EventPublisher(ctx["replay_log"], on_superseded=ctx["cancels"].supersede)
+    ctx["publisher"].start()
     ctx["leases"] = Leases(ctx["redis"])
     ctx["leases"].start()
     ctx["state"] = WorkerState(ctx["cancels"])
