@@ -57,9 +57,13 @@ class WorkerProcess:
         log_path: Path,
         command: list[str] | None = None,
         env: dict[str, str] | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.redis_url = redis_url
         self.queue = queue
+        self.metrics_port = metrics_port
+        """Where the worker serves Prometheus metrics; 0 (the default here) turns them
+        off, so that several workers on one machine do not contend for one port."""
         self.log_path = log_path
         self.command = command or [
             sys.executable,
@@ -69,6 +73,8 @@ class WorkerProcess:
             redis_url,
             "--queue",
             queue,
+            "--metrics-port",
+            str(metrics_port),
             *engine_flags,
         ]
         self.env = env or worker_env()

@@ -4,6 +4,7 @@
     python -m producer --json --max-tokens 32 "Hello"
     python -m producer tail REQUEST_ID
     python -m producer cancel REQUEST_ID
+    python -m producer batch IN.jsonl OUT.jsonl   # OpenAI batch files; see producer/batch.py
 
 Exit status: 0 when every request finished, 1 when any failed (errors on stderr),
 2 for bad command-line arguments.
@@ -42,7 +43,7 @@ def submit_parser() -> argparse.ArgumentParser:
         prog="python -m producer",
         description="Enqueue prompts to streamq and stream their responses (Ctrl-C cancels them). "
         "Subcommands: 'tail REQUEST_ID' follows a request already submitted, "
-        "'cancel REQUEST_ID' cancels one.",
+        "'cancel REQUEST_ID' cancels one, 'batch IN.jsonl OUT.jsonl' runs an OpenAI batch file.",
     )
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one job is enqueued per prompt")
     _common_options(parser)
@@ -191,6 +192,10 @@ async def run_cancel(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["batch"]:
+        from producer.batch import main as batch_main  # its own exit statuses and Ctrl-C handling
+
+        return batch_main(argv[1:])
     try:
         if argv[:1] == ["tail"]:
             return asyncio.run(run_tail(tail_parser().parse_args(argv[1:])))

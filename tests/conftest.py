@@ -6,6 +6,7 @@ shared; each test uses fresh request ids instead of flushing Redis under them.
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -39,11 +40,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
+def _free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
 def worker(redis_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     """One real ``python -m worker`` on the tiny model, shared by the session."""
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    process = WorkerProcess(redis_url, tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN), log_path=log_path)
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    process = WorkerProcess(redis_url, flags, log_path=log_path, metrics_port=_free_port())
     process.start().wait_ready()
     yield process
     code = process.stop()

@@ -18,6 +18,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from producer.connection import add_connection_options, redis_settings_for
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
+from worker.metrics import metrics_port_from_env
 from worker.settings import worker_settings
 
 
@@ -46,6 +47,13 @@ def build_parser() -> FlexibleArgumentParser:
         help="build the engine with this callable instead of vLLM's AsyncLLM "
         "(a scripted engine for load tests; default: $STREAMQ_ENGINE_FACTORY or none)",
     )
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        default=metrics_port_from_env(),
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics; 0 turns them off "
+        "(default: $STREAMQ_METRICS_PORT or %(default)s)",
+    )
     add_engine_args(parser)
     return parser
 
@@ -64,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         "ctx": {
             "engine_args": None if args.engine_factory else engine_args_from_namespace(args),
             "engine_factory": args.engine_factory,
+            "metrics_port": args.metrics_port,
             "queue_name": args.queue,  # the queue this worker registers for its model
         },
     }

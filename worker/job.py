@@ -31,6 +31,7 @@ from producer.protocol import (
     is_valid_request_id,
     parse_request,
 )
+from worker import metrics
 from worker.cancel import CancelListener
 from worker.progress import NotResumable, Progress
 from worker.stream import RequestStream
@@ -44,7 +45,14 @@ class RequestFailed(Exception):
 
 
 async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """arq job: validate the payload, stream the generation, return a summary.
+    """arq job: one request, counted in the worker's metrics while it runs."""
+    metrics.QUEUE_WAIT.observe(max(0.0, _seconds_since(ctx["enqueue_time"])))
+    with metrics.REQUESTS_IN_FLIGHT.track_inprogress():
+        return await _generate(ctx, *args, **kwargs)
+
+
+async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Validate the payload, stream the generation, return a summary.
 
     Takes any arguments so that a malformed job still reaches this function (arq
     would otherwise fail it with a ``TypeError`` the requester never sees).
@@ -201,6 +209,7 @@ async def _end(stream: RequestStream, request: GenerateRequest, progress: Progre
 async def _fail(stream: RequestStream | None, job_id: str, code: str, message: str) -> NoReturn:
     """Tell the requester why their request failed, then fail the job."""
     logger.warning("request %s failed (%s): %s", job_id, code, message)
+    metrics.REQUEST_ERRORS.labels(code=code).inc()
     if stream is not None and not stream.closed:
         stream.error(code, message)
         await stream.delivered()

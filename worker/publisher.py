@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.replay import ReplayLog
 from producer.tasks import stop_task
+from worker import metrics
 
 logger = logging.getLogger("streamq.worker")
 
@@ -84,6 +86,7 @@ class EventPublisher:
             self._has_pending.clear()
             batch, self._pending = self._pending, []
             waiters, self._pending_waiters = self._pending_waiters, []
+            started = time.perf_counter()
             try:
                 await self._send(batch)
             except PublishFailed as exc:
@@ -91,6 +94,8 @@ class EventPublisher:
                     if not waiter.done():
                         waiter.set_exception(exc)
                 continue
+            metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
+            metrics.PUBLISH_BATCH_EVENTS.observe(len(batch))
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)

@@ -19,6 +19,7 @@ from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
 from producer.protocol import DEFAULT_QUEUE, deserialize_job, serialize_job
 from producer.replay import ReplayLog
 from producer.tasks import stop_task
+from worker import metrics
 from worker.cancel import CancelListener
 from worker.engine import engine_args_from_env, start_engine
 from worker.job import RequestFailed, generate
@@ -86,6 +87,11 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     ctx["leases"].start()
     ctx["state"] = WorkerState(ctx["cancels"])
     ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
+    ctx["metrics_server"] = metrics.serve_metrics(ctx.get("metrics_port", metrics.metrics_port_from_env()))
+    sampled_queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
+    ctx["queue_depth_sampler"] = asyncio.create_task(
+        metrics.sample_queue_depth(ctx["redis"], sampled_queue), name="queue-depth-sampler"
+    )
     # Last: once registered, producers route this model's requests here.
     model, max_model_len = served_model_name(ctx["engine"])
     queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
@@ -96,6 +102,9 @@ async def on_startup(ctx: dict[str, Any]) -> None:
 async def on_shutdown(ctx: dict[str, Any]) -> None:
     """Flush pending events and shut the engine down (always, as the seed does)."""
     await stop_task(ctx.get("engine_watch"))
+    await stop_task(ctx.get("queue_depth_sampler"))
+    if ctx.get("metrics_server") is not None:
+        ctx["metrics_server"].shutdown()
     for name in ("presence", "leases", "cancels", "publisher"):
         if name in ctx:
             await ctx[name].close()

@@ -1,10 +1,16 @@
-"""The events of one request, numbered and handed to the publisher."""
+"""The events of one request, numbered and handed to the publisher.
+
+Every event of a request passes here, so this is also where its latency and
+token metrics are taken (``worker/metrics.py``).
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from producer.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent, encode_event
+from worker import metrics
 from worker.publisher import EventPublisher
 
 
@@ -21,6 +27,8 @@ class RequestStream:
         self._publisher = publisher
         self.next_seq = next_seq
         self.closed = False
+        self._started = time.perf_counter()  # the job's start: created as the job begins
+        self._last_chunk_at: dict[int, float] = {}  # per completion index, for inter-token latency
 
     def _take_seq(self) -> int:
         seq = self.next_seq
@@ -32,6 +40,15 @@ class RequestStream:
 
     def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
         """Publish one DELTA of completion ``index``."""
+        now = time.perf_counter()
+        last = self._last_chunk_at.get(index)
+        if last is not None:
+            metrics.INTER_TOKEN_LATENCY.observe(now - last)
+        elif not self._last_chunk_at:
+            metrics.TIME_TO_FIRST_TOKEN.observe(now - self._started)
+        self._last_chunk_at[index] = now
+        metrics.CHUNKS.inc()
+        metrics.GENERATED_TOKENS.inc(len(token_ids))
         event = ChunkEvent(
             request_id=self.request_id,
             seq=self._take_seq(),
@@ -45,6 +62,8 @@ class RequestStream:
 
     def final(self, finish_reasons: list[str | None], prompt_tokens: int, completion_tokens: int) -> None:
         """Publish the event that ends a completed request."""
+        for reason in finish_reasons:
+            metrics.COMPLETIONS_FINISHED.labels(finish_reason=str(reason)).inc()
         event = FinalEvent(
             request_id=self.request_id,
             seq=self._take_seq(),

@@ -1,0 +1,283 @@
+"""``python -m producer batch IN.jsonl OUT.jsonl``: OpenAI batch files through the queue.
+
+The input is what ``vllm run-batch`` (and OpenAI's Batch API) reads: one JSON
+object per line, ``{"custom_id", "method": "POST", "url": "/v1/completions" or
+"/v1/chat/completions", "body": {...}}``. Each output line mirrors
+``vllm run-batch``'s: ``{"id", "custom_id", "response": {"status_code",
+"request_id", "body"}, "error"}``, with ``body`` the response ``vllm serve``
+would give and ``request_id`` the streamq request id (its replay log).
+
+Lines are written as each request finishes, appended and flushed, so an
+interrupted run loses only what was running; a re-run skips every
+``custom_id`` already in the output. A malformed line becomes an error line
+(with its ``custom_id`` when it has one) and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from redis.exceptions import RedisError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from producer.client import Completion, RequestError, StreamqClient, StreamqError
+from producer.connection import add_connection_options
+from producer.openai_params import (
+    chat_completion_response,
+    chat_request_to_submit_kwargs,
+    completion_request_to_submit_kwargs,
+    completion_response,
+)
+from producer.protocol import InvalidRequest
+
+ENDPOINTS: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[..., dict[str, Any]]]] = {
+    "/v1/completions": (completion_request_to_submit_kwargs, completion_response),
+    "/v1/chat/completions": (chat_request_to_submit_kwargs, chat_completion_response),
+}
+"""What each supported URL maps through: body to submit kwargs, Completion to response body."""
+
+_LINE_KEY = re.compile(r"line (\d+): ")
+"""Error lines of input lines without a custom_id start with their line number, so a
+re-run can tell they were already reported."""
+
+
+def batch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m producer batch",
+        description="Run an OpenAI batch file (as `vllm run-batch` reads) through streamq. Results are "
+        "appended to OUTPUT as they finish; a re-run skips the custom_ids OUTPUT already holds.",
+    )
+    parser.add_argument("input", type=Path, metavar="INPUT.jsonl")
+    parser.add_argument("output", type=Path, metavar="OUTPUT.jsonl")
+    parser.add_argument(
+        "--concurrency", type=int, default=64, help="requests queued or running at once (default: %(default)s)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (a summary line still ends)")
+    add_connection_options(parser)
+    return parser
+
+
+@dataclass
+class BatchLine:
+    """One input line: either a request to run or the reason it cannot run."""
+
+    key: str
+    """``custom_id``, or ``line N`` for a line without one."""
+    custom_id: str | None
+    url: str = ""
+    body: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def read_batch(text: str) -> Iterator[BatchLine]:
+    """Parse the input file's lines; malformed ones come back with ``error`` set."""
+    seen: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        line = _parse_line(number, raw)
+        if line.error is None and line.key in seen:
+            # Reported under its line number: the custom_id's output line is the first one's.
+            error = f"line {number}: duplicate custom_id {line.custom_id!r}: custom_ids must be unique in a batch"
+            line = BatchLine(f"line {number}", None, error=error)
+        seen.add(line.key)
+        yield line
+
+
+def _parse_line(number: int, raw: str) -> BatchLine:
+    where = f"line {number}"
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return BatchLine(where, None, error=f"{where}: not valid JSON: {exc}")
+    if not isinstance(obj, dict):
+        return BatchLine(where, None, error=f"{where}: must be a JSON object")
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str):
+        return BatchLine(where, None, error=f"{where}: custom_id must be a string")
+    line = BatchLine(custom_id, custom_id, url=str(obj.get("url")))
+    unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
+    if unknown:
+        line.error = f"unknown field(s) in the batch line: {', '.join(unknown)}"
+    elif obj.get("method") != "POST":
+        line.error = f"method must be POST, got {obj.get('method')!r}"
+    elif obj.get("url") not in ENDPOINTS:
+        line.error = f"URL {obj.get('url')!r} is not supported; supported: {', '.join(ENDPOINTS)}"
+    elif not isinstance(obj.get("body"), dict):
+        line.error = "body must be a JSON object"
+    elif obj["body"].get("stream"):
+        line.error = "a batch request must not be sent in stream mode"
+    else:
+        line.body = obj["body"]
+    return line
+
+
+def done_keys(output: Path) -> set[str]:
+    """Keys of the lines already in ``output``; a torn last line (a run killed while
+    writing it) is cut off so that appending goes on from a whole line."""
+    if not output.exists():
+        return set()
+    data = output.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        output.write_bytes(data)
+    keys: set[str] = set()
+    for raw in data.decode(errors="replace").splitlines():
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str):
+            keys.add(obj["custom_id"])
+        elif isinstance(obj, dict) and (match := _LINE_KEY.match(str(obj.get("error")))):
+            keys.add(f"line {match.group(1)}")
+    return keys
+
+
+def output_line(
+    custom_id: str | None, request_id: str, *, status: int, body: dict[str, Any] | None, error: str | None
+) -> dict[str, Any]:
+    """One output line, in ``vllm run-batch``'s shape."""
+    return {
+        "id": f"batch-{request_id}",
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": request_id, "body": body},
+        "error": error,
+    }
+
+
+class _TokensPerSecond(ProgressColumn):
+    """Completion tokens per second of the requests finished so far."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.finished_time if task.finished else task.elapsed
+        tokens = task.fields.get("tokens", 0)
+        rate = tokens / elapsed if elapsed else 0.0
+        return Text(f"{rate:,.0f} tok/s", style="progress.data.speed")
+
+
+class BatchRun:
+    """Runs the lines of one batch with at most ``concurrency`` requests outstanding."""
+
+    def __init__(self, client: StreamqClient, out: TextIO, progress: Progress, task_id: Any) -> None:
+        self.client = client
+        self.out = out
+        self.progress = progress
+        self.task_id = task_id
+        self.succeeded = 0
+        self.failed = 0
+        self.tokens = 0
+
+    def write(self, line: dict[str, Any], *, ok: bool, tokens: int = 0) -> None:
+        self.out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self.out.flush()
+        if ok:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        self.tokens += tokens
+        self.progress.update(self.task_id, advance=1, tokens=self.tokens)
+
+    async def run_line(self, line: BatchLine) -> None:
+        request_id = uuid.uuid4().hex
+        if line.error is not None or line.body is None:
+            self.write(output_line(line.custom_id, request_id, status=400, body=None, error=line.error), ok=False)
+            return
+        to_kwargs, to_response = ENDPOINTS[line.url]
+        try:
+            kwargs = to_kwargs(line.body)
+            handle = await self.client.submit(request_id=request_id, **kwargs)
+            handle.cancel_on_close = True  # an interrupted batch stops what it was running
+            try:
+                completion: Completion = await handle.result()
+            finally:
+                await handle.close()
+        except InvalidRequest as exc:
+            self.write(output_line(line.custom_id, request_id, status=400, body=None, error=str(exc)), ok=False)
+            return
+        except RequestError as exc:
+            status = 400 if exc.code == "invalid_request" else 500
+            error = f"{exc.code}: {exc.message}"
+            self.write(output_line(line.custom_id, request_id, status=status, body=None, error=error), ok=False)
+            return
+        except StreamqError as exc:  # a lost stream, a duplicate id: this request only
+            self.write(output_line(line.custom_id, request_id, status=500, body=None, error=str(exc)), ok=False)
+            return
+        model = str(line.body.get("model") or "streamq")
+        body = to_response(completion, model=model)
+        self.write(
+            output_line(line.custom_id, request_id, status=200, body=body, error=None),
+            ok=True,
+            tokens=completion.completion_tokens,
+        )
+
+
+async def run_batch(args: argparse.Namespace) -> int:
+    if args.concurrency < 1:
+        print("error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        text = args.input.read_text()
+    except OSError as exc:
+        print(f"error: cannot read {args.input}: {exc}", file=sys.stderr)
+        return 2
+    done = done_keys(args.output)
+    lines = list(read_batch(text))
+    todo = [line for line in lines if line.key not in done]
+    console = Console(stderr=True)
+    if len(todo) < len(lines):
+        console.print(f"{len(lines) - len(todo)} of {len(lines)} requests already in {args.output}; skipping them")
+    progress = Progress(
+        TextColumn("batch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        _TokensPerSecond(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=args.no_progress,
+    )
+    async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
+        with args.output.open("a", encoding="utf-8") as out, progress:
+            run = BatchRun(client, out, progress, progress.add_task("batch", total=len(todo), tokens=0))
+            slots = asyncio.Semaphore(args.concurrency)
+            tasks: set[asyncio.Task[None]] = set()
+            try:
+                for line in todo:
+                    await slots.acquire()
+                    task = asyncio.create_task(run.run_line(line))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    task.add_done_callback(lambda _: slots.release())
+                await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+    console.print(
+        f"{run.succeeded} succeeded, {run.failed} failed, {len(lines) - len(todo)} skipped; "
+        f"{run.tokens} completion tokens; results in {args.output}"
+    )
+    return 0 if run.failed == 0 else 1
+
+
+def main(argv: Sequence[str]) -> int:
+    args = batch_parser().parse_args(argv)
+    try:
+        return asyncio.run(run_batch(args))
+    except (StreamqError, RedisError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: finished requests are in the output; run again to do the rest", file=sys.stderr)
+        return 130

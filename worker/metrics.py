@@ -1,0 +1,106 @@
+"""Prometheus metrics of a worker, and the HTTP endpoint that serves them.
+
+Every metric streamq defines is here, so a dashboard author reads one module.
+They live in prometheus_client's default registry, the one vLLM's own engine
+metrics (``vllm:*``) register in, so one scrape of ``/metrics`` returns both.
+
+Latencies are measured inside the worker: time to first token from the moment
+the job started (queue wait is its own histogram), inter-token latency between
+successive chunks of one completion, publish latency per Redis round trip of the
+publisher. What a subscriber sees adds Redis and the network on top.
+
+The queue depth is a sample (``ZCARD`` of the queue every ``sample_interval_s``):
+jobs waiting plus jobs running, as arq keeps a job queued until it finishes. It
+is the same number on every worker of a queue; dashboards take the max.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Final
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+logger = logging.getLogger("streamq.worker")
+
+METRICS_PORT_ENV: Final = "STREAMQ_METRICS_PORT"
+DEFAULT_METRICS_PORT: Final = 9400
+
+# Buckets span a GPU's milliseconds to an overloaded CPU's seconds.
+_LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24)
+_QUEUE_WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+QUEUE_DEPTH = Gauge("streamq_queue_depth", "Jobs waiting or running in the queue (ZCARD), sampled", ["queue"])
+REQUESTS_IN_FLIGHT = Gauge("streamq_requests_in_flight", "Jobs this worker is running now")
+QUEUE_WAIT = Histogram(
+    "streamq_queue_wait_seconds", "From enqueue to the start of the job on this worker", buckets=_QUEUE_WAIT_BUCKETS
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "streamq_time_to_first_token_seconds",
+    "From the start of the job to its first chunk handed to the publisher",
+    buckets=_LATENCY_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "streamq_inter_token_latency_seconds",
+    "Between successive chunks of one completion (a chunk usually holds one token)",
+    buckets=_LATENCY_BUCKETS,
+)
+GENERATED_TOKENS = Counter("streamq_generated_tokens", "Tokens generated and published, all completions")
+CHUNKS = Counter("streamq_chunks", "Chunk events published")
+COMPLETIONS_FINISHED = Counter(
+    "streamq_completions_finished",
+    "Completions ended, by finish reason (a request with n=2 counts twice, as in vLLM)",
+    ["finish_reason"],
+)
+REQUEST_ERRORS = Counter("streamq_request_errors", "Requests that ended with an error event, by error code", ["code"])
+PUBLISH_SECONDS = Histogram(
+    "streamq_publish_seconds",
+    "From a batch's flush to its arrival in Redis (replay log + pub/sub): one round trip, more if Redis is retried",
+    buckets=_LATENCY_BUCKETS,
+)
+PUBLISH_BATCH_EVENTS = Histogram(
+    "streamq_publish_batch_events", "Events carried by one publisher round trip", buckets=_BATCH_BUCKETS
+)
+
+for _code in ("invalid_request", "worker_lost", "internal"):
+    REQUEST_ERRORS.labels(code=_code)  # present at 0 from the start, so rate() sees the first one
+for _reason in ("stop", "length", "cancelled", "timeout", "queue_timeout"):
+    COMPLETIONS_FINISHED.labels(finish_reason=_reason)
+
+
+def metrics_port_from_env() -> int:
+    """``$STREAMQ_METRICS_PORT`` or the default; 0 turns the endpoint off."""
+    return int(os.environ.get(METRICS_PORT_ENV, DEFAULT_METRICS_PORT))
+
+
+def serve_metrics(port: int, addr: str = "0.0.0.0") -> Any | None:
+    """Serve ``/metrics`` on ``port`` from a background thread; returns the server
+    (``shutdown()`` stops it), or ``None`` when ``port`` is 0 or taken.
+
+    A taken port only costs the metrics: the worker still serves tokens, which
+    matters more than its numbers (and says so in its log).
+    """
+    if port == 0:
+        return None
+    try:
+        server, _thread = start_http_server(port, addr=addr)
+    except OSError as exc:
+        logger.warning("metrics endpoint not started: port %d: %s", port, exc)
+        return None
+    logger.info("metrics on http://%s:%d/metrics", addr, port)
+    return server
+
+
+async def sample_queue_depth(redis: Any, queue: str, *, sample_interval_s: float = 1.0) -> None:
+    """Keep ``streamq_queue_depth`` current until cancelled; a Redis outage only
+    pauses it (the worker's poll loop reports that)."""
+    gauge = QUEUE_DEPTH.labels(queue=queue)
+    while True:
+        try:
+            gauge.set(await redis.zcard(queue))
+        except Exception as exc:  # Redis restarting: try again next time
+            logger.debug("queue depth sample failed: %s", exc)
+        await asyncio.sleep(sample_interval_s)
