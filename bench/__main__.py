@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="record path (b)'s worker (with its engine core) and the scale-out's worker 0 with py-spy "
         "(perturbs their figures; use a separate run)",
     )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=8,
+        help="also run path (b) with a chunk every N tokens (vLLM's stream_interval); 0 to skip (default %(default)s)",
+    )
     group = parser.add_argument_group("scale-out (synthetic engine)")
     group.add_argument(
         "--scale-out-workers",
@@ -139,6 +145,7 @@ def main() -> None:
         results_dir=str(args.results_dir),
         run_id=run_id,
         profile=args.profile,
+        stream_interval=args.stream_interval,
     )
     started = time.monotonic()
     results: list[PathResult] = []

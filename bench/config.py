@@ -36,6 +36,7 @@ class BenchConfig:
     results_dir: str
     run_id: str  # names this run's files in results_dir
     profile: bool = False  # record path (b)'s worker with py-spy (perturbs its figures)
+    stream_interval: int = 8  # path (b) again with a chunk every this many tokens; 0: skip
 
     def prompts_for(self, concurrency: int) -> int:
         """Requests sent at ``concurrency``: at least 16 waves, at least 64 requests,

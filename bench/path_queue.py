@@ -25,10 +25,15 @@ from producer.protocol import ChunkEvent, ErrorEvent
 
 
 async def measure(config: BenchConfig, redis_url: str, worker: WorkerProcess) -> list[PathResult]:
+    """Every token as a chunk ("b"), then, if configured, a chunk every
+    ``config.stream_interval`` tokens ("b-interval"; its ITL is between chunks)."""
     async with await StreamqClient.connect(redis_url) as client:
+        interval: dict[str, int] = {}
 
         async def stream(prompt: Prompt) -> AsyncIterator[int]:
-            handle = await client.submit(prompt.text, max_tokens=prompt.output_len, ignore_eos=True, temperature=0)
+            handle = await client.submit(
+                prompt.text, max_tokens=prompt.output_len, ignore_eos=True, temperature=0, **interval
+            )
             async for event in handle:
                 if isinstance(event, ChunkEvent):
                     yield len(event.token_ids)
@@ -43,7 +48,11 @@ async def measure(config: BenchConfig, redis_url: str, worker: WorkerProcess) ->
                 assert worker.process is not None
                 out = Path(config.results_dir) / f"{config.run_id}-b-worker.pyspy.txt"
                 stack.enter_context(PySpyRecording(worker.process.pid, out))
-            return await measure_levels("b", stream, prompts_for, config.concurrencies)
+            results = await measure_levels("b", stream, prompts_for, config.concurrencies)
+            if config.stream_interval > 1:
+                interval["stream_interval"] = config.stream_interval
+                results += await measure_levels("b-interval", stream, prompts_for, config.concurrencies)
+            return results
 
 
 def main() -> None:

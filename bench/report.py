@@ -11,7 +11,12 @@ from typing import Any
 from bench.metrics import PathResult
 from bench.scale_out import ScaleOutResult
 
-PATH_NAMES = {"a": "(a) bare AsyncLLM", "b": "(b) streamq", "c": "(c) vllm serve"}
+PATH_NAMES = {
+    "a": "(a) bare AsyncLLM",
+    "b": "(b) streamq",
+    "b-interval": "(b) streamq, stream_interval",
+    "c": "(c) vllm serve",
+}
 
 
 def ratio_to_engine(results: Sequence[PathResult]) -> dict[tuple[str, int], float | None]:

@@ -95,6 +95,9 @@ class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     repetition_penalty: float | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    stream_interval: int | None = None
+    """Send a chunk every this many tokens (the first and last at once) instead of every
+    token: less work per token for consumers that do not need each one."""
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that were set, ready for ``SamplingParams(**...)``."""

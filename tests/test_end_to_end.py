@@ -84,6 +84,24 @@ async def test_deltas_decode_to_the_streamed_text(client: StreamqClient, tiny_mo
     assert set(decoded[len(completion.text) :]) <= {"\ufffd"}
 
 
+async def test_stream_interval_sends_fewer_bigger_chunks_of_the_same_text(
+    client: StreamqClient, redis_url: str, request_id: str
+) -> None:
+    every_token = await (await client.submit(PROMPTS[0], max_tokens=32, ignore_eos=True, temperature=0.0)).result()
+    events = await capture_events(
+        redis_url,
+        request_id,
+        lambda: client.submit(
+            PROMPTS[0], request_id=request_id, max_tokens=32, ignore_eos=True, temperature=0.0, stream_interval=8
+        ),
+    )
+    assert_well_formed(events, request_id)
+    sizes = [len(e["token_ids"]) for e in events[:-1]]
+    assert sizes[0] == 1  # the first token is not held back
+    assert all(size >= 8 for size in sizes[1:-1]) and sum(sizes) == 32
+    assert "".join(e["text"] for e in events[:-1]) == every_token.text
+
+
 async def test_32_concurrent_prompts_all_complete(client: StreamqClient) -> None:
     handles = [await client.submit(f"{PROMPTS[i % 3]} {i}", max_tokens=16, ignore_eos=True) for i in range(32)]
     completions = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), timeout=180)
