@@ -114,4 +114,3 @@ async def test_queue_depth_gauge_follows_the_queue(worker: WorkerProcess, raw_re
     expected = await raw_redis.zcard(worker.queue)
     await wait_for(lambda: scrape(worker).get(gauge) == expected)
     assert scrape(worker).get(gauge) == expected
-
