@@ -56,6 +56,15 @@ def submit_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--request-id", action="append", default=None, help="request id of each prompt, in order (default: random ids)"
     )
+    parser.add_argument(
+        "--model", default=None, help="send to the queue of the live workers serving this model (default: --queue)"
+    )
+    parser.add_argument(
+        "--max-queue-depth",
+        type=int,
+        default=None,
+        help="fail instead of enqueueing when the queue already holds this many jobs (default: no limit)",
+    )
     return parser
 
 
@@ -143,10 +152,15 @@ async def run_submit(args: argparse.Namespace) -> int:
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     sampling = {k: v for k, v in sampling.items() if v is not None}
     ids = args.request_id or [None] * len(args.prompts)
-    async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
+    if args.max_queue_depth is not None and args.max_queue_depth < 0:
+        print("error: --max-queue-depth must be >= 0", file=sys.stderr)
+        return 2
+    async with await StreamqClient.connect(
+        args.redis_url, queue=args.queue, max_queue_depth=args.max_queue_depth
+    ) as client:
         try:
             handles = [
-                await client.submit(prompt, request_id=rid, **sampling)
+                await client.submit(prompt, request_id=rid, model=args.model, **sampling)
                 for prompt, rid in zip(args.prompts, ids, strict=True)
             ]
         except (InvalidRequest, StreamqError) as exc:
