@@ -55,3 +55,11 @@ def test_producer_example_runs_the_cli(compose_config: dict[str, Any]) -> None:
     producer = compose_config["services"]["producer"]
     assert producer["entrypoint"] == ["python", "-m", "producer"]
     assert producer["environment"]["REDIS_URL"] == "redis://redis:6379"
+
+
+def test_gateway_serves_the_openai_api_with_a_health_check(compose_config: dict[str, Any]) -> None:
+    gateway = compose_config["services"]["gateway"]
+    assert gateway["command"][:3] == ["python", "-m", "producer.gateway"]
+    assert gateway["environment"]["REDIS_URL"] == "redis://redis:6379"
+    assert "/health" in " ".join(gateway["healthcheck"]["test"])
+    assert gateway["restart"] == "unless-stopped"
