@@ -54,13 +54,14 @@ def wait_healthy(server: subprocess.Popen[bytes], port: int, log_path: Path, tim
         time.sleep(0.5)
 
 
-def bench_serve(config: BenchConfig, port: int, concurrency: int) -> PathResult:
-    """One ``vllm bench serve`` invocation; its saved JSON as a table row."""
+def bench_serve(config: BenchConfig, port: int, concurrency: int, *, path: str = "c") -> PathResult:
+    """One ``vllm bench serve`` invocation against the OpenAI server on ``port``;
+    its saved JSON as a table row of ``path``."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     result_dir = Path(config.results_dir)
-    filename = f"{config.run_id}-c-vllm-bench-serve-c{concurrency}.json"
+    filename = f"{config.run_id}-{path}-vllm-bench-serve-c{concurrency}.json"
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args(
@@ -107,7 +108,7 @@ def bench_serve(config: BenchConfig, port: int, concurrency: int) -> PathResult:
     main(args)
     saved = json.loads((result_dir / filename).read_text())
     return PathResult(
-        path="c",
+        path=path,
         concurrency=concurrency,
         num_prompts=int(saved["completed"]),
         duration_s=float(saved["duration"]),
@@ -120,6 +121,20 @@ def bench_serve(config: BenchConfig, port: int, concurrency: int) -> PathResult:
     )
 
 
+def bench_serve_levels(config: BenchConfig, port: int, path: str) -> list[PathResult]:
+    """``bench_serve`` at every concurrency of the run, printing each row."""
+    results = []
+    for concurrency in config.concurrencies:
+        result = bench_serve(config, port, concurrency, path=path)
+        print(
+            f"[{path}] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
+            f"ITL p50 {result.itl_p50_ms:.2f} ms",
+            flush=True,
+        )
+        results.append(result)
+    return results
+
+
 def main() -> None:
     config, out = parse_path_args(__doc__.splitlines()[0])
     port = free_port()
@@ -127,16 +142,7 @@ def main() -> None:
     server = start_server(config, port, log_path)
     try:
         wait_healthy(server, port, log_path)
-        results = []
-        for concurrency in config.concurrencies:
-            result = bench_serve(config, port, concurrency)
-            print(
-                f"[c] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
-                f"ITL p50 {result.itl_p50_ms:.2f} ms",
-                flush=True,
-            )
-            results.append(result)
-        write_results(out, results)
+        write_results(out, bench_serve_levels(config, port, "c"))
     finally:
         server.terminate()
         try:

@@ -16,6 +16,7 @@ PATH_NAMES = {
     "b": "(b) streamq",
     "b-interval": "(b) streamq, stream_interval",
     "c": "(c) vllm serve",
+    "d": "(d) streamq gateway",
 }
 
 

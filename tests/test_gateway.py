@@ -16,11 +16,11 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
+from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from producer.protocol import WorkerRegistration
 from producer.registry import WorkerRegistry
-from tests.gateway_process import GatewayProcess
 
 pytestmark = pytest.mark.engine
 

@@ -16,12 +16,12 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
+from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import NoLiveWorker, QueueFull, StreamqClient, UnknownModel
 from producer.protocol import JOB_KEY_PREFIX, WorkerRegistration
 from producer.registry import WorkerRegistry
 from tests.conftest import MAX_MODEL_LEN
-from tests.gateway_process import GatewayProcess
 
 pytestmark = pytest.mark.engine
 

@@ -1,4 +1,4 @@
-"""``python -m producer.gateway`` as a real process, for the tests that talk HTTP to it."""
+"""``python -m producer.gateway`` as a real process, for the tests and the benchmark."""
 
 from __future__ import annotations
 
