@@ -127,7 +127,7 @@ def run_path(path: str, config: BenchConfig) -> list[PathResult]:
         assert child.stdout is not None
         for line in child.stdout:
             log.write(line)
-            if line.startswith(f"[{path}]") or line.startswith("top ") or "samples on CPU" in line:
+            if line.startswith(f"[{path}") or line.startswith("top ") or "samples on CPU" in line:
                 print(line, end="", flush=True)
     if child.wait() != 0:
         raise SystemExit(f"path ({path}) failed with exit code {child.returncode}; see {log_path}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 import redis.asyncio as aioredis
 
 from devkit.gateway_process import GatewayProcess
@@ -270,6 +272,40 @@ async def test_resume_needs_a_known_named_request(gateway: GatewayProcess, model
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's, on importing vLLM's benchmark
+def scrape(gateway: GatewayProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The gateway's /metrics as {(sample name, sorted labels): value}."""
+    text = httpx.get(gateway.url + "/metrics", timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_requests_by_status_and_time_the_first_event(
+    gateway: GatewayProcess, sdk: openai.OpenAI, model: str
+) -> None:
+    ok = ("streamq_gateway_requests_total", (("endpoint", "/v1/completions"), ("status", "200")))
+    not_found = ("streamq_gateway_requests_total", (("endpoint", "/v1/completions"), ("status", "404")))
+    first_events = ("streamq_gateway_time_to_first_event_seconds_count", ())
+    before = scrape(gateway)
+
+    sdk.completions.create(model=model, prompt=PROMPT, max_tokens=2)
+    list(sdk.completions.create(model=model, prompt=PROMPT, max_tokens=2, stream=True))
+    with pytest.raises(openai.NotFoundError):
+        sdk.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
+
+    after = scrape(gateway)
+    assert after[ok] - before.get(ok, 0) == 2
+    assert after[not_found] - before.get(not_found, 0) == 1
+    assert after[first_events] - before.get(first_events, 0) == 1  # the streamed one
+    in_progress = ("streamq_gateway_requests_in_progress", ())
+    deadline = time.monotonic() + 10  # the server closes a stream just after its client read [DONE]
+    while scrape(gateway)[in_progress] != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scrape(gateway)[in_progress] == 0
+
+
 def test_vllm_bench_serve_runs_against_the_gateway(gateway: GatewayProcess, model: str, tmp_path: Path) -> None:
     from bench.config import BenchConfig
     from bench.path_serve import bench_serve

@@ -23,6 +23,14 @@ def test_prometheus_scrapes_every_worker_replica_on_the_metrics_port() -> None:
     ]
 
 
+def test_prometheus_scrapes_every_gateway_replica_on_its_api_port() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "streamq-gateway")
+    gateway = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["gateway"]
+    port = int(gateway["command"][gateway["command"].index("--port") + 1])
+    assert job["dns_sd_configs"] == [{"names": ["gateway"], "type": "A", "port": port, "refresh_interval": "10s"}]
+
+
 def test_compose_runs_prometheus_with_that_config() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     prometheus = compose["services"]["prometheus"]

@@ -18,7 +18,8 @@ from producer.gateway.app import create_app
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m producer.gateway",
-        description="OpenAI-compatible HTTP gateway: /v1/completions, /v1/chat/completions, /v1/models, /health. "
+        description="OpenAI-compatible HTTP gateway: /v1/completions, /v1/chat/completions, /v1/models, /health, "
+        "/metrics. "
         "Requests are routed by model to the queues of live workers.",
     )
     parser.add_argument(

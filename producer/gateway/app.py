@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from producer.client import RequestError, RequestHandle, StreamqClient
 from producer.connection import DEFAULT_REDIS_URL
+from producer.gateway import metrics
 from producer.gateway.disconnect import ClientGone, EventStreamResponse, until_disconnected
 from producer.gateway.errors import ApiError, api_error_for, bad_request
 from producer.gateway.params import parse_body
@@ -74,6 +75,10 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
             entry["workers"] = entry.get("workers", 0) + 1
         return JSONResponse({"object": "list", "data": list(seen.values())})
 
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _respond(request, chat=False)
@@ -86,17 +91,26 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
 
 
 async def _respond(request: Request, *, chat: bool) -> Response:
-    """One completion request, every failure mapped to OpenAI's error shape."""
+    """One completion request, every failure mapped to OpenAI's error shape, counted
+    in the gateway's metrics (a stream stays in progress until it closes)."""
+    metrics.IN_PROGRESS.inc()
+    response: Response | None = None
     try:
-        return await _generate(request, chat=chat)
+        response = await _generate(request, chat=chat)
     except ClientGone:
-        return Response(status_code=499)  # nobody is listening any more
+        response = Response(status_code=499)  # nobody is listening any more
     except Exception as exc:
-        return api_error_for(exc).response()
+        response = api_error_for(exc).response()
+    finally:
+        if not isinstance(response, EventStreamResponse):
+            metrics.IN_PROGRESS.dec()
+    metrics.REQUESTS.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
+    return response
 
 
 async def _generate(request: Request, *, chat: bool) -> Response:
     client: StreamqClient = request.app.state.client
+    arrived = time.monotonic()
     try:
         body = json.loads(await request.body())
     except ValueError:
@@ -127,13 +141,19 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         # Wait for the first event before answering, so that parameters vLLM refuses
         # still get a 400 rather than an error inside a 200 stream.
         first = await until_disconnected(request.receive, _next(events))
+        metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
         if isinstance(first, ErrorEvent):
             raise RequestError(handle.request_id, first.code, first.message)
     except BaseException:
         await handle.close()
         raise
     encoder = StreamEncoder(shape, include_usage=params.include_usage, event_ids=named is not None)
-    return EventStreamResponse(_sse(encoder, first, events), headers=headers, on_close=handle.close)
+
+    async def close() -> None:
+        metrics.IN_PROGRESS.dec()
+        await handle.close()
+
+    return EventStreamResponse(_sse(encoder, first, events), headers=headers, on_close=close)
 
 
 async def _resume(
