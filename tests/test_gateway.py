@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
