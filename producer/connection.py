@@ -4,14 +4,17 @@ Used by both sides so that a Redis restart or failover of a few seconds is a pau
 not a crash: every command is retried with exponential backoff (about 20 s in all)
 before an error surfaces. ``rediss://`` URLs (TLS) may name their CA and
 verification mode in the query: ``rediss://host:6380?ssl_ca_certs=/ca.pem``,
-``&ssl_cert_reqs=none|optional|required``.
+``&ssl_cert_reqs=none|optional|required``. A highly available Redis is reached
+through its Sentinels: ``redis+sentinel://[user:password@]host:26379,host2:26379/mymaster``
+(the password is the master's; the path names the monitored master, ``mymaster`` if
+absent), so workers and producers follow a failover on their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from arq.connections import RedisSettings
 from redis.asyncio.retry import Retry
@@ -22,6 +25,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from producer.protocol import DEFAULT_QUEUE
 
 DEFAULT_REDIS_URL = "redis://localhost:6379"
+SENTINEL_SCHEME = "redis+sentinel"
+DEFAULT_SENTINEL_PORT = 26379
 
 
 def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -41,6 +46,8 @@ def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentG
 
 def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> RedisSettings:
     """arq ``RedisSettings`` for ``url``, with retries on connection errors."""
+    if url.startswith(SENTINEL_SCHEME + "://"):
+        return _sentinel_settings(url)
     settings = RedisSettings.from_dsn(url)
     query = parse_qs(urlparse(url).query)
     if "ssl_ca_certs" in query:
@@ -52,3 +59,25 @@ def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> RedisSettings:
     settings.retry_on_timeout = True
     settings.conn_retries = 20  # at start-up: Redis may come up after the worker
     return settings
+
+
+def _sentinel_settings(url: str) -> RedisSettings:
+    """``redis+sentinel://[user:password@]host[:port],host2[:port]/master``."""
+    rest = url.removeprefix(SENTINEL_SCHEME + "://")
+    netloc, _, path = rest.partition("/")
+    credentials, _, hosts = netloc.rpartition("@")
+    username, _, password = credentials.partition(":")
+    sentinels: list[tuple[str, int]] = []
+    for address in hosts.split(","):
+        host, _, port = address.partition(":")
+        if not host:
+            raise ValueError(f"{url!r}: a Sentinel address is empty")
+        sentinels.append((host, int(port) if port else DEFAULT_SENTINEL_PORT))
+    return RedisSettings(
+        host=sentinels,
+        sentinel=True,
+        sentinel_master=unquote(path.strip("/")) or "mymaster",
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        conn_retries=20,
+    )
