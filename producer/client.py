@@ -290,6 +290,11 @@ class StreamqClient:
     async def close(self) -> None:
         await self.subscriber.close()
         await self.redis.aclose()
+        # Through Sentinel, the pool also holds connections to the Sentinels themselves,
+        # which closing the master's client leaves open.
+        sentinels = getattr(getattr(self.redis.connection_pool, "sentinel_manager", None), "sentinels", ())
+        for sentinel in sentinels:
+            await sentinel.aclose()
 
     async def submit(
         self,
@@ -325,7 +330,10 @@ class StreamqClient:
             }
         )
         queue = self.queue if model is None else await self.queue_for(model)
-        handle = await self._subscribe(request.request_id, next_seq=0, job_queue=queue)
+        # Subscribe and enqueue at once: the job can start one round trip sooner. What
+        # is published before the subscription holds is in the replay log, read right
+        # after; the handle merges both without gap or duplicate.
+        subscribing = asyncio.ensure_future(self._subscribe(request.request_id, next_seq=0, job_queue=queue))
         try:
             now_ms = int(time.time() * 1000)
             job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
@@ -341,10 +349,16 @@ class StreamqClient:
                 limit,
             ]
             outcome = await self._enqueue_script(keys=keys, args=args)
+        except BaseException:
+            await _close_when_subscribed(subscribing)
+            raise
+        handle = await subscribing
+        try:
             if outcome == 0:
                 raise DuplicateRequest(f"request id {request.request_id!r} is already in use")
             if outcome == -1:
                 raise QueueFull(f"queue {queue} already holds {limit} jobs (its limit): try again later")
+            await handle._replay()
         except BaseException:
             await handle.close()
             raise
@@ -406,3 +420,12 @@ class StreamqClient:
     async def queue_depth(self) -> int:
         """Jobs waiting or running on this client's queue (the autoscaling signal)."""
         return int(await self.redis.zcard(self.queue))
+
+
+async def _close_when_subscribed(subscribing: asyncio.Future[RequestHandle]) -> None:
+    """Close the handle that a failed ``submit`` was subscribing for."""
+    try:
+        handle = await subscribing
+    except Exception:
+        return  # the subscription failed too: nothing to close
+    await handle.close()
