@@ -18,6 +18,8 @@ from devkit.redis_server import RedisServer
 from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
+from producer.protocol import WorkerRegistration
+from producer.registry import WorkerRegistry
 
 MAX_MODEL_LEN = 1024
 
@@ -76,3 +78,15 @@ async def raw_redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 def request_id() -> str:
     return f"test-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+async def parked_model(raw_redis: aioredis.Redis) -> AsyncIterator[WorkerRegistration]:
+    """A model registered by a 'worker' that never takes jobs: its requests stay queued."""
+    name = f"parked-{uuid.uuid4().hex[:8]}"
+    registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
+    registry = WorkerRegistry(raw_redis)
+    await registry.register(registration, ttl_ms=600_000)
+    yield registration
+    await registry.unregister(registration)
+    await raw_redis.delete(registration.queue)

@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +45,6 @@ def model(tiny_model: Path) -> str:
 @pytest.fixture
 def sdk(gateway: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture
-async def parked_model(raw_redis: aioredis.Redis) -> AsyncIterator[WorkerRegistration]:
-    """A model registered by a 'worker' that never takes jobs: its requests stay queued."""
-    name = f"parked-{uuid.uuid4().hex[:8]}"
-    registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
-    registry = WorkerRegistry(raw_redis)
-    await registry.register(registration, ttl_ms=600_000)
-    yield registration
-    await registry.unregister(registration)
 
 
 def sse_events(lines: list[str]) -> list[dict[str, str]]:

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -20,7 +20,6 @@ from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import NoLiveWorker, QueueFull, StreamqClient, UnknownModel
 from producer.protocol import JOB_KEY_PREFIX, WorkerRegistration
-from producer.registry import WorkerRegistry
 from tests.conftest import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine
@@ -47,18 +46,6 @@ def gateway(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> 
     process = GatewayProcess(worker.redis_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
-
-
-@pytest.fixture
-async def parked_queue(raw_redis: aioredis.Redis) -> AsyncIterator[WorkerRegistration]:
-    """A model registered by a 'worker' that never takes jobs: its requests stay queued."""
-    name = f"parked-{uuid.uuid4().hex[:8]}"
-    registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
-    registry = WorkerRegistry(raw_redis)
-    await registry.register(registration, ttl_ms=600_000)
-    yield registration
-    await registry.unregister(registration)
-    await raw_redis.delete(registration.queue)
 
 
 def run_producer(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -124,25 +111,25 @@ async def test_submit_to_a_model_nobody_ever_served_is_refused(client: StreamqCl
 
 
 async def test_a_full_queue_refuses_at_once_and_stores_nothing(
-    worker: WorkerProcess, parked_queue: WorkerRegistration
+    worker: WorkerProcess, parked_model: WorkerRegistration
 ) -> None:
     async with await StreamqClient.connect(worker.redis_url, max_queue_depth=2) as client:
-        handles = [await client.submit("Hello", model=parked_queue.model) for _ in range(2)]
+        handles = [await client.submit("Hello", model=parked_model.model) for _ in range(2)]
         refused_id = f"refused-{uuid.uuid4().hex}"
         with pytest.raises(QueueFull, match="limit"):
-            await client.submit("Hello", model=parked_queue.model, request_id=refused_id)
-        assert await client.redis.zcard(parked_queue.queue) == 2
+            await client.submit("Hello", model=parked_model.model, request_id=refused_id)
+        assert await client.redis.zcard(parked_model.queue) == 2
         assert not await client.redis.exists(JOB_KEY_PREFIX + refused_id)
         assert await handles[0].cancel() == "queued"  # room again for one
-        await client.submit("Hello", model=parked_queue.model)
-        assert await client.redis.zcard(parked_queue.queue) == 2
+        await client.submit("Hello", model=parked_model.model)
+        assert await client.redis.zcard(parked_model.queue) == 2
 
 
-def test_cli_max_queue_depth(worker: WorkerProcess, parked_queue: WorkerRegistration) -> None:
-    result = run_producer(worker.redis_url, "--queue", parked_queue.queue, "--max-queue-depth", "0", "Hello")
+def test_cli_max_queue_depth(worker: WorkerProcess, parked_model: WorkerRegistration) -> None:
+    result = run_producer(worker.redis_url, "--queue", parked_model.queue, "--max-queue-depth", "0", "Hello")
     assert result.returncode == 1
-    assert f"queue {parked_queue.queue} already holds 0 jobs" in result.stderr
-    assert asyncio.run(_zcard(worker.redis_url, parked_queue.queue)) == 0
+    assert f"queue {parked_model.queue} already holds 0 jobs" in result.stderr
+    assert asyncio.run(_zcard(worker.redis_url, parked_model.queue)) == 0
 
 
 async def _zcard(redis_url: str, key: str) -> int:
