@@ -123,7 +123,8 @@ class ReplayLog:
             args += [entry_id(seq), attempt, payload]
         skipped, *superseded = await self._append_script(keys=keys, args=args)
         prefix = len(EVENTS_CHANNEL_PREFIX)
-        return Appended(int(skipped), frozenset(key.decode()[prefix:] for key in superseded))
+        keys_out = (key.decode() if isinstance(key, bytes) else key for key in superseded)
+        return Appended(int(skipped), frozenset(key[prefix:] for key in keys_out))
 
     async def take_over(self, request_id: str, attempt: int) -> list[bytes]:
         """Make ``attempt`` the request's owner, so that older attempts still running
