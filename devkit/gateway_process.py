@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from devkit.redis_server import free_port
+from devkit.worker_process import tail
 
 
 class GatewayProcess:
@@ -51,4 +52,4 @@ class GatewayProcess:
         return 0 if code == -signal.SIGTERM else code
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return tail(self.log_path, lines)

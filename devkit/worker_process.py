@@ -133,7 +133,12 @@ class WorkerProcess:
         self.process.wait()
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log_path, lines)
+
+
+def tail(log_path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a process's log, for error messages."""
+    try:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -386,12 +386,12 @@ class StreamqClient:
     async def queue_for(self, model: str) -> str:
         """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``."""
         routes = await self.routes()
-        queue = routes.live_models().get(model)
-        if queue is not None:
-            return queue
+        live_models = routes.live_models()
+        if model in live_models:
+            return live_models[model]
         if model in routes.known_models:
             raise NoLiveWorker(f"no live worker serves model {model!r} now")
-        live = ", ".join(sorted(routes.live_models())) or "none"
+        live = ", ".join(sorted(live_models)) or "none"
         raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
 
     async def exists(self, request_id: str) -> bool:
@@ -409,8 +409,8 @@ class StreamqClient:
         reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
         outcome = cast(CancelOutcome, reply.decode() if isinstance(reply, bytes) else reply)
         if outcome == "queued":  # no worker will ever run it: end its stream here
-            logged = await self.log.read(request_id)
-            next_seq = decode_event(logged[-1]).seq + 1 if logged else 0
+            last = await self.log.last(request_id)
+            next_seq = decode_event(last).seq + 1 if last is not None else 0
             final = FinalEvent(
                 request_id=request_id, seq=next_seq, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0
             )

@@ -32,15 +32,20 @@ DEFAULT_SENTINEL_PORT = 26379
 def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--redis-url`` and ``--queue``, defaulting to ``$REDIS_URL`` and ``$STREAMQ_QUEUE``:
     the same spelling and environment on both sides of the queue."""
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
-    )
+    add_redis_url_option(parser)
     parser.add_argument(
         "--queue",
         default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
         help="the queue (default: $STREAMQ_QUEUE or %(default)s)",
+    )
+
+
+def add_redis_url_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--redis-url``, defaulting to ``$REDIS_URL``: every command that reaches Redis."""
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
     )
 
 

@@ -138,6 +138,11 @@ class ReplayLog:
         entries = await self._redis.xrange(events_channel(request_id), min=entry_id(from_seq), max="+")
         return [fields[b"event"] for _, fields in entries]
 
+    async def last(self, request_id: str) -> bytes | None:
+        """The newest logged event of ``request_id``, or ``None`` when nothing is logged."""
+        entries = await self._redis.xrevrange(events_channel(request_id), count=1)
+        return entries[0][1][b"event"] if entries else None
+
 
 def _field(flat: list[bytes], name: bytes) -> bytes:
     """A field of a stream entry as a Lua script returns it: [name, value, ...]."""

@@ -88,13 +88,12 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     ctx["state"] = WorkerState(ctx["cancels"])
     ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
     ctx["metrics_server"] = metrics.serve_metrics(ctx.get("metrics_port", metrics.metrics_port_from_env()))
-    sampled_queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
+    queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
     ctx["queue_depth_sampler"] = asyncio.create_task(
-        metrics.sample_queue_depth(ctx["redis"], sampled_queue), name="queue-depth-sampler"
+        metrics.sample_queue_depth(ctx["redis"], queue), name="queue-depth-sampler"
     )
     # Last: once registered, producers route this model's requests here.
     model, max_model_len = served_model_name(ctx["engine"])
-    queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
     ctx["presence"] = Presence(ctx["redis"], model=model, queue=queue, max_model_len=max_model_len)
     await ctx["presence"].start()
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from producer.connection import DEFAULT_REDIS_URL
+from producer.connection import add_redis_url_option
 from producer.gateway.app import create_app
 
 
@@ -22,11 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/metrics. "
         "Requests are routed by model to the queues of live workers.",
     )
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
-    )
+    add_redis_url_option(parser)
     parser.add_argument("--host", default=os.environ.get("STREAMQ_GATEWAY_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("STREAMQ_GATEWAY_PORT", "8000")))
     parser.add_argument(

@@ -28,7 +28,7 @@ from producer.gateway.errors import ApiError, api_error_for, bad_request
 from producer.gateway.params import parse_body
 from producer.gateway.responses import DONE, ResponseShape, StreamEncoder
 from producer.openai_params import chat_completion_response, completion_response
-from producer.protocol import TERMINAL_EVENTS, ErrorEvent, Event, decode_event, events_channel, is_valid_request_id
+from producer.protocol import TERMINAL_EVENTS, ErrorEvent, Event, decode_event, is_valid_request_id
 
 REQUEST_ID_HEADER = "x-streamq-request-id"
 """Names a request (and makes it resumable); the response always carries ``x-request-id``."""
@@ -175,9 +175,9 @@ async def _resume(
         raise bad_request("Last-Event-ID must be an event id (-1 for the whole stream)", param="Last-Event-ID")
     if not await client.exists(named):
         raise ApiError(404, f"no request {named!r} to resume (unknown, or its log expired)", code="request_not_found")
-    newest = await client.redis.xrevrange(events_channel(named), count=1)
-    if newest:
-        last = decode_event(newest[0][1][b"event"])
+    newest = await client.log.last(named)
+    if newest is not None:
+        last = decode_event(newest)
         if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
             return None
     return await client.follow(named, from_seq=last_seq + 1)
