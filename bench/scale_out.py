@@ -127,7 +127,7 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
                     "--out",
                     str(out),
                 ]
-                clients.append((subprocess.Popen(command, env=env), out))
+                clients.append((subprocess.Popen(command, env=env, start_new_session=True), out))
             roles = {f"worker{i}": w.process.pid for i, w in enumerate(processes) if w.process is not None}
             roles["redis"] = redis_server.process.pid
             roles.update({f"subscriber{i}": c.pid for i, (c, _) in enumerate(clients)})

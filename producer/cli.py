@@ -80,7 +80,11 @@ def tail_parser() -> argparse.ArgumentParser:
 
 
 def cancel_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m producer cancel", description="Cancel a request.")
+    parser = argparse.ArgumentParser(
+        prog="python -m producer cancel",
+        description="Cancel a request: a running one wherever it runs, a queued one on any model's queue "
+        "(--queue is looked at first; it need not be given).",
+    )
     parser.add_argument("request_id")
     _common_options(parser)
     return parser

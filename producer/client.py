@@ -23,15 +23,18 @@ from types import TracebackType
 from typing import Any, Literal, cast
 
 import msgspec
-from arq.connections import ArqRedis, create_pool
+from arq.connections import ArqRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
+from producer.connection import DEFAULT_REDIS_URL, create_pool, redis_settings_for
 from producer.protocol import (
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
     IN_PROGRESS_PREFIX,
     JOB_FUNCTION,
     JOB_KEY_PREFIX,
+    MODELS_KEY,
     RESULT_KEY_PREFIX,
     TERMINAL_EVENTS,
     WAKEUP_CHANNEL,
@@ -42,7 +45,6 @@ from producer.protocol import (
     FinalEvent,
     decode_event,
     deserialize_job,
-    encode_event,
     events_channel,
     parse_request,
     serialize_job,
@@ -52,35 +54,52 @@ from producer.replay import ReplayLog
 from producer.subscriber import Delivery, EventSubscriber, Resync
 
 # Atomically: a running job is told to stop (every worker hears the channel; the one
-# running it cancels it); a queued one is taken off the queue before any worker can.
+# running it cancels it); a queued one is taken off its queue before any worker can.
+# The queue is looked for among KEYS[4...] (the caller's guesses), then on every queue
+# a model was ever registered on (KEYS[3], the models hash), so a caller need not know
+# which. (Those queue names come from Redis itself: fine on one Redis, which arq needs.)
 _CANCEL = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('PUBLISH', ARGV[2], ARGV[1])
   return 'running'
 end
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
-  redis.call('DEL', KEYS[3])
-  return 'queued'
+local queues = {unpack(KEYS, 4)}
+for _, queue in ipairs(redis.call('HVALS', KEYS[3])) do
+  queues[#queues + 1] = queue
+end
+for _, queue in ipairs(queues) do
+  if redis.call('ZREM', queue, ARGV[1]) == 1 then
+    redis.call('DEL', KEYS[2])
+    -- An attempt whose lease lapsed (Redis was away) may still be running: stop it too.
+    redis.call('PUBLISH', ARGV[2], ARGV[1])
+    return 'queued'
+  end
 end
 return 'unknown'
 """
 
 CancelOutcome = Literal["running", "queued", "unknown"]
+JobState = Literal["running", "queued", "finished", "unknown"]
+DEFAULT_SILENCE_CHECK_S = 15.0
 
-# arq's enqueue (refuse an id that is queued, running or has a result; refuse when the
-# queue holds ARGV[7] jobs or more, if ARGV[7] >= 0; store the job; queue it) and the
-# wake-up, in one round trip instead of arq's five.
+# arq's enqueue (refuse an id that is queued, running or has a result, and one whose
+# replay log still exists: a second job would splice its events into the first's
+# stream; refuse when the queue holds ARGV[6] jobs or more, if ARGV[6] >= 0; store the
+# job; queue it scored with Redis's clock, so a producer's skewed clock cannot defer
+# it) and the wake-up, in one round trip instead of arq's five.
 _ENQUEUE = """
-if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then
+if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) > 0 then
   return 0
 end
-local limit = tonumber(ARGV[7])
+local limit = tonumber(ARGV[6])
 if limit >= 0 and redis.call('ZCARD', KEYS[3]) >= limit then
   return -1
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[3], now, ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 """
 JOB_EXPIRY_MS = 86_400_000
@@ -99,8 +118,14 @@ class RequestError(StreamqError):
         self.request_id, self.code, self.message = request_id, code, message
 
 
+class RequestLost(RequestError):
+    """Found by the handle's watchdog: the request is neither queued nor running, and
+    no final or error event was ever logged for it (code ``lost``)."""
+
+
 class DuplicateRequest(StreamqError):
-    """A job with this request id is queued, running, or has a stored result."""
+    """A job with this request id is queued, running, has a stored result, or its
+    replay log is still kept."""
 
 
 class StreamGap(StreamqError):
@@ -130,6 +155,8 @@ class Completion:
     finish_reasons: list[str | None]
     prompt_tokens: int
     completion_tokens: int
+    approximate: bool = False
+    """See ``FinalEvent.approximate``: a worker failure may have changed the rest of the text."""
 
     @property
     def text(self) -> str:
@@ -175,7 +202,15 @@ class RequestHandle:
 
     async def _next_raw(self) -> bytes:
         while not self._backlog:
-            delivery = await self._queue.get()
+            if self._queue.empty():
+                try:
+                    async with asyncio.timeout(self._client.silence_check_s):
+                        delivery = await self._queue.get()
+                except TimeoutError:
+                    await self._check_alive()
+                    continue
+            else:
+                delivery = self._queue.get_nowait()
             if isinstance(delivery, BaseException):
                 raise StreamqError(f"lost the connection to Redis: {delivery}") from delivery
             if isinstance(delivery, Resync):
@@ -183,6 +218,34 @@ class RequestHandle:
             else:
                 return delivery
         return self._backlog.popleft()
+
+    async def _check_alive(self) -> None:
+        """The stream has been silent for a while: take what the log holds, else make
+        sure the request is still queued or running; raise ``RequestLost`` if it is
+        neither and never ended, instead of waiting forever. Redis being away is no
+        verdict: the subscription reports a connection lost for good."""
+        try:
+            if await self._replay():
+                return
+            state = await self._client.job_state(self.request_id)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            return
+        if state in ("queued", "running") or await self._replay():  # the log again: an end may have raced
+            return
+        raise RequestLost(
+            self.request_id,
+            "lost",
+            f"the request is no longer queued or running ({state}) and its stream ended without a final event",
+        )
+
+    async def _fill_gap(self) -> bool:
+        """Replace the backlog with the log from the next expected event on; False if
+        the log does not hold that event (it was lost, or trimmed)."""
+        logged = await self._client.log.read(self.request_id, self._next_seq)
+        if not logged or decode_event(logged[0]).seq != self._next_seq:
+            return False
+        self._backlog = deque(logged)
+        return True
 
     async def _replay(self) -> bool:
         """Queue logged events from the next expected one; False if there are none."""
@@ -197,8 +260,7 @@ class RequestHandle:
                 if event.seq < self._next_seq:
                     continue
                 if event.seq > self._next_seq:
-                    self._backlog.appendleft(encode_event(event))
-                    if not await self._replay():
+                    if not await self._fill_gap():
                         raise StreamGap(f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}")
                     continue
                 self._next_seq += 1
@@ -243,6 +305,7 @@ class RequestHandle:
                     finish_reasons=event.finish_reasons,
                     prompt_tokens=event.prompt_tokens,
                     completion_tokens=event.completion_tokens,
+                    approximate=event.approximate,
                 )
         raise StreamqError(f"request {self.request_id}: the stream ended without a final event")
 
@@ -250,10 +313,20 @@ class RequestHandle:
 class StreamqClient:
     """Submits requests to a streamq queue, follows and cancels them."""
 
-    def __init__(self, redis: ArqRedis, *, queue: str = DEFAULT_QUEUE, max_queue_depth: int | None = None) -> None:
+    def __init__(
+        self,
+        redis: ArqRedis,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        max_queue_depth: int | None = None,
+        silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
+    ) -> None:
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
         self.redis = redis
+        self.silence_check_s = silence_check_s
+        """After this many seconds without an event, a handle checks that its request is
+        still queued or running (one round trip) and fails with ``RequestLost`` if not."""
         self.queue = queue
         self.max_queue_depth = max_queue_depth
         """``submit`` raises ``QueueFull`` when the queue already holds this many jobs
@@ -266,18 +339,23 @@ class StreamqClient:
 
     @classmethod
     async def connect(
-        cls, url: str = DEFAULT_REDIS_URL, *, queue: str = DEFAULT_QUEUE, max_queue_depth: int | None = None
+        cls,
+        url: str = DEFAULT_REDIS_URL,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        max_queue_depth: int | None = None,
+        silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
     ) -> StreamqClient:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS;
         see ``producer.connection``). ``max_queue_depth`` bounds every queue this
-        client submits to (see ``submit``)."""
+        client submits to (see ``submit``); ``silence_check_s`` is the handles' watchdog."""
         redis = await create_pool(
             redis_settings_for(url),
             job_serializer=serialize_job,
             job_deserializer=deserialize_job,
             default_queue_name=queue,
         )
-        return cls(redis, queue=queue, max_queue_depth=max_queue_depth)
+        return cls(redis, queue=queue, max_queue_depth=max_queue_depth, silence_check_s=silence_check_s)
 
     async def __aenter__(self) -> StreamqClient:
         return self
@@ -317,13 +395,16 @@ class StreamqClient:
         before anything is sent if the request is malformed, ``UnknownModel`` or
         ``NoLiveWorker`` if ``model`` cannot be served, ``QueueFull`` if the queue
         already holds ``max_queue_depth`` jobs, and ``DuplicateRequest`` if
-        ``request_id`` is already in use.
+        ``request_id`` is in use (queued, running, a stored result, or a replay log:
+        an id is not reused while its events are kept). The request carries ``model``,
+        so a worker of another model that takes it refuses it.
         """
         request = parse_request(
             {
                 "request_id": request_id or uuid.uuid4().hex,
                 "prompt": prompt,
                 "messages": msgspec.to_builtins(list(messages)) if messages is not None else None,
+                "model": model,
                 "sampling": sampling,
                 "timeout_s": timeout_s,
                 "queue_timeout_s": queue_timeout_s,
@@ -335,19 +416,17 @@ class StreamqClient:
         # after; the handle merges both without gap or duplicate.
         subscribing = asyncio.ensure_future(self._subscribe(request.request_id, next_seq=0, job_queue=queue))
         try:
+            # arq reads the enqueue time from the payload; the queue score is Redis's clock.
             now_ms = int(time.time() * 1000)
             job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
-            keys = [JOB_KEY_PREFIX + request.request_id, RESULT_KEY_PREFIX + request.request_id, queue]
-            limit = -1 if self.max_queue_depth is None else self.max_queue_depth
-            args: list[bytes | int | str] = [
-                job,
-                now_ms,
-                JOB_EXPIRY_MS,
-                request.request_id,
-                WAKEUP_CHANNEL,
+            keys = [
+                JOB_KEY_PREFIX + request.request_id,
+                RESULT_KEY_PREFIX + request.request_id,
                 queue,
-                limit,
+                events_channel(request.request_id),
             ]
+            limit = -1 if self.max_queue_depth is None else self.max_queue_depth
+            args: list[bytes | int | str] = [job, JOB_EXPIRY_MS, request.request_id, WAKEUP_CHANNEL, queue, limit]
             outcome = await self._enqueue_script(keys=keys, args=args)
         except BaseException:
             await _close_when_subscribed(subscribing)
@@ -403,19 +482,33 @@ class StreamqClient:
         removed before it runs. Either way its stream ends with a final event whose
         finish reason is ``cancelled``. Returns what the request was doing:
         ``running``, ``queued``, or ``unknown`` (finished, or never submitted).
-        ``queue`` is the queue it was put on (default: this client's).
+        A queued request is found on this client's queue or any model's, in one
+        round trip; ``queue`` (the queue it was put on, if known) is looked at first.
         """
-        keys = [IN_PROGRESS_PREFIX + request_id, queue or self.queue, JOB_KEY_PREFIX + request_id]
+        guesses = dict.fromkeys(q for q in (queue, self.queue) if q is not None)
+        keys = [IN_PROGRESS_PREFIX + request_id, JOB_KEY_PREFIX + request_id, MODELS_KEY, *guesses]
         reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
         outcome = cast(CancelOutcome, reply.decode() if isinstance(reply, bytes) else reply)
-        if outcome == "queued":  # no worker will ever run it: end its stream here
-            last = await self.log.last(request_id)
-            next_seq = decode_event(last).seq + 1 if last is not None else 0
+        if outcome == "queued":
+            # No worker will run it now: end its stream here, numbered in Redis after
+            # whatever the log holds and only if nothing ended it first (an attempt
+            # whose lease lapsed may still be running: its next events are refused).
             final = FinalEvent(
-                request_id=request_id, seq=next_seq, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0
+                request_id=request_id, seq=0, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0
             )
-            await self.log.append([(request_id, final.seq, 0, encode_event(final))])
+            await self.log.end(request_id, final)
         return outcome
+
+    async def job_state(self, request_id: str) -> JobState:
+        """Where the request's job is: ``running`` (a worker holds its lease), ``queued``
+        (waiting for a worker, or for its lapsed lease to be taken over), ``finished``
+        (a result is stored) or ``unknown``."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(IN_PROGRESS_PREFIX + request_id)
+            pipe.exists(JOB_KEY_PREFIX + request_id)
+            pipe.exists(RESULT_KEY_PREFIX + request_id)
+            running, queued, finished = await pipe.execute()
+        return "running" if running else "queued" if queued else "finished" if finished else "unknown"
 
     async def queue_depth(self) -> int:
         """Jobs waiting or running on this client's queue (the autoscaling signal)."""

@@ -1,25 +1,42 @@
-"""How streamq connects to Redis: one URL, riding out short outages.
+"""How streamq connects to Redis: one URL, riding out short outages, noticing dead ones.
 
 Used by both sides so that a Redis restart or failover of a few seconds is a pause,
-not a crash: every command is retried with exponential backoff (about 20 s in all)
-before an error surfaces. ``rediss://`` URLs (TLS) may name their CA and
-verification mode in the query: ``rediss://host:6380?ssl_ca_certs=/ca.pem``,
-``&ssl_cert_reqs=none|optional|required``. A highly available Redis is reached
-through its Sentinels: ``redis+sentinel://[user:password@]host:26379,host2:26379/mymaster``
-(the password is the master's; the path names the monitored master, ``mymaster`` if
-absent), so workers and producers follow a failover on their own.
+not a crash: every command is retried with exponential backoff for ``RETRY_FOR_S`` (plus
+at most one ``SOCKET_TIMEOUT_S``) before an error surfaces. A connection that stops answering (a paused Redis, a host
+gone without closing its sockets) is noticed: every reply must come within
+``SOCKET_TIMEOUT_S``, idle pooled connections are pinged before use, and TCP
+keepalive probes idle sockets. Pub/sub readers, which wait for messages for as long
+as there are none, ping on their own (``producer.subscriber.live_messages``).
+``rediss://`` URLs (TLS) may name their CA and verification mode in the query:
+``rediss://host:6380?ssl_ca_certs=/ca.pem``, ``&ssl_cert_reqs=none|optional|required``.
+A highly available Redis is reached through its Sentinels:
+``redis+sentinel://[user:password@]host:26379,host2:26379/mymaster`` (the password is
+the master's; the path names the monitored master, ``mymaster`` if absent), so workers
+and producers follow a failover on their own. Every URL kind gets the same timeouts
+and retries.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
 
-from arq.connections import RedisSettings
+from arq.connections import ArqRedis, RedisSettings
+from arq.constants import default_queue_name, expires_extra_ms
+from arq.jobs import Deserializer, Serializer
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.protocol import DEFAULT_QUEUE
@@ -27,6 +44,82 @@ from producer.protocol import DEFAULT_QUEUE
 DEFAULT_REDIS_URL = "redis://localhost:6379"
 SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
+
+RETRY_FOR_S = 20.0
+"""How long a failing command is retried (a restart, a failover) before its error surfaces."""
+CONNECT_TIMEOUT_S = 5.0
+"""A TCP connect (or TLS handshake) that takes longer failed."""
+SOCKET_TIMEOUT_S = 10.0
+"""A reply that takes longer means a dead connection. streamq sends no blocking command
+and no long script, and Redis itself answers BUSY after 5 s of script; pub/sub readers
+never wait on the socket longer than this (they wait in steps and ping)."""
+HEALTH_CHECK_INTERVAL_S = 5.0
+"""A pooled connection idle this long is pinged before its next command; a pub/sub
+connection silent this long is pinged by its reader."""
+KEEPALIVE_OPTIONS = {
+    option: value
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, option)
+}
+"""TCP keepalive: an idle socket whose peer vanished dies within about a minute, not two hours."""
+STARTUP_ATTEMPTS = 3
+"""At start-up, connection attempts (each retried for ``RETRY_FOR_S``): Redis may come up
+after the worker; a wrong URL fails within about a minute."""
+
+_T = TypeVar("_T")
+
+
+_retry_deadline: ContextVar[float | None] = ContextVar("streamq_retry_deadline", default=None)
+"""The deadline of the outermost retrying call in progress in this task."""
+
+
+class RetryFor(Retry):
+    """redis-py's ``Retry`` bounded by time instead of a count.
+
+    redis-py nests retries: connecting retries inside a command's retry, and a fresh
+    connection's health-check PING inside the connect, so against a Redis that accepts
+    connections but never answers (paused, or stuck) counts multiply without bound. All
+    nested calls here share the outermost call's deadline."""
+
+    __slots__ = ("_budget_s",)
+
+    def __init__(self, budget_s: float = RETRY_FOR_S) -> None:
+        super().__init__(ExponentialBackoff(cap=2.0, base=0.1), retries=-1)
+        self._budget_s = budget_s
+
+    async def call_with_retry(self, do: Callable[[], Awaitable[_T]], fail: Callable[[RedisError], Any]) -> _T:
+        deadline = time.monotonic() + self._budget_s
+        outer = _retry_deadline.get()
+        if outer is not None:
+            deadline = min(deadline, outer)
+        token = _retry_deadline.set(deadline)
+        try:
+            failures = 0
+            while True:
+                try:
+                    return await do()
+                except self._supported_errors as error:
+                    failures += 1
+                    await fail(error)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise error
+                    await asyncio.sleep(min(self._backoff.compute(failures), left))
+        finally:
+            _retry_deadline.reset(token)
+
+
+@dataclass
+class StreamqRedisSettings(RedisSettings):
+    """arq's ``RedisSettings`` plus the socket options arq does not pass to redis-py
+    (it passes none at all to Sentinel-managed connections); ``create_pool`` passes all."""
+
+    socket_timeout: float | None = SOCKET_TIMEOUT_S
+    socket_keepalive: bool = True
+    socket_keepalive_options: dict[int, int] = field(
+        default_factory=lambda: {getattr(socket, name): value for name, value in KEEPALIVE_OPTIONS.items()}
+    )
+    health_check_interval: float = HEALTH_CHECK_INTERVAL_S
 
 
 def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -49,24 +142,28 @@ def add_redis_url_option(parser: argparse.ArgumentParser | argparse._ArgumentGro
     )
 
 
-def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> RedisSettings:
-    """arq ``RedisSettings`` for ``url``, with retries on connection errors."""
+def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> StreamqRedisSettings:
+    """Settings for ``url`` (any kind), with the timeouts and retries above."""
     if url.startswith(SENTINEL_SCHEME + "://"):
-        return _sentinel_settings(url)
-    settings = RedisSettings.from_dsn(url)
-    query = parse_qs(urlparse(url).query)
-    if "ssl_ca_certs" in query:
-        settings.ssl_ca_certs = query["ssl_ca_certs"][0]
-    if "ssl_cert_reqs" in query:
-        settings.ssl_cert_reqs = query["ssl_cert_reqs"][0]
-    settings.retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=12)
-    settings.retry_on_error = [RedisConnectionError, RedisTimeoutError, ConnectionResetError]
+        settings = _sentinel_settings(url)
+    else:
+        base = RedisSettings.from_dsn(url)
+        settings = StreamqRedisSettings(**vars(base))
+        query = parse_qs(urlparse(url).query)
+        if "ssl_ca_certs" in query:
+            settings.ssl_ca_certs = query["ssl_ca_certs"][0]
+        if "ssl_cert_reqs" in query:
+            settings.ssl_cert_reqs = query["ssl_cert_reqs"][0]
+    settings.retry = RetryFor(RETRY_FOR_S)
+    # OSError: a refused or reset connection while Redis restarts is raised as it is.
+    settings.retry_on_error = [RedisConnectionError, RedisTimeoutError, OSError]
     settings.retry_on_timeout = True
-    settings.conn_retries = 20  # at start-up: Redis may come up after the worker
+    settings.conn_timeout = CONNECT_TIMEOUT_S  # type: ignore[assignment]  # arq says int; redis-py takes float
+    settings.conn_retries = STARTUP_ATTEMPTS
     return settings
 
 
-def _sentinel_settings(url: str) -> RedisSettings:
+def _sentinel_settings(url: str) -> StreamqRedisSettings:
     """``redis+sentinel://[user:password@]host[:port],host2[:port]/master``."""
     rest = url.removeprefix(SENTINEL_SCHEME + "://")
     netloc, _, path = rest.partition("/")
@@ -78,11 +175,96 @@ def _sentinel_settings(url: str) -> RedisSettings:
         if not host:
             raise ValueError(f"{url!r}: a Sentinel address is empty")
         sentinels.append((host, int(port) if port else DEFAULT_SENTINEL_PORT))
-    return RedisSettings(
+    return StreamqRedisSettings(
         host=sentinels,
         sentinel=True,
         sentinel_master=unquote(path.strip("/")) or "mymaster",
         username=unquote(username) or None,
         password=unquote(password) or None,
-        conn_retries=20,
     )
+
+
+def connection_options(settings: RedisSettings) -> dict[str, Any]:
+    """Keyword arguments for every redis-py connection to the data (not the Sentinels)."""
+    options: dict[str, Any] = {
+        "db": settings.database,
+        "username": settings.username,
+        "password": settings.password,
+        "encoding": "utf8",
+        "socket_connect_timeout": settings.conn_timeout,
+        "retry": settings.retry,
+        "retry_on_timeout": settings.retry_on_timeout,
+        "retry_on_error": list(settings.retry_on_error or ()),  # redis-py appends to it
+        "max_connections": settings.max_connections,
+    }
+    if isinstance(settings, StreamqRedisSettings):
+        options |= {
+            "socket_timeout": settings.socket_timeout,
+            "socket_keepalive": settings.socket_keepalive,
+            "socket_keepalive_options": settings.socket_keepalive_options,
+            "health_check_interval": settings.health_check_interval,
+        }
+    return options
+
+
+def _client(settings: RedisSettings) -> ArqRedis:
+    options = connection_options(settings)
+    if settings.sentinel:
+        assert not isinstance(settings.host, str), "Sentinel settings list the Sentinels"
+        # The Sentinels get the same socket options (timeouts, keepalive): a dead Sentinel
+        # must not stall the search for the master.
+        sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+        manager = Sentinel(settings.host, sentinel_kwargs=sentinel_options, ssl=settings.ssl, **options)
+        return manager.master_for(settings.sentinel_master, redis_class=ArqRedis)  # type: ignore[no-any-return]
+    return ArqRedis(
+        host=settings.host,
+        port=settings.port,
+        unix_socket_path=settings.unix_socket_path,
+        ssl=settings.ssl,
+        ssl_keyfile=settings.ssl_keyfile,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_cert_reqs=settings.ssl_cert_reqs,
+        ssl_ca_certs=settings.ssl_ca_certs,
+        ssl_ca_data=settings.ssl_ca_data,
+        ssl_check_hostname=settings.ssl_check_hostname,
+        **options,
+    )
+
+
+async def create_pool(
+    settings: RedisSettings | None = None,
+    *,
+    job_serializer: Serializer | None = None,
+    job_deserializer: Deserializer | None = None,
+    default_queue_name: str = default_queue_name,
+    expires_extra_ms: int = expires_extra_ms,
+) -> ArqRedis:
+    """arq's ``create_pool`` (same arguments, same start-up retries), except that every
+    connection option reaches redis-py, for every URL kind: arq passes neither socket
+    timeouts nor keepalive nor health checks, and to Sentinel-managed connections not
+    even the retries."""
+    settings = settings or redis_settings_for()
+    attempt = 0
+    while True:
+        redis = _client(settings)
+        redis.job_serializer = job_serializer
+        redis.job_deserializer = job_deserializer
+        redis.default_queue_name = default_queue_name
+        redis.expires_extra_ms = expires_extra_ms
+        try:
+            await redis.ping()
+            return redis
+        except (TimeoutError, OSError, RedisError):
+            await close_pool(redis)
+            attempt += 1
+            if attempt >= settings.conn_retries:
+                raise
+            await asyncio.sleep(settings.conn_retry_delay)
+
+
+async def close_pool(redis: ArqRedis) -> None:
+    """Close ``redis`` and, through Sentinel, the connections to the Sentinels too
+    (closing the master's client leaves those open)."""
+    await redis.aclose(close_connection_pool=True)
+    for sentinel in getattr(getattr(redis.connection_pool, "sentinel_manager", None), "sentinels", ()):
+        await sentinel.aclose()

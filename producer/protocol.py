@@ -8,6 +8,7 @@ arq job in Redis would be code execution on every worker).
 
 from __future__ import annotations
 
+import enum
 import re
 import time
 from typing import Any, Final
@@ -113,6 +114,9 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     request_id: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    model: str | None = None
+    """The served model name the request is meant for; a worker serving another model
+    refuses it (``invalid_request``) rather than answer with the wrong model."""
     sampling: SamplingOptions = msgspec.field(default_factory=SamplingOptions)
     timeout_s: float | None = None
     """Seconds from enqueue by which the request must be complete; when they pass it
@@ -133,6 +137,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError("prompt must not be empty")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
+        if self.model is not None and not self.model:
+            raise ValueError("model must not be empty")
         for name in ("timeout_s", "queue_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -219,12 +225,33 @@ class FinalEvent(_Event, tag="final", kw_only=True):
     finish_reasons: list[str | None]
     prompt_tokens: int
     completion_tokens: int
+    approximate: bool = False
+    """True when a worker failure interrupted the request and its continuation may differ
+    from an undisturbed run (sampling without a seed under presence or frequency
+    penalties, or a regeneration that did not reproduce the tokens already sent)."""
+
+
+class ErrorCode(enum.StrEnum):
+    """Why a request failed: the ``code`` of its ``error`` event."""
+
+    INVALID_REQUEST = "invalid_request"
+    """The requester's fault (a malformed payload, values vLLM rejects); never retried."""
+    WORKER_LOST = "worker_lost"
+    """The worker running it died and the request cannot continue elsewhere (``n > 1``)."""
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    """Every try of the job ended without an answer (workers died or handed it back)."""
+    EXPIRED = "expired"
+    """The job's payload was gone from Redis when a worker took it (expired or deleted)."""
+    TIMEOUT = "timeout"
+    """The job ran past the worker's hard limit per job (``job_timeout``)."""
+    PUBLISH_FAILED = "publish_failed"
+    """Redis refused the request's events, or stayed unreachable past the retry budget."""
+    INTERNAL = "internal"
+    """A bug or an unexpected failure; the message says what."""
 
 
 class ErrorEvent(_Event, tag="error", kw_only=True):
-    """The last event of a request that failed. ``code`` is ``invalid_request`` (the
-    requester's fault; never retried), ``worker_lost`` (the worker died and the
-    request could not continue elsewhere) or ``internal``."""
+    """The last event of a request that failed; ``code`` is an ``ErrorCode`` value."""
 
     code: str
     message: str
@@ -268,14 +295,60 @@ def serialize_job(data: Any) -> bytes:
 BAD_PAYLOAD_MARKER: Final = "__streamq_bad_payload__"
 """Keyword argument of the synthetic job that ``deserialize_job`` makes from a
 payload that is not a valid arq job, so the job function can report it."""
+MAX_ENQUEUE_TRY: Final = 1000
+"""Largest try number (``t``) a job payload may carry; a fresh job carries 1."""
+EARLIEST_ENQUEUE_MS: Final = 946_684_800_000
+"""2000-01-01T00:00:00Z in Unix ms: an earlier ``et`` is seconds, or garbage."""
+MAX_ENQUEUE_AHEAD_MS: Final = 86_400_000
+"""How far past the worker's clock ``et`` may lie (clock skew, with room to spare)."""
+MAX_ARGS_DEPTH: Final = 32
+"""Nesting levels allowed in a job's arguments; a request needs 3. Deeper JSON makes
+``repr`` (arq logs every job's arguments) hit Python's recursion limit."""
+_RESULT_FIELDS: Final = ("s", "r", "st", "ft", "q", "id")
+"""Fields arq adds to a job's own when it stores the result; arq reads results
+through the job deserializer too."""
+
+
+class _JobEnvelope(msgspec.Struct):
+    """The arq fields of a job payload, each of a type and range arq's ``run_job`` can
+    use outside its error handling: any other value there would kill the worker's poll
+    loop. Other fields are ignored."""
+
+    t: int | None
+    """``None`` is arq's own ``enqueue_job``'s way of saying 1."""
+    f: str
+    a: list[Any]
+    k: dict[str, Any]
+    et: int
+
+    def __post_init__(self) -> None:
+        if self.t is not None and not 1 <= self.t <= MAX_ENQUEUE_TRY:
+            raise ValueError(f"`t` (the try number) must be 1 to {MAX_ENQUEUE_TRY}, got {_shorten(self.t)}")
+        latest = int(time.time() * 1000) + MAX_ENQUEUE_AHEAD_MS
+        if not EARLIEST_ENQUEUE_MS <= self.et <= latest:
+            raise ValueError(
+                f"`et` (the enqueue time) must be Unix milliseconds from 2000-01-01 to a day "
+                f"from now, got {_shorten(self.et)}"
+            )
+        if self.f != JOB_FUNCTION:
+            raise ValueError(f"unknown job function {_shorten(self.f)}; use {JOB_FUNCTION!r}")
+        if self.k and not (self.k.keys() == {BAD_PAYLOAD_MARKER} and isinstance(self.k[BAD_PAYLOAD_MARKER], str)):
+            raise ValueError("`k` must be {}: a job takes exactly one positional argument and no keywords")
+        if _nests_deeper(self.a, MAX_ARGS_DEPTH):
+            raise ValueError(f"`a` nests deeper than {MAX_ARGS_DEPTH} levels")
 
 
 def deserialize_job(data: bytes) -> Any:
-    """arq ``job_deserializer``: JSON, and a payload that is not JSON still runs.
+    """arq ``job_deserializer``: a JSON object whose arq fields arq can use, always.
 
-    arq would only log an undecodable job; the requester would wait forever. Instead
-    it becomes a call of the job function carrying the reason, which then publishes
-    an error event on the channel of the job id (the request id).
+    arq only logs a job it cannot decode (the requester would wait forever), and
+    fields of the wrong type or range raise outside its error handling, killing the
+    worker (and then each worker that claims the job next). So a payload that is not
+    a valid job (``_JobEnvelope``) becomes a call of the job function carrying the
+    reason, which publishes an ``invalid_request`` error on the channel of the job id
+    (the request id), and arq records the job as failed. The upper bound of ``et`` is
+    read from this machine's clock when the job is read; nothing else here depends on
+    time. Never raises.
     """
     if len(data) > MAX_JOB_BYTES:
         return _bad_payload_job(f"job payload is {len(data)} bytes; the limit is {MAX_JOB_BYTES}")
@@ -283,22 +356,46 @@ def deserialize_job(data: bytes) -> Any:
         decoded = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         return _bad_payload_job(f"job payload is not valid JSON: {exc}")
+    except RecursionError:
+        return _bad_payload_job("job payload is not valid JSON: it nests too deeply")
     if not isinstance(decoded, dict):
         return _bad_payload_job("job payload must be a JSON object")
-    shape: dict[str, type | tuple[type, ...]] = {"f": str, "a": list, "k": dict, "et": (int, float)}
-    wrong = [key for key, kind in shape.items() if not isinstance(decoded.get(key), kind)]
-    if wrong:
-        return _bad_payload_job(f"job payload lacks or mistypes arq fields {wrong}")
-    if decoded["f"] != JOB_FUNCTION:
-        return _bad_payload_job(f"unknown job function {decoded['f']!r}; use {JOB_FUNCTION!r}")
+    try:
+        msgspec.convert(decoded, _JobEnvelope)
+    except msgspec.ValidationError as exc:
+        result_fields = {name: decoded[name] for name in _RESULT_FIELDS if name in decoded}
+        return {**result_fields, **_bad_payload_job(f"job payload is not a valid arq job: {exc}")}
     return decoded
 
 
 def _bad_payload_job(reason: str) -> dict[str, Any]:
+    """A job that passes ``_JobEnvelope`` and makes the job function report ``reason``."""
     return {
         "t": 1,
         "f": JOB_FUNCTION,
         "a": [],
-        "k": {BAD_PAYLOAD_MARKER: reason},
+        "k": {BAD_PAYLOAD_MARKER: reason[:2000]},
         "et": int(time.time() * 1000),
     }
+
+
+def _nests_deeper(value: object, limit: int) -> bool:
+    """Whether ``value`` has lists or dicts nested more than ``limit`` levels (iterative:
+    the point is to stay clear of the recursion limit)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for container in level
+            for child in (container if type(container) is list else container.values())
+            if type(child) in (list, dict)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def _shorten(value: object) -> str:
+    """``repr(value)``, cut short: job payloads are up to 8 MB."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

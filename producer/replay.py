@@ -16,58 +16,91 @@ or a second worker on the same request) is neither logged nor published twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from redis.asyncio import Redis
 
-from producer.protocol import EVENTS_CHANNEL_PREFIX, events_channel
+from producer.protocol import EVENTS_CHANNEL_PREFIX, ErrorEvent, FinalEvent, encode_event, events_channel
 
 LOG_MAXLEN: Final = 100_000
 """Entries kept per request (approximately: trimming is lazy). A request has one
 entry per DELTA chunk plus its final event."""
 LOG_TTL_MS: Final = 3_600_000
 """How long a request's log outlives its last event."""
+LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
+LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
+
+
+def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """``(maxlen, ttl_ms)`` from ``$STREAMQ_LOG_MAXLEN`` and ``$STREAMQ_LOG_TTL_S`` (seconds),
+    else the defaults above: the one place they are read, by workers and producers alike
+    (a producer ends queued requests it cancels in the same log)."""
+    maxlen = int(environ.get(LOG_MAXLEN_ENV) or LOG_MAXLEN)
+    ttl_ms = round(float(environ.get(LOG_TTL_ENV) or LOG_TTL_MS / 1000) * 1000)
+    if maxlen < 1 or ttl_ms < 1000:
+        raise ValueError(f"${LOG_MAXLEN_ENV} must be >= 1 and ${LOG_TTL_ENV} >= 1, got {maxlen} and {ttl_ms / 1000:g}")
+    return maxlen, ttl_ms
+
 
 OWNER_KEY_PREFIX: Final = "streamq:owner:"
 """``streamq:owner:<request_id>``: the newest attempt that wrote to (or took over) the log."""
 
+ENDED: Final = "ended"
+"""The owner key's value once a request has its terminal event: no attempt may write again."""
+
 _APPEND_AND_PUBLISH = """
 -- KEYS: per event, its log/channel name and its owner key. ARGV: maxlen, ttl_ms, then
--- per event its entry id, attempt (0: not fenced) and payload. An event is skipped when
--- its sequence number is already logged, or when a newer attempt owns the request (a
--- worker that lost its lease but still runs must not write over the one that took
--- over). Returns how many were skipped, then the request ids (their log keys) whose
--- events were dropped because a newer attempt owns them, each once.
+-- per event its entry id, attempt (0: not fenced), 1 if it is terminal (final/error) else
+-- 0, and payload. An event is skipped when its sequence number is already logged, when a
+-- newer attempt owns the request (a worker that lost its lease but still runs must not
+-- write over the one that took over), or when the request already ended. A terminal event
+-- ends the request for everyone. Returns how many were skipped, then the request ids (their
+-- log keys) whose events were refused because another attempt owns or ended it, each once.
+-- Any error other than a duplicate id fails the whole call: the caller retries or fails
+-- loudly, nothing is dropped in silence (events already written are skipped on retry).
 local maxlen, ttl = ARGV[1], ARGV[2]
-local skipped, touched, owners, superseded = 0, {}, {}, {}
+local skipped, touched, owners, superseded, last_seqs = 0, {}, {}, {}, {}
 for i = 1, #KEYS, 2 do
   local key, owner_key = KEYS[i], KEYS[i + 1]
-  local base = 3 * (i - 1) / 2 + 2
-  local id, attempt, payload = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3]
-  if attempt > 0 and owners[owner_key] == nil then
-    owners[owner_key] = tonumber(redis.call('GET', owner_key) or '0')
+  local base = 4 * (i - 1) / 2 + 2
+  local id, attempt, terminal, payload = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3], ARGV[base + 4]
+  if owners[owner_key] == nil then
+    owners[owner_key] = redis.call('GET', owner_key) or '0'
   end
-  if attempt > 0 and attempt < owners[owner_key] then
+  local owner = owners[owner_key]
+  if owner == 'ended' or (attempt > 0 and attempt < tonumber(owner)) then
     skipped = skipped + 1
-    superseded[key] = true
+    if last_seqs[key] == nil then
+      local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+      last_seqs[key] = #last > 0 and tonumber(string.match(last[1][1], '%-(%d+)$')) or 0
+    end
+    if tonumber(string.match(id, '%-(%d+)$')) > last_seqs[key] then
+      superseded[key] = true  -- a new event, not a retried one: its attempt must stop
+    end
   else
     local added = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
     if type(added) == 'table' and added.err then
+      if not string.find(added.err, 'equal or smaller', 1, true) then
+        return redis.error_reply(added.err)
+      end
       skipped = skipped + 1
     else
       redis.call('PUBLISH', key, payload)
-      touched[key] = true
-      if attempt > 0 and attempt > owners[owner_key] then
-        owners[owner_key] = attempt
-        redis.call('SET', owner_key, attempt, 'PX', ttl)
+      touched[key] = owner_key
+      if terminal == '1' then
+        owners[owner_key] = 'ended'
+      elseif attempt > tonumber(owner) then
+        owners[owner_key] = tostring(attempt)
       end
     end
   end
 end
-for key in pairs(touched) do
+for key, owner_key in pairs(touched) do
   redis.call('PEXPIRE', key, ttl)
+  redis.call('SET', owner_key, owners[owner_key], 'PX', ttl)
 end
 local reply = {skipped}
 for key in pairs(superseded) do
@@ -78,13 +111,60 @@ return reply
 
 _TAKE_OVER = """
 -- KEYS: the log, the owner key. ARGV: attempt, ttl_ms. Makes ``attempt`` the owner
--- (fencing off older ones) and returns the log as it is at that moment.
-local owner = tonumber(redis.call('GET', KEYS[2]) or '0')
-if tonumber(ARGV[1]) > owner then
+-- (fencing off older ones) unless the request already ended, and returns the log as it
+-- is at that moment.
+local owner = redis.call('GET', KEYS[2]) or '0'
+if owner ~= 'ended' and tonumber(ARGV[1]) > tonumber(owner) then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 end
 return redis.call('XRANGE', KEYS[1], '-', '+')
 """
+
+_END = """
+-- KEYS: the log, the owner key. ARGV: the terminal event as JSON without its seq,
+-- maxlen, ttl_ms. Logs and publishes the event with the next sequence number (and, for
+-- a final event, the completion tokens the log holds), unless the request already ended.
+-- Returns the seq given, or -1 when it had already ended.
+if redis.call('GET', KEYS[2]) == 'ended' then
+  return -1
+end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local seq = 0
+if #last > 0 then
+  seq = tonumber(string.match(last[1][1], '%-(%d+)$'))
+end
+local event = cjson.decode(ARGV[1])
+event['seq'] = seq
+if event['type'] == 'final' then
+  -- Ended from outside the attempt that ran it: count the tokens its chunks carried.
+  local tokens = 0
+  for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+    local ok, logged = pcall(cjson.decode, entry[2][2])
+    if ok and type(logged) == 'table' and logged['type'] == 'chunk' and type(logged['token_ids']) == 'table' then
+      tokens = tokens + #logged['token_ids']
+    end
+  end
+  event['completion_tokens'] = tokens
+end
+local payload = cjson.encode(event)
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '0-' .. (seq + 1), 'event', payload)
+redis.call('PUBLISH', KEYS[1], payload)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[2], 'ended', 'PX', ARGV[3])
+return seq
+"""
+
+
+class LogEvent(NamedTuple):
+    """One event for ``ReplayLog.append``: its request, number, writer and JSON."""
+
+    request_id: str
+    seq: int
+    attempt: int
+    """The attempt that produced it; 0 is never fenced off (a producer's own event)."""
+    payload: bytes
+    terminal: bool = False
+    """A final or error event: once logged, the request accepts no more events."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +172,10 @@ class Appended:
     """What became of a batch given to ``ReplayLog.append``."""
 
     skipped: int
-    """Events not logged: already there, or from a superseded attempt."""
+    """Events not logged: already there, from a superseded attempt, or after the end."""
     superseded: frozenset[str]
-    """Requests whose events were dropped because a newer attempt owns them: the
-    attempt that sent them should stop (another worker has taken the request over)."""
+    """Requests whose new events were refused because another attempt owns the request,
+    or because it already ended: the attempt that sent them should stop."""
 
 
 def entry_id(seq: int) -> str:
@@ -106,25 +186,36 @@ def entry_id(seq: int) -> str:
 class ReplayLog:
     """Appends events to request logs (publishing them too) and reads them back."""
 
-    def __init__(self, redis: Redis, *, maxlen: int = LOG_MAXLEN, ttl_ms: int = LOG_TTL_MS) -> None:
+    def __init__(self, redis: Redis, *, maxlen: int | None = None, ttl_ms: int | None = None) -> None:
+        """``maxlen`` and ``ttl_ms`` default to ``log_limits_from_env()``."""
+        env_maxlen, env_ttl_ms = log_limits_from_env() if maxlen is None or ttl_ms is None else (0, 0)
         self._redis = redis
-        self._maxlen = maxlen
-        self._ttl_ms = ttl_ms
+        self._maxlen = maxlen if maxlen is not None else env_maxlen
+        self._ttl_ms = ttl_ms if ttl_ms is not None else env_ttl_ms
         self._append_script = redis.register_script(_APPEND_AND_PUBLISH)
         self._take_over_script = redis.register_script(_TAKE_OVER)
+        self._end_script = redis.register_script(_END)
 
-    async def append(self, events: Sequence[tuple[str, int, int, bytes]]) -> Appended:
-        """Log and publish ``(request_id, seq, attempt, payload)`` events, in order, in
-        one command. ``attempt`` 0 is never fenced off (a producer's own event)."""
+    async def append(self, events: Sequence[LogEvent]) -> Appended:
+        """Log and publish ``events``, in order, in one command."""
         keys: list[str] = []
         args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
-        for request_id, seq, attempt, payload in events:
-            keys += [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
-            args += [entry_id(seq), attempt, payload]
+        for event in events:
+            keys += [events_channel(event.request_id), OWNER_KEY_PREFIX + event.request_id]
+            args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
         skipped, *superseded = await self._append_script(keys=keys, args=args)
         prefix = len(EVENTS_CHANNEL_PREFIX)
         keys_out = (key.decode() if isinstance(key, bytes) else key for key in superseded)
         return Appended(int(skipped), frozenset(key[prefix:] for key in keys_out))
+
+    async def end(self, request_id: str, event: FinalEvent | ErrorEvent) -> int | None:
+        """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
+        log holds (computed in Redis), unless the request already ended. For the paths
+        that end a request outside the attempt running it (a cancel while queued, a job
+        arq gave up on). Returns the seq given, or ``None`` if it had already ended."""
+        keys = [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
+        seq = int(await self._end_script(keys=keys, args=[encode_event(event), self._maxlen, self._ttl_ms]))
+        return None if seq < 0 else seq
 
     async def take_over(self, request_id: str, attempt: int) -> list[bytes]:
         """Make ``attempt`` the request's owner, so that older attempts still running

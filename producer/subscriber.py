@@ -3,7 +3,9 @@
 A producer may follow hundreds of requests at once; a connection per request would
 exhaust Redis's client slots. One ``EventSubscriber`` owns one pub/sub connection,
 subscribes channels as requests start, and routes each message to the queue of
-its channel.
+its channel. A connection that stops answering (a paused Redis, a host gone without
+closing the socket) is noticed within ``liveness_bounds`` (``live_messages``), dropped,
+and reconnected like a closed one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
@@ -24,6 +27,49 @@ from producer.tasks import stop_task
 RECONNECT_FOR_S = 30.0
 """How long a lost connection is retried before the followers are told it is gone."""
 RECONNECT_DELAY_S = 0.5
+DEFAULT_PING_AFTER_S = 5.0
+DEFAULT_REPLY_WITHIN_S = 10.0
+
+
+def liveness_bounds(pubsub: PubSub) -> tuple[float, float]:
+    """(ping after this much silence, declare the connection dead when the ping has no
+    reply within this), from the connection's ``health_check_interval`` and
+    ``socket_timeout`` (``producer.connection``): one configuration for both."""
+    options = pubsub.connection_pool.connection_kwargs
+    ping_after = options.get("health_check_interval") or DEFAULT_PING_AFTER_S
+    reply_within = options.get("socket_timeout") or DEFAULT_REPLY_WITHIN_S
+    return float(ping_after), float(reply_within)
+
+
+async def live_messages(pubsub: PubSub) -> AsyncIterator[dict[str, Any]]:
+    """``pubsub.listen()``, except that a connection that stops answering raises
+    ``ConnectionError`` (the connection dropped: the next read reconnects and
+    resubscribes) within ``ping_after + reply_within`` seconds instead of waiting forever.
+
+    Waiting on the socket for the next message cannot tell an idle channel from a dead
+    connection (redis-py's own health check sends its PING only between reads and hides
+    the reply), so this waits in steps and, after ``ping_after`` of silence, sends a
+    PING whose reply it expects."""
+    ping_after, reply_within = liveness_bounds(pubsub)
+    loop = asyncio.get_running_loop()
+    heard = loop.time()
+    pinged = False
+    while pubsub.subscribed:
+        message = await pubsub.get_message(timeout=min(ping_after, reply_within) / 2)
+        now = loop.time()
+        if message is not None:
+            heard, pinged = now, False
+            if message["type"] != "pong":
+                yield message
+            continue
+        silent = now - heard
+        if silent >= ping_after + reply_within:
+            if pubsub.connection is not None:
+                await pubsub.connection.disconnect()
+            raise RedisConnectionError(f"no reply from Redis for {silent:.1f}s: the connection is dead")
+        if silent >= ping_after and not pinged:
+            await pubsub.ping()
+            pinged = True
 
 
 class Resync:
@@ -41,8 +87,9 @@ the connection."""
 class EventSubscriber:
     """Routes pub/sub messages of many channels to per-channel queues."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, reconnect_for_s: float = RECONNECT_FOR_S) -> None:
         self._redis = redis
+        self._reconnect_for_s = reconnect_for_s
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
         self._queues: dict[str, list[asyncio.Queue[Delivery]]] = defaultdict(list)
@@ -101,7 +148,7 @@ class EventSubscriber:
         lost_since: float | None = None
         while True:
             try:
-                async for message in pubsub.listen():
+                async for message in live_messages(pubsub):
                     lost_since = None
                     self._dispatch(message)
             except asyncio.CancelledError:
@@ -111,7 +158,7 @@ class EventSubscriber:
                 # the confirmations make the followers re-read the replay log.
                 now = time.monotonic()
                 lost_since = lost_since or now
-                if now - lost_since < RECONNECT_FOR_S:
+                if now - lost_since < self._reconnect_for_s:
                     await asyncio.sleep(RECONNECT_DELAY_S)
                     continue
                 self._fail_everyone(exc)

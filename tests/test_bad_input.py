@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, StreamqClient
-from producer.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL, InvalidRequest
+from producer.protocol import BAD_PAYLOAD_MARKER, DEFAULT_QUEUE, WAKEUP_CHANNEL, InvalidRequest
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events, job_result
 
@@ -21,9 +21,17 @@ pytestmark = pytest.mark.engine
 
 
 def arq_job(request: Any, **overrides: Any) -> bytes:
-    job = {"t": 1, "f": "generate", "a": [request], "k": {}, "et": int(time.time() * 1000)}
-    job.update(overrides)
-    return json.dumps(job).encode()
+    """A job payload as arq stores it; an override of ``...`` leaves that field out."""
+    job = {"t": 1, "f": "generate", "a": [request], "k": {}, "et": now_ms(), **overrides}
+    return json.dumps({name: value for name, value in job.items() if value is not ...}).encode()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def deeply_nested_args(depth: int) -> bytes:
+    return f'{{"t":1,"f":"generate","a":{"[" * depth}{"]" * depth},"k":{{}},"et":{now_ms()}}}'.encode()
 
 
 def good_request(request_id: str, **fields: Any) -> dict[str, Any]:
@@ -65,12 +73,8 @@ BAD_JOBS = [
         "exactly one positional",
     ),
     ("no arguments", lambda rid: arq_job(good_request(rid), a=[]), "exactly one positional"),
-    ("arguments not a list", lambda rid: arq_job(good_request(rid), a={"x": 1}), "mistypes"),
-    (
-        "missing enqueue time",
-        lambda rid: json.dumps({"f": "generate", "a": [good_request(rid)], "k": {}}).encode(),
-        "'et'",
-    ),
+    ("arguments not a list", lambda rid: arq_job(good_request(rid), a={"x": 1}), "`$.a`"),
+    ("missing enqueue time", lambda rid: arq_job(good_request(rid), et=...), "`et`"),
     ("request id of another request's keys", lambda rid: arq_job(good_request("../" + rid)), "request_id must match"),
     ("request id too long", lambda rid: arq_job(good_request("x" * 200)), "request_id must match"),
     ("request id not a string", lambda rid: arq_job(good_request(12345)), "request_id"),
@@ -88,6 +92,34 @@ BAD_JOBS = [
     ("payload over the size limit", lambda rid: b"{" + b" " * 8_000_001 + b"}", "bytes; the limit"),
     ("top_k below -1", lambda rid: arq_job(good_request(rid, sampling={"top_k": -5})), "top_k"),
     ("empty UTF-8-invalid bytes", lambda rid: b"\xff\xfe", "not valid JSON"),
+    # The arq envelope: values arq would otherwise use outside its own error handling.
+    ("try number a string", lambda rid: arq_job(good_request(rid), t="1"), "`$.t`"),
+    ("try number missing", lambda rid: arq_job(good_request(rid), t=...), "`t`"),
+    ("try number zero", lambda rid: arq_job(good_request(rid), t=0), "try number"),
+    ("try number negative", lambda rid: arq_job(good_request(rid), t=-3), "try number"),
+    ("try number 10**30", lambda rid: arq_job(good_request(rid), t=10**30), "try number"),
+    ("try number past the bound", lambda rid: arq_job(good_request(rid), t=1001), "try number"),
+    ("try number a bool", lambda rid: arq_job(good_request(rid), t=True), "`$.t`"),
+    ("try number a float", lambda rid: arq_job(good_request(rid), t=1.0), "`$.t`"),
+    ("enqueue time in microseconds", lambda rid: arq_job(good_request(rid), et=now_ms() * 1000), "enqueue time"),
+    ("enqueue time in seconds", lambda rid: arq_job(good_request(rid), et=now_ms() // 1000), "enqueue time"),
+    ("enqueue time a string", lambda rid: arq_job(good_request(rid), et=str(now_ms())), "`$.et`"),
+    ("enqueue time negative", lambda rid: arq_job(good_request(rid), et=-1), "enqueue time"),
+    ("enqueue time 10**30", lambda rid: arq_job(good_request(rid), et=10**30), "enqueue time"),
+    ("enqueue time a float", lambda rid: arq_job(good_request(rid), et=now_ms() + 0.5), "`$.et`"),
+    ("enqueue time null", lambda rid: arq_job(good_request(rid), et=None), "`$.et`"),
+    ("enqueue time NaN", lambda rid: arq_job(good_request(rid), et=float("nan")), "not valid JSON"),
+    ("enqueue time two days ahead", lambda rid: arq_job(good_request(rid), et=now_ms() + 2 * 86_400_000), "enqueue"),
+    ("keywords a list", lambda rid: arq_job(good_request(rid), k=[]), "`$.k`"),
+    ("keyword named ctx", lambda rid: arq_job(good_request(rid), k={"ctx": 1}), "no keywords"),
+    ("smuggled bad-payload marker", lambda rid: arq_job(good_request(rid), k={BAD_PAYLOAD_MARKER: 1}), "no keywords"),
+    ("function not a string", lambda rid: arq_job(good_request(rid), f=7), "`$.f`"),
+    ("function missing", lambda rid: arq_job(good_request(rid), f=...), "`f`"),
+    ("arguments missing", lambda rid: arq_job(good_request(rid), a=...), "`a`"),
+    ("arguments nested 40 deep", lambda rid: deeply_nested_args(40), "nests deeper"),
+    ("arguments nested past the recursion limit", lambda rid: deeply_nested_args(990), "nests too deeply"),
+    ("JSON null", lambda rid: b"null", "JSON object"),
+    ("keywords null", lambda rid: arq_job(good_request(rid), k=None), "`$.k`"),
 ]
 
 

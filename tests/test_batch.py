@@ -22,29 +22,38 @@ def _request(custom_id: str, url: str, body: dict[str, Any]) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
 
-INPUT_LINES = [
-    _request(
-        "plain",
-        "/v1/completions",
-        {"model": "tiny", "prompt": "The key to happiness is", "max_tokens": 5, "temperature": 0, "ignore_eos": True},
-    ),
-    _request(
-        "chat",
-        "/v1/chat/completions",
-        {
-            "model": "tiny",
-            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}],
-            "max_completion_tokens": 4,
-            "ignore_eos": True,
-        },
-    ),
-    _request("two", "/v1/completions", {"prompt": "Once upon a time", "n": 2, "max_tokens": 3, "ignore_eos": True}),
-    "{this line is not JSON",
-    _request("logprobs", "/v1/completions", {"prompt": "Hi", "logprobs": 3}),
-    _request("cold", "/v1/completions", {"prompt": "Hi", "temperature": -1.0}),
-    "",
-    json.dumps({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
-]
+def input_lines(model: str) -> list[str]:
+    """A batch file's lines for the worker serving ``model``: good ones, and bad ones of every kind."""
+    return [
+        _request(
+            "plain",
+            "/v1/completions",
+            {
+                "model": model,
+                "prompt": "The key to happiness is",
+                "max_tokens": 5,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        ),
+        _request(
+            "chat",
+            "/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}],
+                "max_completion_tokens": 4,
+                "ignore_eos": True,
+            },
+        ),
+        _request("two", "/v1/completions", {"prompt": "Once upon a time", "n": 2, "max_tokens": 3, "ignore_eos": True}),
+        "{this line is not JSON",
+        _request("logprobs", "/v1/completions", {"prompt": "Hi", "logprobs": 3}),
+        _request("cold", "/v1/completions", {"prompt": "Hi", "temperature": -1.0}),
+        "",
+        json.dumps({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
+        _request("nobody", "/v1/completions", {"model": "no-such-model", "prompt": "Hi", "max_tokens": 2}),
+    ]
 
 
 def _run_batch(worker: WorkerProcess, in_path: Path, out_path: Path) -> subprocess.CompletedProcess[str]:
@@ -58,25 +67,26 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
-    worker: WorkerProcess, tmp_path: Path
+    worker: WorkerProcess, tmp_path: Path, tiny_model: Path
 ) -> None:
+    model = str(tiny_model)
     in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    in_path.write_text("\n".join(INPUT_LINES) + "\n")
+    in_path.write_text("\n".join(input_lines(model)) + "\n")
 
     first = _run_batch(worker, in_path, out_path)
 
     assert first.returncode == 1, first.stderr  # some lines failed, and it says so
-    assert "3 succeeded, 4 failed, 0 skipped" in first.stderr
+    assert "3 succeeded, 5 failed, 0 skipped" in first.stderr
     lines = _lines(out_path)
-    assert len(lines) == 7
+    assert len(lines) == 8
     by_id = {line["custom_id"]: line for line in lines}
-    assert len({line["id"] for line in lines}) == 7
-    assert len({line["response"]["request_id"] for line in lines}) == 7
+    assert len({line["id"] for line in lines}) == 8
+    assert len({line["response"]["request_id"] for line in lines}) == 8
 
     plain = by_id["plain"]
     assert plain["error"] is None and plain["response"]["status_code"] == 200
     body = plain["response"]["body"]
-    assert body["object"] == "text_completion" and body["model"] == "tiny"
+    assert body["object"] == "text_completion" and body["model"] == model
     assert [c["finish_reason"] for c in body["choices"]] == ["length"]
     assert body["usage"]["completion_tokens"] == 5
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 5
@@ -99,6 +109,8 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     assert by_id["cold"]["response"]["status_code"] == 400  # refused by vLLM on the worker
     assert by_id["cold"]["error"].startswith("invalid_request:") and "temperature" in by_id["cold"]["error"]
     assert by_id["embed"]["response"]["status_code"] == 400 and "/v1/embeddings" in by_id["embed"]["error"]
+    nobody = by_id["nobody"]  # routed by its model, which no worker serves
+    assert nobody["response"]["status_code"] == 404 and "no worker serves model 'no-such-model'" in nobody["error"]
 
     # Output lines are what `vllm serve` returns, as its own models read them.
     completion_protocol = pytest.importorskip("vllm.entrypoints.openai.completion.protocol")
@@ -111,7 +123,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     before = out_path.read_text()
     again = _run_batch(worker, in_path, out_path)
     assert again.returncode == 0, again.stderr
-    assert "0 succeeded, 0 failed, 7 skipped" in again.stderr
+    assert "0 succeeded, 0 failed, 8 skipped" in again.stderr
     assert out_path.read_text() == before
 
     # A run interrupted before "plain" finished (its line missing, the last one torn):
@@ -120,7 +132,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     out_path.write_text("\n".join(kept) + "\n" + '{"id": "batch-torn", "custom_')
     resumed = _run_batch(worker, in_path, out_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert "1 succeeded, 0 failed, 6 skipped" in resumed.stderr
+    assert "1 succeeded, 0 failed, 7 skipped" in resumed.stderr
     final = _lines(out_path)
     assert sorted(str(line["custom_id"]) for line in final) == sorted(str(line["custom_id"]) for line in lines)
     redone = next(line for line in final if line["custom_id"] == "plain")

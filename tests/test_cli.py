@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
-from producer.protocol import events_channel
+from producer.protocol import WorkerRegistration, events_channel
 
 pytestmark = pytest.mark.engine
 
@@ -101,3 +101,16 @@ async def test_tail_follows_a_running_request(worker: WorkerProcess, client: Str
     events = [json.loads(line) for line in stdout.decode().splitlines()]
     assert events[-1]["type"] == "final"
     assert "".join(e.get("text", "") for e in events) == completion.text
+
+
+async def test_cancel_finds_a_queued_request_on_its_models_queue(
+    redis_url: str, parked_model: WorkerRegistration
+) -> None:
+    async with await StreamqClient.connect(redis_url) as client:
+        handle = await client.submit("Never run", model=parked_model.model)
+        result = await asyncio.to_thread(run_producer, redis_url, "cancel", handle.request_id)  # no --queue
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"{handle.request_id}: cancelled before it ran" in result.stdout
+        completion = await handle.result()
+        assert completion.finish_reasons == ["cancelled"]
+        assert await client.redis.zcard(parked_model.queue) == 0

@@ -63,3 +63,27 @@ def test_gateway_serves_the_openai_api_with_a_health_check(compose_config: dict[
     assert gateway["environment"]["REDIS_URL"] == "redis://redis:6379"
     assert "/health" in " ".join(gateway["healthcheck"]["test"])
     assert gateway["restart"] == "unless-stopped"
+
+
+def _redis_options(compose_config: dict[str, Any]) -> dict[str, str]:
+    command = compose_config["services"]["redis"]["command"]
+    assert command[0] == "redis-server"
+    flags = command[1:]
+    return {flag.removeprefix("--"): value for flag, value in zip(flags[::2], flags[1::2], strict=True)}
+
+
+def test_redis_never_evicts(compose_config: dict[str, Any]) -> None:
+    # An evicted job, lease or log entry is a request lost or a stream cut short.
+    assert _redis_options(compose_config)["maxmemory-policy"] == "noeviction"
+
+
+def test_redis_persists_to_an_append_only_file_on_a_volume(compose_config: dict[str, Any]) -> None:
+    # A restart keeps queued jobs: every write in the AOF, fsynced each second, on a named volume.
+    options = _redis_options(compose_config)
+    assert options["appendonly"] == "yes"
+    assert options["appendfsync"] == "everysec"
+    redis = compose_config["services"]["redis"]
+    data = [v for v in redis["volumes"] if (v["target"] if isinstance(v, dict) else v.split(":")[1]) == "/data"]
+    assert data, "the Redis data directory is not on a volume"
+    source = data[0]["source"] if isinstance(data[0], dict) else data[0].split(":")[0]
+    assert source in compose_config["volumes"]

@@ -251,6 +251,33 @@ async def test_a_named_stream_resumes_from_last_event_id(
     assert whole.finish_reasons == ["length"] and whole.completion_tokens == 200  # not cancelled by the drop
 
 
+async def test_a_request_id_in_use_is_409(
+    gateway: GatewayProcess, model: str, client: StreamqClient, parked_model: WorkerRegistration
+) -> None:
+    """A named request whose id exists (finished, or cancelled while queued: its log is
+    kept) is refused; the first request's stream is left as it was."""
+    finished, cancelled = f"dup-{uuid.uuid4().hex}", f"dup-{uuid.uuid4().hex}"
+    await (await client.submit(PROMPT, model=model, request_id=finished, max_tokens=2)).result()
+    queued = await client.submit(PROMPT, model=parked_model.model, request_id=cancelled, max_tokens=2)
+    assert await queued.cancel() == "queued"
+    await queued.close()
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as http:
+        replies = [
+            await http.post(
+                "/v1/completions",
+                json={"model": name, "prompt": PROMPT, "max_tokens": 2},
+                headers={"x-streamq-request-id": request_id},
+            )
+            for name, request_id in ((model, finished), (parked_model.model, cancelled))
+        ]
+    for reply, request_id in zip(replies, (finished, cancelled), strict=True):
+        assert reply.status_code == 409, reply.text
+        assert reply.json()["error"]["code"] == "duplicate_request" and request_id in reply.json()["error"]["message"]
+    assert await client.redis.zcard(parked_model.queue) == 0
+    events = [event async for event in await client.follow(cancelled)]
+    assert [e.seq for e in events] == [0] and events[0].finish_reasons == ["cancelled"]  # type: ignore[union-attr]
+
+
 async def test_resume_needs_a_known_named_request(gateway: GatewayProcess, model: str) -> None:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 4, "stream": True}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:

@@ -5,6 +5,7 @@ model under another name, on its own queue), real Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -18,8 +19,9 @@ import redis.asyncio as aioredis
 
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
-from producer.client import NoLiveWorker, QueueFull, StreamqClient, UnknownModel
-from producer.protocol import JOB_KEY_PREFIX, WorkerRegistration
+from producer.client import NoLiveWorker, QueueFull, RequestError, StreamqClient, UnknownModel
+from producer.protocol import JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
+from producer.registry import WorkerRegistry
 from tests.conftest import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine
@@ -95,6 +97,65 @@ def test_cli_names_an_unknown_model(worker: WorkerProcess) -> None:
     result = run_producer(worker.redis_url, "--model", "no-such-model", "Hello")
     assert result.returncode == 1
     assert "no worker serves model 'no-such-model'" in result.stderr
+
+
+async def test_a_worker_refuses_a_request_for_a_model_it_does_not_serve(
+    worker_b: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, gateway: GatewayProcess
+) -> None:
+    """Two models on one queue (a misconfiguration): the request names its model, and
+    the worker of the other model refuses it rather than answer with the wrong one."""
+    imposter = f"imposter-{uuid.uuid4().hex[:8]}"
+    registration = WorkerRegistration(worker_id=imposter, model=imposter, queue=QUEUE_B)
+    registry = WorkerRegistry(raw_redis)
+    await registry.register(registration, ttl_ms=600_000)
+    sdk = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        with pytest.raises(RequestError) as caught:
+            await (await client.submit("Hello", model=imposter, max_tokens=4)).result()
+        with pytest.raises(openai.BadRequestError) as through_gateway:
+            await sdk.completions.create(model=imposter, prompt="Hello", max_tokens=4)
+    finally:
+        await sdk.close()
+        await registry.unregister(registration)
+        await raw_redis.hdel(MODELS_KEY, imposter)
+    expected = f"request for model {imposter!r} reached a worker serving model {MODEL_B!r}"
+    assert caught.value.code == "invalid_request" and expected in caught.value.message
+    assert expected in through_gateway.value.message
+
+
+def test_batch_routes_each_line_by_its_model(
+    worker: WorkerProcess, worker_b: WorkerProcess, tiny_model: Path, tmp_path: Path
+) -> None:
+    lines = [
+        {"custom_id": "a", "model": str(tiny_model)},
+        {"custom_id": "b", "model": MODEL_B},
+        {"custom_id": "nobody", "model": "no-such-model"},
+    ]
+    in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    in_path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": line["custom_id"],
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": line["model"], "prompt": "Hello", "max_tokens": 3},
+                }
+            )
+            + "\n"
+            for line in lines
+        )
+    )
+    result = run_producer(worker.redis_url, "batch", str(in_path), str(out_path), "--no-progress")
+    assert result.returncode == 1, result.stderr  # the unknown model's line failed
+    out = {line["custom_id"]: line for line in map(json.loads, out_path.read_text().splitlines())}
+    a, b = out["a"]["response"], out["b"]["response"]
+    assert a["status_code"] == b["status_code"] == 200
+    assert a["body"]["model"] == str(tiny_model) and b["body"]["model"] == MODEL_B
+    assert a["request_id"] in worker.log_path.read_text() and a["request_id"] not in worker_b.log_path.read_text()
+    assert b["request_id"] in worker_b.log_path.read_text() and b["request_id"] not in worker.log_path.read_text()
+    assert out["nobody"]["response"]["status_code"] == 404
+    assert "no worker serves model 'no-such-model'" in out["nobody"]["error"]
 
 
 async def test_a_stopped_worker_leaves_the_registry(worker_b: WorkerProcess, client: StreamqClient) -> None:

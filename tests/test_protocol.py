@@ -92,7 +92,7 @@ def test_request_ids_cannot_reach_other_keys() -> None:
 
 
 def test_jobs_are_json_not_pickle() -> None:
-    job = {"t": 1, "f": "generate", "a": [{"request_id": "r", "prompt": "x"}], "k": {}, "et": 1}
+    job = {"t": 1, "f": "generate", "a": [{"request_id": "r", "prompt": "x"}], "k": {}, "et": 1_764_450_000_000}
     wire = serialize_job(job)
     assert json.loads(wire) == job
     assert deserialize_job(wire) == job
@@ -108,8 +108,8 @@ def test_failed_job_results_serialize_their_exception() -> None:
     [
         (b"\x80\x04\x95 pickle bytes", "not valid JSON"),
         (b"[1]", "JSON object"),
-        (b'{"f": "generate", "a": [], "k": {}}', "'et'"),
-        (b'{"f": "os.system", "a": [], "k": {}, "et": 1}', "unknown job function"),
+        (b'{"t": 1, "f": "generate", "a": [], "k": {}}', "`et`"),
+        (b'{"t": 1, "f": "os.system", "a": [], "k": {}, "et": 1764450000000}', "unknown job function"),
     ],
 )
 def test_undecodable_jobs_still_reach_the_job_function(payload: bytes, reason: str) -> None:

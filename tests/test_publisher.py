@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from producer.protocol import events_channel
-from producer.replay import Appended, ReplayLog
-from worker.publisher import EventPublisher
+from producer.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
+from producer.replay import Appended, LogEvent, ReplayLog
+from worker.publisher import EventPublisher, PublishFailed
 
 
 @pytest.fixture
@@ -73,8 +73,10 @@ async def test_an_event_already_logged_is_not_published_again(redis: aioredis.Re
     await pubsub.subscribe(events_channel(request_id))
     await pubsub.get_message(timeout=5)
 
-    assert await log.append([(request_id, 0, 1, b"first"), (request_id, 1, 1, b"second")]) == Appended(0, frozenset())
-    again = await log.append([(request_id, 1, 1, b"second again"), (request_id, 2, 1, b"third")])
+    assert await log.append([LogEvent(request_id, 0, 1, b"first"), LogEvent(request_id, 1, 1, b"second")]) == Appended(
+        0, frozenset()
+    )
+    again = await log.append([LogEvent(request_id, 1, 1, b"second again"), LogEvent(request_id, 2, 1, b"third")])
     assert again == Appended(1, frozenset())  # a duplicate, not a superseded attempt
 
     published = []
@@ -92,11 +94,74 @@ async def test_a_superseded_attempt_can_no_longer_write(redis: aioredis.Redis) -
     took the request over."""
     request_id = f"pub-{uuid.uuid4().hex}"
     log = ReplayLog(redis)
-    await log.append([(request_id, 0, 1, b"a1-0"), (request_id, 1, 1, b"a1-1")])
+    await log.append([LogEvent(request_id, 0, 1, b"a1-0"), LogEvent(request_id, 1, 1, b"a1-1")])
 
     assert await log.take_over(request_id, 2) == [b"a1-0", b"a1-1"]
-    assert await log.append([(request_id, 2, 1, b"a1-2 (stale)")]) == Appended(1, frozenset({request_id}))
-    mixed = await log.append([(request_id, 2, 2, b"a2-2"), (request_id, 3, 1, b"a1-3 (stale)")])
+    assert await log.append([LogEvent(request_id, 2, 1, b"a1-2 (stale)")]) == Appended(1, frozenset({request_id}))
+    mixed = await log.append([LogEvent(request_id, 2, 2, b"a2-2"), LogEvent(request_id, 3, 1, b"a1-3 (stale)")])
     assert mixed == Appended(1, frozenset({request_id}))
-    assert await log.append([(request_id, 3, 0, b"producer's own event")]) == Appended(0, frozenset())
+    assert await log.append([LogEvent(request_id, 3, 0, b"producer's own event")]) == Appended(0, frozenset())
     assert await log.read(request_id) == [b"a1-0", b"a1-1", b"a2-2", b"producer's own event"]
+
+
+async def test_nothing_is_logged_after_a_terminal_event(redis: aioredis.Redis) -> None:
+    """Once a request ended, any attempt still writing is refused and told to stop, while
+    a retried batch that holds the terminal event itself is a plain duplicate."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    ended = [LogEvent(request_id, 0, 1, b"a1-0"), LogEvent(request_id, 1, 1, b"a1-final", terminal=True)]
+    assert await log.append(ended) == Appended(0, frozenset())
+    assert await log.append(ended) == Appended(2, frozenset())  # retried: duplicates only
+    assert await log.append([LogEvent(request_id, 2, 1, b"late")]) == Appended(1, frozenset({request_id}))
+    assert await log.append([LogEvent(request_id, 2, 3, b"newer attempt")]) == Appended(1, frozenset({request_id}))
+    assert await log.read(request_id) == [b"a1-0", b"a1-final"]
+
+
+async def test_end_numbers_the_event_in_redis_and_ends_a_request_once(redis: aioredis.Redis) -> None:
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    await log.append([LogEvent(request_id, 0, 1, b'{"x":0}'), LogEvent(request_id, 1, 1, b'{"x":1}')])
+    error = ErrorEvent(request_id=request_id, seq=0, code="expired", message="gone \u00e9")
+    assert await log.end(request_id, error) == 2
+    final = FinalEvent(request_id=request_id, seq=0, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0)
+    assert await log.end(request_id, final) is None  # already ended: not a second terminal event
+    logged = decode_event((await log.read(request_id, from_seq=2))[0])
+    assert logged == ErrorEvent(request_id=request_id, seq=2, code="expired", message="gone \u00e9")
+    assert await log.append([LogEvent(request_id, 3, 1, b"late")]) == Appended(1, frozenset({request_id}))
+    fresh = f"pub-{uuid.uuid4().hex}"
+    assert (
+        await log.end(
+            fresh,
+            FinalEvent(request_id=fresh, seq=0, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0),
+        )
+        == 0
+    )
+
+
+async def test_a_final_written_from_outside_counts_the_tokens_already_sent(redis: aioredis.Redis) -> None:
+    """A cancel that finds the request queued while an attempt whose lease lapsed had
+    already streamed some tokens: the final it writes counts them."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    chunks = [ChunkEvent(request_id=request_id, seq=seq, text="ab", token_ids=[seq, seq + 1]) for seq in range(3)]
+    await log.append([LogEvent(request_id, c.seq, 1, encode_event(c)) for c in chunks])
+    final = FinalEvent(request_id=request_id, seq=0, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0)
+    assert await log.end(request_id, final) == 3
+    logged = decode_event((await log.read(request_id, from_seq=3))[0])
+    assert isinstance(logged, FinalEvent) and logged.seq == 3 and logged.completion_tokens == 6
+
+
+async def test_an_event_redis_refuses_fails_its_batch_loudly_and_the_publisher_goes_on(redis: aioredis.Redis) -> None:
+    """A write error that is not a duplicate (here WRONGTYPE) is never counted as
+    delivered: the waiters of that batch fail, and later batches still go out."""
+    broken, healthy = f"pub-{uuid.uuid4().hex}", f"pub-{uuid.uuid4().hex}"
+    await redis.set(events_channel(broken), "not a stream")
+    publisher = EventPublisher(ReplayLog(redis))
+    publisher.start()
+    publisher.publish(broken, 0, 1, b"doomed")
+    with pytest.raises(PublishFailed, match="WRONGTYPE"):
+        await publisher.flushed()
+    publisher.publish(healthy, 0, 1, b"fine")
+    await publisher.flushed()
+    assert await ReplayLog(redis).read(healthy) == [b"fine"]
+    await publisher.close()

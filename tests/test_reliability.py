@@ -23,7 +23,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
-from producer.client import StreamqClient
+from producer.client import DuplicateRequest, StreamqClient
 from producer.protocol import FinalEvent
 from producer.replay import ReplayLog
 from tests.conftest import MAX_MODEL_LEN
@@ -104,6 +104,31 @@ async def test_cancel_removes_a_queued_request(redis_url: str, raw_redis: aiored
         assert await idle.cancel(handle.request_id) == "unknown"
 
 
+async def test_the_id_of_a_cancelled_request_is_not_reused(redis_url: str) -> None:
+    """Its replay log is still kept: a second request under the same id would splice its
+    events into the first's stream, so it is refused."""
+    async with await StreamqClient.connect(redis_url, queue="streamq:nobody-serves-this") as idle:
+        handle = await idle.submit("Never run")
+        assert await idle.cancel(handle.request_id) == "queued"
+        with pytest.raises(DuplicateRequest, match=handle.request_id):
+            await idle.submit("Again", request_id=handle.request_id)
+        assert await idle.queue_depth() == 0
+        events = [event async for event in await idle.follow(handle.request_id)]
+    assert [type(e) for e in events] == [FinalEvent] and events[0].finish_reasons == ["cancelled"]
+
+
+async def test_a_producer_whose_clock_is_ahead_does_not_defer_its_requests(
+    client: StreamqClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Queue scores are Redis's clock: a job scored by a producer an hour ahead would wait
+    an hour for a worker."""
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
+    async with asyncio.timeout(30):
+        completion = await (await client.submit("Hello", max_tokens=3)).result()
+    assert completion.completion_tokens == 3
+
+
 async def test_closing_a_handle_can_cancel_its_request(client: StreamqClient, raw_redis: aioredis.Redis) -> None:
     handle = await client.submit("Go on and on", max_tokens=LONG, ignore_eos=True)
     handle.cancel_on_close = True
@@ -128,6 +153,30 @@ async def test_queue_wait_limit_ends_a_stale_request(worker: WorkerProcess, clie
     assert completion.completion_tokens == 0
 
 
+async def test_a_worker_stalled_past_its_lease_keeps_its_own_job(
+    worker: WorkerProcess, client: StreamqClient, redis_url: str
+) -> None:
+    """A worker frozen for longer than the lease (here SIGSTOP; a stalled loop or a Redis
+    outage does the same) finds its lease lapsed when it runs again. With nobody else
+    holding it, it takes the lease back: it must not claim its own running job a second
+    time, and the stream goes on as one attempt."""
+    request_id = f"stalled-{uuid.uuid4().hex}"
+
+    async def submit_and_stall() -> None:
+        await client.submit("Tell me everything", request_id=request_id, max_tokens=LONG, ignore_eos=True)
+        await wait_for_chunks(redis_url, request_id, 10)
+        with paused(worker):
+            await asyncio.sleep(4.5)  # the 3 s lease lapses meanwhile
+
+    events = await capture_events(redis_url, request_id, submit_and_stall)
+
+    assert_well_formed(events, request_id)
+    assert events[-1]["type"] == "final" and events[-1]["finish_reasons"] == ["length"]
+    assert sum(len(e["token_ids"]) for e in events[:-1]) == LONG
+    assert {e["attempt"] for e in events} == {1}
+    assert not [line for line in worker.log_tail(400).splitlines() if request_id in line and "try=2" in line]
+
+
 async def test_an_attempt_taken_over_elsewhere_stops_and_the_request_resumes(
     worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -149,7 +198,7 @@ async def test_an_attempt_taken_over_elsewhere_stops_and_the_request_resumes(
     assert final["type"] == "final" and final["finish_reasons"] == ["length"]
     assert sum(len(c["token_ids"]) for c in chunks) == final["completion_tokens"] == LONG
     assert {e["attempt"] for e in events} == {1, 2}  # the job ran again after the old attempt stopped
-    assert f"request {request_id}: taken over by another worker; stopping this attempt" in worker.log_tail(400)
+    assert f"request {request_id}: taken over elsewhere or ended; stopping attempt 1" in worker.log_tail(400)
     result = await job_result(raw_redis, request_id)
     assert result["t"] == 2 and result["r"]["finish_reasons"] == ["length"]
 

@@ -1,13 +1,15 @@
 """A highly available Redis, reached through Sentinel: ``redis+sentinel://`` URLs.
 
-Real parts: a password-protected Redis, a real Sentinel process monitoring it (the
-same server binary in sentinel mode), a real ``python -m worker`` and the producer
-library, both given only the Sentinel's address and the master's name. The worker
-runs the scripted engine: what is under test is how both sides find Redis.
+Real parts: a password-protected Redis, real Sentinel processes monitoring it (the
+same server binary in sentinel mode), a replica, a real ``python -m worker`` and the
+producer library, both given only the Sentinels' addresses and the master's name. The
+worker runs the scripted engine: what is under test is how both sides find Redis, and
+follow it when the master dies and a replica takes its place.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import subprocess
 import sys
@@ -19,9 +21,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from devkit.redis_server import RedisServer, free_port, server_binary
+from devkit.redis_server import RedisServer, SentinelServer, free_port, server_binary
 from devkit.worker_process import WorkerProcess, worker_env
-from producer.client import StreamqClient
+from producer.client import RequestHandle, StreamqClient
+from producer.protocol import ChunkEvent, Event, FinalEvent
 
 MASTER = "streamq-master"
 
@@ -85,5 +88,82 @@ async def test_worker_and_producer_find_redis_through_sentinel(
         gc.collect()  # a connection the client failed to close fails this test, not a later one
         assert completion.completion_tokens == 5 and completion.finish_reasons == ["length"]
         assert redis.Redis.from_url(master.url).exists(f"arq:result:{completion.request_id}")
+    finally:
+        assert worker.stop() == 0, worker.log_tail()
+
+
+@pytest.fixture
+def replicated_redis() -> Iterator[tuple[str, RedisServer, RedisServer, list[SentinelServer]]]:
+    """A password-protected master, one replica and three Sentinels (quorum 2) that fail
+    over one second after the master stops answering; the ``redis+sentinel://`` URL."""
+    password = uuid.uuid4().hex
+    with (
+        RedisServer(user="streamq", password=password) as master,
+        RedisServer(user="streamq", password=password, replica_of=master) as replica,
+    ):
+        sentinels = [SentinelServer(master, MASTER, quorum=2, down_after_ms=1000) for _ in range(3)]
+        try:
+            for sentinel in sentinels:
+                sentinel.start()
+            for sentinel in sentinels:  # each knows the replica and the other two: a failover can happen
+                sentinel.wait_until(lambda s: int(s["num-slaves"]) == 1 and int(s["num-other-sentinels"]) == 2)
+            hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+            yield f"redis+sentinel://streamq:{password}@{hosts}/{MASTER}", master, replica, sentinels
+        finally:
+            for sentinel in sentinels:
+                sentinel.stop()
+
+
+TOKENS = 600  # at 100 tokens/s per request: six seconds of streaming each
+
+
+async def test_requests_in_flight_complete_exactly_across_a_sentinel_failover(
+    replicated_redis: tuple[str, RedisServer, RedisServer, list[SentinelServer]], tmp_path: Path
+) -> None:
+    url, master, replica, sentinels = replicated_redis
+    command = [
+        sys.executable,
+        "-m",
+        "worker",
+        "--redis-url",
+        url,
+        "--metrics-port",
+        "0",
+        "--engine-factory",
+        "bench.synthetic_engine:create",
+    ]
+    worker = WorkerProcess(
+        master.url,
+        [],
+        log_path=tmp_path / "worker.log",
+        command=command,
+        env=worker_env(STREAMQ_SYNTH_TOKENS_PER_S="100"),
+    )
+    worker.start().wait_ready(timeout_s=120)
+    try:
+        async with await StreamqClient.connect(url) as client:
+            handles = [await client.submit(f"request {i}", max_tokens=TOKENS) for i in range(4)]
+
+            async def collect(handle: RequestHandle) -> list[Event]:
+                return [event async for event in handle]
+
+            streams = asyncio.gather(*(collect(h) for h in handles))
+            await asyncio.sleep(1.5)
+            master.kill()  # SIGKILL mid-stream
+            killed_at = time.monotonic()
+            results = await asyncio.wait_for(streams, timeout=90)
+            recovered_in = time.monotonic() - killed_at
+
+            assert all(s.master_port() == replica.port for s in sentinels), "the replica was not promoted"
+            for events in results:
+                assert [e.seq for e in events] == list(range(len(events))), worker.log_tail()  # no gap, no repeat
+                assert isinstance(events[-1], FinalEvent) and events[-1].finish_reasons == ["length"]
+                assert not any(isinstance(e, FinalEvent) for e in events[:-1])
+                assert sum(len(e.token_ids) for e in events if isinstance(e, ChunkEvent)) == TOKENS
+            # ...and the worker takes new work from the new master.
+            after = await (await client.submit("after the failover", max_tokens=5)).result()
+            assert after.completion_tokens == 5
+        print(f"failover: requests complete {recovered_in:.1f}s after the master was killed")
+        assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
     finally:
         assert worker.stop() == 0, worker.log_tail()

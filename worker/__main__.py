@@ -16,10 +16,12 @@ import sys
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from producer.connection import add_connection_options, redis_settings_for
+from producer.replay import LOG_MAXLEN_ENV, LOG_TTL_ENV, log_limits_from_env
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
-from worker.settings import worker_settings
+from worker.scheduling import cpu_nice_from_env
+from worker.settings import WorkerSettings, worker_settings
 
 
 def build_parser() -> FlexibleArgumentParser:
@@ -41,6 +43,13 @@ def build_parser() -> FlexibleArgumentParser:
         "to the queue (default: $STREAMQ_DRAIN_SECONDS or %(default)s)",
     )
     group.add_argument(
+        "--job-timeout",
+        type=float,
+        default=WorkerSettings.job_timeout,
+        help="hard limit on one job's run, in seconds: past it the request ends with an error event "
+        "(code timeout); a request's own deadline is its timeout_s (default: %(default)s)",
+    )
+    group.add_argument(
         "--engine-factory",
         default=None,
         metavar="MODULE:CALLABLE",
@@ -53,6 +62,29 @@ def build_parser() -> FlexibleArgumentParser:
         default=metrics_port_from_env(),
         help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics; 0 turns them off "
         "(default: $STREAMQ_METRICS_PORT or %(default)s)",
+    )
+    group.add_argument(
+        "--cpu-nice",
+        type=int,
+        default=cpu_nice_from_env(),
+        help="lower the CPU weight of the worker and its engine processes (and of their session or cgroup) by "
+        "this nice value, so that Redis and clients on the same host are never starved by the busy engine; "
+        "0 leaves it alone (default: $STREAMQ_CPU_NICE or %(default)s)",
+    )
+    log_maxlen, log_ttl_ms = log_limits_from_env()
+    group.add_argument(
+        "--log-ttl-s",
+        type=float,
+        default=log_ttl_ms / 1000,
+        help=f"how long a request's replay log (its events, for late and reconnecting subscribers and for "
+        f"resuming elsewhere) outlives its last event (default: ${LOG_TTL_ENV} or %(default)g)",
+    )
+    group.add_argument(
+        "--log-maxlen",
+        type=int,
+        default=log_maxlen,
+        help=f"events kept in a request's replay log; a longer request's oldest events are trimmed "
+        f"(default: ${LOG_MAXLEN_ENV} or %(default)s)",
     )
     add_engine_args(parser)
     return parser
@@ -68,12 +100,16 @@ def main(argv: list[str] | None = None) -> None:
         "redis_settings": redis_settings_for(args.redis_url),
         "queue_name": args.queue,
         "job_completion_wait": args.drain_seconds,
+        "job_timeout": args.job_timeout,
         # With a scripted engine vLLM's arguments are unused (and would name a hub model).
         "ctx": {
             "engine_args": None if args.engine_factory else engine_args_from_namespace(args),
             "engine_factory": args.engine_factory,
             "metrics_port": args.metrics_port,
+            "cpu_nice": args.cpu_nice,
             "queue_name": args.queue,  # the queue this worker registers for its model
+            "log_ttl_ms": round(args.log_ttl_s * 1000),
+            "log_maxlen": args.log_maxlen,
         },
     }
     if args.max_jobs is not None:

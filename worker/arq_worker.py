@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import Any
 
 from arq.utils import timestamp_ms
 from arq.worker import Worker
@@ -32,26 +31,33 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL
+from producer.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL, ErrorEvent, is_valid_request_id
+from producer.subscriber import live_messages
 from producer.tasks import stop_task
+from worker import metrics
 from worker.engine import max_batch_size
+from worker.failures import failure_of
+from worker.state import WorkerState
 
 logger = logging.getLogger("streamq.worker")
 
 _CLAIM = """
--- KEYS[1]: the queue. ARGV: now (ms), how many to claim, in-progress TTL (ms),
--- queue entries to read per page, the in-progress key prefix.
--- Returns id, score, id, score, ... of the jobs claimed. Running jobs stay in arq's
--- queue until they finish, so pages are read until enough free ones are found.
-local wanted, page, claimed, offset = tonumber(ARGV[2]), tonumber(ARGV[4]), {}, 0
-while #claimed < 2 * wanted do
-  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', offset, page)
+-- KEYS[1]: the queue. ARGV: how many to claim, in-progress TTL (ms), queue entries to
+-- read per page, the in-progress key prefix, this worker's id (the lease's holder).
+-- Returns Redis's time (ms), then id, score, id, score, ... of the jobs claimed. Jobs
+-- are due by Redis's clock, never a worker's. Running jobs stay in arq's queue until
+-- they finish, so pages are read until enough free ones are found.
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local wanted, page, claimed, offset = tonumber(ARGV[1]), tonumber(ARGV[3]), {now}, 0
+while #claimed < 1 + 2 * wanted do
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', offset, page)
   if #due == 0 then break end
   for i = 1, #due, 2 do
-    if redis.call('SET', ARGV[5] .. due[i], '1', 'NX', 'PX', ARGV[3]) then
+    if redis.call('SET', ARGV[4] .. due[i], ARGV[5], 'NX', 'PX', ARGV[2]) then
       claimed[#claimed + 1] = due[i]
       claimed[#claimed + 1] = due[i + 1]
-      if #claimed >= 2 * wanted then break end
+      if #claimed >= 1 + 2 * wanted then break end
     end
   end
   offset = offset + page
@@ -73,7 +79,7 @@ class StreamqWorker(Worker):
     async def main(self) -> None:
         """arq's ``Worker.main`` with the fixed-interval poll replaced by wake-ups."""
         if self._pool is None:
-            from arq.connections import create_pool
+            from producer.connection import create_pool
 
             self._pool = await create_pool(
                 self.redis_settings,
@@ -117,21 +123,32 @@ class StreamqWorker(Worker):
         arq's housekeeping (aborts, finished tasks, health check)."""
         free = self.max_jobs - self.job_counter
         if self.allow_pick_jobs and free > 0:
-            leases = self.ctx.get("leases")
-            ttl_ms = leases.ttl_ms if leases is not None else int(self.in_progress_timeout_s * 1000)
-            reply = await self._claim(
+            state: WorkerState = self.ctx["state"]
+            ttl_ms = state.leases.ttl_ms
+            asked_at = timestamp_ms()
+            redis_now, *reply = await self._claim(
                 keys=[self.queue_name],
-                args=[timestamp_ms(), free, ttl_ms, self.queue_read_limit, IN_PROGRESS_PREFIX],
+                args=[free, ttl_ms, self.queue_read_limit, IN_PROGRESS_PREFIX, state.worker_id],
             )
+            state.clock.observe(int(redis_now), asked_at, timestamp_ms())
             for job_id, score in zip(reply[::2], reply[1::2], strict=True):
-                await self._start(job_id.decode(), int(float(score)))
+                job_id = job_id.decode()
+                if job_id in self.tasks:
+                    # Its lease lapsed while it runs here (Redis was away, or this loop
+                    # stalled): the claim just took it back for the running attempt.
+                    logger.warning("job %s: lease had lapsed; kept by its running attempt", job_id)
+                    continue
+                await self._start(job_id, int(float(score)))
             self._more_may_wait = len(reply) // 2 == free
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
             if task.done():
                 del self.tasks[job_id]
-                task.result()  # re-raise what went wrong inside arq's run_job
+                if not task.cancelled() and task.exception() is not None:
+                    # arq's own bookkeeping failed (Redis away at the end of the job):
+                    # the job stays queued, its lease lapses and it runs again.
+                    logger.error("job %s: arq could not finish it: %r", job_id, task.exception())
         await self.heart_beat()
 
     async def _start(self, job_id: str, score: int) -> None:
@@ -151,24 +168,60 @@ class StreamqWorker(Worker):
     async def _listen(self, wakeups: PubSub) -> None:
         while True:
             try:
-                message = await wakeups.get_message(ignore_subscribe_messages=True, timeout=None)
+                async for message in live_messages(wakeups):
+                    if message["type"] == "message" and message["data"] in (self.queue_name, self.queue_name.encode()):
+                        self._wake.set()
             except Exception as exc:  # a dropped connection: fall back to polling for a while
                 logger.warning("wake-up channel lost (%s); polling every %.2fs", exc, self.poll_delay_s)
                 await asyncio.sleep(1)
-                continue
-            if message is not None and message["data"] in (self.queue_name, self.queue_name.encode()):
-                self._wake.set()
 
-    async def finish_job(self, job_id: str, *args: Any, **kwargs: Any) -> None:
-        """arq's bookkeeping at the end of a job, skipped for a job this worker was
-        running when another worker took it over (its lease had lapsed): the job's
-        keys and result now belong to the attempt that took over, which may still run."""
+    async def finish_job(
+        self,
+        job_id: str,
+        finish: bool,
+        result_data: bytes | None,
+        result_timeout_s: float | None,
+        keep_result_forever: bool,
+        incr_score: int | None,
+        keep_in_progress: float | None,
+    ) -> None:
+        """arq's bookkeeping at the end of a job, after making sure a failed job's
+        request has its terminal event. Skipped for a job this worker was running when
+        another worker took it over (its lease had lapsed): the job's keys and result
+        now belong to the attempt that took over, which may still run."""
         state = self.ctx.get("state")
         if state is not None and job_id in state.superseded_jobs:
             state.superseded_jobs.discard(job_id)
             logger.info("job %s: superseded; leaving its keys to the attempt that took it over", job_id)
             return
-        await super().finish_job(job_id, *args, **kwargs)
+        if finish:
+            await self._end_failed_request(job_id, result_data)
+        await super().finish_job(
+            job_id, finish, result_data, result_timeout_s, keep_result_forever, incr_score, keep_in_progress
+        )
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        """arq gave up on a job without running it (tries exhausted, payload expired or
+        undecodable): end its request with an error event, then arq's bookkeeping."""
+        await self._end_failed_request(job_id, result_data)
+        await super().finish_failed_job(job_id, result_data)
+
+    async def _end_failed_request(self, job_id: str, result_data: bytes | None) -> None:
+        """Publish an error event for a job that failed, unless its request already
+        ended (it usually has: the job function reports its own failures)."""
+        code, message = failure_of(result_data)
+        if code is None or not is_valid_request_id(job_id):
+            return
+        state: WorkerState = self.ctx["state"]
+        event = ErrorEvent(request_id=job_id, seq=0, code=code, message=message)
+        try:
+            seq = await state.replay_log.end(job_id, event)
+        except Exception as exc:  # Redis away: the job stays queued and runs again later
+            logger.error("request %s: could not publish its error event (%s): %s", job_id, code, exc)
+            return
+        if seq is not None:
+            metrics.REQUEST_ERRORS.labels(code=code).inc()
+            logger.warning("request %s failed (%s): %s", job_id, code, message)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from redis.asyncio import Redis
 
 from producer.protocol import CANCEL_CHANNEL
+from producer.subscriber import live_messages
 from producer.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
@@ -34,9 +35,10 @@ class CancelListener:
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._running: dict[str, asyncio.Task[object]] = {}
+        self._running: dict[str, tuple[int, asyncio.Task[object]]] = {}
+        """request id -> (attempt, task) of the attempt running here."""
         self._requested: dict[str, float] = {}
-        self._superseded: set[str] = set()
+        self._superseded: set[tuple[str, int]] = set()
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -51,46 +53,54 @@ class CancelListener:
         """True if a cancel for ``request_id`` has been heard (recently)."""
         return request_id in self._requested
 
-    def was_superseded(self, request_id: str) -> bool:
-        """True if the current attempt at ``request_id`` was stopped by ``supersede``."""
-        return request_id in self._superseded
+    def take_superseded(self, request_id: str, attempt: int) -> bool:
+        """True (once) if ``attempt`` at ``request_id`` was stopped by ``supersede``."""
+        try:
+            self._superseded.remove((request_id, attempt))
+        except KeyError:
+            return False
+        return True
 
-    def supersede(self, request_id: str) -> None:
-        """Stop this worker's attempt at ``request_id``: a newer one elsewhere owns it."""
-        task = self._running.get(request_id)
-        if task is not None and request_id not in self._superseded:
-            logger.warning("request %s: taken over by another worker; stopping this attempt", request_id)
-            self._superseded.add(request_id)
-            task.cancel()
+    def supersede(self, request_id: str, attempt: int | None = None) -> None:
+        """Stop this worker's attempt at ``request_id`` (only if it is ``attempt``, when
+        given): another worker owns the request now, or it already ended."""
+        running = self._running.get(request_id)
+        if running is None or (attempt is not None and running[0] != attempt):
+            return
+        key = (request_id, running[0])
+        if key not in self._superseded:
+            logger.warning("request %s: taken over elsewhere or ended; stopping attempt %d", request_id, running[0])
+            self._superseded.add(key)
+            running[1].cancel()
 
     @contextmanager
-    def registered(self, request_id: str) -> Iterator[None]:
+    def registered(self, request_id: str, attempt: int) -> Iterator[None]:
         """While inside, a cancel for ``request_id`` cancels the current task."""
         task = asyncio.current_task()
         assert task is not None
-        self._superseded.discard(request_id)  # a new attempt starts unsuperseded
-        self._running[request_id] = task
+        self._running[request_id] = (attempt, task)
         try:
             if self.was_cancelled(request_id):
                 task.cancel()
             yield
         finally:
-            self._running.pop(request_id, None)
+            if self._running.get(request_id, (None, None))[1] is task:
+                del self._running[request_id]
 
     def cancel_all(self) -> None:
         """Cancel every registered job without marking it as requested by a producer:
         each one is handed back to the queue (used when the engine died)."""
-        for task in self._running.values():
+        for _, task in self._running.values():
             task.cancel()
 
     def _cancel(self, request_id: str) -> None:
         now = time.monotonic()
         self._requested = {rid: t for rid, t in self._requested.items() if now - t < REMEMBER_S}
         self._requested[request_id] = now
-        task = self._running.get(request_id)
-        if task is not None:
+        running = self._running.get(request_id)
+        if running is not None:
             logger.info("request %s: cancel requested", request_id)
-            task.cancel()
+            running[1].cancel()
 
     async def _listen(self) -> None:
         while True:
@@ -98,7 +108,7 @@ class CancelListener:
             try:
                 await pubsub.subscribe(CANCEL_CHANNEL)
                 self._subscribed.set()
-                async for message in pubsub.listen():
+                async for message in live_messages(pubsub):
                     if message["type"] == "message":
                         data = message["data"]
                         self._cancel(data.decode() if isinstance(data, bytes) else data)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from arq import Retry
@@ -26,6 +25,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from producer.protocol import (
     BAD_PAYLOAD_MARKER,
+    ErrorCode,
     GenerateRequest,
     InvalidRequest,
     is_valid_request_id,
@@ -33,7 +33,9 @@ from producer.protocol import (
 )
 from worker import metrics
 from worker.cancel import CancelListener
-from worker.progress import NotResumable, Progress
+from worker.presence import Presence
+from worker.progress import NotResumable, Progress, thread_tokenizer
+from worker.publisher import PublishFailed
 from worker.stream import RequestStream
 
 logger = logging.getLogger("streamq.worker")
@@ -46,7 +48,7 @@ class RequestFailed(Exception):
 
 async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """arq job: one request, counted in the worker's metrics while it runs."""
-    metrics.QUEUE_WAIT.observe(max(0.0, _seconds_since(ctx["enqueue_time"])))
+    metrics.QUEUE_WAIT.observe(max(0.0, ctx["state"].clock.seconds_since(ctx["score"])))
     with metrics.REQUESTS_IN_FLIGHT.track_inprogress():
         return await _generate(ctx, *args, **kwargs)
 
@@ -66,25 +68,31 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     stream = RequestStream(ctx["publisher"], reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
 
     try:
-        request = _validate(job_id, args, kwargs)
+        request = _validate(ctx, args, kwargs)
         assert stream is not None, "a valid request always has a channel"
         return await _serve(ctx, request, stream)
     except (InvalidRequest, VLLMValidationError) as exc:
-        code, message = "invalid_request", str(exc)
+        code, message = ErrorCode.INVALID_REQUEST, str(exc)
+    except PublishFailed as exc:
+        # Redis lost or refused this attempt's events: hand the job back; the next
+        # attempt goes on from what the log holds (or ends it, when tries run out).
+        logger.warning("request %s: %s; handing the job back", job_id, exc)
+        raise Retry(defer=0) from None  # keeps its queue score: its enqueue time
     except EngineDeadError:
         # This worker is useless now: hand the job back (another worker resumes it
         # from the replay log) and let the worker exit non-zero.
         ctx["state"].engine_died()
         raise Retry(defer=0) from None
     except NotResumable as exc:
-        code, message = "worker_lost", f"the worker running this request died, and {exc}"
+        code, message = ErrorCode.WORKER_LOST, f"the worker running this request died, and {exc}"
     except Exception as exc:
         logger.exception("request %s: unexpected error", job_id)
-        code, message = "internal", f"{type(exc).__name__}: {exc}"
+        code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
     await _fail(stream, job_id, code, message)
 
 
-def _validate(job_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GenerateRequest:
+def _validate(ctx: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> GenerateRequest:
+    job_id: str = ctx["job_id"]
     if BAD_PAYLOAD_MARKER in kwargs:
         raise InvalidRequest(kwargs[BAD_PAYLOAD_MARKER])
     if len(args) != 1 or kwargs:
@@ -92,7 +100,19 @@ def _validate(job_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Gen
     request = parse_request(args[0])
     if request.request_id != job_id:
         raise InvalidRequest(f"request_id {request.request_id!r} must equal the arq job id {job_id!r}")
+    _check_model(request, ctx.get("presence"))
     return request
+
+
+def _check_model(request: GenerateRequest, presence: Presence | None) -> None:
+    """Refuse a request meant for another model: workers of two models sharing a queue
+    would otherwise answer each other's requests with the wrong model."""
+    served = presence.registration.model if presence is not None else None
+    if request.model is not None and served is not None and request.model != served:
+        raise InvalidRequest(
+            f"request for model {request.model!r} reached a worker serving model {served!r} "
+            f"(workers of different models must not share a queue)"
+        )
 
 
 def sampling_params_for(request: GenerateRequest) -> SamplingParams:
@@ -103,13 +123,21 @@ def sampling_params_for(request: GenerateRequest) -> SamplingParams:
     return SamplingParams(**request.sampling.to_dict(), output_kind=RequestOutputKind.DELTA)
 
 
-def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:
+async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:
     """Token ids of a chat prompt (rendered with the chat template); ``None`` for a
-    plain prompt, which vLLM tokenizes itself."""
+    plain prompt, which vLLM tokenizes itself (in a thread of its own).
+
+    Rendering and tokenizing a long conversation takes long enough to stall the
+    event loop (and with it lease renewal and every other stream), so it runs in a
+    thread, on a tokenizer copy of its own."""
     if request.messages is None:
         return None
-    tokenizer = engine.get_tokenizer()
     messages: list[Any] = [{"role": m.role, "content": m.content} for m in request.messages]
+    return await asyncio.to_thread(_render_chat, engine.get_tokenizer(), messages)
+
+
+def _render_chat(engine_tokenizer: Any, messages: list[Any]) -> list[int]:
+    tokenizer = thread_tokenizer(engine_tokenizer)
     try:
         text = str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     except Exception as exc:  # jinja errors, a model without a chat template, ...
@@ -118,15 +146,11 @@ def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] |
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _seconds_since(enqueued: datetime) -> float:
-    return (datetime.now(UTC) - enqueued).total_seconds()
-
-
 async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestStream) -> dict[str, Any]:
     engine: AsyncLLM = ctx["engine"]
     cancels: CancelListener = ctx["cancels"]
     params = sampling_params_for(request)
-    chat_ids = _prompt_token_ids(engine, request)
+    chat_ids = await _prompt_token_ids(engine, request)
     progress = Progress(params.n)
     if stream.attempt > 1:
         progress = await Progress.take_over(ctx["replay_log"], request.request_id, stream.attempt, params.n)
@@ -140,7 +164,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
             progress.completion_tokens,
         )
 
-    waited = _seconds_since(ctx["enqueue_time"])
+    waited = ctx["state"].clock.seconds_since(ctx["score"])
     if request.queue_timeout_s is not None and stream.attempt == 1 and waited > request.queue_timeout_s:
         return await _end(stream, request, progress, "queue_timeout")
     time_left = None if request.timeout_s is None else request.timeout_s - waited
@@ -153,9 +177,10 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     else:
         assert request.prompt is not None, "validated: a request has a prompt or messages"
         prompt = request.prompt
+    resumed = None
     if progress.completion_tokens:
-        prompt, params = progress.continuation(engine, request, chat_ids, params)
-        if params.max_tokens is not None and params.max_tokens <= 0:
+        resumed = await progress.continuation(engine, request, chat_ids, params)
+        if resumed is None:  # finished (or out of budget) before the final event went out
             return await _end(stream, request, progress, "length")
 
     if getattr(engine, "errored", False):
@@ -163,19 +188,29 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     started = time.monotonic()
     logger.info("request %s started (attempt %d)", request.request_id, stream.attempt)
     try:
-        with cancels.registered(request.request_id), ctx["leases"].held(request.request_id):
+        attempt = (request.request_id, stream.attempt)
+        with cancels.registered(*attempt), ctx["leases"].held(*attempt):
             async with asyncio.timeout(time_left):
-                async for output in engine.generate(
-                    request_id=request.request_id, prompt=prompt, sampling_params=params
-                ):
+                outputs = (
+                    resumed.generate(engine, request.request_id)
+                    if resumed is not None
+                    else engine.generate(request_id=request.request_id, prompt=prompt, sampling_params=params)
+                )
+                async for output in outputs:
                     for completion in output.outputs:
                         stream.chunk(completion.index, completion.text, completion.token_ids, completion.finish_reason)
                         progress.add(completion.index, completion.token_ids, completion.finish_reason)
                     if output.finished:
                         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
-                        stream.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
+                        approximate = resumed is not None and not resumed.exact
+                        stream.final(
+                            progress.finish_reasons,
+                            progress.prompt_tokens,
+                            progress.completion_tokens,
+                            approximate=approximate,
+                        )
     except asyncio.CancelledError:
-        if cancels.was_superseded(request.request_id):
+        if cancels.take_superseded(request.request_id, stream.attempt):
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             ctx["state"].superseded_jobs.add(request.request_id)  # arq's bookkeeping is the new owner's
             return {"request_id": request.request_id, "superseded": True}

@@ -3,9 +3,15 @@
 arq marks a running job with ``arq:in-progress:<id>``, set to expire after
 job_timeout + 10 s: after a worker dies, its jobs wait that long (an hour here)
 before another worker may take them. While jobs run, the worker's ``Leases`` keep
-those keys' expiry ``ttl_ms`` ahead instead, renewing all of them in one pipelined
-round trip every ``ttl_ms / 3``; if the worker dies, the keys lapse within
-``ttl_ms`` and the jobs, still in the queue, go to the next worker that polls.
+those keys' expiry ``ttl_ms`` ahead instead, renewing all of them in one script
+call every ``ttl_ms / 3``; if the worker dies, the keys lapse within ``ttl_ms`` and
+the jobs, still in the queue, go to the next worker that polls.
+
+A lease names its holder: the claim writes the worker's id, the first renewal
+``<worker id>:<attempt>``. Renewal is a compare-and-set, so a worker whose lease
+lapsed (Redis down or failing over for longer than ``ttl_ms``, or its loop stalled)
+and was claimed by another worker learns it at once and stops its attempt; a lapsed
+lease that nobody claimed is simply taken back.
 """
 
 from __future__ import annotations
@@ -13,28 +19,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
 from producer.protocol import IN_PROGRESS_PREFIX
 from producer.tasks import stop_task
+from worker import metrics
 
 logger = logging.getLogger("streamq.worker")
 
 DEFAULT_TTL_MS = 3000
 
+_RENEW = """
+-- KEYS: in-progress keys. ARGV: ttl_ms, this worker's id, then per key the holder it
+-- should name (<worker id>:<attempt>). A key naming this worker (its claim or the
+-- attempt) is renewed; so is arq's own claim ('1', which names nobody: a worker run by
+-- plain `arq`); a missing one (lapsed, nobody claimed it) is taken back; one that names
+-- another holder is lost. Returns 1 (held) or 0 (lost) per key.
+local ttl, me, held = ARGV[1], ARGV[2], {}
+for i, key in ipairs(KEYS) do
+  local holder, current = ARGV[i + 2], redis.call('GET', key)
+  if current == false or current == me or current == holder or current == '1' then
+    redis.call('SET', key, holder, 'PX', ttl)
+    held[i] = 1
+  else
+    held[i] = 0
+  end
+end
+return held
+"""
+
+
+def lease_holder(worker_id: str, attempt: int) -> str:
+    """The value of an in-progress key held by ``attempt`` of a job on ``worker_id``."""
+    return f"{worker_id}:{attempt}"
+
 
 class Leases:
-    """Keeps the in-progress keys of this worker's running jobs alive."""
+    """Keeps the in-progress keys of this worker's running jobs alive.
 
-    def __init__(self, redis: Redis, *, ttl_ms: int = DEFAULT_TTL_MS) -> None:
+    :param worker_id: this worker's id, the value its claims write.
+    :param on_lost: called with ``(job_id, attempt)`` when another holder has the lease.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        worker_id: str,
+        on_lost: Callable[[str, int], None],
+        ttl_ms: int = DEFAULT_TTL_MS,
+    ) -> None:
         self.ttl_ms = ttl_ms
+        self.worker_id = worker_id
         self._redis = redis
-        self._held: set[str] = set()
+        self._on_lost = on_lost
+        self._held: dict[str, int] = {}
+        """job id -> the attempt holding its lease here."""
         self._renew_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._renew = redis.register_script(_RENEW)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew_forever(), name="leases")
@@ -43,27 +89,38 @@ class Leases:
         await stop_task(self._task)
 
     @contextmanager
-    def held(self, job_id: str) -> Iterator[None]:
-        """Hold ``job_id``'s lease while inside; its first renewal is immediate (arq
-        may have claimed it with its own hour-long expiry)."""
-        self._held.add(job_id)
+    def held(self, job_id: str, attempt: int) -> Iterator[None]:
+        """Hold ``job_id``'s lease for ``attempt`` while inside; its first renewal is
+        immediate (arq may have claimed it with its own hour-long expiry)."""
+        self._held[job_id] = attempt
         self._renew_now.set()
         try:
             yield
         finally:
-            self._held.discard(job_id)
+            if self._held.get(job_id) == attempt:
+                del self._held[job_id]
+
+    async def renew(self) -> None:
+        """Renew every held lease once; report those another holder has taken."""
+        held = list(self._held.items())
+        if not held:
+            return
+        keys = [IN_PROGRESS_PREFIX + job_id for job_id, _ in held]
+        holders = [lease_holder(self.worker_id, attempt) for _, attempt in held]
+        replies = await self._renew(keys=keys, args=[self.ttl_ms, self.worker_id, *holders])
+        for (job_id, attempt), kept in zip(held, replies, strict=True):
+            if not kept and self._held.get(job_id) == attempt:
+                logger.warning("job %s: lease lost to another worker (attempt %d stops)", job_id, attempt)
+                metrics.LEASES_LOST.inc()
+                del self._held[job_id]
+                self._on_lost(job_id, attempt)
 
     async def _renew_forever(self) -> None:
         while True:
             self._renew_now.clear()  # before renewing: a job held meanwhile asks again
-            if self._held:
-                held = list(self._held)
-                try:
-                    async with self._redis.pipeline(transaction=False) as pipe:
-                        for job_id in held:
-                            pipe.pexpire(IN_PROGRESS_PREFIX + job_id, self.ttl_ms)
-                        await pipe.execute()
-                except Exception as exc:  # Redis unreachable for a moment: try again next period
-                    logger.warning("could not renew %d leases: %s", len(held), exc)
+            try:
+                await self.renew()
+            except Exception as exc:  # Redis unreachable for a moment: try again next period
+                logger.warning("could not renew %d leases: %s", len(self._held), exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._renew_now.wait(), self.ttl_ms / 3000)

@@ -23,6 +23,8 @@ from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from producer.protocol import ErrorCode
+
 logger = logging.getLogger("streamq.worker")
 
 METRICS_PORT_ENV: Final = "STREAMQ_METRICS_PORT"
@@ -64,8 +66,15 @@ PUBLISH_SECONDS = Histogram(
 PUBLISH_BATCH_EVENTS = Histogram(
     "streamq_publish_batch_events", "Events carried by one publisher round trip", buckets=_BATCH_BUCKETS
 )
+PUBLISH_FAILURES = Counter(
+    "streamq_publish_failed_events",
+    "Events Redis refused for good or could not take within the retry budget; their requests fail",
+)
+LEASES_LOST = Counter(
+    "streamq_leases_lost", "Running jobs whose lease another worker holds now: this worker's attempt stops"
+)
 
-for _code in ("invalid_request", "worker_lost", "internal"):
+for _code in ErrorCode:
     REQUEST_ERRORS.labels(code=_code)  # present at 0 from the start, so rate() sees the first one
 for _reason in ("stop", "length", "cancelled", "timeout", "queue_timeout"):
     COMPLETIONS_FINISHED.labels(finish_reason=_reason)

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
 from typing import Any
 
 from redis.asyncio import Redis
@@ -38,8 +35,9 @@ def served_model_name(engine: Any) -> tuple[str, int | None]:
 class Presence:
     """Registers the worker now and renews the registration every ``WORKER_RENEW_S``."""
 
-    def __init__(self, redis: Redis, *, model: str, queue: str, max_model_len: int | None = None) -> None:
-        worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    def __init__(
+        self, redis: Redis, *, worker_id: str, model: str, queue: str, max_model_len: int | None = None
+    ) -> None:
         self.registration = WorkerRegistration(
             worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len
         )

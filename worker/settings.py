@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from typing import Any
 
 from arq.utils import import_string
 
 from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
-from producer.protocol import DEFAULT_QUEUE, deserialize_job, serialize_job
+from producer.protocol import DEFAULT_QUEUE, serialize_job
 from producer.replay import ReplayLog
 from producer.tasks import stop_task
 from worker import metrics
@@ -26,32 +25,14 @@ from worker.job import RequestFailed, generate
 from worker.lease import Leases
 from worker.presence import Presence, served_model_name
 from worker.publisher import EventPublisher
+from worker.redact import deserialize_job_redacted
+from worker.scheduling import cpu_nice_from_env, lower_cpu_weight
+from worker.state import WorkerState, new_worker_id
 
 logger = logging.getLogger("streamq.worker")
 
 
 ENGINE_FACTORY_ENV = "STREAMQ_ENGINE_FACTORY"
-
-
-class WorkerState:
-    """What the job functions tell the worker process (jobs get copies of ctx, so a
-    shared object carries it)."""
-
-    def __init__(self, cancels: CancelListener) -> None:
-        self.engine_dead = False
-        self.superseded_jobs: set[str] = set()
-        """Jobs stopped because another worker took them over: their arq keys and
-        result belong to that worker, so ``StreamqWorker`` leaves them alone."""
-        self._cancels = cancels
-
-    def engine_died(self) -> None:
-        """Hand every running job back and stop this worker (exit code 3): it can
-        serve nothing more, and its jobs can resume on another worker."""
-        if not self.engine_dead:
-            self.engine_dead = True
-            logger.critical("the engine died: handing running jobs back and stopping")
-            self._cancels.cancel_all()
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _watch_engine(engine: Any, state: WorkerState) -> None:
@@ -71,6 +52,10 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     taking the engine arguments, replaces vLLM's ``AsyncLLM`` with an object of the
     same interface: a scripted engine for load-testing the queue layer.
     """
+    # Before the engine starts: its processes inherit the lower weight.
+    changed = lower_cpu_weight(ctx.get("cpu_nice", cpu_nice_from_env()))
+    if changed:
+        logger.info("CPU weight lowered so Redis and clients on this host are not starved: %s", "; ".join(changed))
     factory_path = ctx.get("engine_factory") or os.environ.get(ENGINE_FACTORY_ENV)
     if factory_path:
         factory = import_string(factory_path.replace(":", "."))
@@ -78,14 +63,17 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         logger.info("engine from factory %s", factory_path)
     else:
         ctx["engine"] = start_engine(ctx.get("engine_args") or engine_args_from_env())
-    ctx["replay_log"] = ReplayLog(ctx["redis"])
+    worker_id = new_worker_id()
+    ctx["replay_log"] = ReplayLog(ctx["redis"], maxlen=ctx.get("log_maxlen"), ttl_ms=ctx.get("log_ttl_ms"))
     ctx["cancels"] = CancelListener(ctx["redis"])
     await ctx["cancels"].start()
     ctx["publisher"] = EventPublisher(ctx["replay_log"], on_superseded=ctx["cancels"].supersede)
     ctx["publisher"].start()
-    ctx["leases"] = Leases(ctx["redis"])
+    ctx["leases"] = Leases(ctx["redis"], worker_id=worker_id, on_lost=ctx["cancels"].supersede)
     ctx["leases"].start()
-    ctx["state"] = WorkerState(ctx["cancels"])
+    ctx["state"] = WorkerState(
+        worker_id=worker_id, replay_log=ctx["replay_log"], cancels=ctx["cancels"], leases=ctx["leases"]
+    )
     ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
     ctx["metrics_server"] = metrics.serve_metrics(ctx.get("metrics_port", metrics.metrics_port_from_env()))
     queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
@@ -94,7 +82,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     )
     # Last: once registered, producers route this model's requests here.
     model, max_model_len = served_model_name(ctx["engine"])
-    ctx["presence"] = Presence(ctx["redis"], model=model, queue=queue, max_model_len=max_model_len)
+    ctx["presence"] = Presence(ctx["redis"], worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len)
     await ctx["presence"].start()
 
 
@@ -135,7 +123,7 @@ class WorkerSettings:
     queue_name = os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
     redis_settings = redis_settings_for(os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
     job_serializer = staticmethod(serialize_job)
-    job_deserializer = staticmethod(deserialize_job)
+    job_deserializer = staticmethod(deserialize_job_redacted)  # arq logs each job's arguments: no prompts
     # The engine, not arq, decides how many requests run together: StreamqWorker
     # raises this to the engine's max_num_seqs once the engine is up.
     max_jobs = 256

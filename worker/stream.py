@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from producer.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent, encode_event
+from producer.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, encode_event
 from worker import metrics
 from worker.publisher import EventPublisher
 
@@ -36,7 +36,8 @@ class RequestStream:
         return seq
 
     def _publish(self, event: Event) -> None:
-        self._publisher.publish(self.request_id, event.seq, self.attempt, encode_event(event))
+        terminal = isinstance(event, TERMINAL_EVENTS)
+        self._publisher.publish(self.request_id, event.seq, self.attempt, encode_event(event), terminal=terminal)
 
     def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
         """Publish one DELTA of completion ``index``."""
@@ -60,8 +61,15 @@ class RequestStream:
         )
         self._publish(event)
 
-    def final(self, finish_reasons: list[str | None], prompt_tokens: int, completion_tokens: int) -> None:
-        """Publish the event that ends a completed request."""
+    def final(
+        self,
+        finish_reasons: list[str | None],
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        approximate: bool = False,
+    ) -> None:
+        """Publish the event that ends a completed request (``approximate``: see ``FinalEvent``)."""
         for reason in finish_reasons:
             metrics.COMPLETIONS_FINISHED.labels(finish_reason=str(reason)).inc()
         event = FinalEvent(
@@ -71,6 +79,7 @@ class RequestStream:
             finish_reasons=finish_reasons,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            approximate=approximate,
         )
         self._publish(event)
         self.closed = True

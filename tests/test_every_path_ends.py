@@ -1,0 +1,183 @@
+"""Every way arq can end a job without the job function still ends its request with
+exactly one terminal event, and a worker's lease is renewed only by its holder."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.worker_process import WorkerProcess, worker_env
+from producer.client import RequestLost, StreamqClient
+from producer.protocol import (
+    DEFAULT_QUEUE,
+    IN_PROGRESS_PREFIX,
+    WAKEUP_CHANNEL,
+    ChunkEvent,
+    ErrorCode,
+    ErrorEvent,
+    serialize_job,
+)
+from tests.events import assert_well_formed, capture_events
+from worker.failures import failure_of
+from worker.lease import Leases, lease_holder
+
+RETRY_KEY_PREFIX = "arq:retry:"
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def _failed(error: str, message: str) -> bytes:
+    return serialize_job({"s": False, "r": {"error": error, "message": message}, "t": 1})
+
+
+@pytest.mark.parametrize(
+    ("result", "code"),
+    [
+        (_failed("TimeoutError", ""), ErrorCode.TIMEOUT),
+        (_failed("JobExecutionFailed", "job expired"), ErrorCode.EXPIRED),
+        (_failed("JobExecutionFailed", "max 5 retries exceeded"), ErrorCode.RETRIES_EXHAUSTED),
+        (_failed("DeserializationError", "unable to deserialize job"), ErrorCode.INVALID_REQUEST),
+        (_failed("PublishFailed", "Redis refused 3 events"), ErrorCode.PUBLISH_FAILED),
+        (_failed("RequestFailed", "worker_lost: the worker died"), ErrorCode.WORKER_LOST),
+        (_failed("KeyError", "'x'"), ErrorCode.INTERNAL),
+        (None, ErrorCode.INTERNAL),
+        (b"not json", ErrorCode.INTERNAL),
+    ],
+)
+def test_a_failed_job_maps_to_its_error_code(result: bytes | None, code: ErrorCode) -> None:
+    assert failure_of(result)[0] == code
+
+
+def test_a_successful_job_needs_no_error_event() -> None:
+    assert failure_of(serialize_job({"s": True, "r": {"request_id": "x"}})) == (None, "")
+
+
+async def test_a_lease_is_renewed_only_by_its_holder(redis: aioredis.Redis) -> None:
+    """Claimed by this worker: renewed and named after the attempt. Lapsed with nobody
+    else holding it: taken back. Held by another worker: reported lost, not renewed."""
+    ours, lapsed, stolen = (f"lease-{uuid.uuid4().hex}" for _ in range(3))
+    lost: list[tuple[str, int]] = []
+    leases = Leases(redis, worker_id="worker-a", on_lost=lambda job, attempt: lost.append((job, attempt)))
+    await redis.set(IN_PROGRESS_PREFIX + ours, "worker-a", px=60_000)
+    await redis.set(IN_PROGRESS_PREFIX + stolen, lease_holder("worker-b", 2), px=60_000)
+    with leases.held(ours, 1), leases.held(lapsed, 1), leases.held(stolen, 1):
+        await leases.renew()
+        assert await redis.get(IN_PROGRESS_PREFIX + ours) == b"worker-a:1"
+        assert 0 < await redis.pttl(IN_PROGRESS_PREFIX + ours) <= leases.ttl_ms
+        assert await redis.get(IN_PROGRESS_PREFIX + lapsed) == b"worker-a:1"
+        assert await redis.get(IN_PROGRESS_PREFIX + stolen) == b"worker-b:2"
+        assert lost == [(stolen, 1)]
+        await leases.renew()  # a lost lease is not reported (or renewed) again
+        assert lost == [(stolen, 1)]
+
+
+async def _enqueue_raw_id(redis: aioredis.Redis, job_id: str, *, payload: bytes | None) -> None:
+    if payload is not None:
+        await redis.set(f"arq:job:{job_id}", payload, px=60_000)
+    await redis.zadd(DEFAULT_QUEUE, {job_id: int(time.time() * 1000)})
+    await redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
+
+
+def _job(job_id: str) -> bytes:
+    request = {"request_id": job_id, "prompt": "Hello", "sampling": {"max_tokens": 4}}
+    return serialize_job({"t": 1, "f": "generate", "a": [request], "k": {}, "et": int(time.time() * 1000)})
+
+
+@pytest.mark.engine
+async def test_a_job_whose_tries_ran_out_ends_with_retries_exhausted(
+    worker: WorkerProcess, redis: aioredis.Redis, redis_url: str
+) -> None:
+    job_id = f"tries-{uuid.uuid4().hex}"
+
+    async def enqueue_after_five_tries() -> None:
+        await redis.set(RETRY_KEY_PREFIX + job_id, 5, ex=600)  # as after five hand-backs
+        await _enqueue_raw_id(redis, job_id, payload=_job(job_id))
+
+    [event] = await capture_events(redis_url, job_id, enqueue_after_five_tries)
+    assert_well_formed([event], job_id)
+    assert event["type"] == "error" and event["code"] == "retries_exhausted"
+    assert await redis.zscore(DEFAULT_QUEUE, job_id) is None
+
+
+@pytest.mark.engine
+async def test_a_job_whose_payload_expired_ends_with_expired(
+    worker: WorkerProcess, redis: aioredis.Redis, redis_url: str
+) -> None:
+    job_id = f"expired-{uuid.uuid4().hex}"
+    [event] = await capture_events(redis_url, job_id, lambda: _enqueue_raw_id(redis, job_id, payload=None))
+    assert_well_formed([event], job_id)
+    assert event["type"] == "error" and event["code"] == "expired"
+    assert await redis.zscore(DEFAULT_QUEUE, job_id) is None
+
+
+async def test_a_handle_whose_request_vanished_fails_instead_of_waiting_forever(
+    redis_url: str, redis: aioredis.Redis
+) -> None:
+    """The client's watchdog: a silent stream is fine while its request is queued; once
+    the request is neither queued nor running and never ended, the handle says so."""
+    queue = f"streamq:queue:nobody-{uuid.uuid4().hex[:8]}"
+    async with await StreamqClient.connect(redis_url, queue=queue, silence_check_s=0.3) as client:
+        handle = await client.submit("Hello")
+        waiting = asyncio.ensure_future(handle.result())
+        await asyncio.sleep(1.0)  # three silent periods, all while queued
+        assert not waiting.done()
+        await redis.delete(f"arq:job:{handle.request_id}")  # lost, as with a Redis that lost its data
+        await redis.zrem(queue, handle.request_id)
+        with pytest.raises(RequestLost, match="no longer queued or running"):
+            await asyncio.wait_for(waiting, timeout=5)
+
+
+@pytest.mark.engine
+async def test_deadlines_run_on_redis_clock_not_the_producers(
+    worker: WorkerProcess, redis: aioredis.Redis, redis_url: str
+) -> None:
+    """A producer whose clock is an hour behind writes an old ``et``; the queue score
+    comes from Redis's clock (as the enqueue script writes it), and the worker measures
+    waits on Redis's clock, so a 30 s queue-wait limit does not fire."""
+    job_id = f"skewed-{uuid.uuid4().hex}"
+    request = {"request_id": job_id, "prompt": "Hello", "sampling": {"max_tokens": 4}, "queue_timeout_s": 30}
+    hour_ago_ms = int(time.time() * 1000) - 3_600_000
+    payload = serialize_job({"t": 1, "f": "generate", "a": [request], "k": {}, "et": hour_ago_ms})
+
+    async def enqueue_with_redis_score() -> None:
+        seconds, micros = await redis.time()
+        await redis.set(f"arq:job:{job_id}", payload, px=60_000)
+        await redis.zadd(DEFAULT_QUEUE, {job_id: seconds * 1000 + micros // 1000})
+        await redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
+
+    events = await capture_events(redis_url, job_id, enqueue_with_redis_score)
+    assert_well_formed(events, job_id)
+    assert events[-1]["type"] == "final" and events[-1]["finish_reasons"] == ["length"]
+
+
+async def test_a_job_past_the_workers_hard_limit_ends_with_timeout(redis_url: str, tmp_path: Path) -> None:
+    """arq cancels a job that outruns ``job_timeout``; its request still ends, with an
+    error event (code ``timeout``) after the tokens already sent (scripted engine)."""
+    queue = f"streamq:queue:limited-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue, "--metrics-port", "0"]
+    command += ["--engine-factory", "bench.synthetic_engine:create", "--job-timeout", "1"]
+    env = worker_env(STREAMQ_SYNTH_TOKENS_PER_S="100")
+    worker = WorkerProcess(redis_url, [], queue=queue, log_path=tmp_path / "worker.log", command=command, env=env)
+    worker.start().wait_ready(timeout_s=120)
+    try:
+        async with await StreamqClient.connect(redis_url, queue=queue) as client:
+            handle = await client.submit("Take your time", max_tokens=1000)  # 10 s at 100 tokens/s
+            events = [event async for event in handle]
+    finally:
+        assert worker.stop() == 0, worker.log_tail()
+    *chunks, error = events
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert chunks and all(isinstance(e, ChunkEvent) for e in chunks)
+    assert isinstance(error, ErrorEvent) and error.code == "timeout"

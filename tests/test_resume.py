@@ -1,0 +1,309 @@
+"""A request taken over mid-stream sends what an undisturbed run would have sent.
+
+The engine tests crash a real second worker (SIGKILL, engine processes too) while it
+streams, with the session worker paused until then, so the session worker takes the
+requests over and resumes them. Each resumed request's events (as the replay log
+holds them, exactly what was published) are compared with an undisturbed run of the
+same request on the session worker. The unit tests at the end need no engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.worker_process import WorkerProcess
+from producer.client import StreamqClient
+from producer.protocol import parse_request
+from producer.replay import ReplayLog
+from tests.events import assert_well_formed, job_result
+from tests.test_reliability import paused, second_worker, wait_for_chunks
+
+NEVER = "@@ no such words in the answer @@"
+"""A stop string the tiny model never writes: vLLM holds back its length - 1 characters."""
+
+
+async def logged_events(raw_redis: aioredis.Redis, request_id: str) -> list[dict[str, Any]]:
+    """Every event of a finished request as published (the replay log's copy)."""
+    await job_result(raw_redis, request_id, timeout_s=120)
+    return [json.loads(raw) for raw in await ReplayLog(raw_redis).read(request_id)]
+
+
+def answer(events: list[dict[str, Any]]) -> tuple[str, list[int], list[Any]]:
+    """Text, token ids and finish reasons a subscriber assembles from the events."""
+    chunks = [e for e in events if e["type"] == "chunk"]
+    text = "".join(c["text"] for c in chunks)
+    return text, [t for c in chunks for t in c["token_ids"]], events[-1].get("finish_reasons")
+
+
+async def undisturbed(client: StreamqClient, raw_redis: aioredis.Redis, **request: Any) -> list[dict[str, Any]]:
+    handle = await client.submit(request_id=f"calm-{uuid.uuid4().hex}", **request)
+    return await logged_events(raw_redis, handle.request_id)
+
+
+async def crashed(
+    worker: WorkerProcess,
+    doomed: WorkerProcess,
+    client: StreamqClient,
+    raw_redis: aioredis.Redis,
+    requests: dict[str, dict[str, Any]],
+    *,
+    after_tokens: int,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run ``requests`` (request id -> submit arguments) on ``doomed``, SIGKILL it once
+    each has logged ``after_tokens`` chunks, and return each request's events once
+    the session worker has finished it."""
+    try:
+        with paused(worker):
+            for request_id, request in requests.items():
+                await client.submit(request_id=request_id, **request)
+            for request_id in requests:
+                await wait_for_chunks(worker.redis_url, request_id, after_tokens)
+            doomed.kill()
+    finally:
+        doomed.kill()
+    return {request_id: await logged_events(raw_redis, request_id) for request_id in requests}
+
+
+@pytest.mark.engine
+async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
+    worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, tiny_model: Path, tmp_path: Path
+) -> None:
+    long = {"max_tokens": 240, "ignore_eos": True}
+    requests = {
+        # vLLM holds back text while a stop string might be forming, but sends the tokens.
+        "held-back": {"prompt": "In a galaxy far, far away", "temperature": 0, "stop": [NEVER], **long},
+        "chat": {
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Tell me about the stars."},
+            ],
+            "temperature": 0,
+            "stop": [NEVER],
+            **long,
+        },
+        # Presence and frequency penalties count generated tokens only.
+        "penalties": {
+            "prompt": "The key to happiness is",
+            "temperature": 0,
+            "presence_penalty": 1.5,
+            "frequency_penalty": 0.5,
+            **long,
+        },
+        # A seeded sampler's random state cannot be carried to another worker.
+        "seeded": {"prompt": "The future of artificial intelligence is", "temperature": 1.0, "seed": 7, **long},
+    }
+    doomed = second_worker(worker, tiny_model, tmp_path)
+    ids = {f"resume-{name}-{uuid.uuid4().hex}": name for name in requests}
+    resumed = await crashed(
+        worker, doomed, client, raw_redis, {i: requests[name] for i, name in ids.items()}, after_tokens=25
+    )
+
+    for request_id, events in resumed.items():
+        name = ids[request_id]
+        assert_well_formed(events, request_id)
+        assert {e["attempt"] for e in events} == {1, 2}, f"{name}: not interrupted mid-stream"
+        expected = answer(await undisturbed(client, raw_redis, **requests[name]))
+        assert answer(events) == expected, name
+        assert events[-1]["completion_tokens"] == len(expected[1])
+
+
+@pytest.mark.engine
+async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
+    worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, tiny_model: Path, tmp_path: Path
+) -> None:
+    request = {"prompt": "Redis streams carry tokens", "temperature": 0, "max_tokens": 300, "ignore_eos": True}
+    calm = await undisturbed(client, raw_redis, **request)
+    free_text, free_tokens, _ = answer(calm)
+    # Where the text of the first k tokens ends (no stop string: nothing held back).
+    offsets = [0]
+    for chunk in (e for e in calm if e["type"] == "chunk"):
+        offsets += [offsets[-1]] * (len(chunk["token_ids"]) - 1) + [offsets[-1] + len(chunk["text"])]
+    cut = 60  # the crash comes once this many tokens are logged: a few more may get out
+    start, end = offsets[cut] - 12, offsets[cut] + 30
+    stop = free_text[start:end]
+    assert free_text.find(stop) == start, "the stop string must first occur there"
+    request["stop"] = [stop]
+
+    doomed = second_worker(worker, tiny_model, tmp_path)
+    request_id = f"resume-span-{uuid.uuid4().hex}"
+    events = (await crashed(worker, doomed, client, raw_redis, {request_id: request}, after_tokens=cut))[request_id]
+
+    assert_well_formed(events, request_id)
+    sent_before = sum(len(e["token_ids"]) for e in events if e["type"] == "chunk" and e["attempt"] == 1)
+    assert start < offsets[sent_before] < end, "the crash must fall inside the stop string"
+    text, tokens, finish_reasons = answer(events)
+    assert (text, finish_reasons) == (free_text[:start], ["stop"])
+    assert answer(await undisturbed(client, raw_redis, **request)) == (text, tokens, finish_reasons)
+    assert tokens == free_tokens[: len(tokens)]
+
+
+@pytest.mark.engine
+async def test_the_worker_log_holds_no_prompt(worker: WorkerProcess, client: StreamqClient) -> None:
+    secret = f"pw{uuid.uuid4().hex[:10]}"  # short, like the id: arq's line would show it (80 characters)
+    plain = await client.submit(secret, request_id=f"p{uuid.uuid4().hex[:6]}", max_tokens=4)
+    chat = await client.submit(
+        messages=[{"role": "user", "content": secret}], request_id=f"c{uuid.uuid4().hex[:6]}", max_tokens=4
+    )
+    await plain.result()
+    await chat.result()
+    log = worker.log_path.read_text(errors="replace")
+    assert f"{plain.request_id}:generate(<request" in log  # arq still logs each job it starts
+    assert secret not in log
+
+
+no_torch_warnings = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's, on importing vLLM
+
+
+def _slow_tokenizer(tiny_model: Path) -> Any:
+    """The tiny model's tokenizer, taking as long as one rendering and encoding a
+    very long prompt would."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+
+    class Slow(type(tokenizer)):  # type: ignore[misc]
+        def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.5)
+            return super().apply_chat_template(*args, **kwargs)
+
+        def encode(self, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.5)
+            return super().encode(*args, **kwargs)
+
+    tokenizer.__class__ = Slow
+    return SimpleNamespace(get_tokenizer=lambda: tokenizer)
+
+
+async def _longest_loop_stall(work: Any) -> float:
+    """The longest the event loop went without running a 10 ms ticker while ``work`` ran."""
+    longest, last = 0.0, time.monotonic()
+
+    async def tick() -> None:
+        nonlocal longest, last
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.02)
+    try:
+        await work
+    finally:
+        ticker.cancel()
+    return longest
+
+
+@no_torch_warnings
+async def test_chat_templating_does_not_stall_the_event_loop(tiny_model: Path) -> None:
+    from worker.job import _prompt_token_ids
+
+    request = parse_request({"request_id": "long-chat", "messages": [{"role": "user", "content": "hi " * 1000}]})
+    assert await _longest_loop_stall(_prompt_token_ids(_slow_tokenizer(tiny_model), request)) < 0.2
+
+
+@no_torch_warnings
+async def test_resuming_a_plain_prompt_does_not_stall_the_event_loop(tiny_model: Path) -> None:
+    from vllm import SamplingParams
+
+    from worker.progress import Progress
+
+    request = parse_request({"request_id": "long-prompt", "prompt": "hi " * 1000})
+    progress = Progress(1)
+    progress.add(0, [40, 41], None)
+    work = progress.continuation(_slow_tokenizer(tiny_model), request, None, SamplingParams(max_tokens=10))
+    assert await _longest_loop_stall(work) < 0.2
+
+
+class _ScriptedEngine:
+    """An engine whose model always writes ``script``, one token per output, with
+    text and stop strings as vLLM's output processor makes them (its detokenizer)."""
+
+    def __init__(self, tokenizer: Any, prompt_ids: list[int], script: list[int]) -> None:
+        self.tokenizer, self.prompt_ids, self.script = tokenizer, prompt_ids, script
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    async def generate(self, request_id: str, prompt: Any, sampling_params: Any) -> Any:
+        from vllm.outputs import CompletionOutput, RequestOutput
+        from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+        ids = prompt["prompt_token_ids"]
+        assert ids[: len(self.prompt_ids)] == self.prompt_ids
+        done = len(ids) - len(self.prompt_ids)
+        assert ids[len(self.prompt_ids) :] == self.script[:done]
+        request = SimpleNamespace(request_id=request_id, prompt_token_ids=ids, prompt_embeds=None)
+        request.sampling_params = sampling_params
+        tokenizer = self.tokenizer if sampling_params.detokenize else None
+        detokenizer = IncrementalDetokenizer.from_new_request(tokenizer, request)
+        for i, token in enumerate(self.script[done : done + sampling_params.max_tokens]):
+            finish = "length" if i + 1 == sampling_params.max_tokens else None
+            stop = detokenizer.update([token], False)
+            finish = "stop" if stop else finish
+            text = detokenizer.get_next_output_text(finish is not None, delta=True)
+            completion = CompletionOutput(0, text, [token], None, None, finish_reason=finish, stop_reason=stop)
+            yield RequestOutput(request_id, None, ids, None, [completion], finish is not None)
+            if finish:
+                return
+
+
+async def _collect(outputs: Any) -> list[tuple[str, list[int], str | None]]:
+    return [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason) async for o in outputs]
+
+
+@no_torch_warnings
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"stop": [NEVER]},  # text held back, never released by a stop
+        {"stop": ["café — 東"]},  # a stop string that every resume point before it may split
+        {"stop": ["東京", "naïve"], "include_stop_str_in_output": True},
+        {"stop": ["東京"], "min_tokens": 30},
+        {"stop": ["café — 東"], "temperature": 0.5, "seed": 3},  # generated again from the start
+        {"stop": ["café — 東"], "presence_penalty": 1.0, "temperature": 0},
+    ],
+)
+async def test_every_resume_point_gives_the_undisturbed_text(tiny_model: Path, sampling: dict[str, Any]) -> None:
+    """For each number of tokens an attempt may have sent before it died, the
+    resumed answer equals the undisturbed one (multi-byte characters split across
+    tokens included), on an engine that replays a fixed script."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from worker.progress import Progress
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    request = parse_request({"request_id": "scripted", "prompt": "Tell me a story"})
+    prompt_ids = list(tokenizer.encode(request.prompt))
+    script = tokenizer.encode(
+        "Once a naïve café — 東京 at night, a naïve café — 東京 by day.", add_special_tokens=False
+    )
+    engine = _ScriptedEngine(tokenizer, prompt_ids, script)
+
+    def params() -> SamplingParams:
+        return SamplingParams(max_tokens=len(script), output_kind=RequestOutputKind.DELTA, **sampling)
+
+    calm = await _collect(engine.generate("calm", TokensPrompt(prompt_token_ids=prompt_ids), params()))
+    expected = ("".join(t for t, _, _ in calm), [i for _, ids, _ in calm for i in ids], calm[-1][2])
+    for sent in range(1, len(calm) - 1):
+        progress = Progress(1)
+        for text, ids, finish in calm[:sent]:
+            progress.add(0, ids, finish)
+            progress.texts[0].append(text)
+        continuation = await progress.continuation(engine, request, None, params())  # type: ignore[arg-type]
+        assert continuation is not None
+        rest = calm[:sent] + await _collect(continuation.generate(engine, "resumed"))  # type: ignore[arg-type]
+        got = ("".join(t for t, _, _ in rest), [i for _, ids, _ in rest for i in ids], rest[-1][2])
+        assert got == expected, f"resumed after {sent} tokens"

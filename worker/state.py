@@ -1,0 +1,70 @@
+"""What a worker process shares between arq's loop, its job functions and its
+background parts (jobs get copies of arq's ctx, so one object carries it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+
+from producer.replay import ReplayLog
+from worker.cancel import CancelListener
+from worker.lease import Leases
+
+logger = logging.getLogger("streamq.worker")
+
+
+def new_worker_id() -> str:
+    """A name for this worker process, unique across machines and restarts."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class RedisClock:
+    """Redis's time as seen from this worker: deadlines and waits are measured on the
+    clock that scored the queue, never on a clock that may differ between machines."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0.0
+        """Redis's clock minus this machine's, from the latest claim round trip."""
+
+    def observe(self, redis_ms: int, asked_at_ms: int, answered_at_ms: int) -> None:
+        """Record Redis's time ``redis_ms``, read between the two local times given."""
+        self.offset_ms = redis_ms - (asked_at_ms + answered_at_ms) / 2
+
+    def now_ms(self) -> float:
+        return time.time() * 1000 + self.offset_ms
+
+    def seconds_since(self, moment_ms: float) -> float:
+        """Seconds from ``moment_ms`` (Unix ms on Redis's clock, as a job's queue score
+        is) until now."""
+        return (self.now_ms() - moment_ms) / 1000
+
+
+class WorkerState:
+    """The worker's shared parts and flags.
+
+    :param worker_id: this worker's name, written into the leases it holds.
+    """
+
+    def __init__(self, *, worker_id: str, replay_log: ReplayLog, cancels: CancelListener, leases: Leases) -> None:
+        self.worker_id = worker_id
+        self.replay_log = replay_log
+        self.cancels = cancels
+        self.leases = leases
+        self.clock = RedisClock()
+        self.engine_dead = False
+        self.superseded_jobs: set[str] = set()
+        """Jobs stopped because another worker took them over: their arq keys and
+        result belong to that worker, so ``StreamqWorker`` leaves them alone."""
+
+    def engine_died(self) -> None:
+        """Hand every running job back and stop this worker (exit code 3): it can
+        serve nothing more, and its jobs can resume on another worker."""
+        if not self.engine_dead:
+            self.engine_dead = True
+            logger.critical("the engine died: handing running jobs back and stopping")
+            self.cancels.cancel_all()
+            os.kill(os.getpid(), signal.SIGTERM)
