@@ -139,3 +139,24 @@ def tail(log_path: Path, lines: int = 40) -> str:
         return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+SCRIPTED_ENGINE = "bench.synthetic_engine:create"
+"""The scripted engine (``bench/synthetic_engine.py``): the queue layer without a model."""
+
+
+def scripted_worker(
+    redis_url: str,
+    log_path: Path,
+    *extra_flags: str,
+    tokens_per_s: int = 100,
+    ready_url: str | None = None,
+    queue: str = DEFAULT_QUEUE,
+) -> WorkerProcess:
+    """A real ``python -m worker`` on the scripted engine, for tests of the queue layer
+    (Redis faults, connections): no model start-up, little CPU. ``ready_url`` is where
+    its health check is awaited, when ``redis_url`` is not a plain URL (Sentinels, a proxy)."""
+    command = [sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue, "--metrics-port", "0"]
+    command += ["--engine-factory", SCRIPTED_ENGINE, *extra_flags]
+    env = worker_env(STREAMQ_SYNTH_TOKENS_PER_S=str(tokens_per_s))
+    return WorkerProcess(ready_url or redis_url, [], queue=queue, log_path=log_path, command=command, env=env)

@@ -4,7 +4,6 @@ exactly one terminal event, and a worker's lease is renewed only by its holder."
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import WorkerProcess, scripted_worker
 from producer.client import RequestLost, StreamqClient
 from producer.protocol import (
     DEFAULT_QUEUE,
@@ -166,10 +165,7 @@ async def test_a_job_past_the_workers_hard_limit_ends_with_timeout(redis_url: st
     """arq cancels a job that outruns ``job_timeout``; its request still ends, with an
     error event (code ``timeout``) after the tokens already sent (scripted engine)."""
     queue = f"streamq:queue:limited-{uuid.uuid4().hex[:8]}"
-    command = [sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue, "--metrics-port", "0"]
-    command += ["--engine-factory", "bench.synthetic_engine:create", "--job-timeout", "1"]
-    env = worker_env(STREAMQ_SYNTH_TOKENS_PER_S="100")
-    worker = WorkerProcess(redis_url, [], queue=queue, log_path=tmp_path / "worker.log", command=command, env=env)
+    worker = scripted_worker(redis_url, tmp_path / "worker.log", "--job-timeout", "1", queue=queue)
     worker.start().wait_ready(timeout_s=120)
     try:
         async with await StreamqClient.connect(redis_url, queue=queue) as client:

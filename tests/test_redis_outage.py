@@ -11,7 +11,6 @@ exactly. Workers run the scripted engine: what is under test is the connections.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,8 +19,9 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from devkit import worker_process
 from devkit.redis_server import FreezingProxy, RedisServer
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from producer.connection import RetryFor, StreamqRedisSettings, close_pool, create_pool, redis_settings_for
 from producer.protocol import ChunkEvent, Event, FinalEvent, deserialize_job, serialize_job
@@ -80,11 +80,7 @@ async def test_a_pubsub_reader_of_a_paused_redis_errors_within_its_bound(own_red
 @pytest.fixture
 async def scripted_worker(own_redis: RedisServer, tmp_path: Path) -> AsyncIterator[WorkerProcess]:
     """A worker on the scripted engine at 100 tokens/s, connected to Redis directly."""
-    url = own_redis.url
-    command = [sys.executable, "-m", "worker", "--redis-url", url, "--engine-factory", "bench.synthetic_engine:create"]
-    worker = WorkerProcess(
-        url, [], log_path=tmp_path / "worker.log", command=command, env=worker_env(STREAMQ_SYNTH_TOKENS_PER_S="100")
-    )
+    worker = worker_process.scripted_worker(own_redis.url, tmp_path / "worker.log")
     worker.start().wait_ready(timeout_s=120)
     try:
         yield worker
@@ -134,22 +130,7 @@ async def test_a_worker_whose_connections_went_silent_still_hears_cancels(
 ) -> None:
     with FreezingProxy(own_redis.port) as proxy:
         url = proxy.url(own_redis)
-        command = [
-            sys.executable,
-            "-m",
-            "worker",
-            "--redis-url",
-            url,
-            "--engine-factory",
-            "bench.synthetic_engine:create",
-        ]
-        worker = WorkerProcess(
-            own_redis.url,
-            [],
-            log_path=tmp_path / "worker.log",
-            command=command,
-            env=worker_env(STREAMQ_SYNTH_TOKENS_PER_S="100"),
-        )
+        worker = worker_process.scripted_worker(url, tmp_path / "worker.log", ready_url=own_redis.url)
         worker.start().wait_ready(timeout_s=120)
         try:
             await asyncio.to_thread(proxy.freeze)  # the cancel listener, the wake-up listener, the pool

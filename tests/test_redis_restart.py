@@ -8,14 +8,13 @@ what is under test is every Redis connection of both sides, not the model.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from devkit.redis_server import RedisServer
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import scripted_worker
 from producer.client import StreamqClient
 from producer.protocol import ChunkEvent, FinalEvent
 
@@ -40,14 +39,7 @@ async def test_requests_in_flight_survive_a_redis_restart(
     down the worker's leases lapse (3 s) and come back to it, its events wait in the
     publisher, and every request ends exactly, as one attempt."""
     url = restartable_redis.url
-    command = [sys.executable, "-m", "worker", "--redis-url", url, "--engine-factory", "bench.synthetic_engine:create"]
-    worker = WorkerProcess(
-        url,
-        [],
-        log_path=tmp_path / "worker.log",
-        command=command,
-        env=worker_env(STREAMQ_SYNTH_TOKENS_PER_S=str(TOKENS_PER_S)),
-    )
+    worker = scripted_worker(url, tmp_path / "worker.log", tokens_per_s=TOKENS_PER_S)
     worker.start().wait_ready(timeout_s=120)
     try:
         async with await StreamqClient.connect(url) as client:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 import redis
 
 from devkit.redis_server import RedisServer, SentinelServer, free_port, server_binary
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import scripted_worker
 from producer.client import RequestHandle, StreamqClient
 from producer.protocol import ChunkEvent, Event, FinalEvent
 
@@ -66,21 +65,8 @@ async def test_worker_and_producer_find_redis_through_sentinel(
     sentinel_url: tuple[str, RedisServer], tiny_model: Path, tmp_path: Path
 ) -> None:
     url, master = sentinel_url
-    command = [
-        sys.executable,
-        "-m",
-        "worker",
-        "--redis-url",
-        url,
-        "--metrics-port",
-        "0",
-        "--engine-factory",
-        "bench.synthetic_engine:create",
-        "--model",
-        str(tiny_model),
-    ]
-    # WorkerProcess waits for the worker's health check on the master itself.
-    worker = WorkerProcess(master.url, [], log_path=tmp_path / "worker.log", command=command, env=worker_env())
+    # Its health check is awaited on the master itself.
+    worker = scripted_worker(url, tmp_path / "worker.log", "--model", str(tiny_model), ready_url=master.url)
     worker.start().wait_ready(timeout_s=120)
     try:
         async with await StreamqClient.connect(url) as client:
@@ -121,24 +107,7 @@ async def test_requests_in_flight_complete_exactly_across_a_sentinel_failover(
     replicated_redis: tuple[str, RedisServer, RedisServer, list[SentinelServer]], tmp_path: Path
 ) -> None:
     url, master, replica, sentinels = replicated_redis
-    command = [
-        sys.executable,
-        "-m",
-        "worker",
-        "--redis-url",
-        url,
-        "--metrics-port",
-        "0",
-        "--engine-factory",
-        "bench.synthetic_engine:create",
-    ]
-    worker = WorkerProcess(
-        master.url,
-        [],
-        log_path=tmp_path / "worker.log",
-        command=command,
-        env=worker_env(STREAMQ_SYNTH_TOKENS_PER_S="100"),
-    )
+    worker = scripted_worker(url, tmp_path / "worker.log", ready_url=master.url)
     worker.start().wait_ready(timeout_s=120)
     try:
         async with await StreamqClient.connect(url) as client:

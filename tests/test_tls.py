@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import redis
 
 from devkit.redis_server import free_port
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import scripted_worker
 from producer.client import StreamqClient
 
 
@@ -130,22 +129,7 @@ def tls_redis_url(tmp_path: Path) -> Iterator[str]:
 
 
 async def test_requests_stream_over_tls(tls_redis_url: str, tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "worker",
-        "--redis-url",
-        tls_redis_url,
-        "--engine-factory",
-        "bench.synthetic_engine:create",
-    ]
-    worker = WorkerProcess(
-        tls_redis_url,
-        [],
-        log_path=tmp_path / "worker.log",
-        command=command,
-        env=worker_env(STREAMQ_SYNTH_TOKENS_PER_S="1000"),
-    )
+    worker = scripted_worker(tls_redis_url, tmp_path / "worker.log", tokens_per_s=1000)
     worker.start().wait_ready(timeout_s=120)
     try:
         async with await StreamqClient.connect(tls_redis_url) as client:
