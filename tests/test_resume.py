@@ -127,8 +127,9 @@ async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
     offsets = [0]
     for chunk in (e for e in calm if e["type"] == "chunk"):
         offsets += [offsets[-1]] * (len(chunk["token_ids"]) - 1) + [offsets[-1] + len(chunk["text"])]
-    cut = 60  # the crash comes once this many tokens are logged: a few more may get out
-    start, end = offsets[cut] - 12, offsets[cut] + 30
+    cut = 60  # the crash comes once this many chunks are logged: a few more may get out
+    # A stop string wide enough that wherever around `cut` the crash lands, it is inside.
+    start, end = offsets[cut - 20], offsets[min(cut + 40, len(offsets) - 1)]
     stop = free_text[start:end]
     assert free_text.find(stop) == start, "the stop string must first occur there"
     request["stop"] = [stop]

@@ -188,8 +188,8 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     started = time.monotonic()
     logger.info("request %s started (attempt %d)", request.request_id, stream.attempt)
     try:
-        attempt = (request.request_id, stream.attempt)
-        with cancels.registered(*attempt), ctx["leases"].held(*attempt):
+        this_attempt = (request.request_id, stream.attempt)
+        with cancels.registered(*this_attempt), ctx["leases"].held(*this_attempt):
             async with asyncio.timeout(time_left):
                 outputs = (
                     resumed.generate(engine, request.request_id)
