@@ -245,7 +245,7 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "timeout"
     """The job ran past the worker's hard limit per job (``job_timeout``)."""
     PUBLISH_FAILED = "publish_failed"
-    """Redis refused the request's events, or stayed unreachable past the retry budget."""
+    """Redis refused the request's events for good (a permission, a wrong key type)."""
     INTERNAL = "internal"
     """A bug or an unexpected failure; the message says what."""
 
