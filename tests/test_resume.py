@@ -2,7 +2,8 @@
 
 The engine tests crash a real second worker (SIGKILL, engine processes too) while it
 streams, with the session worker paused until then, so the session worker takes the
-requests over and resumes them. Each resumed request's events (as the replay log
+requests over and resumes them; where the crash must fall on a chosen token, the test
+logs the first attempt's events itself. Each resumed request's events (as the replay log
 holds them, exactly what was published) are compared with an undisturbed run of the
 same request on the session worker. The unit tests at the end need no engine.
 """
@@ -22,8 +23,8 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
-from producer.protocol import parse_request
-from producer.replay import ReplayLog
+from producer.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL, parse_request, serialize_job
+from producer.replay import LogEvent, ReplayLog
 from tests.events import assert_well_formed, job_result
 from tests.test_reliability import paused, second_worker, wait_for_chunks
 
@@ -118,33 +119,60 @@ async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
 
 @pytest.mark.engine
 async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
-    worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, tiny_model: Path, tmp_path: Path
+    worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis
 ) -> None:
-    request = {"prompt": "Redis streams carry tokens", "temperature": 0, "max_tokens": 300, "ignore_eos": True}
+    """The first attempt died after ``cut`` tokens, inside a stop string it had begun to
+    write (its text held back). Up to there its events are those of an undisturbed run of
+    the same request, so the test logs exactly those for a request that then runs as
+    attempt 2 (a crash at a chosen token, where a SIGKILL would race a fast engine): the
+    resumed answer must stop where the undisturbed one does, with the same text."""
+    request: dict[str, Any] = {
+        "prompt": "Redis streams carry tokens",
+        "temperature": 0,
+        "max_tokens": 300,
+        "ignore_eos": True,
+    }
     calm = await undisturbed(client, raw_redis, **request)
     free_text, free_tokens, _ = answer(calm)
     # Where the text of the first k tokens ends (no stop string: nothing held back).
     offsets = [0]
     for chunk in (e for e in calm if e["type"] == "chunk"):
         offsets += [offsets[-1]] * (len(chunk["token_ids"]) - 1) + [offsets[-1] + len(chunk["text"])]
-    cut = 60  # the crash comes once this many chunks are logged: a few more may get out
-    # A stop string wide enough that wherever around `cut` the crash lands, it is inside.
-    start, end = offsets[cut - 20], offsets[min(cut + 40, len(offsets) - 1)]
+    cut = 60
+    start, end = offsets[cut] - 12, offsets[cut] + 30
     stop = free_text[start:end]
     assert free_text.find(stop) == start, "the stop string must first occur there"
     request["stop"] = [stop]
+    stopped = await undisturbed(client, raw_redis, **request)
 
-    doomed = second_worker(worker, tiny_model, tmp_path)
     request_id = f"resume-span-{uuid.uuid4().hex}"
-    events = (await crashed(worker, doomed, client, raw_redis, {request_id: request}, after_tokens=cut))[request_id]
+    sent: list[dict[str, Any]] = []
+    for event in stopped:
+        if sum(len(e["token_ids"]) for e in sent) >= cut:
+            break
+        sent.append({**event, "request_id": request_id})
+    assert all(e["type"] == "chunk" for e in sent)
+    assert "".join(e["text"] for e in sent) != free_text[: offsets[cut]], "text is held back at the crash"
+    await ReplayLog(raw_redis).append([LogEvent(request_id, e["seq"], 1, json.dumps(e).encode()) for e in sent])
+    await raw_redis.set(f"arq:retry:{request_id}", 1, ex=600)  # one try used: this one is attempt 2
+    job = {"t": 1, "f": "generate", "a": [{"request_id": request_id, **_as_request(request)}], "k": {}}
+    await raw_redis.set(f"arq:job:{request_id}", serialize_job({**job, "et": int(time.time() * 1000)}), px=60_000)
+    await raw_redis.zadd(DEFAULT_QUEUE, {request_id: int(time.time() * 1000)})
+    await raw_redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
+    events = await logged_events(raw_redis, request_id)
 
     assert_well_formed(events, request_id)
-    sent_before = sum(len(e["token_ids"]) for e in events if e["type"] == "chunk" and e["attempt"] == 1)
-    assert start < offsets[sent_before] < end, "the crash must fall inside the stop string"
+    assert {e["attempt"] for e in events} == {1, 2}
     text, tokens, finish_reasons = answer(events)
     assert (text, finish_reasons) == (free_text[:start], ["stop"])
-    assert answer(await undisturbed(client, raw_redis, **request)) == (text, tokens, finish_reasons)
+    assert (text, tokens, finish_reasons) == answer(stopped)
     assert tokens == free_tokens[: len(tokens)]
+
+
+def _as_request(submitted: dict[str, Any]) -> dict[str, Any]:
+    """``submit`` keyword arguments as the job's request object (sampling nested)."""
+    top = {k: v for k, v in submitted.items() if k in ("prompt", "messages")}
+    return {**top, "sampling": {k: v for k, v in submitted.items() if k not in top}}
 
 
 @pytest.mark.engine
