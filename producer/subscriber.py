@@ -27,6 +27,8 @@ from producer.tasks import stop_task
 RECONNECT_FOR_S = 30.0
 """How long a lost connection is retried before the followers are told it is gone."""
 RECONNECT_DELAY_S = 0.5
+CONFIRM_WITHIN_S = 2.0
+"""A subscription not confirmed this soon (its connection was lost meanwhile) is asked again."""
 DEFAULT_PING_AFTER_S = 5.0
 DEFAULT_REPLY_WITHIN_S = 10.0
 
@@ -119,11 +121,35 @@ class EventSubscriber:
         if len(self._queues[channel]) == 1:
             confirmed = asyncio.get_running_loop().create_future()
             self._confirmations[channel] = confirmed
-            await pubsub.subscribe(channel)
-            await confirmed
+            await self._subscribe_until_confirmed(pubsub, channel, confirmed)
         else:
             await self._confirmations[channel]
         return queue
+
+    async def _subscribe_until_confirmed(self, pubsub: PubSub, channel: str, confirmed: asyncio.Future[None]) -> None:
+        """Send SUBSCRIBE only on a live connection. While the reader reconnects (Redis
+        restarting), a second coroutine connecting the same socket would race it (two
+        readers of one stream); instead the channel joins the pub/sub object's set, which
+        the reconnect resubscribes, and that confirms it. Asked again until confirmed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._reconnect_for_s
+        while True:
+            connection = pubsub.connection
+            if connection is not None and connection.is_connected:
+                try:
+                    await pubsub.subscribe(channel)
+                except (RuntimeError, RedisConnectionError, RedisTimeoutError, OSError):
+                    pubsub.channels[pubsub.encoder.decode(pubsub.encoder.encode(channel))] = None
+            else:
+                pubsub.channels[pubsub.encoder.decode(pubsub.encoder.encode(channel))] = None
+            try:
+                await asyncio.wait_for(asyncio.shield(confirmed), timeout=CONFIRM_WITHIN_S)
+                return
+            except TimeoutError:
+                if loop.time() >= deadline:
+                    raise RedisConnectionError(
+                        f"no subscription to {channel} for {self._reconnect_for_s:.0f}s"
+                    ) from None
 
     async def unsubscribe(self, channel: str, queue: asyncio.Queue[Delivery]) -> None:
         """Stop routing ``channel`` to ``queue``; unsubscribe when nobody follows it."""
