@@ -39,6 +39,8 @@ class CancelListener:
         """request id -> (attempt, task) of the attempt running here."""
         self._requested: dict[str, float] = {}
         self._superseded: set[tuple[str, int]] = set()
+        self._refused: set[str] = set()
+        """Requests whose events were refused after their generation ended here."""
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -53,6 +55,15 @@ class CancelListener:
         """True if a cancel for ``request_id`` has been heard (recently)."""
         return request_id in self._requested
 
+    def take_refused(self, request_id: str) -> bool:
+        """True (once) if events of ``request_id`` were refused after its generation
+        ended here: another attempt owns the request."""
+        try:
+            self._refused.remove(request_id)
+        except KeyError:
+            return False
+        return True
+
     def take_superseded(self, request_id: str, attempt: int) -> bool:
         """True (once) if ``attempt`` at ``request_id`` was stopped by ``supersede``."""
         try:
@@ -65,7 +76,12 @@ class CancelListener:
         """Stop this worker's attempt at ``request_id`` (only if it is ``attempt``, when
         given): another worker owns the request now, or it already ended."""
         running = self._running.get(request_id)
-        if running is None or (attempt is not None and running[0] != attempt):
+        if running is None:
+            # Its generation is over, but its events were refused: when the job ends it
+            # must leave arq's keys to the attempt that owns the request now.
+            self._refused.add(request_id)
+            return
+        if attempt is not None and running[0] != attempt:
             return
         key = (request_id, running[0])
         if key not in self._superseded:
@@ -79,6 +95,7 @@ class CancelListener:
         task = asyncio.current_task()
         assert task is not None
         self._running[request_id] = (attempt, task)
+        self._refused.discard(request_id)
         try:
             if self.was_cancelled(request_id):
                 task.cancel()

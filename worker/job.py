@@ -221,6 +221,10 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     except TimeoutError:
         return await _end(stream, request, progress, "timeout")
     await stream.delivered()
+    if cancels.take_refused(request.request_id):  # taken over while its last events were in flight
+        ctx["state"].superseded_jobs.add(request.request_id)
+        logger.info("request %s: attempt %d was taken over; its end is the new owner's", *this_attempt)
+        return {"request_id": request.request_id, "superseded": True}
     logger.info(
         "request %s finished: %s, %d prompt + %d completion tokens in %.2fs",
         request.request_id,
