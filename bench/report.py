@@ -1,4 +1,4 @@
-"""The run's outputs: JSON, a markdown table with the issue's targets, a PNG plot."""
+"""The run's outputs: JSON, a markdown table of the targets beside the figures measured, a PNG plot."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
 
 
 def target_checks(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult]) -> list[tuple[str, str, bool]]:
-    """The issue's targets that this run's data covers: (target, measured, met)."""
+    """The targets this run's data covers, each as (target, measured, met)."""
     by = {(r.path, r.concurrency): r for r in results}
     ratios = ratio_to_engine(results)
     checks: list[tuple[str, str, bool]] = []
