@@ -32,9 +32,9 @@ test: install
 
 lint: install
 	$(PY) -m pip install -q ruff mypy 2>&1 | $(PIP_QUIET)
-	$(PY) -m ruff check worker producer devkit tests bench
-	$(PY) -m ruff format --check worker producer devkit tests bench
-	$(PY) -m mypy worker producer devkit
+	$(PY) -m ruff check worker producer gateway streamq devkit tests bench
+	$(PY) -m ruff format --check worker producer gateway streamq devkit tests bench
+	$(PY) -m mypy worker producer gateway streamq devkit
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

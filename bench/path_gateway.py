@@ -1,6 +1,6 @@
 """Path (d): streamq's OpenAI-compatible gateway, driven by ``vllm bench serve``.
 
-The same client as path (c), pointed at ``python -m producer.gateway`` instead of
+The same client as path (c), pointed at ``python -m gateway`` instead of
 ``vllm serve``: HTTP + SSE → gateway → Redis → ``python -m worker`` (the same engine
 flags) → pub/sub → gateway → client. What a user of ``vllm serve`` gets by putting
 the queue between their clients and their GPUs.

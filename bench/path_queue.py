@@ -21,7 +21,7 @@ from bench.prompts import Prompt, sample_prompts
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient
-from producer.protocol import ChunkEvent, ErrorEvent
+from streamq.protocol import ChunkEvent, ErrorEvent
 
 
 async def measure(config: BenchConfig, redis_url: str, worker: WorkerProcess) -> list[PathResult]:

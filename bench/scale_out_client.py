@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from producer.client import StreamqClient
-from producer.protocol import ChunkEvent, ErrorEvent
+from streamq.protocol import ChunkEvent, ErrorEvent
 
 
 @dataclass

@@ -26,7 +26,7 @@ from devkit.redis_server import RedisServer
 from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
-from producer.protocol import ChunkEvent, FinalEvent
+from streamq.protocol import ChunkEvent, FinalEvent
 
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 

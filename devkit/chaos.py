@@ -26,7 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess
-from producer.protocol import EVENTS_CHANNEL_PREFIX, IN_PROGRESS_PREFIX
+from streamq.protocol import EVENTS_CHANNEL_PREFIX, IN_PROGRESS_PREFIX
 
 SERVING_LINE = "registered model "
 """What a worker logs once its engine is up and it is about to take jobs. (The health

@@ -1,4 +1,4 @@
-"""``python -m producer.gateway`` as a real process, for the tests and the benchmark."""
+"""``python -m gateway`` as a real process, for the tests and the benchmark."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class GatewayProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        command = [sys.executable, "-m", "producer.gateway", "--redis-url", redis_url, "--port", str(self.port)]
+        command = [sys.executable, "-m", "gateway", "--redis-url", redis_url, "--port", str(self.port)]
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [*command, *extra_args],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from producer.protocol import DEFAULT_QUEUE
+from streamq.protocol import DEFAULT_QUEUE
 
 HEALTH_CHECK_SUFFIX = ":health-check"
 """arq writes ``<queue>:health-check`` from its poll loop, i.e. once the engine is up."""

@@ -15,7 +15,7 @@ from producer.client import (
     StreamqError,
     UnknownModel,
 )
-from producer.protocol import ChatMessage, ChunkEvent, ErrorEvent, Event, FinalEvent, InvalidRequest, SamplingOptions
+from streamq.protocol import ChatMessage, ChunkEvent, ErrorEvent, Event, FinalEvent, InvalidRequest, SamplingOptions
 
 __all__ = [
     "ChatMessage",

@@ -34,14 +34,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from producer.client import Completion, NoLiveWorker, RequestError, StreamqClient, StreamqError, UnknownModel
-from producer.connection import add_connection_options
 from producer.openai_params import (
     chat_completion_response,
     chat_request_to_submit_kwargs,
     completion_request_to_submit_kwargs,
     completion_response,
 )
-from producer.protocol import InvalidRequest
+from streamq.broker.connection import add_connection_options
+from streamq.protocol import InvalidRequest
 
 ENDPOINTS: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[..., dict[str, Any]]]] = {
     "/v1/completions": (completion_request_to_submit_kwargs, completion_response),

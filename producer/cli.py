@@ -22,8 +22,8 @@ from rich.live import Live
 from rich.text import Text
 
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
-from producer.connection import add_connection_options
-from producer.protocol import (
+from streamq.broker.connection import add_connection_options
+from streamq.protocol import (
     ChunkEvent,
     ErrorEvent,
     FinalEvent,

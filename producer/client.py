@@ -27,8 +27,11 @@ from arq.connections import ArqRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.connection import DEFAULT_REDIS_URL, create_pool, redis_settings_for
-from producer.protocol import (
+from producer.subscriber import Delivery, EventSubscriber, Resync
+from streamq.broker.connection import DEFAULT_REDIS_URL, create_pool, redis_settings_for
+from streamq.broker.registry import Routes, WorkerRegistry
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import (
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
     IN_PROGRESS_PREFIX,
@@ -49,9 +52,6 @@ from producer.protocol import (
     parse_request,
     serialize_job,
 )
-from producer.registry import Routes, WorkerRegistry
-from producer.replay import ReplayLog
-from producer.subscriber import Delivery, EventSubscriber, Resync
 
 # Atomically: a running job is told to stop (every worker hears the channel; the one
 # running it cancels it); a queued one is taken off its queue before any worker can.
@@ -347,7 +347,7 @@ class StreamqClient:
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
     ) -> StreamqClient:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS;
-        see ``producer.connection``). ``max_queue_depth`` bounds every queue this
+        see ``streamq.broker.connection``). ``max_queue_depth`` bounds every queue this
         client submits to (see ``submit``); ``silence_check_s`` is the handles' watchdog."""
         redis = await create_pool(
             redis_settings_for(url),

@@ -31,7 +31,7 @@ from typing import Any, Final
 import msgspec
 
 from producer.client import Completion
-from producer.protocol import InvalidRequest, SamplingOptions
+from streamq.protocol import InvalidRequest, SamplingOptions
 
 TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
 """Accepted in a body but not mapped here: the caller routes and streams."""

@@ -18,8 +18,8 @@ from devkit.redis_server import RedisServer
 from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
-from producer.protocol import WorkerRegistration
-from producer.registry import WorkerRegistry
+from streamq.broker.registry import WorkerRegistry
+from streamq.protocol import WorkerRegistration
 
 MAX_MODEL_LEN = 1024
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from producer.protocol import events_channel
+from streamq.protocol import events_channel
 
 
 async def capture_events(

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, StreamqClient
-from producer.protocol import BAD_PAYLOAD_MARKER, DEFAULT_QUEUE, WAKEUP_CHANNEL, InvalidRequest
+from streamq.protocol import BAD_PAYLOAD_MARKER, DEFAULT_QUEUE, WAKEUP_CHANNEL, InvalidRequest
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events, job_result
 

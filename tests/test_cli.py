@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
-from producer.protocol import WorkerRegistration, events_channel
+from streamq.protocol import WorkerRegistration, events_channel
 
 pytestmark = pytest.mark.engine
 

@@ -59,7 +59,7 @@ def test_producer_example_runs_the_cli(compose_config: dict[str, Any]) -> None:
 
 def test_gateway_serves_the_openai_api_with_a_health_check(compose_config: dict[str, Any]) -> None:
     gateway = compose_config["services"]["gateway"]
-    assert gateway["command"][:3] == ["python", "-m", "producer.gateway"]
+    assert gateway["command"][:3] == ["python", "-m", "gateway"]
     assert gateway["environment"]["REDIS_URL"] == "redis://redis:6379"
     assert "/health" in " ".join(gateway["healthcheck"]["test"])
     assert gateway["restart"] == "unless-stopped"

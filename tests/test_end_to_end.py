@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from devkit.redis_server import server_binary
 from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient
-from producer.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL
+from streamq.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events
 

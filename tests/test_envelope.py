@@ -15,7 +15,7 @@ from arq.jobs import deserialize_job_raw, deserialize_result, serialize_result
 from arq.jobs import serialize_job as arq_serialize_job
 from arq.utils import args_to_string, ms_to_datetime
 
-from producer.protocol import (
+from streamq.protocol import (
     BAD_PAYLOAD_MARKER,
     EARLIEST_ENQUEUE_MS,
     JOB_FUNCTION,

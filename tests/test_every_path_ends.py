@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, scripted_worker
 from producer.client import RequestLost, StreamqClient
-from producer.protocol import (
+from streamq.protocol import (
     DEFAULT_QUEUE,
     IN_PROGRESS_PREFIX,
     WAKEUP_CHANNEL,

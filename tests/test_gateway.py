@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient
-from producer.protocol import WorkerRegistration
-from producer.registry import WorkerRegistry
+from streamq.broker.registry import WorkerRegistry
+from streamq.protocol import WorkerRegistration
 
 pytestmark = pytest.mark.engine
 

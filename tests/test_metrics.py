@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
-from producer.protocol import ChunkEvent, ErrorEvent, FinalEvent
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
 
 pytestmark = pytest.mark.engine
 

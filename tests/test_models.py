@@ -20,8 +20,8 @@ import redis.asyncio as aioredis
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import NoLiveWorker, QueueFull, RequestError, StreamqClient, UnknownModel
-from producer.protocol import JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
-from producer.registry import WorkerRegistry
+from streamq.broker.registry import WorkerRegistry
+from streamq.protocol import JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
 from tests.conftest import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine

@@ -17,7 +17,7 @@ from producer.openai_params import (
     completion_request_to_submit_kwargs,
     completion_response,
 )
-from producer.protocol import InvalidRequest
+from streamq.protocol import InvalidRequest
 
 COMPLETIONS: list[tuple[dict[str, Any], dict[str, Any]]] = [
     ({"model": "m", "prompt": "Hi"}, {"prompt": "Hi"}),

@@ -9,7 +9,7 @@ import sys
 import msgspec
 import pytest
 
-from producer.protocol import (
+from streamq.protocol import (
     BAD_PAYLOAD_MARKER,
     ChunkEvent,
     ErrorEvent,
@@ -126,7 +126,7 @@ def test_events_reject_garbage() -> None:
 def test_producer_imports_without_vllm_or_torch() -> None:
     code = (
         "import sys; sys.modules['vllm'] = None; sys.modules['torch'] = None\n"
-        "import producer, producer.cli, producer.client, producer.protocol\n"
+        "import producer, producer.cli, producer.client, streamq.protocol\n"
         "print('ok')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from producer.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
-from producer.replay import Appended, LogEvent, ReplayLog
+from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
 from worker.publisher import EventPublisher, PublishFailed
 
 

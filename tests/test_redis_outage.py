@@ -3,7 +3,7 @@
 A paused Redis (SIGSTOP: it keeps its sockets and accepts connections, but answers
 nothing) and a connection that goes silent without closing (``FreezingProxy``: what a
 vanished host or NAT entry leaves behind) are noticed within the bounds configured in
-``producer.connection`` (reply timeout, ping interval, retry budget): a pub/sub reader
+``streamq.broker.connection`` (reply timeout, ping interval, retry budget): a pub/sub reader
 errors or reconnects, and a request followed through such a connection completes
 exactly. Workers run the scripted engine: what is under test is the connections.
 """
@@ -23,9 +23,9 @@ from devkit import worker_process
 from devkit.redis_server import FreezingProxy, RedisServer
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
-from producer.connection import RetryFor, StreamqRedisSettings, close_pool, create_pool, redis_settings_for
-from producer.protocol import ChunkEvent, Event, FinalEvent, deserialize_job, serialize_job
 from producer.subscriber import EventSubscriber
+from streamq.broker.connection import RetryFor, StreamqRedisSettings, close_pool, create_pool, redis_settings_for
+from streamq.protocol import ChunkEvent, Event, FinalEvent, deserialize_job, serialize_job
 
 PING_AFTER_S = 1.0
 REPLY_WITHIN_S = 2.0

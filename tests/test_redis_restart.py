@@ -16,7 +16,7 @@ import pytest
 from devkit.redis_server import RedisServer
 from devkit.worker_process import scripted_worker
 from producer.client import StreamqClient
-from producer.protocol import ChunkEvent, FinalEvent
+from streamq.protocol import ChunkEvent, FinalEvent
 
 TOKENS_PER_S = 100  # the scripted engine's pace per request
 

@@ -24,8 +24,8 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import DuplicateRequest, StreamqClient
-from producer.protocol import FinalEvent
-from producer.replay import ReplayLog
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import FinalEvent
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events, job_result
 

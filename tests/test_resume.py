@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
-from producer.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL, parse_request, serialize_job
-from producer.replay import LogEvent, ReplayLog
+from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL, parse_request, serialize_job
 from tests.events import assert_well_formed, job_result
 from tests.test_reliability import paused, second_worker, wait_for_chunks
 

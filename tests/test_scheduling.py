@@ -18,7 +18,7 @@ import pytest
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
-from producer.protocol import ChunkEvent, FinalEvent
+from streamq.protocol import ChunkEvent, FinalEvent
 from worker.scheduling import DEFAULT_CPU_NICE
 
 pytestmark = pytest.mark.engine

@@ -23,7 +23,7 @@ import redis
 from devkit.redis_server import RedisServer, SentinelServer, free_port, server_binary
 from devkit.worker_process import scripted_worker
 from producer.client import RequestHandle, StreamqClient
-from producer.protocol import ChunkEvent, Event, FinalEvent
+from streamq.protocol import ChunkEvent, Event, FinalEvent
 
 MASTER = "streamq-master"
 

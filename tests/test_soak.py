@@ -31,8 +31,8 @@ from devkit.chaos import EventWitness, Gate, WorkerFleet, percentile, restart_re
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import RequestHandle, StreamqClient
-from producer.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
-from producer.replay import ReplayLog
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
 from tests.conftest import MAX_MODEL_LEN
 
 SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "120"))

@@ -31,9 +31,9 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL, ErrorEvent, is_valid_request_id
-from producer.subscriber import live_messages
-from producer.tasks import stop_task
+from streamq.broker.pubsub import live_messages
+from streamq.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL, ErrorEvent, is_valid_request_id
+from streamq.tasks import stop_task
 from worker import metrics
 from worker.engine import max_batch_size
 from worker.failures import failure_of
@@ -79,7 +79,7 @@ class StreamqWorker(Worker):
     async def main(self) -> None:
         """arq's ``Worker.main`` with the fixed-interval poll replaced by wake-ups."""
         if self._pool is None:
-            from producer.connection import create_pool
+            from streamq.broker.connection import create_pool
 
             self._pool = await create_pool(
                 self.redis_settings,

@@ -21,9 +21,9 @@ from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from producer.protocol import CANCEL_CHANNEL
-from producer.subscriber import live_messages
-from producer.tasks import stop_task
+from streamq.broker.pubsub import live_messages
+from streamq.protocol import CANCEL_CHANNEL
+from streamq.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from producer.protocol import ErrorCode
+from streamq.protocol import ErrorCode
 
 
 class _JobOutcome(msgspec.Struct):

@@ -23,7 +23,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from producer.protocol import (
+from streamq.protocol import (
     BAD_PAYLOAD_MARKER,
     ErrorCode,
     GenerateRequest,

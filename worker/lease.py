@@ -24,8 +24,8 @@ from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from producer.protocol import IN_PROGRESS_PREFIX
-from producer.tasks import stop_task
+from streamq.protocol import IN_PROGRESS_PREFIX
+from streamq.tasks import stop_task
 from worker import metrics
 
 logger = logging.getLogger("streamq.worker")

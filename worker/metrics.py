@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from producer.protocol import ErrorCode
+from streamq.protocol import ErrorCode
 
 logger = logging.getLogger("streamq.worker")
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from producer.protocol import WORKER_RENEW_S, WorkerRegistration
-from producer.registry import WorkerRegistry
-from producer.tasks import stop_task
+from streamq.broker.registry import WorkerRegistry
+from streamq.protocol import WORKER_RENEW_S, WorkerRegistration
+from streamq.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
 

@@ -33,8 +33,8 @@ from vllm.sampling_params import SamplingType
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-from producer.protocol import ChunkEvent, ErrorEvent, FinalEvent, GenerateRequest, decode_event
-from producer.replay import ReplayLog
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, GenerateRequest, decode_event
 
 logger = logging.getLogger("streamq.worker")
 

@@ -22,8 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.replay import LogEvent, ReplayLog
-from producer.tasks import stop_task
+from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.tasks import stop_task
 from worker import metrics
 
 logger = logging.getLogger("streamq.worker")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producer.protocol import deserialize_job
+from streamq.protocol import deserialize_job
 
 
 class RedactedRequest(dict[str, Any]):

@@ -14,10 +14,10 @@ from typing import Any
 
 from arq.utils import import_string
 
-from producer.connection import DEFAULT_REDIS_URL, redis_settings_for
-from producer.protocol import DEFAULT_QUEUE, serialize_job
-from producer.replay import ReplayLog
-from producer.tasks import stop_task
+from streamq.broker.connection import DEFAULT_REDIS_URL, redis_settings_for
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import DEFAULT_QUEUE, serialize_job
+from streamq.tasks import stop_task
 from worker import metrics
 from worker.cancel import CancelListener
 from worker.engine import engine_args_from_env, start_engine

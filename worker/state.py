@@ -10,7 +10,7 @@ import socket
 import time
 import uuid
 
-from producer.replay import ReplayLog
+from streamq.broker.replay_log import ReplayLog
 from worker.cancel import CancelListener
 from worker.lease import Leases
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from producer.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, encode_event
+from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, encode_event
 from worker import metrics
 from worker.publisher import EventPublisher
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from producer.protocol import ChunkEvent, ErrorEvent, FinalEvent
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
 
 DONE = "data: [DONE]\n\n"
 

@@ -1,6 +1,6 @@
-"""``python -m producer.gateway``: serve OpenAI's completions API from the queue.
+"""``python -m gateway``: serve OpenAI's completions API from the queue.
 
-python -m producer.gateway --redis-url redis://localhost:6379 --port 8000
+python -m gateway --redis-url redis://localhost:6379 --port 8000
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from producer.connection import add_redis_url_option
-from producer.gateway.app import create_app
+from gateway.app import create_app
+from streamq.broker.connection import add_redis_url_option
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m producer.gateway",
+        prog="python -m gateway",
         description="OpenAI-compatible HTTP gateway: /v1/completions, /v1/chat/completions, /v1/models, /health, "
         "/metrics. "
         "Requests are routed by model to the queues of live workers.",

@@ -23,7 +23,7 @@ from typing import Final, NamedTuple
 
 from redis.asyncio import Redis
 
-from producer.protocol import EVENTS_CHANNEL_PREFIX, ErrorEvent, FinalEvent, encode_event, events_channel
+from streamq.protocol import EVENTS_CHANNEL_PREFIX, ErrorEvent, FinalEvent, encode_event, events_channel
 
 LOG_MAXLEN: Final = 100_000
 """Entries kept per request (approximately: trimming is lazy). A request has one

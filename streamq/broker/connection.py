@@ -6,7 +6,7 @@ at most one ``SOCKET_TIMEOUT_S``) before an error surfaces. A connection that st
 gone without closing its sockets) is noticed: every reply must come within
 ``SOCKET_TIMEOUT_S``, idle pooled connections are pinged before use, and TCP
 keepalive probes idle sockets. Pub/sub readers, which wait for messages for as long
-as there are none, ping on their own (``producer.subscriber.live_messages``).
+as there are none, ping on their own (``streamq.broker.pubsub.live_messages``).
 ``rediss://`` URLs (TLS) may name their CA and verification mode in the query:
 ``rediss://host:6380?ssl_ca_certs=/ca.pem``, ``&ssl_cert_reqs=none|optional|required``.
 A highly available Redis is reached through its Sentinels:
@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.protocol import DEFAULT_QUEUE
+from streamq.protocol import DEFAULT_QUEUE
 
 DEFAULT_REDIS_URL = "redis://localhost:6379"
 SENTINEL_SCHEME = "redis+sentinel"

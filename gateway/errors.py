@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.client import DuplicateRequest, NoLiveWorker, QueueFull, RequestError, StreamqError, UnknownModel
-from producer.protocol import InvalidRequest
+from streamq.protocol import InvalidRequest
 
 
 class ApiError(Exception):

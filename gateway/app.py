@@ -20,15 +20,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway import metrics
+from gateway.disconnect import ClientGone, EventStreamResponse, until_disconnected
+from gateway.errors import ApiError, api_error_for, bad_request
+from gateway.params import parse_body
+from gateway.responses import DONE, ResponseShape, StreamEncoder
 from producer.client import RequestError, RequestHandle, StreamqClient
-from producer.connection import DEFAULT_REDIS_URL
-from producer.gateway import metrics
-from producer.gateway.disconnect import ClientGone, EventStreamResponse, until_disconnected
-from producer.gateway.errors import ApiError, api_error_for, bad_request
-from producer.gateway.params import parse_body
-from producer.gateway.responses import DONE, ResponseShape, StreamEncoder
 from producer.openai_params import chat_completion_response, completion_response
-from producer.protocol import TERMINAL_EVENTS, ErrorEvent, Event, decode_event, is_valid_request_id
+from streamq.broker.connection import DEFAULT_REDIS_URL
+from streamq.protocol import TERMINAL_EVENTS, ErrorEvent, Event, decode_event, is_valid_request_id
 
 REQUEST_ID_HEADER = "x-streamq-request-id"
 """Names a request (and makes it resumable); the response always carries ``x-request-id``."""

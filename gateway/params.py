@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producer.openai_params import chat_request_to_submit_kwargs, completion_request_to_submit_kwargs
-from producer.protocol import InvalidRequest
+from streamq.protocol import InvalidRequest
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import msgspec
 from redis.asyncio import Redis
 
-from producer.protocol import (
+from streamq.protocol import (
     MODELS_KEY,
     WORKER_TTL_MS,
     WORKERS_KEY,
