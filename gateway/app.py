@@ -15,7 +15,6 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -23,10 +22,11 @@ from fastapi.responses import JSONResponse, Response
 from gateway import metrics
 from gateway.disconnect import ClientGone, EventStreamResponse, until_disconnected
 from gateway.errors import ApiError, api_error_for, bad_request
-from gateway.params import parse_body
-from gateway.responses import DONE, ResponseShape, StreamEncoder
+from gateway.responses import DONE, StreamEncoder
 from producer.client import RequestError, RequestHandle, StreamqClient
-from producer.openai_params import chat_completion_response, completion_response
+from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
+from producer.openai_api.requests import parse_openai_body
+from producer.openai_api.responses import ChunkBuilder, ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
 from streamq.protocol import TERMINAL_EVENTS, ErrorEvent, Event, decode_event, is_valid_request_id
 
@@ -64,39 +64,30 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
             routes = await request.app.state.client.routes()
         except Exception as exc:
             return api_error_for(exc).response()
-        seen: dict[str, dict[str, Any]] = {}
-        for worker in routes.workers:
-            entry = seen.setdefault(
-                worker.model,
-                {"id": worker.model, "object": "model", "created": 0, "owned_by": "streamq", "root": worker.model},
-            )
-            if worker.max_model_len is not None:
-                entry["max_model_len"] = worker.max_model_len
-            entry["workers"] = entry.get("workers", 0) + 1
-        return JSONResponse({"object": "list", "data": list(seen.values())})
+        return JSONResponse(model_list(routes.workers))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE)
 
-    @app.post("/v1/completions")
+    @app.post(COMPLETIONS.path)
     async def completions(request: Request) -> Response:
-        return await _respond(request, chat=False)
+        return await _respond(request, COMPLETIONS)
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_COMPLETIONS.path)
     async def chat_completions(request: Request) -> Response:
-        return await _respond(request, chat=True)
+        return await _respond(request, CHAT_COMPLETIONS)
 
     return app
 
 
-async def _respond(request: Request, *, chat: bool) -> Response:
+async def _respond(request: Request, endpoint: Endpoint) -> Response:
     """One completion request, every failure mapped to OpenAI's error shape, counted
     in the gateway's metrics (a stream stays in progress until it closes)."""
     metrics.IN_PROGRESS.inc()
     response: Response | None = None
     try:
-        response = await _generate(request, chat=chat)
+        response = await _generate(request, endpoint)
     except ClientGone:
         response = Response(status_code=499)  # nobody is listening any more
     except Exception as exc:
@@ -108,14 +99,14 @@ async def _respond(request: Request, *, chat: bool) -> Response:
     return response
 
 
-async def _generate(request: Request, *, chat: bool) -> Response:
+async def _generate(request: Request, endpoint: Endpoint) -> Response:
     client: StreamqClient = request.app.state.client
     arrived = time.monotonic()
     try:
         body = json.loads(await request.body())
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
-    params = parse_body(body, chat=chat)
+    params = parse_openai_body(body, chat=endpoint.chat)
     named = request.headers.get(REQUEST_ID_HEADER)
     if named is not None and not is_valid_request_id(named):
         raise bad_request(
@@ -130,14 +121,14 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     else:
         handle = await client.submit(model=params.model, request_id=named, **params.submit_kwargs)
     handle.cancel_on_close = named is None  # a named request waits to be resumed instead
-    shape = ResponseShape(chat=chat, request_id=handle.request_id, model=params.model, created=int(time.time()))
+    meta = ResponseMeta(endpoint.chat, handle.request_id, params.model, created=int(time.time()))
     headers = {"x-request-id": handle.request_id}
     events = aiter(handle)
     try:
         if not params.stream:
             completion = await until_disconnected(request.receive, handle.result())
-            to_body = chat_completion_response if chat else completion_response
-            return JSONResponse(to_body(completion, model=params.model, created=shape.created), headers=headers)
+            whole = endpoint.to_response(completion, model=params.model, created=meta.created)
+            return JSONResponse(whole, headers=headers)
         # Wait for the first event before answering, so that parameters vLLM refuses
         # still get a 400 rather than an error inside a 200 stream.
         first = await until_disconnected(request.receive, _next(events))
@@ -147,7 +138,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
     except BaseException:
         await handle.close()
         raise
-    encoder = StreamEncoder(shape, include_usage=params.include_usage, event_ids=named is not None)
+    encoder = StreamEncoder(ChunkBuilder(meta, include_usage=params.include_usage), event_ids=named is not None)
 
     async def close() -> None:
         metrics.IN_PROGRESS.dec()

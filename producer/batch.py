@@ -23,7 +23,7 @@ import json
 import re
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,20 +34,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from producer.client import Completion, NoLiveWorker, RequestError, StreamqClient, StreamqError, UnknownModel
-from producer.openai_params import (
-    chat_completion_response,
-    chat_request_to_submit_kwargs,
-    completion_request_to_submit_kwargs,
-    completion_response,
-)
+from producer.openai_api.endpoints import ENDPOINTS
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import InvalidRequest
-
-ENDPOINTS: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[..., dict[str, Any]]]] = {
-    "/v1/completions": (completion_request_to_submit_kwargs, completion_response),
-    "/v1/chat/completions": (chat_request_to_submit_kwargs, chat_completion_response),
-}
-"""What each supported URL maps through: body to submit kwargs, Completion to response body."""
 
 _LINE_KEY = re.compile(r"line (\d+): ")
 """Error lines of input lines without a custom_id start with their line number, so a
@@ -196,10 +185,10 @@ class BatchRun:
         if line.error is not None or line.body is None:
             self.write(output_line(line.custom_id, request_id, status=400, body=None, error=line.error), ok=False)
             return
-        to_kwargs, to_response = ENDPOINTS[line.url]
+        endpoint = ENDPOINTS[line.url]
         model = line.body.get("model")
         try:
-            kwargs = to_kwargs(line.body)
+            kwargs = endpoint.to_submit_kwargs(line.body)
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest(f"model must be a string, got {model!r}")
             # Routed by model, as the gateway does; a body without one goes to --queue.
@@ -224,7 +213,7 @@ class BatchRun:
         except StreamqError as exc:  # a lost stream, a duplicate id: this request only
             self.write(output_line(line.custom_id, request_id, status=500, body=None, error=str(exc)), ok=False)
             return
-        body = to_response(completion, model=model or "streamq")
+        body = endpoint.to_response(completion, model=model or "streamq")
         self.write(
             output_line(line.custom_id, request_id, status=200, body=body, error=None),
             ok=True,

@@ -11,12 +11,8 @@ from typing import Any
 import pytest
 
 from producer.client import Completion
-from producer.openai_params import (
-    chat_completion_response,
-    chat_request_to_submit_kwargs,
-    completion_request_to_submit_kwargs,
-    completion_response,
-)
+from producer.openai_api.requests import chat_request_to_submit_kwargs, completion_request_to_submit_kwargs
+from producer.openai_api.responses import chat_completion_response, completion_response
 from streamq.protocol import InvalidRequest
 
 COMPLETIONS: list[tuple[dict[str, Any], dict[str, Any]]] = [

@@ -1,40 +1,22 @@
-"""OpenAI request bodies to streamq requests, and completions back to OpenAI response bodies.
+"""OpenAI request bodies to ``StreamqClient.submit`` keyword arguments.
 
-The batch command (``producer/batch.py``) and the OpenAI-compatible gateway both
-speak OpenAI on the outside and ``StreamqClient.submit`` on the inside; this
-module is the one place that translates, so the two cannot drift apart. The
-gateway should reuse it rather than map parameters itself.
-
-Requests: ``completion_request_to_submit_kwargs`` and
-``chat_request_to_submit_kwargs`` turn a ``/v1/completions`` or
-``/v1/chat/completions`` body into keyword arguments for ``submit``. A field
-streamq cannot honour raises ``InvalidRequest`` naming it, rather than being
-dropped silently: a client asking for logprobs or tools must learn it gets none.
-Fields that only steer the transport (``model``, ``stream``, ``stream_options``,
-``user``) are accepted and left to the caller: it routes by model and chooses
-how to deliver. Values are range-checked by vLLM on the worker, as for every
-streamq request.
-
-Responses: ``completion_response`` and ``chat_completion_response`` build the
-non-streaming bodies in the shape ``vllm serve`` returns (its pydantic models'
-fields that carry something here, plus the ``null`` ones OpenAI clients read).
-
-Imports neither vllm nor torch: the producer side must install without them.
+A field streamq cannot honour raises ``InvalidRequest`` naming it rather than being
+dropped: a client asking for logprobs or tools must learn it gets none. Values are
+range-checked by vLLM on the worker, as for every streamq request.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
 
-from producer.client import Completion
 from streamq.protocol import InvalidRequest, SamplingOptions
 
 TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
-"""Accepted in a body but not mapped here: the caller routes and streams."""
+"""Accepted in a body but not mapped to ``submit`` arguments: they say where and how to deliver."""
 
 # OpenAI (and vLLM-extension) names that map one to one onto ``SamplingOptions``.
 _SAMPLING_FIELDS: Final = frozenset(
@@ -137,48 +119,40 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"messages": [_message(m, i) for i, m in enumerate(messages)], **_sampling(body, max_tokens=max_tokens)}
 
 
-def completion_response(completion: Completion, *, model: str, created: int | None = None) -> dict[str, Any]:
-    """The non-streaming ``/v1/completions`` response body for ``completion``."""
-    choices = [
-        {"index": i, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
-        for i, (text, reason) in enumerate(zip(completion.texts, completion.finish_reasons, strict=True))
-    ]
-    return _response(completion, "cmpl-", "text_completion", model, created, choices)
+@dataclass(frozen=True)
+class OpenAIRequest:
+    """One ``/v1/completions`` or ``/v1/chat/completions`` body as the gateway serves it, validated."""
+
+    chat: bool
+    model: str
+    stream: bool
+    include_usage: bool
+    submit_kwargs: dict[str, Any]
+    """``StreamqClient.submit`` keyword arguments: prompt or messages, sampling."""
 
 
-def chat_completion_response(completion: Completion, *, model: str, created: int | None = None) -> dict[str, Any]:
-    """The non-streaming ``/v1/chat/completions`` response body for ``completion``."""
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None,
-            "finish_reason": reason,
-            "stop_reason": None,
-        }
-        for i, (text, reason) in enumerate(zip(completion.texts, completion.finish_reasons, strict=True))
-    ]
-    return _response(completion, "chatcmpl-", "chat.completion", model, created, choices)
-
-
-def _response(
-    completion: Completion, id_prefix: str, kind: str, model: str, created: int | None, choices: list[dict[str, Any]]
-) -> dict[str, Any]:
-    # The id carries the request id, so a response can be traced to its replay log.
-    return {
-        "id": id_prefix + completion.request_id,
-        "object": kind,
-        "created": int(time.time()) if created is None else created,
-        "model": model,
-        "choices": choices,
-        "system_fingerprint": None,
-        "usage": {
-            "prompt_tokens": completion.prompt_tokens,
-            "completion_tokens": completion.completion_tokens,
-            "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-            "prompt_tokens_details": None,
-        },
-    }
+def parse_openai_body(body: object, *, chat: bool) -> OpenAIRequest:
+    """Validate a decoded JSON body that must name its model; raises ``InvalidRequest``."""
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"the request body must be a JSON object, got {type(body).__name__}")
+    kwargs = chat_request_to_submit_kwargs(body) if chat else completion_request_to_submit_kwargs(body)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required: the name of a model that /v1/models lists")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest(f"'stream' must be true or false, got {stream!r}")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise InvalidRequest("'stream_options' is only allowed with stream=true")
+        if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+            raise InvalidRequest("'stream_options' takes only include_usage")
+        if options.get("continuous_usage_stats"):
+            raise InvalidRequest("stream_options.continuous_usage_stats is not supported by streamq")
+        include_usage = options.get("include_usage") is True
+    return OpenAIRequest(chat=chat, model=model, stream=stream, include_usage=include_usage, submit_kwargs=kwargs)
 
 
 def _require_object(body: object) -> Mapping[str, Any]:

@@ -1,0 +1,32 @@
+"""The OpenAI endpoints streamq serves, and what each maps a request and a response through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from producer.client import Completion
+from producer.openai_api.requests import chat_request_to_submit_kwargs, completion_request_to_submit_kwargs
+from producer.openai_api.responses import chat_completion_response, completion_response
+
+
+class ResponseBuilder(Protocol):
+    def __call__(self, completion: Completion, *, model: str, created: int | None = None) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str
+    chat: bool
+    to_submit_kwargs: Callable[[Mapping[str, Any]], dict[str, Any]]
+    """The body to ``StreamqClient.submit`` keyword arguments."""
+    to_response: ResponseBuilder
+    """A finished request to its non-streaming response body."""
+
+
+COMPLETIONS: Final = Endpoint("/v1/completions", False, completion_request_to_submit_kwargs, completion_response)
+CHAT_COMPLETIONS: Final = Endpoint(
+    "/v1/chat/completions", True, chat_request_to_submit_kwargs, chat_completion_response
+)
+ENDPOINTS: Final = {endpoint.path: endpoint for endpoint in (COMPLETIONS, CHAT_COMPLETIONS)}
