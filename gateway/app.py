@@ -21,10 +21,10 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import metrics
 from gateway.disconnect import ClientGone, EventStreamResponse, until_disconnected
-from gateway.errors import ApiError, api_error_for, bad_request
 from gateway.responses import DONE, StreamEncoder
 from producer.client import RequestError, RequestHandle, StreamqClient
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
+from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, bad_request
 from producer.openai_api.requests import parse_openai_body
 from producer.openai_api.responses import ChunkBuilder, ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
@@ -55,7 +55,7 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
         try:
             await asyncio.wait_for(request.app.state.client.redis.ping(), HEALTH_TIMEOUT_S)
         except Exception as exc:
-            return api_error_for(ConnectionError(str(exc) or type(exc).__name__)).response()
+            return _error_response(ConnectionError(str(exc) or type(exc).__name__))
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
@@ -63,7 +63,7 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
         try:
             routes = await request.app.state.client.routes()
         except Exception as exc:
-            return api_error_for(exc).response()
+            return _error_response(exc)
         return JSONResponse(model_list(routes.workers))
 
     @app.get("/metrics")
@@ -91,7 +91,7 @@ async def _respond(request: Request, endpoint: Endpoint) -> Response:
     except ClientGone:
         response = Response(status_code=499)  # nobody is listening any more
     except Exception as exc:
-        response = api_error_for(exc).response()
+        response = _error_response(exc)
     finally:
         if not isinstance(response, EventStreamResponse):
             metrics.IN_PROGRESS.dec()
@@ -165,13 +165,19 @@ async def _resume(
     if last_seq < -1:
         raise bad_request("Last-Event-ID must be an event id (-1 for the whole stream)", param="Last-Event-ID")
     if not await client.exists(named):
-        raise ApiError(404, f"no request {named!r} to resume (unknown, or its log expired)", code="request_not_found")
+        message = f"no request {named!r} to resume (unknown, or its log expired)"
+        raise ApiError(404, message, code=ApiErrorCode.REQUEST_NOT_FOUND)
     newest = await client.log.last(named)
     if newest is not None:
         last = decode_event(newest)
         if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
             return None
     return await client.follow(named, from_seq=last_seq + 1)
+
+
+def _error_response(exc: BaseException) -> JSONResponse:
+    error = api_error_for(exc)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def _next(events: AsyncIterator[Event]) -> Event:

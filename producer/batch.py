@@ -33,8 +33,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from producer.client import Completion, NoLiveWorker, RequestError, StreamqClient, StreamqError, UnknownModel
+from producer.client import Completion, RequestError, StreamqClient, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS
+from producer.openai_api.errors import api_error_for
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import InvalidRequest
 
@@ -198,20 +199,10 @@ class BatchRun:
                 completion: Completion = await handle.result()
             finally:
                 await handle.close()
-        except InvalidRequest as exc:
-            self.write(output_line(line.custom_id, request_id, status=400, body=None, error=str(exc)), ok=False)
-            return
-        except (UnknownModel, NoLiveWorker) as exc:  # the statuses `vllm serve` and the gateway give
-            status = 404 if isinstance(exc, UnknownModel) else 503
-            self.write(output_line(line.custom_id, request_id, status=status, body=None, error=str(exc)), ok=False)
-            return
-        except RequestError as exc:
-            status = 400 if exc.code == "invalid_request" else 500
-            error = f"{exc.code}: {exc.message}"
+        except (InvalidRequest, StreamqError) as exc:  # this request only; Redis failing ends the batch
+            status = api_error_for(exc).status  # the status the gateway would answer with
+            error = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
             self.write(output_line(line.custom_id, request_id, status=status, body=None, error=error), ok=False)
-            return
-        except StreamqError as exc:  # a lost stream, a duplicate id: this request only
-            self.write(output_line(line.custom_id, request_id, status=500, body=None, error=str(exc)), ok=False)
             return
         body = endpoint.to_response(completion, model=model or "streamq")
         self.write(

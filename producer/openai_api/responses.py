@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producer.client import Completion
+from producer.openai_api.errors import request_failed
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, WorkerRegistration
 
 
@@ -116,8 +117,7 @@ class ChunkBuilder:
                 self._finished.add(event.index)
             return [self._chunk(event.index, event.text, event.finish_reason)]
         if isinstance(event, ErrorEvent):
-            error = {"message": f"{event.code}: {event.message}", "type": "internal_error", "param": None}
-            return [{"error": {**error, "code": event.code}}]
+            return [request_failed(event.code, event.message).body()]
         out = [
             self._chunk(i, "", reason)
             for i, reason in enumerate(event.finish_reasons)

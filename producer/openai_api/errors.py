@@ -1,0 +1,98 @@
+"""Every failure of an OpenAI request, mapped to an HTTP status and OpenAI's error body.
+
+OpenAI clients decide from the status (the SDK retries 429 and 503, never 400 or 404)
+and show ``error.message`` to a person, so each error names what was wrong and, where
+it is one parameter, which (``param``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from producer.client import DuplicateRequest, NoLiveWorker, QueueFull, RequestError, StreamqError, UnknownModel
+from streamq.protocol import ErrorCode, InvalidRequest
+
+
+class ApiErrorType(enum.StrEnum):
+    """OpenAI's ``error.type``: the kind of failure."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    NOT_FOUND = "not_found_error"
+    RATE_LIMIT = "rate_limit_error"
+    SERVICE_UNAVAILABLE = "service_unavailable_error"
+    INTERNAL = "internal_error"
+
+
+class ApiErrorCode(enum.StrEnum):
+    """``error.code`` of failures that are not a request's own ``ErrorCode``."""
+
+    INVALID_PARAMETER = "invalid_parameter"
+    MODEL_NOT_FOUND = "model_not_found"
+    REQUEST_NOT_FOUND = "request_not_found"
+    DUPLICATE_REQUEST = "duplicate_request"
+    QUEUE_FULL = "queue_full"
+    NO_LIVE_WORKER = "no_live_worker"
+    REDIS_UNAVAILABLE = "redis_unavailable"
+    INTERNAL = "internal"
+
+
+class ApiError(Exception):
+    """An error response: its HTTP status, headers, and body ``{"error": {message, type, param, code}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = ApiErrorType.INVALID_REQUEST,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, *, param: str | None = None, code: str = ApiErrorCode.INVALID_PARAMETER) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def request_failed(code: str, message: str) -> ApiError:
+    """A request that failed on the worker (its ``error`` event): a 500, its code kept."""
+    return ApiError(500, f"{code}: {message}", type=ApiErrorType.INTERNAL, code=code)
+
+
+def api_error_for(exc: BaseException) -> ApiError:
+    """The error response for an exception from the producer library or Redis."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InvalidRequest):
+        return bad_request(str(exc))
+    if isinstance(exc, UnknownModel):
+        return ApiError(404, str(exc), type=ApiErrorType.NOT_FOUND, code=ApiErrorCode.MODEL_NOT_FOUND, param="model")
+    if isinstance(exc, NoLiveWorker):
+        unavailable = ApiErrorType.SERVICE_UNAVAILABLE
+        return ApiError(503, str(exc), type=unavailable, code=ApiErrorCode.NO_LIVE_WORKER, param="model")
+    if isinstance(exc, QueueFull):
+        retry = {"Retry-After": "1"}
+        return ApiError(429, str(exc), type=ApiErrorType.RATE_LIMIT, code=ApiErrorCode.QUEUE_FULL, headers=retry)
+    if isinstance(exc, DuplicateRequest):
+        return ApiError(409, str(exc), code=ApiErrorCode.DUPLICATE_REQUEST)
+    if isinstance(exc, RequestError):
+        if exc.code == ErrorCode.INVALID_REQUEST:  # the worker (vLLM) refused the parameters
+            return bad_request(exc.message)
+        return request_failed(exc.code, exc.message)
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError)):
+        message = f"cannot reach Redis: {exc}"
+        return ApiError(503, message, type=ApiErrorType.SERVICE_UNAVAILABLE, code=ApiErrorCode.REDIS_UNAVAILABLE)
+    if isinstance(exc, StreamqError):
+        return ApiError(500, str(exc), type=ApiErrorType.INTERNAL, code=ApiErrorCode.INTERNAL)
+    return ApiError(500, f"{type(exc).__name__}: {exc}", type=ApiErrorType.INTERNAL, code=ApiErrorCode.INTERNAL)
