@@ -1,11 +1,8 @@
-"""The gateway's HTTP routes: OpenAI's API in front of the queue.
+"""The gateway's HTTP routes: OpenAI's API in front of the queue, routed by model.
 
-Every completion is a streamq request: ``StreamqClient.submit`` with the model's
-queue (from the worker registry), its events turned into OpenAI responses. An
-anonymous request is cancelled when its client disconnects, as ``vllm serve`` aborts
-it. A request the client names with ``x-streamq-request-id`` is resumable instead:
-its SSE events carry ``id: <seq>``, it keeps running when the connection drops, and
-the same POST again with ``Last-Event-ID: <seq>`` continues from the replay log.
+An anonymous request is cancelled when its client disconnects, as ``vllm serve`` aborts
+it. A request named with ``x-streamq-request-id`` is resumable instead: its SSE events
+carry ``id: <seq>``, and the same POST with ``Last-Event-ID: <seq>`` continues it.
 """
 
 from __future__ import annotations
@@ -19,9 +16,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import metrics
-from gateway.disconnect import ClientGone, EventStreamResponse, until_disconnected
-from gateway.responses import DONE, StreamEncoder
+from gateway import http_metrics
+from gateway.disconnect import ClientGone, until_disconnected
+from gateway.sse import DONE, SseEncoder, SseResponse
 from producer.client import RequestError, RequestHandle, StreamqClient
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, bad_request
@@ -68,7 +65,7 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE)
+        return Response(http_metrics.exposition(), media_type=http_metrics.CONTENT_TYPE)
 
     @app.post(COMPLETIONS.path)
     async def completions(request: Request) -> Response:
@@ -84,7 +81,7 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
 async def _respond(request: Request, endpoint: Endpoint) -> Response:
     """One completion request, every failure mapped to OpenAI's error shape, counted
     in the gateway's metrics (a stream stays in progress until it closes)."""
-    metrics.IN_PROGRESS.inc()
+    http_metrics.IN_PROGRESS.inc()
     response: Response | None = None
     try:
         response = await _generate(request, endpoint)
@@ -93,9 +90,9 @@ async def _respond(request: Request, endpoint: Endpoint) -> Response:
     except Exception as exc:
         response = _error_response(exc)
     finally:
-        if not isinstance(response, EventStreamResponse):
-            metrics.IN_PROGRESS.dec()
-    metrics.REQUESTS.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
+        if not isinstance(response, SseResponse):
+            http_metrics.IN_PROGRESS.dec()
+    http_metrics.REQUESTS.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
     return response
 
 
@@ -132,19 +129,19 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
         # Wait for the first event before answering, so that parameters vLLM refuses
         # still get a 400 rather than an error inside a 200 stream.
         first = await until_disconnected(request.receive, _next(events))
-        metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
+        http_metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
         if isinstance(first, ErrorEvent):
             raise RequestError(handle.request_id, first.code, first.message)
     except BaseException:
         await handle.close()
         raise
-    encoder = StreamEncoder(ChunkBuilder(meta, include_usage=params.include_usage), event_ids=named is not None)
+    encoder = SseEncoder(ChunkBuilder(meta, include_usage=params.include_usage), event_ids=named is not None)
 
     async def close() -> None:
-        metrics.IN_PROGRESS.dec()
+        http_metrics.IN_PROGRESS.dec()
         await handle.close()
 
-    return EventStreamResponse(_sse(encoder, first, events), headers=headers, on_close=close)
+    return SseResponse(_sse_text(encoder, first, events), headers=headers, on_close=close)
 
 
 async def _resume(
@@ -184,7 +181,7 @@ async def _next(events: AsyncIterator[Event]) -> Event:
     return await anext(events)
 
 
-async def _sse(encoder: StreamEncoder, first: Event, rest: AsyncIterator[Event]) -> AsyncGenerator[str, None]:
+async def _sse_text(encoder: SseEncoder, first: Event, rest: AsyncIterator[Event]) -> AsyncGenerator[str, None]:
     yield encoder.encode(first)
     async for event in rest:
         if text := encoder.encode(event):

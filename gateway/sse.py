@@ -1,0 +1,78 @@
+"""Streamed responses as Server-Sent Events, ended by ``data: [DONE]``.
+
+Resumable requests label each event with ``id: <seq>`` (the replay log's sequence number).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.disconnect import wait_for_disconnect
+from producer.openai_api.responses import ChunkBuilder
+from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, FinalEvent
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse_event(data: dict[str, Any], seq: int | None) -> str:
+    """One SSE event; ``id:`` only on resumable streams (some clients, ``vllm bench serve``
+    among them, read every event as ``data:`` alone)."""
+    prefix = f"id: {seq}\n" if seq is not None else ""
+    return f"{prefix}data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+@dataclass
+class SseEncoder:
+    """Turns one request's events, in order, into the SSE text of its streamed response."""
+
+    chunks: ChunkBuilder
+    event_ids: bool
+
+    def encode(self, event: ChunkEvent | FinalEvent | ErrorEvent) -> str:
+        seq = event.seq if self.event_ids else None
+        text = "".join(sse_event(chunk, seq) for chunk in self.chunks.chunks(event))
+        return text + DONE if isinstance(event, TERMINAL_EVENTS) else text
+
+
+class SseResponse(StreamingResponse):
+    """``text/event-stream`` that stops at once when the client disconnects, and then
+    always runs ``on_close`` (which cancels the request when nobody will read it).
+
+    Starlette's own ``StreamingResponse`` notices a disconnect only when its next
+    write fails, and leaves closing the generator to the garbage collector."""
+
+    def __init__(
+        self,
+        content: AsyncGenerator[str, None],
+        *,
+        headers: dict[str, str],
+        on_close: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._content = content
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sending = asyncio.ensure_future(self.stream_response(send))
+        gone = asyncio.ensure_future(wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({sending, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sending, gone):
+                task.cancel()
+            await asyncio.gather(sending, gone, return_exceptions=True)
+            await self._content.aclose()
+            await self._on_close()
+        if not sending.cancelled() and (exc := sending.exception()) is not None and not isinstance(exc, OSError):
+            raise exc
