@@ -1,18 +1,8 @@
 """``python -m producer batch IN.jsonl OUT.jsonl``: OpenAI batch files through the queue.
 
-The input is what ``vllm run-batch`` (and OpenAI's Batch API) reads: one JSON
-object per line, ``{"custom_id", "method": "POST", "url": "/v1/completions" or
-"/v1/chat/completions", "body": {...}}``. Each output line mirrors
-``vllm run-batch``'s: ``{"id", "custom_id", "response": {"status_code",
-"request_id", "body"}, "error"}``, with ``body`` the response ``vllm serve``
-would give and ``request_id`` the streamq request id (its replay log).
-
-Each request goes to the queue of the workers serving its ``body.model`` (a
-model no worker serves gets an error line); a body without ``model`` goes to
-``--queue``. Lines are written as each request finishes, appended and flushed, so an
-interrupted run loses only what was running; a re-run skips every
-``custom_id`` already in the output. A malformed line becomes an error line
-(with its ``custom_id`` when it has one) and the batch goes on.
+Reads what ``vllm run-batch`` reads (``{"custom_id", "method", "url", "body"}`` a line)
+and appends its output lines as each request finishes; a re-run skips every ``custom_id``
+the output holds. A malformed line becomes an error line and the batch goes on.
 """
 
 from __future__ import annotations
