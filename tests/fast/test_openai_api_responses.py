@@ -1,0 +1,82 @@
+"""Whole (non-streamed) responses and the model list, in the shape OpenAI clients read."""
+
+from __future__ import annotations
+
+import time
+
+from producer.client import Completion
+from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, ENDPOINTS
+from producer.openai_api.responses import chat_completion_response, completion_response, model_list
+from streamq.protocol import WorkerRegistration
+
+COMPLETION = Completion(
+    request_id="r7",
+    texts=["one", "two"],
+    token_ids=[[1], [2, 3]],
+    finish_reasons=["length", "stop"],
+    prompt_tokens=4,
+    completion_tokens=3,
+)
+
+
+def test_a_completion_response_has_one_choice_per_completion_and_the_usage() -> None:
+    body = completion_response(COMPLETION, model="tiny", created=9)
+    assert list(body) == ["id", "object", "created", "model", "choices", "system_fingerprint", "usage"]
+    assert (body["id"], body["object"], body["created"], body["model"]) == ("cmpl-r7", "text_completion", 9, "tiny")
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "one", "length"),
+        (1, "two", "stop"),
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+        "prompt_tokens_details": None,
+    }
+
+
+def test_a_chat_response_answers_as_the_assistant() -> None:
+    body = chat_completion_response(COMPLETION, model="tiny", created=9)
+    assert (body["id"], body["object"]) == ("chatcmpl-r7", "chat.completion")
+    assert [c["message"] for c in body["choices"]] == [
+        {"role": "assistant", "content": "one", "refusal": None},
+        {"role": "assistant", "content": "two", "refusal": None},
+    ]
+    assert body["usage"]["total_tokens"] == 7
+
+
+def test_created_defaults_to_now() -> None:
+    before = int(time.time())
+    assert before <= completion_response(COMPLETION, model="tiny")["created"] <= int(time.time())
+
+
+def test_each_endpoint_builds_its_own_response() -> None:
+    assert list(ENDPOINTS) == ["/v1/completions", "/v1/chat/completions"]
+    assert COMPLETIONS.to_response(COMPLETION, model="m")["object"] == "text_completion"
+    assert CHAT_COMPLETIONS.to_response(COMPLETION, model="m")["object"] == "chat.completion"
+    assert CHAT_COMPLETIONS.to_submit_kwargs({"messages": [{"role": "user", "content": "x"}]}) == {
+        "messages": [{"role": "user", "content": "x"}]
+    }
+
+
+def worker(model: str, max_model_len: int | None) -> WorkerRegistration:
+    return WorkerRegistration(
+        worker_id=f"w-{model}-{max_model_len}", model=model, queue=f"q:{model}", max_model_len=max_model_len
+    )
+
+
+def test_the_model_list_names_each_model_once_with_its_worker_count() -> None:
+    body = model_list([worker("a", 512), worker("b", None), worker("a", 512)])
+    assert body["object"] == "list"
+    assert body["data"] == [
+        {
+            "id": "a",
+            "object": "model",
+            "created": 0,
+            "owned_by": "streamq",
+            "root": "a",
+            "max_model_len": 512,
+            "workers": 2,
+        },
+        {"id": "b", "object": "model", "created": 0, "owned_by": "streamq", "root": "b", "workers": 1},
+    ]
