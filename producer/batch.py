@@ -13,7 +13,7 @@ import json
 import re
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,12 +34,14 @@ _LINE_KEY = re.compile(r"line (\d+): ")
 re-run can tell they were already reported."""
 
 
-def batch_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m producer batch",
-        description="Run an OpenAI batch file (as `vllm run-batch` reads) through streamq. Results are "
-        "appended to OUTPUT as they finish; a re-run skips the custom_ids OUTPUT already holds.",
-    )
+BATCH_DESCRIPTION = (
+    "Run an OpenAI batch file (as `vllm run-batch` reads) through streamq. Results are "
+    "appended to OUTPUT as they finish; a re-run skips the custom_ids OUTPUT already holds."
+)
+
+
+def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The batch command's arguments, added to ``parser`` (the ``batch`` subcommand's)."""
     parser.add_argument("input", type=Path, metavar="INPUT.jsonl")
     parser.add_argument("output", type=Path, metavar="OUTPUT.jsonl")
     parser.add_argument(
@@ -47,7 +49,6 @@ def batch_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (a summary line still ends)")
     add_connection_options(parser)
-    return parser
 
 
 @dataclass
@@ -250,8 +251,8 @@ async def run_batch(args: argparse.Namespace) -> int:
     return 0 if run.failed == 0 else 1
 
 
-def main(argv: Sequence[str]) -> int:
-    args = batch_parser().parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    """Run the batch the parsed arguments name; its own exit statuses and Ctrl-C message."""
     try:
         return asyncio.run(run_batch(args))
     except (StreamqError, RedisError, OSError) as exc:

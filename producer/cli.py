@@ -1,13 +1,8 @@
-"""``python -m producer``: enqueue prompts and print their tokens as they arrive.
+"""``python -m producer`` (or ``streamq``): enqueue prompts and print their tokens as they arrive.
 
-    python -m producer "The key to happiness is" "In a galaxy far, far away"
-    python -m producer --json --max-tokens 32 "Hello"
-    python -m producer tail REQUEST_ID
-    python -m producer cancel REQUEST_ID
-    python -m producer batch IN.jsonl OUT.jsonl   # OpenAI batch files; see producer/batch.py
-
-Exit status: 0 when every request finished, 1 when any failed (errors on stderr),
-2 for bad command-line arguments.
+Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``tail``, ``cancel``, ``batch``.
+A prompt spelled like a subcommand goes after ``submit`` or ``--``. Exit status: 0 when every
+request finished, 1 when any failed (errors on stderr), 2 for bad command-line arguments.
 """
 
 from __future__ import annotations
@@ -15,12 +10,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from producer import batch
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import (
@@ -32,19 +30,30 @@ from streamq.protocol import (
     is_valid_request_id,
 )
 
+SUBCOMMANDS = ("submit", "tail", "cancel", "batch")
+DEFAULT_SUBCOMMAND = "submit"
+
+_EPILOG = """\
+examples:
+  %(prog)s "The key to happiness is" "In a galaxy far, far away"
+  %(prog)s --json --max-tokens 32 --request-id req-1 "Hello"
+  %(prog)s tail req-1
+  %(prog)s cancel req-1
+  %(prog)s batch requests.jsonl results.jsonl
+
+Arguments that do not start with a subcommand are submit's. A prompt spelled
+like a subcommand goes after submit or --:
+  %(prog)s submit tail
+  %(prog)s -- tail
+"""
+
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
     add_connection_options(parser)
     parser.add_argument("--json", action="store_true", help="print the raw events as JSON lines")
 
 
-def submit_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m producer",
-        description="Enqueue prompts to streamq and stream their responses (Ctrl-C cancels them). "
-        "Subcommands: 'tail REQUEST_ID' follows a request already submitted, "
-        "'cancel REQUEST_ID' cancels one, 'batch IN.jsonl OUT.jsonl' runs an OpenAI batch file.",
-    )
+def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one job is enqueued per prompt")
     _common_options(parser)
     parser.add_argument(
@@ -65,28 +74,57 @@ def submit_parser() -> argparse.ArgumentParser:
         default=None,
         help="fail instead of enqueueing when the queue already holds this many jobs (default: no limit)",
     )
-    return parser
 
 
-def tail_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m producer tail",
-        description="Print a request's events from its replay log, then live ones until it ends.",
-    )
+def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("request_id")
     parser.add_argument("--from-seq", type=int, default=0, help="first event to print (default: %(default)s)")
     _common_options(parser)
-    return parser
 
 
-def cancel_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m producer cancel",
-        description="Cancel a request: a running one wherever it runs, a queued one on any model's queue "
-        "(--queue is looked at first; it need not be given).",
-    )
+def add_cancel_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("request_id")
     _common_options(parser)
+
+
+def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
+    """The command line; each subcommand leaves its runner in ``args.run``."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Enqueue prompts to streamq and stream their responses (Ctrl-C cancels them).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(title="subcommands", metavar="{submit,tail,cancel,batch}")
+    commands: list[tuple[str, str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = [
+        (
+            "submit",
+            "enqueue prompts and print their responses (the default)",
+            "Enqueue prompts and stream their responses (Ctrl-C cancels them).",
+            add_submit_arguments,
+            submit_command,
+        ),
+        (
+            "tail",
+            "follow a request already submitted",
+            "Print a request's events from its replay log, then live ones until it ends.",
+            add_tail_arguments,
+            tail_command,
+        ),
+        (
+            "cancel",
+            "cancel a request, running or queued",
+            "Cancel a request: a running one wherever it runs, a queued one on any model's queue "
+            "(--queue is looked at first; it need not be given).",
+            add_cancel_arguments,
+            cancel_command,
+        ),
+        ("batch", "run an OpenAI batch file", batch.BATCH_DESCRIPTION, batch.add_batch_arguments, batch.main),
+    ]
+    for name, summary, description, add_arguments, run in commands:
+        subparser = subparsers.add_parser(name, help=summary, description=description)
+        add_arguments(subparser)
+        subparser.set_defaults(run=run)
     return parser
 
 
@@ -129,7 +167,7 @@ class ResponsePrinter:
             return
         if isinstance(event, ChunkEvent):
             self.texts[label].append(event.text)
-            if self._live is None:  # one prompt: stream straight to stdout, as the seed does
+            if self._live is None:  # one prompt: straight to stdout, as it arrives
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
         elif isinstance(event, FinalEvent) and self._live is not None:
@@ -208,18 +246,44 @@ async def run_cancel(args: argparse.Namespace) -> int:
     return 0 if outcome != "unknown" else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["batch"]:
-        from producer.batch import main as batch_main  # its own exit statuses and Ctrl-C handling
-
-        return batch_main(argv[1:])
+def _run_until_interrupted(command: Coroutine[Any, Any, int]) -> int:
     try:
-        if argv[:1] == ["tail"]:
-            return asyncio.run(run_tail(tail_parser().parse_args(argv[1:])))
-        if argv[:1] == ["cancel"]:
-            return asyncio.run(run_cancel(cancel_parser().parse_args(argv[1:])))
-        return asyncio.run(run_submit(submit_parser().parse_args(argv)))
+        return asyncio.run(command)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def submit_command(args: argparse.Namespace) -> int:
+    return _run_until_interrupted(run_submit(args))
+
+
+def tail_command(args: argparse.Namespace) -> int:
+    return _run_until_interrupted(run_tail(args))
+
+
+def cancel_command(args: argparse.Namespace) -> int:
+    return _run_until_interrupted(run_cancel(args))
+
+
+def with_default_subcommand(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``submit`` in front unless it starts with a subcommand or asks for the overall help."""
+    if argv and argv[0] in (*SUBCOMMANDS, "-h", "--help"):
+        return list(argv)
+    return [DEFAULT_SUBCOMMAND, *argv]
+
+
+def _program_name() -> str:
+    """``streamq`` when run as the console script, else how ``-m`` runs it."""
+    name = Path(sys.argv[0]).name
+    return name if name.startswith("streamq") else "python -m producer"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_program_name())
+    if not argv:
+        parser.error("give one or more prompts, or a subcommand")
+    args = parser.parse_args(with_default_subcommand(argv))
+    run: Callable[[argparse.Namespace], int] = args.run
+    return run(args)

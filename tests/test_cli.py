@@ -114,3 +114,22 @@ async def test_cancel_finds_a_queued_request_on_its_models_queue(
         completion = await handle.result()
         assert completion.finish_reasons == ["cancelled"]
         assert await client.redis.zcard(parked_model.queue) == 0
+
+
+SAMPLING = ["--json", "--max-tokens", "5", "--temperature", "0"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["submit", *SAMPLING, "tail"], [*SAMPLING, "--", "tail"]],
+    ids=["after-submit", "after-double-dash"],
+)
+async def test_a_prompt_named_like_a_subcommand_is_submitted(
+    worker: WorkerProcess, client: StreamqClient, command: list[str]
+) -> None:
+    result = await asyncio.to_thread(run_producer, worker.redis_url, *command)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len({e["request_id"] for e in events}) == 1  # one prompt: "tail", not "submit" and "tail"
+    expected = await (await client.submit("tail", max_tokens=5, temperature=0)).result()
+    assert "".join(e.get("text", "") for e in events) == expected.text
