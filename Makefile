@@ -1,4 +1,4 @@
-# streamq: `make demo` runs the seed's prompts through the queue; `make test` runs the suite.
+# streamq: `make demo` runs the demo prompts through the queue; `make test` runs the suite, `make test-fast` its fast tier.
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -11,7 +11,7 @@ EXTRAS ?= cpu,local-redis,test
 # is ignored; pip's still fails the pipeline through pipefail.)
 PIP_QUIET := { grep -v "^WARNING: Location 'file://" || true; }
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast lint clean
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -27,8 +27,13 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml
 demo: install
 	$(PY) -m devkit.demo
 
+# Both tiers: tests/fast and the real-engine tests around it.
 test: install
 	$(PY) -m pytest
+
+# No engine, no worker process: under a minute.
+test-fast: install
+	$(PY) -m pytest tests/fast
 
 lint: install
 	$(PY) -m pip install -q ruff mypy 2>&1 | $(PIP_QUIET)

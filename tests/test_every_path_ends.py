@@ -1,5 +1,5 @@
 """Every way arq can end a job without the job function still ends its request with
-exactly one terminal event, and a worker's lease is renewed only by its holder."""
+exactly one terminal event (the code each maps to: tests/fast/test_worker_failure_codes.py)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, scripted_worker
-from producer.client import RequestLost, StreamqClient
+from producer.client import StreamqClient
 from streamq.protocol import (
     DEFAULT_QUEUE,
-    IN_PROGRESS_PREFIX,
     WAKEUP_CHANNEL,
     ChunkEvent,
-    ErrorCode,
     ErrorEvent,
     serialize_job,
 )
 from tests.events import assert_well_formed, capture_events
-from worker.failures import failure_of
-from worker.lease import Leases, lease_holder
 
 RETRY_KEY_PREFIX = "arq:retry:"
 
@@ -35,51 +31,6 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url)
     yield client
     await client.aclose()
-
-
-def _failed(error: str, message: str) -> bytes:
-    return serialize_job({"s": False, "r": {"error": error, "message": message}, "t": 1})
-
-
-@pytest.mark.parametrize(
-    ("result", "code"),
-    [
-        (_failed("TimeoutError", ""), ErrorCode.TIMEOUT),
-        (_failed("JobExecutionFailed", "job expired"), ErrorCode.EXPIRED),
-        (_failed("JobExecutionFailed", "max 5 retries exceeded"), ErrorCode.RETRIES_EXHAUSTED),
-        (_failed("DeserializationError", "unable to deserialize job"), ErrorCode.INVALID_REQUEST),
-        (_failed("PublishFailed", "Redis refused 3 events"), ErrorCode.PUBLISH_FAILED),
-        (_failed("RequestFailed", "worker_lost: the worker died"), ErrorCode.WORKER_LOST),
-        (_failed("KeyError", "'x'"), ErrorCode.INTERNAL),
-        (None, ErrorCode.INTERNAL),
-        (b"not json", ErrorCode.INTERNAL),
-    ],
-)
-def test_a_failed_job_maps_to_its_error_code(result: bytes | None, code: ErrorCode) -> None:
-    assert failure_of(result)[0] == code
-
-
-def test_a_successful_job_needs_no_error_event() -> None:
-    assert failure_of(serialize_job({"s": True, "r": {"request_id": "x"}})) == (None, "")
-
-
-async def test_a_lease_is_renewed_only_by_its_holder(redis: aioredis.Redis) -> None:
-    """Claimed by this worker: renewed and named after the attempt. Lapsed with nobody
-    else holding it: taken back. Held by another worker: reported lost, not renewed."""
-    ours, lapsed, stolen = (f"lease-{uuid.uuid4().hex}" for _ in range(3))
-    lost: list[tuple[str, int]] = []
-    leases = Leases(redis, worker_id="worker-a", on_lost=lambda job, attempt: lost.append((job, attempt)))
-    await redis.set(IN_PROGRESS_PREFIX + ours, "worker-a", px=60_000)
-    await redis.set(IN_PROGRESS_PREFIX + stolen, lease_holder("worker-b", 2), px=60_000)
-    with leases.held(ours, 1), leases.held(lapsed, 1), leases.held(stolen, 1):
-        await leases.renew()
-        assert await redis.get(IN_PROGRESS_PREFIX + ours) == b"worker-a:1"
-        assert 0 < await redis.pttl(IN_PROGRESS_PREFIX + ours) <= leases.ttl_ms
-        assert await redis.get(IN_PROGRESS_PREFIX + lapsed) == b"worker-a:1"
-        assert await redis.get(IN_PROGRESS_PREFIX + stolen) == b"worker-b:2"
-        assert lost == [(stolen, 1)]
-        await leases.renew()  # a lost lease is not reported (or renewed) again
-        assert lost == [(stolen, 1)]
 
 
 async def _enqueue_raw_id(redis: aioredis.Redis, job_id: str, *, payload: bytes | None) -> None:
@@ -126,23 +77,6 @@ async def test_a_job_whose_payload_expired_ends_with_expired(
     assert_well_formed([event], job_id)
     assert event["type"] == "error" and event["code"] == "expired"
     await _until_dequeued(redis, job_id)
-
-
-async def test_a_handle_whose_request_vanished_fails_instead_of_waiting_forever(
-    redis_url: str, redis: aioredis.Redis
-) -> None:
-    """The client's watchdog: a silent stream is fine while its request is queued; once
-    the request is neither queued nor running and never ended, the handle says so."""
-    queue = f"streamq:queue:nobody-{uuid.uuid4().hex[:8]}"
-    async with await StreamqClient.connect(redis_url, queue=queue, silence_check_s=0.3) as client:
-        handle = await client.submit("Hello")
-        waiting = asyncio.ensure_future(handle.result())
-        await asyncio.sleep(1.0)  # three silent periods, all while queued
-        assert not waiting.done()
-        await redis.delete(f"arq:job:{handle.request_id}")  # lost, as with a Redis that lost its data
-        await redis.zrem(queue, handle.request_id)
-        with pytest.raises(RequestLost, match="no longer queued or running"):
-            await asyncio.wait_for(waiting, timeout=5)
 
 
 @pytest.mark.engine

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from worker.metrics import DEFAULT_METRICS_PORT
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def test_prometheus_scrapes_every_worker_replica_on_the_metrics_port() -> None:

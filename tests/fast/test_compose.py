@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-COMPOSE_FILE = Path(__file__).parent.parent / "docker-compose.yml"
+COMPOSE_FILE = Path(__file__).parents[2] / "docker-compose.yml"
 
 
 @pytest.fixture(scope="module")
