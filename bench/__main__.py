@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from bench.config import BenchConfig
-from bench.metrics import PathResult
 from bench.path_run import read_results
 from bench.report import markdown, write_json, write_plot
 from bench.scale_out import ScaleOutConfig, ScaleOutResult, run_scale_out
+from bench.timing import PathResult
 from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
 from devkit.worker_process import worker_env
 

@@ -19,9 +19,9 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from bench.config import BenchConfig
-from bench.metrics import PathResult, measure_levels
 from bench.path_run import parse_path_args, write_results
 from bench.prompts import Prompt, sample_prompts
+from bench.timing import PathResult, measure_levels
 
 
 def engine_args(config: BenchConfig) -> AsyncEngineArgs:

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from bench.config import BenchConfig
-from bench.metrics import PathResult, measure_levels
 from bench.path_run import parse_path_args, write_results
 from bench.profiling import PySpyRecording
 from bench.prompts import Prompt, sample_prompts
+from bench.timing import PathResult, measure_levels
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.config import BenchConfig
-from bench.metrics import PathResult
+from bench.timing import PathResult
 
 
 def parse_path_args(description: str) -> tuple[BenchConfig, Path]:

@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 
 from bench.config import BenchConfig
-from bench.metrics import PathResult
 from bench.path_run import parse_path_args, write_results
+from bench.timing import PathResult
 from devkit.redis_server import free_port
 from devkit.worker_process import worker_env
 

@@ -8,8 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.metrics import PathResult
 from bench.scale_out import ScaleOutResult
+from bench.timing import PathResult
 
 PATH_NAMES = {
     "a": "(a) bare AsyncLLM",
