@@ -1,10 +1,8 @@
-"""``python -m bench``: issue 3's benchmark, in one run.
+"""``python -m bench``: the whole benchmark, in one run.
 
-Paths (a) bare ``AsyncLLM``, (b) streamq and (c) ``vllm serve`` + ``vllm bench
-serve`` on the same tiny model, engine flags and prompts, at each concurrency,
-one path at a time, each in its own process (never two engines at once); then
-the scale-out run with the synthetic engine. Writes ``<results>/<run>.json``,
-``.md`` and ``.png`` and prints the table. Run from the repository root.
+Paths (a) bare ``AsyncLLM``, (b) streamq, (c) ``vllm serve`` and (d) streamq's gateway (both
+driven by ``vllm bench serve``) on the same model, flags and prompts, one path at a time, each
+in its own process; then the scale-out run. Writes ``<results>/<run>.json``, ``.md`` and ``.png``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What one benchmark run measures, shared by the parent and every path's subprocess.
 
-Each engine path runs in its own process (vLLM engines spawn processes and the
-machine has two cores, so two engines must never run at once); the parent hands
-this configuration over as JSON.
+Each engine path runs in its own process, so that two engines (each spawning processes)
+never compete at once; the parent hands this configuration over as JSON.
 """
 
 from __future__ import annotations

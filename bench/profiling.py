@@ -1,10 +1,8 @@
 """CPU profiles of benchmark processes with py-spy, summarized as text.
 
-py-spy samples another process from outside (no code change, no restart), so the
-worker is profiled exactly as it runs. ``--subprocesses`` includes the engine core
-process the worker spawns; ``--nonblocking`` keeps the sampler from pausing it.
-Only samples of threads on the CPU are recorded (py-spy's default), so the
-counts are where CPU time goes, not where the program waits.
+py-spy samples a process from outside, so the worker is profiled exactly as it runs;
+``--subprocesses`` includes its engine core, ``--nonblocking`` never pauses it. Only threads
+on the CPU are sampled, so the counts are where CPU time goes, not where the program waits.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The scale-out run: 1, 2, 4 workers on one Redis with the synthetic engine.
 
-No model compute anywhere, so the chunks per second that reach subscribers is
-what the queue layer itself can carry. Each worker count gets a fresh Redis, its
-workers (``python -m worker --engine-factory bench.synthetic_engine:create``),
-and subscriber processes running the producer library, enough requests in
-flight to fill every worker's ``max_jobs``. The CPU time of every process over
-the measurement window is recorded too (100% = one core): on a small machine
-workers, Redis and subscribers share the same cores, and those figures show which
-of them is the limit.
+No model compute, so the chunks per second reaching subscribers are what the queue layer can
+carry. Each worker count gets a fresh Redis, its workers and subscriber processes; the CPU
+time of every process over the window (100% = one core) shows which of them is the limit.
 """
 
 from __future__ import annotations

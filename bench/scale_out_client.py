@@ -1,12 +1,8 @@
 """One subscriber process of the scale-out run: keeps requests in flight, counts chunks.
 
-Runs the producer library as users run it (``submit`` then iterate the handle) in a
-closed loop: ``--concurrency`` slots, each submitting its next request when the
-previous one ends. Slots start spread over ``--stagger`` seconds so requests do
-not all end in the same instant. Chunk events received inside the measurement
-window (wall-clock times shared with the other subscriber processes) are counted;
-so is the time from each ``submit`` to its first chunk (for requests sent in the
-window); the result goes to ``--out`` as JSON.
+The producer library in a closed loop: ``--concurrency`` slots, each submitting its next
+request when the previous one ends (starts spread over ``--stagger`` seconds). Chunks received
+inside the shared measurement window and each submit's time to first chunk go to ``--out``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Longest silence of a stream, and leases lost, with every part in its own session.
 
-``python -m bench.stalls`` starts Redis, one worker and this subscriber each as its
-own service (a session apiece, as a terminal, systemd or a container starts them;
-optionally the worker in a cgroup of its own), streams one long request at
-temperature 0 and reports the longest gap between two events at the subscriber,
-the worker's lost leases and its tokens per second. It runs the worker once with
-``--cpu-nice 0`` (the engine's busy processes at full weight) and once with the
-default, so the cost and the effect of the remedy read side by side. A bare
-``AsyncLLM`` streams the same request with gaps of 14-17 ms on a 2-core host.
+``python -m bench.stalls`` starts Redis, one worker and this subscriber as separate services,
+streams one long request and reports the longest gap between events, the worker's lost leases
+and its tokens per second, once with ``--cpu-nice 0`` and once with the default, side by side.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """A scripted engine for the scale-out run: tokens at a set rate, no model compute.
 
-``python -m worker --engine-factory bench.synthetic_engine:create`` runs a worker on
-it, so what is measured is the queue layer alone (arq, the job function, the
-publisher, Redis, pub/sub, the subscriber). It mimics ``AsyncLLM`` where the
-worker can see it: ``generate`` yields real ``vllm.outputs.RequestOutput`` objects
-with DELTA ``CompletionOutput``s, one token each, ``finished=True`` and
-``finish_reason="length"`` on the last. Like vLLM's engine it advances all running
-requests in one step (one token each) and wakes their generators, rather than
-running a timer per request; steps come ``STREAMQ_SYNTH_TOKENS_PER_S`` times a
-second. A step that comes late is not made up for, so an overloaded worker gets
-fewer tokens, as it would from a real engine whose output handler lags.
-
-Configuration (environment): ``STREAMQ_SYNTH_TOKENS_PER_S`` (tokens per second per
-request, default 100), ``STREAMQ_SYNTH_MAX_NUM_SEQS`` (requests stepped at once,
-the worker's ``max_jobs``; default 256).
+``python -m worker --engine-factory bench.synthetic_engine:create`` measures the queue layer
+alone. Like ``AsyncLLM`` it yields DELTA ``RequestOutput``s and advances every running request
+one token per step; a late step is not made up for, as with a real engine whose output handler
+lags. ``STREAMQ_SYNTH_TOKENS_PER_S`` (default 100) and ``STREAMQ_SYNTH_MAX_NUM_SEQS`` (256) set it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Latency and throughput, computed the way ``vllm bench serve`` computes them.
 
-vLLM's client (``benchmarks/lib/endpoint_request_func.py``, ``serve.py``) clocks a
-request from just before it is sent: TTFT is the first chunk's arrival, each later
-chunk adds one inter-token latency (a chunk carrying k tokens is one ITL entry, as
-there), output tokens are the engine's token count, and output tokens/s is all
-output tokens over the wall time of the whole batch. Percentiles use numpy's
-default (linear) interpolation, as vLLM does. Paths (a) and (b) use this module;
-path (c) is vLLM's own code.
+A request is clocked from just before it is sent: TTFT is the first chunk's arrival, each later
+chunk one inter-token latency (k tokens in a chunk: one entry), output tok/s all output tokens
+over the batch's wall time; percentiles are numpy's linear ones, as vLLM's. Paths (a) and (b) use it.
 """
 
 from __future__ import annotations

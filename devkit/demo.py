@@ -1,13 +1,8 @@
-"""``make demo``: the seed example's three prompts, through the queue, end to end.
+"""``make demo``: three prompts through the queue, end to end.
 
-Starts a throwaway Redis (unless ``$REDIS_URL`` is set), one worker holding the
-engine, then ``python -m producer`` with the three prompts, which prints each
-response token by token; then shuts everything down cleanly.
-
-The model is ``$STREAMQ_DEMO_MODEL`` (default: a small public instruct model). Where
-the Hugging Face hub cannot be reached and the model is not cached, the demo says
-so and generates a tiny local model instead: random weights, so the text is
-noise, but every part of the pipeline is real.
+A throwaway Redis (unless ``$REDIS_URL`` is set), one worker, then ``python -m producer``
+printing each response token by token. The model is ``$STREAMQ_DEMO_MODEL``; where the hub
+cannot be reached and it is not cached, a tiny local model with random weights stands in.
 """
 
 from __future__ import annotations

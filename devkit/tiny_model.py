@@ -1,10 +1,8 @@
 """Generate a tiny random-weight Llama model with its own tokenizer, offline.
 
-Nothing can be downloaded from a model hub here (nor in CI), yet the tests and the
-demo must run the real vLLM engine. A two-layer Llama with random weights and a
-byte-level BPE tokenizer trained on a few sentences loads in vLLM like any hub
-model: the text it writes is noise, but every part of the pipeline is real.
-Generation is deterministic (fixed seed), so the same directory is reused.
+Tests and the demo run the real vLLM engine without downloading a model: a two-layer
+Llama with random weights and a byte-level BPE tokenizer loads like any hub model (its
+text is noise). Generation is deterministic, so the same directory is reused.
 """
 
 from __future__ import annotations
