@@ -95,7 +95,7 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    subparsers = parser.add_subparsers(title="subcommands", metavar="{submit,tail,cancel,batch}")
+    subparsers = parser.add_subparsers(title="subcommands")
     commands: list[tuple[str, str, str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = [
         (
             "submit",
