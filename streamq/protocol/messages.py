@@ -1,0 +1,201 @@
+"""The JSON bodies on the wire: the request a job carries, the events of a request,
+and a worker's registration, each with its encoder and decoder."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from streamq.protocol.names import MAX_PROMPT_CHARS, PROTOCOL_VERSION, REQUEST_ID_PATTERN, is_valid_request_id
+
+
+# --- Job payload ---------------------------------------------------------------
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    """One chat message; the worker renders a list of them with the model's chat template."""
+
+    role: str
+    content: str
+
+
+class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The subset of ``vllm.SamplingParams`` a request may set.
+
+    ``None`` means vLLM's own default. Types are checked here; values (ranges,
+    combinations) are checked by vLLM when the worker builds ``SamplingParams``,
+    so both sides agree on what is valid without the producer importing vLLM.
+    """
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    stream_interval: int | None = None
+    """Send a chunk every this many tokens (the first and last at once) instead of every
+    token: less work per token for consumers that do not need each one."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that were set, ready for ``SamplingParams(**...)``."""
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not None}
+
+
+class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The payload of one job: what to generate and how.
+
+    Exactly one of ``prompt`` (plain text) or ``messages`` (chat) is given.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    model: str | None = None
+    """The served model name the request is meant for; a worker serving another model
+    refuses it (``invalid_request``) rather than answer with the wrong model."""
+    sampling: SamplingOptions = msgspec.field(default_factory=SamplingOptions)
+    timeout_s: float | None = None
+    """Seconds from enqueue by which the request must be complete; when they pass it
+    ends with finish reason ``timeout``."""
+    queue_timeout_s: float | None = None
+    """Seconds the request may wait in the queue; a worker that picks it up later ends
+    it at once with finish reason ``queue_timeout``."""
+
+    def __post_init__(self) -> None:
+        if not is_valid_request_id(self.request_id):
+            raise ValueError(
+                f"request_id must match {REQUEST_ID_PATTERN.pattern} "
+                f"(letters, digits, '._:-', at most 128 characters), got {self.request_id!r}"
+            )
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.prompt is not None and not self.prompt:
+            raise ValueError("prompt must not be empty")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages must not be empty")
+        if self.model is not None and not self.model:
+            raise ValueError("model must not be empty")
+        for name in ("timeout_s", "queue_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        size = len(self.prompt or "") + sum(len(m.content) for m in self.messages or ())
+        if size > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
+
+
+class InvalidRequest(ValueError):
+    """A job payload that can never succeed; reported to the requester, never retried."""
+
+
+def parse_request(raw: object) -> GenerateRequest:
+    """Validate a decoded job argument into a ``GenerateRequest``.
+
+    Raises ``InvalidRequest`` with a message meant for the requester.
+    """
+    try:
+        return msgspec.convert(raw, GenerateRequest)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+# --- Worker registry -------------------------------------------------------------
+class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
+    """What a live worker tells producers: which model it serves on which queue.
+
+    ``model`` is vLLM's served model name (``--served-model-name``, else ``--model``):
+    the name OpenAI clients put in ``"model"``. Unknown fields are ignored, so later
+    versions may add some."""
+
+    worker_id: str
+    model: str
+    queue: str
+    max_model_len: int | None = None
+    v: int = PROTOCOL_VERSION
+
+
+_registration_decoder = msgspec.json.Decoder(WorkerRegistration)
+
+
+def encode_registration(registration: WorkerRegistration) -> bytes:
+    """A registration's JSON: the same bytes on every renewal (it is the set member)."""
+    return msgspec.json.encode(registration)
+
+
+def decode_registration(data: bytes | str) -> WorkerRegistration:
+    """Parse a registration (raises ``msgspec.DecodeError`` / ``ValidationError``)."""
+    return _registration_decoder.decode(data)
+
+
+# --- Events --------------------------------------------------------------------
+class _Event(msgspec.Struct, tag_field="type", kw_only=True, forbid_unknown_fields=False):
+    """Fields every event carries. ``seq`` is contiguous from 0 per request, across
+    every event type, so a reader can detect gaps and duplicates."""
+
+    v: int = PROTOCOL_VERSION
+    request_id: str
+    seq: int
+    attempt: int = 1
+    """Which run of the job produced the event: a request taken over after a worker
+    failure goes on with ``attempt`` 2, 3, ... and the sequence numbers continue."""
+
+
+class ChunkEvent(_Event, tag="chunk", kw_only=True):
+    """One DELTA from the engine for completion ``index``.
+
+    ``text`` may be empty while ``token_ids`` is not: byte-level tokens that do not
+    yet form a whole UTF-8 character. ``finish_reason`` is set on the last chunk of
+    that completion.
+    """
+
+    index: int = 0
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+class FinalEvent(_Event, tag="final", kw_only=True):
+    """The last event of a request that completed. ``finish_reasons[i]`` is that of
+    completion ``i`` (one entry unless ``n > 1``)."""
+
+    finish_reasons: list[str | None]
+    prompt_tokens: int
+    completion_tokens: int
+    approximate: bool = False
+    """True when a worker failure interrupted the request and its continuation may differ
+    from an undisturbed run (sampling without a seed under presence or frequency
+    penalties, or a regeneration that did not reproduce the tokens already sent)."""
+
+
+class ErrorEvent(_Event, tag="error", kw_only=True):
+    """The last event of a request that failed; ``code`` is an ``ErrorCode`` value."""
+
+    code: str
+    message: str
+
+
+Event = ChunkEvent | FinalEvent | ErrorEvent
+TERMINAL_EVENTS: Final = (FinalEvent, ErrorEvent)
+
+_event_encoder = msgspec.json.Encoder()
+_event_decoder = msgspec.json.Decoder(Event)
+
+
+def encode_event(event: Event) -> bytes:
+    """Serialize an event to its JSON wire form."""
+    return _event_encoder.encode(event)
+
+
+def decode_event(data: bytes | str) -> Event:
+    """Parse an event's JSON wire form (raises ``msgspec.DecodeError`` on bad input)."""
+    return _event_decoder.decode(data)

@@ -1,0 +1,91 @@
+"""The names and numbers of the wire: Redis keys and channels, limits, TTLs, and the
+environment variables both sides read. Everything here is part of PROTOCOL.md; the
+``arq:`` names are arq's own, which a test holds against ``arq.constants``."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+PROTOCOL_VERSION: Final = 1
+
+# --- arq's keys ----------------------------------------------------------------
+DEFAULT_QUEUE: Final = "streamq:queue"
+"""arq queue (a sorted set of job ids scored by run-at time in ms)."""
+JOB_KEY_PREFIX: Final = "arq:job:"
+"""arq's key for a job's payload; the job id is the request id."""
+RESULT_KEY_PREFIX: Final = "arq:result:"
+"""arq's key for a finished job's result."""
+IN_PROGRESS_PREFIX: Final = "arq:in-progress:"
+"""arq's key marking a running job; streamq keeps it as a short lease (``worker/lease.py``)."""
+RETRY_KEY_PREFIX: Final = "arq:retry:"
+"""arq's count of the tries a job has used."""
+HEALTH_CHECK_SUFFIX: Final = ":health-check"
+"""arq writes ``<queue>:health-check`` from its poll loop, i.e. once the engine is up."""
+JOB_FUNCTION: Final = "generate"
+"""Name of the arq job function that workers register."""
+JOB_EXPIRY_MS: Final = 86_400_000
+"""A job nobody takes within a day is dropped (arq's default expiry)."""
+LEASE_TTL_MS: Final = 3000
+"""A running job's in-progress key is renewed to this far ahead; a dead worker's jobs
+move on once it lapses."""
+
+# --- streamq's keys and channels -------------------------------------------------
+EVENTS_CHANNEL_PREFIX: Final = "streamq:events:"
+"""Pub/sub channel of one request's events (``streamq:events:<request_id>``), and the
+Redis Stream of its replay log."""
+OWNER_KEY_PREFIX: Final = "streamq:owner:"
+"""``streamq:owner:<request_id>``: the newest attempt that wrote to (or took over) the log."""
+ENDED: Final = "ended"
+"""The owner key's value once a request has its terminal event: no attempt may write again."""
+WAKEUP_CHANNEL: Final = "streamq:wakeup"
+"""Producers publish the queue name here after an enqueue, so idle workers start at once."""
+CANCEL_CHANNEL: Final = "streamq:cancel"
+"""Producers publish a request id here to cancel it while it runs; every worker listens."""
+SUBSCRIBER_CHANNEL_PREFIX: Final = "streamq:subscriber:"
+"""A subscriber's own channel (``streamq:subscriber:<random>``), which nobody publishes
+on: it keeps a pub/sub connection subscribed while no request is followed."""
+WORKERS_KEY: Final = "streamq:workers"
+"""Live workers: a sorted set whose members are ``WorkerRegistration`` JSON, each scored
+with the Unix ms (Redis's clock) until which that worker counts as live. Workers renew
+their score every ``WORKER_RENEW_S`` to ``WORKER_TTL_MS`` ahead, so one sorted set read
+routes by model, without a SCAN."""
+MODELS_KEY: Final = "streamq:models"
+"""Hash model name -> queue of every model a worker ever registered (never expires), so
+a model whose workers are all gone (503) is told apart from one never served (404)."""
+WORKER_TTL_MS: Final = 10_000
+WORKER_RENEW_S: Final = 3.0
+
+# --- limits -----------------------------------------------------------------------
+REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+"""Request ids become parts of Redis key and channel names: a narrow alphabet keeps
+one request from reaching another's keys, and 128 characters bound the names."""
+MAX_PROMPT_CHARS: Final = 1_000_000
+"""A payload bound that fails fast long before Redis or the tokenizer struggles."""
+MAX_JOB_BYTES: Final = 8_000_000
+"""Job payloads larger than this are refused before they are even parsed."""
+LOG_MAXLEN: Final = 100_000
+"""Entries kept per request's replay log (approximately: trimming is lazy). A request
+has one entry per DELTA chunk plus its final event."""
+LOG_TTL_MS: Final = 3_600_000
+"""How long a request's replay log outlives its last event."""
+
+# --- environment --------------------------------------------------------------------
+REDIS_URL_ENV: Final = "REDIS_URL"
+QUEUE_ENV: Final = "STREAMQ_QUEUE"
+"""The queue both sides use unless told otherwise (default ``DEFAULT_QUEUE``)."""
+DRAIN_SECONDS_ENV: Final = "STREAMQ_DRAIN_SECONDS"
+"""How long a stopping worker lets its running jobs finish before handing them back."""
+DEFAULT_DRAIN_SECONDS: Final = 30
+LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
+LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
+
+
+def events_channel(request_id: str) -> str:
+    """Name of the pub/sub channel that carries ``request_id``'s events."""
+    return EVENTS_CHANNEL_PREFIX + request_id
+
+
+def is_valid_request_id(request_id: object) -> bool:
+    """True if ``request_id`` may be used as a request id (and so in key names)."""
+    return isinstance(request_id, str) and REQUEST_ID_PATTERN.fullmatch(request_id) is not None
