@@ -16,10 +16,7 @@ from pathlib import Path
 
 import redis
 
-from streamq.protocol import DEFAULT_QUEUE
-
-HEALTH_CHECK_SUFFIX = ":health-check"
-"""arq writes ``<queue>:health-check`` from its poll loop, i.e. once the engine is up."""
+from streamq.protocol import DEFAULT_QUEUE, HEALTH_CHECK_SUFFIX
 
 
 def tiny_engine_flags(model_dir: str | Path, *, max_model_len: int = 256) -> list[str]:

@@ -25,7 +25,7 @@ from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, ba
 from producer.openai_api.requests import parse_openai_body
 from producer.openai_api.responses import ChunkBuilder, ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
-from streamq.protocol import TERMINAL_EVENTS, ErrorEvent, Event, decode_event, is_valid_request_id
+from streamq.protocol import REQUEST_ID_PATTERN, TERMINAL_EVENTS, ErrorEvent, Event, decode_event, is_valid_request_id
 
 REQUEST_ID_HEADER = "x-streamq-request-id"
 """Names a request (and makes it resumable); the response always carries ``x-request-id``."""
@@ -106,9 +106,7 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     params = parse_openai_body(body, chat=endpoint.chat)
     named = request.headers.get(REQUEST_ID_HEADER)
     if named is not None and not is_valid_request_id(named):
-        raise bad_request(
-            f"{REQUEST_ID_HEADER} must match [A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}", param=REQUEST_ID_HEADER
-        )
+        raise bad_request(f"{REQUEST_ID_HEADER} must match {REQUEST_ID_PATTERN.pattern}", param=REQUEST_ID_HEADER)
     last_event_id = request.headers.get("last-event-id")
     if last_event_id is not None:
         resumed = await _resume(client, named, last_event_id, stream=params.stream)

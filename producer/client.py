@@ -35,6 +35,7 @@ from streamq.protocol import (
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
     IN_PROGRESS_PREFIX,
+    JOB_EXPIRY_MS,
     JOB_FUNCTION,
     JOB_KEY_PREFIX,
     MODELS_KEY,
@@ -102,8 +103,6 @@ redis.call('ZADD', KEYS[3], now, ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 """
-JOB_EXPIRY_MS = 86_400_000
-"""A job nobody takes within a day is dropped (arq's default expiry)."""
 
 
 class StreamqError(Exception):

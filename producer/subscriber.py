@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.pubsub import live_messages
+from streamq.protocol import SUBSCRIBER_CHANNEL_PREFIX
 from streamq.tasks import stop_task
 
 RECONNECT_FOR_S = 30.0
@@ -61,7 +62,7 @@ class EventSubscriber:
                 pubsub = self._redis.pubsub()
                 # A channel of our own keeps the connection subscribed (and the reader
                 # alive) while no request is being followed.
-                await pubsub.subscribe(f"streamq:subscriber:{uuid.uuid4().hex}")
+                await pubsub.subscribe(SUBSCRIBER_CHANNEL_PREFIX + uuid.uuid4().hex)
                 self._pubsub = pubsub
                 self._reader = asyncio.create_task(self._read(pubsub), name="event-subscriber")
             return self._pubsub

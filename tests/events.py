@@ -13,7 +13,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from streamq.protocol import events_channel
+from streamq.protocol import RESULT_KEY_PREFIX, events_channel
 
 
 async def capture_events(
@@ -53,7 +53,7 @@ def assert_well_formed(events: list[dict[str, Any]], request_id: str) -> None:
 async def job_result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """arq's stored result of a job, once the worker has written it."""
     async with asyncio.timeout(timeout_s):
-        while (result := await redis.get(f"arq:result:{job_id}")) is None:
+        while (result := await redis.get(RESULT_KEY_PREFIX + job_id)) is None:
             await asyncio.sleep(0.05)
     decoded: dict[str, Any] = json.loads(result)
     return decoded

@@ -13,7 +13,14 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, StreamqClient
-from streamq.protocol import BAD_PAYLOAD_MARKER, DEFAULT_QUEUE, WAKEUP_CHANNEL, InvalidRequest
+from streamq.protocol import (
+    BAD_PAYLOAD_MARKER,
+    DEFAULT_QUEUE,
+    IN_PROGRESS_PREFIX,
+    JOB_KEY_PREFIX,
+    WAKEUP_CHANNEL,
+    InvalidRequest,
+)
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events, job_result
 
@@ -125,7 +132,7 @@ BAD_JOBS = [
 
 async def enqueue_raw(redis: aioredis.Redis, job_id: str, payload: bytes) -> None:
     """Enqueue as a service in another language would: SET the job, ZADD its id."""
-    await redis.set(f"arq:job:{job_id}", payload, px=86_400_000)
+    await redis.set(JOB_KEY_PREFIX + job_id, payload, px=86_400_000)
     await redis.zadd(DEFAULT_QUEUE, {job_id: int(time.time() * 1000)})
     await redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
 
@@ -158,7 +165,7 @@ async def test_worker_keeps_serving_after_bad_jobs(
     assert worker.process is not None and worker.process.poll() is None
     # None of them is left running, queued, or waiting for a retry.
     for job_id in job_ids:
-        assert await raw_redis.exists(f"arq:in-progress:{job_id}", f"arq:job:{job_id}") == 0
+        assert await raw_redis.exists(IN_PROGRESS_PREFIX + job_id, JOB_KEY_PREFIX + job_id) == 0
         assert await raw_redis.zscore(DEFAULT_QUEUE, job_id) is None
 
 

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from devkit.redis_server import server_binary
 from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient
-from streamq.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL
+from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events
 
@@ -156,7 +156,7 @@ async def test_job_enqueued_with_plain_redis_commands_streams(worker: WorkerProc
 
     async def enqueue() -> None:
         for command in (
-            ["SET", f"arq:job:{request_id}", job, "PX", "86400000"],
+            ["SET", JOB_KEY_PREFIX + request_id, job, "PX", "86400000"],
             ["ZADD", DEFAULT_QUEUE, str(int(time.time() * 1000)), request_id],
             ["PUBLISH", WAKEUP_CHANNEL, DEFAULT_QUEUE],
         ):

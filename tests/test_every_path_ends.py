@@ -16,14 +16,14 @@ from devkit.worker_process import WorkerProcess, scripted_worker
 from producer.client import StreamqClient
 from streamq.protocol import (
     DEFAULT_QUEUE,
+    JOB_KEY_PREFIX,
+    RETRY_KEY_PREFIX,
     WAKEUP_CHANNEL,
     ChunkEvent,
     ErrorEvent,
     serialize_job,
 )
 from tests.events import assert_well_formed, capture_events
-
-RETRY_KEY_PREFIX = "arq:retry:"
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 async def _enqueue_raw_id(redis: aioredis.Redis, job_id: str, *, payload: bytes | None) -> None:
     if payload is not None:
-        await redis.set(f"arq:job:{job_id}", payload, px=60_000)
+        await redis.set(JOB_KEY_PREFIX + job_id, payload, px=60_000)
     await redis.zadd(DEFAULT_QUEUE, {job_id: int(time.time() * 1000)})
     await redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
 
@@ -93,7 +93,7 @@ async def test_deadlines_run_on_redis_clock_not_the_producers(
 
     async def enqueue_with_redis_score() -> None:
         seconds, micros = await redis.time()
-        await redis.set(f"arq:job:{job_id}", payload, px=60_000)
+        await redis.set(JOB_KEY_PREFIX + job_id, payload, px=60_000)
         await redis.zadd(DEFAULT_QUEUE, {job_id: seconds * 1000 + micros // 1000})
         await redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
 

@@ -21,7 +21,7 @@ from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import NoLiveWorker, QueueFull, RequestError, StreamqClient, UnknownModel
 from streamq.broker.registry import WorkerRegistry
-from streamq.protocol import JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
+from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
 from tests.conftest import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine
@@ -61,7 +61,7 @@ async def test_each_live_model_is_listed_with_its_queue(
     worker_b: WorkerProcess, client: StreamqClient, tiny_model: Path, gateway: GatewayProcess
 ) -> None:
     live = await client.live_models()
-    assert live[str(tiny_model)] == "streamq:queue"
+    assert live[str(tiny_model)] == DEFAULT_QUEUE
     assert live[MODEL_B] == QUEUE_B
     sdk = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
     assert {str(tiny_model), MODEL_B} <= {m.id for m in (await sdk.models.list()).data}

@@ -25,7 +25,7 @@ from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from producer.subscriber import EventSubscriber
 from streamq.broker.connection import RetryFor, StreamqRedisSettings, close_pool, create_pool, redis_settings_for
-from streamq.protocol import ChunkEvent, Event, FinalEvent, deserialize_job, serialize_job
+from streamq.protocol import ChunkEvent, Event, FinalEvent, deserialize_job, events_channel, serialize_job
 
 PING_AFTER_S = 1.0
 REPLY_WITHIN_S = 2.0
@@ -55,7 +55,7 @@ async def test_a_pubsub_reader_of_a_paused_redis_errors_within_its_bound(own_red
     redis = await create_pool(short_bounds(own_redis.url))
     subscriber = EventSubscriber(redis, reconnect_for_s=RECONNECT_FOR_S)
     try:
-        waiting = await subscriber.subscribe("streamq:events:outage")
+        waiting = await subscriber.subscribe(events_channel("outage"))
         own_redis.pause()
         started = time.monotonic()
         try:
@@ -69,8 +69,8 @@ async def test_a_pubsub_reader_of_a_paused_redis_errors_within_its_bound(own_red
         assert isinstance(delivery, RedisConnectionError | RedisTimeoutError), delivery
         assert waited < bound, f"the reader heard of the dead connection after {waited:.1f}s (bound {bound:.1f}s)"
         # Redis answers again: the same subscriber serves new followers.
-        again = await subscriber.subscribe("streamq:events:after")
-        await redis.publish("streamq:events:after", b"hello")
+        again = await subscriber.subscribe(events_channel("after"))
+        await redis.publish(events_channel("after"), b"hello")
         assert await asyncio.wait_for(again.get(), timeout=10) == b"hello"
     finally:
         await subscriber.close()

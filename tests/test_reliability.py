@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import DuplicateRequest, StreamqClient
 from streamq.broker.replay_log import ReplayLog
-from streamq.protocol import FinalEvent
+from streamq.protocol import JOB_KEY_PREFIX, FinalEvent, events_channel
 from tests.conftest import MAX_MODEL_LEN
 from tests.events import assert_well_formed, capture_events, job_result
 
@@ -62,7 +62,7 @@ async def wait_for_chunks(redis_url: str, request_id: str, count: int) -> None:
     client = aioredis.Redis.from_url(redis_url)
     try:
         async with asyncio.timeout(60):
-            while await client.xlen(f"streamq:events:{request_id}") < count:
+            while await client.xlen(events_channel(request_id)) < count:
                 await asyncio.sleep(0.005)
     finally:
         await client.aclose()
@@ -100,7 +100,7 @@ async def test_cancel_removes_a_queued_request(redis_url: str, raw_redis: aiored
         completion = await handle.result()
         assert completion.finish_reasons == ["cancelled"] and completion.completion_tokens == 0
         assert await idle.queue_depth() == 0
-        assert await raw_redis.exists(f"arq:job:{handle.request_id}") == 0
+        assert await raw_redis.exists(JOB_KEY_PREFIX + handle.request_id) == 0
         assert await idle.cancel(handle.request_id) == "unknown"
 
 

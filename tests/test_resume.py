@@ -24,7 +24,14 @@ import redis.asyncio as aioredis
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from streamq.broker.replay_log import LogEvent, ReplayLog
-from streamq.protocol import DEFAULT_QUEUE, WAKEUP_CHANNEL, parse_request, serialize_job
+from streamq.protocol import (
+    DEFAULT_QUEUE,
+    JOB_KEY_PREFIX,
+    RETRY_KEY_PREFIX,
+    WAKEUP_CHANNEL,
+    parse_request,
+    serialize_job,
+)
 from tests.events import assert_well_formed, job_result
 from tests.test_reliability import paused, second_worker, wait_for_chunks
 
@@ -154,9 +161,9 @@ async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
     assert all(e["type"] == "chunk" for e in sent)
     assert "".join(e["text"] for e in sent) != free_text[: offsets[cut]], "text is held back at the crash"
     await ReplayLog(raw_redis).append([LogEvent(request_id, e["seq"], 1, json.dumps(e).encode()) for e in sent])
-    await raw_redis.set(f"arq:retry:{request_id}", 1, ex=600)  # one try used: this one is attempt 2
+    await raw_redis.set(RETRY_KEY_PREFIX + request_id, 1, ex=600)  # one try used: this one is attempt 2
     job = {"t": 1, "f": "generate", "a": [{"request_id": request_id, **_as_request(request)}], "k": {}}
-    await raw_redis.set(f"arq:job:{request_id}", serialize_job({**job, "et": int(time.time() * 1000)}), px=60_000)
+    await raw_redis.set(JOB_KEY_PREFIX + request_id, serialize_job({**job, "et": int(time.time() * 1000)}), px=60_000)
     await raw_redis.zadd(DEFAULT_QUEUE, {request_id: int(time.time() * 1000)})
     await raw_redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
     events = await logged_events(raw_redis, request_id)

@@ -23,7 +23,7 @@ import redis
 from devkit.redis_server import RedisServer, SentinelServer, free_port, server_binary
 from devkit.worker_process import scripted_worker
 from producer.client import RequestHandle, StreamqClient
-from streamq.protocol import ChunkEvent, Event, FinalEvent
+from streamq.protocol import RESULT_KEY_PREFIX, ChunkEvent, Event, FinalEvent
 
 MASTER = "streamq-master"
 
@@ -73,7 +73,7 @@ async def test_worker_and_producer_find_redis_through_sentinel(
             completion = await (await client.submit("Hello", max_tokens=5)).result()
         gc.collect()  # a connection the client failed to close fails this test, not a later one
         assert completion.completion_tokens == 5 and completion.finish_reasons == ["length"]
-        assert redis.Redis.from_url(master.url).exists(f"arq:result:{completion.request_id}")
+        assert redis.Redis.from_url(master.url).exists(RESULT_KEY_PREFIX + completion.request_id)
     finally:
         assert worker.stop() == 0, worker.log_tail()
 

@@ -16,7 +16,8 @@ import sys
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from streamq.broker.connection import add_connection_options, redis_settings_for
-from streamq.broker.replay_log import LOG_MAXLEN_ENV, LOG_TTL_ENV, log_limits_from_env
+from streamq.broker.replay_log import log_limits_from_env
+from streamq.protocol import LOG_MAXLEN_ENV, LOG_TTL_ENV
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env

@@ -24,13 +24,11 @@ from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from streamq.protocol import IN_PROGRESS_PREFIX
+from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
 from streamq.tasks import stop_task
 from worker import metrics
 
 logger = logging.getLogger("streamq.worker")
-
-DEFAULT_TTL_MS = 3000
 
 _RENEW = """
 -- KEYS: in-progress keys. ARGV: ttl_ms, this worker's id, then per key the holder it
@@ -70,7 +68,7 @@ class Leases:
         *,
         worker_id: str,
         on_lost: Callable[[str, int], None],
-        ttl_ms: int = DEFAULT_TTL_MS,
+        ttl_ms: int = LEASE_TTL_MS,
     ) -> None:
         self.ttl_ms = ttl_ms
         self.worker_id = worker_id

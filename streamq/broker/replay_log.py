@@ -19,24 +19,27 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from redis.asyncio import Redis
 
-from streamq.protocol import EVENTS_CHANNEL_PREFIX, ErrorEvent, FinalEvent, encode_event, events_channel
-
-LOG_MAXLEN: Final = 100_000
-"""Entries kept per request (approximately: trimming is lazy). A request has one
-entry per DELTA chunk plus its final event."""
-LOG_TTL_MS: Final = 3_600_000
-"""How long a request's log outlives its last event."""
-LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
-LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
+from streamq.protocol import (
+    EVENTS_CHANNEL_PREFIX,
+    LOG_MAXLEN,
+    LOG_MAXLEN_ENV,
+    LOG_TTL_ENV,
+    LOG_TTL_MS,
+    OWNER_KEY_PREFIX,
+    ErrorEvent,
+    FinalEvent,
+    encode_event,
+    events_channel,
+)
 
 
 def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
     """``(maxlen, ttl_ms)`` from ``$STREAMQ_LOG_MAXLEN`` and ``$STREAMQ_LOG_TTL_S`` (seconds),
-    else the defaults above: the one place they are read, by workers and producers alike
+    else the protocol's defaults: the one place they are read, by workers and producers alike
     (a producer ends queued requests it cancels in the same log)."""
     maxlen = int(environ.get(LOG_MAXLEN_ENV) or LOG_MAXLEN)
     ttl_ms = round(float(environ.get(LOG_TTL_ENV) or LOG_TTL_MS / 1000) * 1000)
@@ -44,12 +47,6 @@ def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, i
         raise ValueError(f"${LOG_MAXLEN_ENV} must be >= 1 and ${LOG_TTL_ENV} >= 1, got {maxlen} and {ttl_ms / 1000:g}")
     return maxlen, ttl_ms
 
-
-OWNER_KEY_PREFIX: Final = "streamq:owner:"
-"""``streamq:owner:<request_id>``: the newest attempt that wrote to (or took over) the log."""
-
-ENDED: Final = "ended"
-"""The owner key's value once a request has its terminal event: no attempt may write again."""
 
 _APPEND_AND_PUBLISH = """
 -- KEYS: per event, its log/channel name and its owner key. ARGV: maxlen, ttl_ms, then

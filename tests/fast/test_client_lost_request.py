@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer.client import RequestLost, StreamqClient
+from streamq.protocol import JOB_KEY_PREFIX
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ async def test_a_handle_whose_request_vanished_fails_instead_of_waiting_forever(
         waiting = asyncio.ensure_future(handle.result())
         await asyncio.sleep(1.0)  # three silent periods, all while queued
         assert not waiting.done()
-        await redis.delete(f"arq:job:{handle.request_id}")  # lost, as with a Redis that lost its data
+        await redis.delete(JOB_KEY_PREFIX + handle.request_id)  # lost, as with a Redis that lost its data
         await redis.zrem(queue, handle.request_id)
         with pytest.raises(RequestLost, match="no longer queued or running"):
             await asyncio.wait_for(waiting, timeout=5)
