@@ -53,56 +53,11 @@ from streamq.protocol import (
     parse_request,
     serialize_job,
 )
-
-# Atomically: a running job is told to stop (every worker hears the channel; the one
-# running it cancels it); a queued one is taken off its queue before any worker can.
-# The queue is looked for among KEYS[4...] (the caller's guesses), then on every queue
-# a model was ever registered on (KEYS[3], the models hash), so a caller need not know
-# which. (Those queue names come from Redis itself: fine on one Redis, which arq needs.)
-_CANCEL = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
-  return 'running'
-end
-local queues = {unpack(KEYS, 4)}
-for _, queue in ipairs(redis.call('HVALS', KEYS[3])) do
-  queues[#queues + 1] = queue
-end
-for _, queue in ipairs(queues) do
-  if redis.call('ZREM', queue, ARGV[1]) == 1 then
-    redis.call('DEL', KEYS[2])
-    -- An attempt whose lease lapsed (Redis was away) may still be running: stop it too.
-    redis.call('PUBLISH', ARGV[2], ARGV[1])
-    return 'queued'
-  end
-end
-return 'unknown'
-"""
+from streamq.protocol.scripts import register_script
 
 CancelOutcome = Literal["running", "queued", "unknown"]
 JobState = Literal["running", "queued", "finished", "unknown"]
 DEFAULT_SILENCE_CHECK_S = 15.0
-
-# arq's enqueue (refuse an id that is queued, running or has a result, and one whose
-# replay log still exists: a second job would splice its events into the first's
-# stream; refuse when the queue holds ARGV[6] jobs or more, if ARGV[6] >= 0; store the
-# job; queue it scored with Redis's clock, so a producer's skewed clock cannot defer
-# it) and the wake-up, in one round trip instead of arq's five.
-_ENQUEUE = """
-if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) > 0 then
-  return 0
-end
-local limit = tonumber(ARGV[6])
-if limit >= 0 and redis.call('ZCARD', KEYS[3]) >= limit then
-  return -1
-end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[3], now, ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-return 1
-"""
 
 
 class StreamqError(Exception):
@@ -333,8 +288,8 @@ class StreamqClient:
         self.subscriber = EventSubscriber(redis)
         self.log = ReplayLog(redis)
         self.registry = WorkerRegistry(redis)
-        self._cancel_script = redis.register_script(_CANCEL)
-        self._enqueue_script = redis.register_script(_ENQUEUE)
+        self._cancel_script = register_script(redis, "cancel")
+        self._enqueue_script = register_script(redis, "enqueue")
 
     @classmethod
     async def connect(

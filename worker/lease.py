@@ -25,29 +25,11 @@ from contextlib import contextmanager
 from redis.asyncio import Redis
 
 from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
+from streamq.protocol.scripts import register_script
 from streamq.tasks import stop_task
 from worker import metrics
 
 logger = logging.getLogger("streamq.worker")
-
-_RENEW = """
--- KEYS: in-progress keys. ARGV: ttl_ms, this worker's id, then per key the holder it
--- should name (<worker id>:<attempt>). A key naming this worker (its claim or the
--- attempt) is renewed; so is arq's own claim ('1', which names nobody: a worker run by
--- plain `arq`); a missing one (lapsed, nobody claimed it) is taken back; one that names
--- another holder is lost. Returns 1 (held) or 0 (lost) per key.
-local ttl, me, held = ARGV[1], ARGV[2], {}
-for i, key in ipairs(KEYS) do
-  local holder, current = ARGV[i + 2], redis.call('GET', key)
-  if current == false or current == me or current == holder or current == '1' then
-    redis.call('SET', key, holder, 'PX', ttl)
-    held[i] = 1
-  else
-    held[i] = 0
-  end
-end
-return held
-"""
 
 
 def lease_holder(worker_id: str, attempt: int) -> str:
@@ -78,7 +60,7 @@ class Leases:
         """job id -> the attempt holding its lease here."""
         self._renew_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._renew = redis.register_script(_RENEW)
+        self._renew = register_script(redis, "renew_leases")
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew_forever(), name="leases")

@@ -3,7 +3,7 @@
 Workers announce themselves (``worker/presence.py`` renews the announcement every few
 seconds); producers read it to route a request by model name. Liveness is judged on
 Redis's clock (``TIME`` inside the scripts), so clock skew between machines cannot make
-a live worker look dead or a dead one live. Key names and formats: ``producer/protocol.py``
+a live worker look dead or a dead one live. Key names and formats: ``streamq.protocol``
 and PROTOCOL.md.
 """
 
@@ -23,26 +23,9 @@ from streamq.protocol import (
     decode_registration,
     encode_registration,
 )
+from streamq.protocol.scripts import register_script
 
 logger = logging.getLogger("streamq.registry")
-
-# Renew one worker's registration to TTL ms from now, drop registrations that lapsed,
-# and remember the model's queue for good.
-_REGISTER = """
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-return now
-"""
-
-# The live registrations, and every model ever registered (flat name, queue, ...).
-_READ = """
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-return {redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf'), redis.call('HGETALL', KEYS[2])}
-"""
 
 
 @dataclass(frozen=True)
@@ -62,8 +45,8 @@ class WorkerRegistry:
     """Registers workers and reads which models are served where."""
 
     def __init__(self, redis: Redis) -> None:
-        self._register = redis.register_script(_REGISTER)
-        self._read = redis.register_script(_READ)
+        self._register = register_script(redis, "register_worker")
+        self._read = register_script(redis, "read_registry")
         self._redis = redis
 
     async def register(self, registration: WorkerRegistration, ttl_ms: int = WORKER_TTL_MS) -> None:

@@ -1,17 +1,9 @@
 """The replay log: each request's events kept in a Redis Stream beside its channel.
 
-Pub/sub keeps nothing, so a subscriber that arrives late or reconnects would miss
-events, and a worker that takes over a crashed request would not know what was
-already sent. Every event therefore also goes to a Stream with the same name as the
-channel (``streamq:events:<request_id>``), bounded in length and with a TTL. Entry
-ids are ``0-<seq + 1>``, so any client can read from any sequence number with
-``XRANGE streamq:events:<id> 0-<seq + 1> +``.
-
-Appending and publishing happen in one Lua script per batch of events, for three
-reasons: one command carries a whole batch (one round trip, little Python per
-event); the log is written before the channel, so anything a subscriber saw can
-be replayed; and an event whose sequence number is already logged (a retried batch,
-or a second worker on the same request) is neither logged nor published twice.
+Pub/sub keeps nothing, so late or reconnecting subscribers, and a worker taking over a
+crashed request, read the log instead: entry ids are ``0-<seq + 1>``, written before the
+channel by one Lua script per batch (``append_and_publish``), which also drops events
+already logged or from a superseded attempt.
 """
 
 from __future__ import annotations
@@ -35,6 +27,7 @@ from streamq.protocol import (
     encode_event,
     events_channel,
 )
+from streamq.protocol.scripts import register_script
 
 
 def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
@@ -46,110 +39,6 @@ def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, i
     if maxlen < 1 or ttl_ms < 1000:
         raise ValueError(f"${LOG_MAXLEN_ENV} must be >= 1 and ${LOG_TTL_ENV} >= 1, got {maxlen} and {ttl_ms / 1000:g}")
     return maxlen, ttl_ms
-
-
-_APPEND_AND_PUBLISH = """
--- KEYS: per event, its log/channel name and its owner key. ARGV: maxlen, ttl_ms, then
--- per event its entry id, attempt (0: not fenced), 1 if it is terminal (final/error) else
--- 0, and payload. An event is skipped when its sequence number is already logged, when a
--- newer attempt owns the request (a worker that lost its lease but still runs must not
--- write over the one that took over), or when the request already ended. A terminal event
--- ends the request for everyone. Returns how many were skipped, then the request ids (their
--- log keys) whose events were refused because another attempt owns or ended it, each once.
--- Any error other than a duplicate id fails the whole call: the caller retries or fails
--- loudly, nothing is dropped in silence (events already written are skipped on retry).
-local maxlen, ttl = ARGV[1], ARGV[2]
-local skipped, touched, owners, superseded, last_seqs = 0, {}, {}, {}, {}
-for i = 1, #KEYS, 2 do
-  local key, owner_key = KEYS[i], KEYS[i + 1]
-  local base = 4 * (i - 1) / 2 + 2
-  local id, attempt, terminal, payload = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3], ARGV[base + 4]
-  if owners[owner_key] == nil then
-    owners[owner_key] = redis.call('GET', owner_key) or '0'
-  end
-  local owner = owners[owner_key]
-  if owner == 'ended' or (attempt > 0 and attempt < tonumber(owner)) then
-    skipped = skipped + 1
-    if last_seqs[key] == nil then
-      local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-      last_seqs[key] = #last > 0 and tonumber(string.match(last[1][1], '%-(%d+)$')) or 0
-    end
-    if tonumber(string.match(id, '%-(%d+)$')) > last_seqs[key] then
-      superseded[key] = true  -- a new event, not a retried one: its attempt must stop
-    end
-  else
-    local added = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
-    if type(added) == 'table' and added.err then
-      if not string.find(added.err, 'equal or smaller', 1, true) then
-        return redis.error_reply(added.err)
-      end
-      skipped = skipped + 1
-    else
-      redis.call('PUBLISH', key, payload)
-      touched[key] = owner_key
-      if terminal == '1' then
-        owners[owner_key] = 'ended'
-      elseif attempt > tonumber(owner) then
-        owners[owner_key] = tostring(attempt)
-      end
-    end
-  end
-end
-for key, owner_key in pairs(touched) do
-  redis.call('PEXPIRE', key, ttl)
-  redis.call('SET', owner_key, owners[owner_key], 'PX', ttl)
-end
-local reply = {skipped}
-for key in pairs(superseded) do
-  reply[#reply + 1] = key
-end
-return reply
-"""
-
-_TAKE_OVER = """
--- KEYS: the log, the owner key. ARGV: attempt, ttl_ms. Makes ``attempt`` the owner
--- (fencing off older ones) unless the request already ended, and returns the log as it
--- is at that moment.
-local owner = redis.call('GET', KEYS[2]) or '0'
-if owner ~= 'ended' and tonumber(ARGV[1]) > tonumber(owner) then
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-end
-return redis.call('XRANGE', KEYS[1], '-', '+')
-"""
-
-_END = """
--- KEYS: the log, the owner key. ARGV: the terminal event as JSON without its seq,
--- maxlen, ttl_ms. Logs and publishes the event with the next sequence number (and, for
--- a final event, the completion tokens the log holds), unless the request already ended.
--- Returns the seq given, or -1 when it had already ended.
-if redis.call('GET', KEYS[2]) == 'ended' then
-  return -1
-end
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local seq = 0
-if #last > 0 then
-  seq = tonumber(string.match(last[1][1], '%-(%d+)$'))
-end
-local event = cjson.decode(ARGV[1])
-event['seq'] = seq
-if event['type'] == 'final' then
-  -- Ended from outside the attempt that ran it: count the tokens its chunks carried.
-  local tokens = 0
-  for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
-    local ok, logged = pcall(cjson.decode, entry[2][2])
-    if ok and type(logged) == 'table' and logged['type'] == 'chunk' and type(logged['token_ids']) == 'table' then
-      tokens = tokens + #logged['token_ids']
-    end
-  end
-  event['completion_tokens'] = tokens
-end
-local payload = cjson.encode(event)
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '0-' .. (seq + 1), 'event', payload)
-redis.call('PUBLISH', KEYS[1], payload)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('SET', KEYS[2], 'ended', 'PX', ARGV[3])
-return seq
-"""
 
 
 class LogEvent(NamedTuple):
@@ -189,9 +78,9 @@ class ReplayLog:
         self._redis = redis
         self._maxlen = maxlen if maxlen is not None else env_maxlen
         self._ttl_ms = ttl_ms if ttl_ms is not None else env_ttl_ms
-        self._append_script = redis.register_script(_APPEND_AND_PUBLISH)
-        self._take_over_script = redis.register_script(_TAKE_OVER)
-        self._end_script = redis.register_script(_END)
+        self._append_script = register_script(redis, "append_and_publish")
+        self._take_over_script = register_script(redis, "take_over")
+        self._end_script = register_script(redis, "end_request")
 
     async def append(self, events: Sequence[LogEvent]) -> Appended:
         """Log and publish ``events``, in order, in one command."""

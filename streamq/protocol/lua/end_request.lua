@@ -1,0 +1,31 @@
+-- KEYS: the log, the owner key. ARGV: the terminal event as JSON without its seq,
+-- maxlen, ttl_ms. Logs and publishes the event with the next sequence number (and, for
+-- a final event, the completion tokens the log holds), unless the request already ended.
+-- Returns the seq given, or -1 when it had already ended.
+if redis.call('GET', KEYS[2]) == 'ended' then
+  return -1
+end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local seq = 0
+if #last > 0 then
+  seq = tonumber(string.match(last[1][1], '%-(%d+)$'))
+end
+local event = cjson.decode(ARGV[1])
+event['seq'] = seq
+if event['type'] == 'final' then
+  -- Ended from outside the attempt that ran it: count the tokens its chunks carried.
+  local tokens = 0
+  for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+    local ok, logged = pcall(cjson.decode, entry[2][2])
+    if ok and type(logged) == 'table' and logged['type'] == 'chunk' and type(logged['token_ids']) == 'table' then
+      tokens = tokens + #logged['token_ids']
+    end
+  end
+  event['completion_tokens'] = tokens
+end
+local payload = cjson.encode(event)
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '0-' .. (seq + 1), 'event', payload)
+redis.call('PUBLISH', KEYS[1], payload)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[2], 'ended', 'PX', ARGV[3])
+return seq

@@ -1,0 +1,55 @@
+"""The Lua scripts of the protocol: every file is used, every name used exists, and a
+non-editable install carries them."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from streamq.protocol.scripts import script_names, script_text
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT_PACKAGES = ("streamq", "producer", "worker", "gateway")
+REGISTERED = re.compile(r"register_script\([^,()]+,\s*\"([a-z_]+)\"\)")
+
+
+def registered_names() -> set[str]:
+    """Script names passed to ``register_script`` anywhere in product code."""
+    return {
+        name
+        for package in PRODUCT_PACKAGES
+        for source in (ROOT / package).rglob("*.py")
+        for name in REGISTERED.findall(source.read_text(encoding="utf-8"))
+    }
+
+
+def test_every_script_file_is_registered_by_some_module() -> None:
+    assert script_names(), "no Lua scripts found"
+    assert set(script_names()) <= registered_names()
+
+
+def test_every_registered_name_loads() -> None:
+    for name in registered_names():
+        assert "redis.call" in script_text(name)
+
+
+def test_an_unknown_name_fails_loudly() -> None:
+    with pytest.raises(FileNotFoundError):
+        script_text("no_such_script")
+
+
+def test_package_data_carries_every_script() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = config["tool"]["setuptools"]["package-data"]["streamq.protocol"]
+    for name in script_names():
+        assert any(fnmatch.fnmatch(f"lua/{name}.lua", pattern) for pattern in patterns), name
+
+
+async def test_every_script_compiles_in_redis(raw_redis: aioredis.Redis) -> None:
+    for name in script_names():
+        assert await raw_redis.script_load(script_text(name)), name
