@@ -47,6 +47,7 @@ from streamq.protocol import (
     ErrorEvent,
     Event,
     FinalEvent,
+    FinishReason,
     decode_event,
     deserialize_job,
     events_channel,
@@ -448,7 +449,11 @@ class StreamqClient:
             # whatever the log holds and only if nothing ended it first (an attempt
             # whose lease lapsed may still be running: its next events are refused).
             final = FinalEvent(
-                request_id=request_id, seq=0, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0
+                request_id=request_id,
+                seq=0,
+                finish_reasons=[FinishReason.CANCELLED],
+                prompt_tokens=0,
+                completion_tokens=0,
             )
             await self.log.end(request_id, final)
         return outcome

@@ -26,6 +26,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from streamq.protocol import (
     BAD_PAYLOAD_MARKER,
     ErrorCode,
+    FinishReason,
     GenerateRequest,
     InvalidRequest,
     is_valid_request_id,
@@ -166,10 +167,10 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
 
     waited = ctx["state"].clock.seconds_since(ctx["score"])
     if request.queue_timeout_s is not None and stream.attempt == 1 and waited > request.queue_timeout_s:
-        return await _end(stream, request, progress, "queue_timeout")
+        return await _end(stream, request, progress, FinishReason.QUEUE_TIMEOUT)
     time_left = None if request.timeout_s is None else request.timeout_s - waited
     if time_left is not None and time_left <= 0:
-        return await _end(stream, request, progress, "timeout")
+        return await _end(stream, request, progress, FinishReason.TIMEOUT)
 
     prompt: str | TokensPrompt
     if chat_ids is not None:
@@ -181,7 +182,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     if progress.completion_tokens:
         resumed = await progress.continuation(engine, request, chat_ids, params)
         if resumed is None:  # finished (or out of budget) before the final event went out
-            return await _end(stream, request, progress, "length")
+            return await _end(stream, request, progress, FinishReason.LENGTH)
 
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
@@ -217,9 +218,9 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
         if not cancels.was_cancelled(request.request_id):
             raise  # worker shutdown: arq hands the job back, another worker resumes it
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        return await _end(stream, request, progress, "cancelled")
+        return await _end(stream, request, progress, FinishReason.CANCELLED)
     except TimeoutError:
-        return await _end(stream, request, progress, "timeout")
+        return await _end(stream, request, progress, FinishReason.TIMEOUT)
     await stream.delivered()
     if cancels.take_refused(request.request_id):  # taken over while its last events were in flight
         ctx["state"].superseded_jobs.add(request.request_id)
@@ -236,7 +237,9 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     return progress.summary(request.request_id)
 
 
-async def _end(stream: RequestStream, request: GenerateRequest, progress: Progress, reason: str) -> dict[str, Any]:
+async def _end(
+    stream: RequestStream, request: GenerateRequest, progress: Progress, reason: FinishReason
+) -> dict[str, Any]:
     """End the request early: unfinished completions get ``reason``."""
     progress.end_unfinished(reason)
     stream.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from streamq.protocol import ErrorCode
+from streamq.protocol import ErrorCode, FinishReason
 
 logger = logging.getLogger("streamq.worker")
 
@@ -76,7 +76,7 @@ LEASES_LOST = Counter(
 
 for _code in ErrorCode:
     REQUEST_ERRORS.labels(code=_code)  # present at 0 from the start, so rate() sees the first one
-for _reason in ("stop", "length", "cancelled", "timeout", "queue_timeout"):
+for _reason in FinishReason:
     COMPLETIONS_FINISHED.labels(finish_reason=_reason)
 
 
