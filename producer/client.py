@@ -31,6 +31,7 @@ from producer.subscriber import Delivery, EventSubscriber, Resync
 from streamq.broker.connection import DEFAULT_REDIS_URL, create_pool, redis_settings_for
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
+from streamq.broker.replies import as_text
 from streamq.protocol import (
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
@@ -443,7 +444,7 @@ class StreamqClient:
         guesses = dict.fromkeys(q for q in (queue, self.queue) if q is not None)
         keys = [IN_PROGRESS_PREFIX + request_id, JOB_KEY_PREFIX + request_id, MODELS_KEY, *guesses]
         reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
-        outcome = cast(CancelOutcome, reply.decode() if isinstance(reply, bytes) else reply)
+        outcome = cast(CancelOutcome, as_text(reply))
         if outcome == "queued":
             # No worker will run it now: end its stream here, numbered in Redis after
             # whatever the log holds and only if nothing ended it first (an attempt

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.pubsub import live_messages
+from streamq.broker.replies import as_text
 from streamq.protocol import SUBSCRIBER_CHANNEL_PREFIX
 from streamq.tasks import stop_task
 
@@ -153,7 +154,7 @@ class EventSubscriber:
             return
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        kind, channel = message["type"], _text(message["channel"])
+        kind, channel = message["type"], as_text(message["channel"])
         if kind == "message":
             for queue in self._queues.get(channel, ()):
                 queue.put_nowait(message["data"])
@@ -175,7 +176,3 @@ class EventSubscriber:
                 queue.put_nowait(exc)
         self._queues.clear()
         self._confirmations.clear()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from redis.asyncio import Redis
 
 from streamq.broker.pubsub import live_messages
+from streamq.broker.replies import as_text
 from streamq.protocol import CANCEL_CHANNEL
 from streamq.tasks import stop_task
 
@@ -128,7 +129,7 @@ class CancelListener:
                 async for message in live_messages(pubsub):
                     if message["type"] == "message":
                         data = message["data"]
-                        self._cancel(data.decode() if isinstance(data, bytes) else data)
+                        self._cancel(as_text(data))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: resubscribe when it is back

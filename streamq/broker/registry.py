@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import msgspec
 from redis.asyncio import Redis
 
+from streamq.broker.replies import as_text
 from streamq.protocol import (
     MODELS_KEY,
     WORKER_TTL_MS,
@@ -69,9 +70,5 @@ class WorkerRegistry:
                 workers.append(decode_registration(member))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # written by hand, or a newer protocol
                 logger.warning("ignoring a malformed worker registration %r: %s", member[:200], exc)
-        known = {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
+        known = {as_text(k): as_text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
         return Routes(workers=workers, known_models=known)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

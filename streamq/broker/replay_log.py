@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from redis.asyncio import Redis
 
+from streamq.broker.replies import as_text
 from streamq.protocol import (
     EVENTS_CHANNEL_PREFIX,
     LOG_MAXLEN,
@@ -91,7 +92,7 @@ class ReplayLog:
             args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
         skipped, *superseded = await self._append_script(keys=keys, args=args)
         prefix = len(EVENTS_CHANNEL_PREFIX)
-        keys_out = (key.decode() if isinstance(key, bytes) else key for key in superseded)
+        keys_out = (as_text(key) for key in superseded)
         return Appended(int(skipped), frozenset(key[prefix:] for key in keys_out))
 
     async def end(self, request_id: str, event: FinalEvent | ErrorEvent) -> int | None:
