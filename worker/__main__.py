@@ -17,7 +17,8 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from streamq.broker.connection import add_connection_options, redis_settings_for
 from streamq.broker.replay_log import log_limits_from_env
-from streamq.protocol import LOG_MAXLEN_ENV, LOG_TTL_ENV
+from streamq.environment import drain_seconds_from_env
+from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
@@ -39,9 +40,9 @@ def build_parser() -> FlexibleArgumentParser:
     group.add_argument(
         "--drain-seconds",
         type=int,
-        default=int(os.environ.get("STREAMQ_DRAIN_SECONDS", "30")),
+        default=drain_seconds_from_env(),
         help="on SIGTERM, time running requests get to finish before they are handed back "
-        "to the queue (default: $STREAMQ_DRAIN_SECONDS or %(default)s)",
+        f"to the queue (default: ${DRAIN_SECONDS_ENV} or %(default)s)",
     )
     group.add_argument(
         "--job-timeout",

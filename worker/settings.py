@@ -14,9 +14,10 @@ from typing import Any
 
 from arq.utils import import_string
 
-from streamq.broker.connection import DEFAULT_REDIS_URL, redis_settings_for
+from streamq.broker.connection import redis_settings_for
 from streamq.broker.replay_log import ReplayLog
-from streamq.protocol import DEFAULT_QUEUE, serialize_job
+from streamq.environment import drain_seconds_from_env, queue_from_env, redis_url_from_env
+from streamq.protocol import serialize_job
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.cancel import CancelListener
@@ -76,7 +77,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     )
     ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
     ctx["metrics_server"] = metrics.serve_metrics(ctx.get("metrics_port", metrics.metrics_port_from_env()))
-    queue = ctx.get("queue_name") or os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
+    queue = ctx.get("queue_name") or queue_from_env()
     ctx["queue_depth_sampler"] = asyncio.create_task(
         metrics.sample_queue_depth(ctx["redis"], queue), name="queue-depth-sampler"
     )
@@ -120,8 +121,8 @@ class WorkerSettings:
     functions = [generate]
     on_startup = on_startup
     on_shutdown = on_shutdown
-    queue_name = os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE)
-    redis_settings = redis_settings_for(os.environ.get("REDIS_URL", DEFAULT_REDIS_URL))
+    queue_name = queue_from_env()
+    redis_settings = redis_settings_for(redis_url_from_env())
     job_serializer = staticmethod(serialize_job)
     job_deserializer = staticmethod(deserialize_job_redacted)  # arq logs each job's arguments: no prompts
     # The engine, not arq, decides how many requests run together: StreamqWorker
@@ -132,7 +133,7 @@ class WorkerSettings:
     poll_delay = 0.05
     # SIGTERM/SIGINT: stop taking jobs, let running ones finish for this long, then
     # cancel the rest (arq puts them back on the queue for another worker).
-    job_completion_wait = int(os.environ.get("STREAMQ_DRAIN_SECONDS", "30"))
+    job_completion_wait = drain_seconds_from_env()
     job_timeout = 3600  # long generations are normal; arq's 300 s default would kill them
     keep_result = 3600
     health_check_interval = 10

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -39,9 +38,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamq.protocol import DEFAULT_QUEUE
+from streamq.environment import queue_from_env, redis_url_from_env
+from streamq.protocol import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL  # re-exported: the default URL of every command
+from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV
 
-DEFAULT_REDIS_URL = "redis://localhost:6379"
 SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 
@@ -128,8 +128,8 @@ def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentG
     add_redis_url_option(parser)
     parser.add_argument(
         "--queue",
-        default=os.environ.get("STREAMQ_QUEUE", DEFAULT_QUEUE),
-        help="the queue (default: $STREAMQ_QUEUE or %(default)s)",
+        default=queue_from_env(),
+        help=f"the queue (default: ${QUEUE_ENV} or %(default)s)",
     )
 
 
@@ -137,8 +137,8 @@ def add_redis_url_option(parser: argparse.ArgumentParser | argparse._ArgumentGro
     """``--redis-url``, defaulting to ``$REDIS_URL``: every command that reaches Redis."""
     parser.add_argument(
         "--redis-url",
-        default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-        help="Redis of the streamq deployment (default: $REDIS_URL or %(default)s)",
+        default=redis_url_from_env(),
+        help=f"Redis of the streamq deployment (default: ${REDIS_URL_ENV} or %(default)s)",
     )
 
 

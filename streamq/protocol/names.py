@@ -72,6 +72,7 @@ LOG_TTL_MS: Final = 3_600_000
 
 # --- environment --------------------------------------------------------------------
 REDIS_URL_ENV: Final = "REDIS_URL"
+DEFAULT_REDIS_URL: Final = "redis://localhost:6379"
 QUEUE_ENV: Final = "STREAMQ_QUEUE"
 """The queue both sides use unless told otherwise (default ``DEFAULT_QUEUE``)."""
 DRAIN_SECONDS_ENV: Final = "STREAMQ_DRAIN_SECONDS"

@@ -1,0 +1,33 @@
+"""The environment variables both sides read, and their defaults when unset."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from streamq.broker.connection import add_connection_options
+from streamq.environment import drain_seconds_from_env, queue_from_env, redis_url_from_env
+from streamq.protocol import DEFAULT_DRAIN_SECONDS, DEFAULT_QUEUE, DEFAULT_REDIS_URL
+
+
+def test_unset_variables_give_the_defaults() -> None:
+    assert queue_from_env({}) == DEFAULT_QUEUE
+    assert drain_seconds_from_env({}) == DEFAULT_DRAIN_SECONDS
+    assert redis_url_from_env({}) == DEFAULT_REDIS_URL
+
+
+def test_set_variables_win() -> None:
+    environ = {"STREAMQ_QUEUE": "q2", "STREAMQ_DRAIN_SECONDS": "5", "REDIS_URL": "redis://other:7000"}
+    assert queue_from_env(environ) == "q2"
+    assert drain_seconds_from_env(environ) == 5
+    assert redis_url_from_env(environ) == "redis://other:7000"
+
+
+def test_command_line_options_default_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMQ_QUEUE", "from-env")
+    monkeypatch.setenv("REDIS_URL", "redis://env-host:6390")
+    parser = argparse.ArgumentParser()
+    add_connection_options(parser)
+    args = parser.parse_args([])
+    assert (args.queue, args.redis_url) == ("from-env", "redis://env-host:6390")
