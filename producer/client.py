@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.subscriber import Delivery, EventSubscriber, Resync
-from streamq.broker.connection import DEFAULT_REDIS_URL, create_pool, redis_settings_for
+from streamq.broker.connection import DEFAULT_REDIS_URL, close_pool, create_pool, redis_settings_for
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
@@ -323,12 +323,7 @@ class StreamqClient:
 
     async def close(self) -> None:
         await self.subscriber.close()
-        await self.redis.aclose()
-        # Through Sentinel, the pool also holds connections to the Sentinels themselves,
-        # which closing the master's client leaves open.
-        sentinels = getattr(getattr(self.redis.connection_pool, "sentinel_manager", None), "sentinels", ())
-        for sentinel in sentinels:
-            await sentinel.aclose()
+        await close_pool(self.redis)
 
     async def submit(
         self,

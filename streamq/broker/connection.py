@@ -1,19 +1,9 @@
-"""How streamq connects to Redis: one URL, riding out short outages, noticing dead ones.
+"""How streamq connects to Redis: one URL of any kind, riding out short outages.
 
-Used by both sides so that a Redis restart or failover of a few seconds is a pause,
-not a crash: every command is retried with exponential backoff for ``RETRY_FOR_S`` (plus
-at most one ``SOCKET_TIMEOUT_S``) before an error surfaces. A connection that stops answering (a paused Redis, a host
-gone without closing its sockets) is noticed: every reply must come within
-``SOCKET_TIMEOUT_S``, idle pooled connections are pinged before use, and TCP
-keepalive probes idle sockets. Pub/sub readers, which wait for messages for as long
-as there are none, ping on their own (``streamq.broker.pubsub.live_messages``).
-``rediss://`` URLs (TLS) may name their CA and verification mode in the query:
-``rediss://host:6380?ssl_ca_certs=/ca.pem``, ``&ssl_cert_reqs=none|optional|required``.
-A highly available Redis is reached through its Sentinels:
-``redis+sentinel://[user:password@]host:26379,host2:26379/mymaster`` (the password is
-the master's; the path names the monitored master, ``mymaster`` if absent), so workers
-and producers follow a failover on their own. Every URL kind gets the same timeouts
-and retries.
+Every URL kind (``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``) gets the
+same settings: commands retried for ``RETRY_FOR_S``, replies due within
+``SOCKET_TIMEOUT_S``, idle connections pinged before use, TCP keepalive. Pub/sub readers,
+which wait for as long as there are no messages, ping on their own (``streamq.broker.pubsub``).
 """
 
 from __future__ import annotations
@@ -143,7 +133,13 @@ def add_redis_url_option(parser: argparse.ArgumentParser | argparse._ArgumentGro
 
 
 def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> StreamqRedisSettings:
-    """Settings for ``url`` (any kind), with the timeouts and retries above."""
+    """Settings for ``url``, with the timeouts and retries above.
+
+    ``rediss://`` (TLS) may name its CA and verification mode in the query:
+    ``rediss://host:6380?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none|optional|required``.
+    ``redis+sentinel://[user:password@]host:26379,host2:26379/mymaster`` reaches the
+    master that the Sentinels name, and follows its failovers (the password is the
+    master's; the path names the monitored master, ``mymaster`` if absent)."""
     if url.startswith(SENTINEL_SCHEME + "://"):
         settings = _sentinel_settings(url)
     else:
@@ -207,16 +203,21 @@ def connection_options(settings: RedisSettings) -> dict[str, Any]:
     return options
 
 
-def _client(settings: RedisSettings) -> ArqRedis:
+def redis_client(settings: RedisSettings) -> ArqRedis:
+    """A client for ``settings``, not connected yet, whose every connection gets the
+    options of ``connection_options``: to a TCP or TLS host, a Unix socket, or the master
+    that the Sentinels name."""
     options = connection_options(settings)
     if settings.sentinel:
         assert not isinstance(settings.host, str), "Sentinel settings list the Sentinels"
-        # The Sentinels get the same socket options (timeouts, keepalive): a dead Sentinel
-        # must not stall the search for the master.
-        sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+        # The Sentinels get the same timeouts, keepalive and health checks: a dead Sentinel
+        # must not stall the search for the master. Not the retries: the search moves on
+        # to the next Sentinel at the first failure, and the master's connection retries
+        # the whole search.
+        sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_") or k == "health_check_interval"}
         manager = Sentinel(settings.host, sentinel_kwargs=sentinel_options, ssl=settings.ssl, **options)
         return manager.master_for(settings.sentinel_master, redis_class=ArqRedis)  # type: ignore[no-any-return]
-    return ArqRedis(
+    client = ArqRedis(
         host=settings.host,
         port=settings.port,
         unix_socket_path=settings.unix_socket_path,
@@ -229,6 +230,10 @@ def _client(settings: RedisSettings) -> ArqRedis:
         ssl_check_hostname=settings.ssl_check_hostname,
         **options,
     )
+    if settings.unix_socket_path:
+        # redis-py passes no connect timeout to Unix sockets (it would use the reply timeout).
+        client.connection_pool.connection_kwargs["socket_connect_timeout"] = options["socket_connect_timeout"]
+    return client
 
 
 async def create_pool(
@@ -246,7 +251,7 @@ async def create_pool(
     settings = settings or redis_settings_for()
     attempt = 0
     while True:
-        redis = _client(settings)
+        redis = redis_client(settings)
         redis.job_serializer = job_serializer
         redis.job_deserializer = job_deserializer
         redis.default_queue_name = default_queue_name
