@@ -84,7 +84,7 @@ class DuplicateRequest(StreamqError):
     replay log is still kept."""
 
 
-class StreamGap(StreamqError):
+class MissingEvents(StreamqError):
     """Events went missing and the replay log no longer holds them."""
 
 
@@ -217,7 +217,9 @@ class RequestHandle:
                     continue
                 if event.seq > self._next_seq:
                     if not await self._fill_gap():
-                        raise StreamGap(f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}")
+                        raise MissingEvents(
+                            f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}"
+                        )
                     continue
                 self._next_seq += 1
                 self._done = isinstance(event, TERMINAL_EVENTS)

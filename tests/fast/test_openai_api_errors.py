@@ -8,11 +8,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.client import (
     DuplicateRequest,
+    MissingEvents,
     NoLiveWorker,
     QueueFull,
     RequestError,
     RequestLost,
-    StreamGap,
     StreamqError,
     UnknownModel,
 )
@@ -29,7 +29,7 @@ CLIENT_FAILURES: list[tuple[BaseException, int, str, str]] = [
     (RedisTimeoutError("slow"), 503, "service_unavailable_error", "redis_unavailable"),
     (ConnectionError("reset"), 503, "service_unavailable_error", "redis_unavailable"),
     (TimeoutError("ping"), 503, "service_unavailable_error", "redis_unavailable"),
-    (StreamGap("events 4..6 missing"), 500, "internal_error", "internal"),
+    (MissingEvents("events 4..6 missing"), 500, "internal_error", "internal"),
     (StreamqError("something else"), 500, "internal_error", "internal"),
     (RuntimeError("a bug"), 500, "internal_error", "internal"),
 ]
