@@ -1,7 +1,7 @@
 """``Presence``: keeps this worker in the registry while it runs.
 
 Producers route a request by model name to the queue of that model's live workers
-(``producer/registry.py``). The registration lapses ``WORKER_TTL_MS`` after the last
+(``streamq/broker/registry.py``). The registration lapses ``WORKER_TTL_MS`` after the last
 renewal, so a worker that dies without cleaning up (SIGKILL, lost host) drops out of
 ``/v1/models`` within seconds; a clean shutdown withdraws it at once.
 """

@@ -1,0 +1,91 @@
+"""PROTOCOL.md against the contract in ``streamq.protocol``: every name, limit, code,
+finish reason and script the code defines is documented, with the same value, and
+the tables list nothing the code lacks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from streamq.protocol import ErrorCode, FinishReason, envelope, names
+from streamq.protocol.scripts import script_names
+
+DOC = (Path(__file__).resolve().parents[2] / "PROTOCOL.md").read_text(encoding="utf-8")
+CODE_SPANS = re.findall(r"`([^`\n]+)`", DOC)
+
+
+def table_after(marker: str) -> list[list[str]]:
+    """The rows (cells stripped, header and rule left out) of the first table after the
+    line containing ``marker``."""
+    lines = DOC.splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line)
+    rows: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return rows[2:]
+
+
+def first_column(marker: str) -> set[str]:
+    """The code spans of the first column of the table after ``marker``."""
+    return {row[0].strip("`") for row in table_after(marker)}
+
+
+def public_constants(module: object, kind: type) -> dict[str, object]:
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if name.isupper() and not name.startswith("_") and type(value) is kind
+    }
+
+
+def test_every_error_code_is_documented_and_nothing_else() -> None:
+    assert first_column("Terminal error codes") == {code.value for code in ErrorCode}
+
+
+def test_every_finish_reason_is_documented_and_nothing_else() -> None:
+    assert first_column("Finish reasons") == {reason.value for reason in FinishReason}
+
+
+def test_every_lua_script_is_documented_and_nothing_else() -> None:
+    assert first_column("## Lua scripts") == set(script_names())
+
+
+def test_every_limit_is_documented_with_its_value() -> None:
+    documented = {row[0].strip("`"): row[1] for row in table_after("## Limits and timings")}
+    numbers = {
+        **public_constants(names, int),
+        **public_constants(names, float),
+        **public_constants(envelope, int),
+    }
+    assert documented.keys() == numbers.keys()
+    for name, value in numbers.items():
+        assert float(documented[name]) == value, name
+
+
+@pytest.mark.parametrize("name", sorted(public_constants(names, str)))
+def test_every_name_appears_in_the_doc(name: str) -> None:
+    value = getattr(names, name)
+    assert any(value in span for span in CODE_SPANS), f"{name} = {value!r} is not in PROTOCOL.md"
+
+
+def test_the_request_id_pattern_is_documented_verbatim() -> None:
+    assert names.REQUEST_ID_PATTERN.pattern in CODE_SPANS
+
+
+def test_every_environment_variable_is_documented_with_its_default() -> None:
+    documented = {row[0].strip("`"): row[1].strip("`") for row in table_after("## Environment")}
+    defaults = {
+        names.REDIS_URL_ENV: names.DEFAULT_REDIS_URL,
+        names.QUEUE_ENV: names.DEFAULT_QUEUE,
+        names.DRAIN_SECONDS_ENV: str(names.DEFAULT_DRAIN_SECONDS),
+        names.LOG_MAXLEN_ENV: str(names.LOG_MAXLEN),
+        names.LOG_TTL_ENV: str(names.LOG_TTL_MS // 1000),
+    }
+    env_names = {value for name, value in public_constants(names, str).items() if name.endswith("_ENV")}
+    assert env_names == defaults.keys()
+    assert documented == defaults
