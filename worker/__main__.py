@@ -22,8 +22,10 @@ from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
+from worker.options import OPTIONS_KEY, WorkerOptions
 from worker.scheduling import cpu_nice_from_env
 from worker.settings import WorkerSettings, worker_settings
+from worker.state import STATE_KEY, WorkerState
 
 
 def build_parser() -> FlexibleArgumentParser:
@@ -105,21 +107,23 @@ def main(argv: list[str] | None = None) -> None:
         "job_timeout": args.job_timeout,
         # With a scripted engine vLLM's arguments are unused (and would name a hub model).
         "ctx": {
-            "engine_args": None if args.engine_factory else engine_args_from_namespace(args),
-            "engine_factory": args.engine_factory,
-            "metrics_port": args.metrics_port,
-            "cpu_nice": args.cpu_nice,
-            "queue_name": args.queue,  # the queue this worker registers for its model
-            "log_ttl_ms": round(args.log_ttl_s * 1000),
-            "log_maxlen": args.log_maxlen,
+            OPTIONS_KEY: WorkerOptions(
+                engine_args=None if args.engine_factory else engine_args_from_namespace(args),
+                engine_factory=args.engine_factory,
+                metrics_port=args.metrics_port,
+                cpu_nice=args.cpu_nice,
+                queue_name=args.queue,
+                log_ttl_ms=round(args.log_ttl_s * 1000),
+                log_maxlen=args.log_maxlen,
+            )
         },
     }
     if args.max_jobs is not None:
         overrides["max_jobs"] = args.max_jobs
     worker = StreamqWorker(**worker_settings(**overrides), max_jobs_from_engine=args.max_jobs is None)
     worker.run()
-    state = worker.ctx.get("state")
-    if state is not None and state.engine_dead:
+    state = worker.ctx.get(STATE_KEY)
+    if isinstance(state, WorkerState) and state.engine_dead:
         sys.exit(3)  # the engine died: make supervisors (and compose) restart us
 
 

@@ -38,7 +38,7 @@ from streamq.tasks import stop_task
 from worker import metrics
 from worker.engine import max_batch_size
 from worker.failures import failure_of
-from worker.state import WorkerState
+from worker.state import state_of
 
 logger = logging.getLogger("streamq.worker")
 
@@ -70,8 +70,8 @@ class StreamqWorker(Worker):
         self._claim = register_script(self.pool, "claim_jobs")
         if self.on_startup:
             await self.on_startup(self.ctx)
-        if self._max_jobs_from_engine and "engine" in self.ctx:
-            self._resize(max_batch_size(self.ctx["engine"]))
+        if self._max_jobs_from_engine:
+            self._resize(max_batch_size(state_of(self.ctx).engine))
 
         wakeups = self.pool.pubsub()
         await wakeups.subscribe(WAKEUP_CHANNEL)
@@ -100,7 +100,7 @@ class StreamqWorker(Worker):
         arq's housekeeping (aborts, finished tasks, health check)."""
         free = self.max_jobs - self.job_counter
         if self.allow_pick_jobs and free > 0:
-            state: WorkerState = self.ctx["state"]
+            state = state_of(self.ctx)
             ttl_ms = state.leases.ttl_ms
             asked_at = timestamp_ms()
             redis_now, *reply = await self._claim(
@@ -166,8 +166,8 @@ class StreamqWorker(Worker):
         request has its terminal event. Skipped for a job this worker was running when
         another worker took it over (its lease had lapsed): the job's keys and result
         now belong to the attempt that took over, which may still run."""
-        state = self.ctx.get("state")
-        if state is not None and job_id in state.superseded_jobs:
+        state = state_of(self.ctx)
+        if job_id in state.superseded_jobs:
             state.superseded_jobs.discard(job_id)
             logger.info("job %s: superseded; leaving its keys to the attempt that took it over", job_id)
             return
@@ -189,7 +189,7 @@ class StreamqWorker(Worker):
         code, message = failure_of(result_data)
         if code is None or not is_valid_request_id(job_id):
             return
-        state: WorkerState = self.ctx["state"]
+        state = state_of(self.ctx)
         event = ErrorEvent(request_id=job_id, seq=0, code=code, message=message)
         try:
             seq = await state.replay_log.end(job_id, event)

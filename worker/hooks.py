@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from contextlib import AsyncExitStack
 from typing import Any
 
 from arq.utils import import_string
@@ -17,10 +18,11 @@ from worker.cancel import CancelListener
 from worker.engine import engine_args_from_env, start_engine
 from worker.lease import Leases
 from worker.logs import quiet_request_failures
+from worker.options import WorkerOptions, options_of
 from worker.presence import Presence, served_model_name
 from worker.publisher import EventPublisher
 from worker.scheduling import cpu_nice_from_env, lower_cpu_weight
-from worker.state import WorkerState, new_worker_id
+from worker.state import STATE_KEY, WorkerState, new_worker_id
 
 logger = logging.getLogger("streamq.worker")
 
@@ -28,68 +30,93 @@ logger = logging.getLogger("streamq.worker")
 ENGINE_FACTORY_ENV = "STREAMQ_ENGINE_FACTORY"
 
 
-async def _watch_engine(engine: Any, state: WorkerState) -> None:
+async def _watch_engine(state: WorkerState) -> None:
     """Notice an engine that died between requests, or under one whose output
     handler stopped without failing it (a request would wait forever)."""
     while not state.engine_dead:
-        if getattr(engine, "errored", False):
+        if getattr(state.engine, "errored", False):
             state.engine_died()
         await asyncio.sleep(0.5)
 
 
-async def on_startup(ctx: dict[str, Any]) -> None:
-    """Start the engine inside arq's loop, and beside it the publisher and the
-    cancel listener.
+def _build_engine(options: WorkerOptions) -> Any:
+    """vLLM's ``AsyncLLM``, or what the engine factory builds.
 
-    ``ctx["engine_factory"]`` (or ``$STREAMQ_ENGINE_FACTORY``), a ``module:callable``
-    taking the engine arguments, replaces vLLM's ``AsyncLLM`` with an object of the
-    same interface: a scripted engine for load-testing the queue layer.
+    ``options.engine_factory`` (or ``$STREAMQ_ENGINE_FACTORY``), a ``module:callable``
+    taking the engine arguments, replaces ``AsyncLLM`` with an object of the same
+    interface: a scripted engine for load-testing the queue layer.
     """
-    quiet_request_failures()
-    # Before the engine starts: its processes inherit the lower weight.
-    changed = lower_cpu_weight(ctx.get("cpu_nice", cpu_nice_from_env()))
-    if changed:
-        logger.info("CPU weight lowered so Redis and clients on this host are not starved: %s", "; ".join(changed))
-    factory_path = ctx.get("engine_factory") or os.environ.get(ENGINE_FACTORY_ENV)
+    factory_path = options.engine_factory or os.environ.get(ENGINE_FACTORY_ENV)
     if factory_path:
         factory = import_string(factory_path.replace(":", "."))
-        ctx["engine"] = factory(ctx.get("engine_args"))
+        engine = factory(options.engine_args)
         logger.info("engine from factory %s", factory_path)
-    else:
-        ctx["engine"] = start_engine(ctx.get("engine_args") or engine_args_from_env())
-    worker_id = new_worker_id()
-    ctx["replay_log"] = ReplayLog(ctx["redis"], maxlen=ctx.get("log_maxlen"), ttl_ms=ctx.get("log_ttl_ms"))
-    ctx["cancels"] = CancelListener(ctx["redis"])
-    await ctx["cancels"].start()
-    ctx["publisher"] = EventPublisher(ctx["replay_log"], on_superseded=ctx["cancels"].supersede)
-    ctx["publisher"].start()
-    ctx["leases"] = Leases(ctx["redis"], worker_id=worker_id, on_lost=ctx["cancels"].supersede)
-    ctx["leases"].start()
-    ctx["state"] = WorkerState(
-        worker_id=worker_id, replay_log=ctx["replay_log"], cancels=ctx["cancels"], leases=ctx["leases"]
-    )
-    ctx["engine_watch"] = asyncio.create_task(_watch_engine(ctx["engine"], ctx["state"]), name="engine-watch")
-    ctx["metrics_server"] = metrics.serve_metrics(ctx.get("metrics_port", metrics.metrics_port_from_env()))
-    queue = ctx.get("queue_name") or queue_from_env()
-    ctx["queue_depth_sampler"] = asyncio.create_task(
-        metrics.sample_queue_depth(ctx["redis"], queue), name="queue-depth-sampler"
-    )
-    # Last: once registered, producers route this model's requests here.
-    model, max_model_len = served_model_name(ctx["engine"])
-    ctx["presence"] = Presence(ctx["redis"], worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len)
-    await ctx["presence"].start()
+        return engine
+    return start_engine(options.engine_args or engine_args_from_env())
+
+
+def _shut_down_engine(engine: Any) -> None:
+    engine.shutdown()
+    logger.info("engine shut down")
+
+
+async def on_startup(ctx: dict[str, Any]) -> None:
+    """Start the engine inside arq's loop, and beside it the publisher, the cancel
+    listener and the leases; store them in ``ctx`` as one ``WorkerState``.
+
+    A part that fails to start closes those started before it (the engine too).
+    """
+    quiet_request_failures()
+    options = options_of(ctx)
+    redis = ctx["redis"]
+    # Before the engine starts: its processes inherit the lower weight.
+    changed = lower_cpu_weight(options.cpu_nice if options.cpu_nice is not None else cpu_nice_from_env())
+    if changed:
+        logger.info("CPU weight lowered so Redis and clients on this host are not starved: %s", "; ".join(changed))
+    async with AsyncExitStack() as closing:
+        engine = _build_engine(options)
+        closing.callback(_shut_down_engine, engine)
+        worker_id = new_worker_id()
+        replay_log = ReplayLog(redis, maxlen=options.log_maxlen, ttl_ms=options.log_ttl_ms)
+        cancels = CancelListener(redis)
+        await cancels.start()
+        closing.push_async_callback(cancels.close)
+        publisher = EventPublisher(replay_log, on_superseded=cancels.supersede)
+        publisher.start()
+        closing.push_async_callback(publisher.close)
+        leases = Leases(redis, worker_id=worker_id, on_lost=cancels.supersede)
+        leases.start()
+        closing.push_async_callback(leases.close)
+        queue = options.queue_name or queue_from_env()
+        model, max_model_len = served_model_name(engine)
+        presence = Presence(redis, worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len)
+        state = WorkerState(
+            worker_id=worker_id,
+            engine=engine,
+            replay_log=replay_log,
+            cancels=cancels,
+            publisher=publisher,
+            leases=leases,
+            presence=presence,
+        )
+        engine_watch = asyncio.create_task(_watch_engine(state), name="engine-watch")
+        closing.push_async_callback(stop_task, engine_watch)
+        metrics_port = options.metrics_port if options.metrics_port is not None else metrics.metrics_port_from_env()
+        metrics_server = metrics.serve_metrics(metrics_port)
+        if metrics_server is not None:
+            closing.callback(metrics_server.shutdown)
+        queue_depth_sampler = asyncio.create_task(metrics.sample_queue_depth(redis, queue), name="queue-depth-sampler")
+        closing.push_async_callback(stop_task, queue_depth_sampler)
+        # Last: once registered, producers route this model's requests here.
+        await presence.start()
+        closing.push_async_callback(presence.close)
+        state.closing = closing.pop_all()
+        ctx[STATE_KEY] = state
 
 
 async def on_shutdown(ctx: dict[str, Any]) -> None:
-    """Flush pending events and shut the engine down (always)."""
-    await stop_task(ctx.get("engine_watch"))
-    await stop_task(ctx.get("queue_depth_sampler"))
-    if ctx.get("metrics_server") is not None:
-        ctx["metrics_server"].shutdown()
-    for name in ("presence", "leases", "cancels", "publisher"):
-        if name in ctx:
-            await ctx[name].close()
-    engine = ctx.get("engine")
-    if engine is not None:
-        engine.shutdown()
-        logger.info("engine shut down")
+    """Flush pending events, withdraw the registration and shut the engine down (a
+    start-up that failed has closed its parts already)."""
+    state = ctx.get(STATE_KEY)
+    if isinstance(state, WorkerState):
+        await state.close()

@@ -33,10 +33,10 @@ from streamq.protocol import (
     parse_request,
 )
 from worker import metrics
-from worker.cancel import CancelListener
 from worker.presence import Presence
 from worker.progress import NotResumable, Progress, thread_tokenizer
 from worker.publisher import PublishFailed
+from worker.state import state_of
 from worker.stream import RequestStream
 
 logger = logging.getLogger("streamq.worker")
@@ -49,7 +49,7 @@ class RequestFailed(Exception):
 
 async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """arq job: one request, counted in the worker's metrics while it runs."""
-    metrics.QUEUE_WAIT.observe(max(0.0, ctx["state"].clock.seconds_since(ctx["score"])))
+    metrics.QUEUE_WAIT.observe(max(0.0, state_of(ctx).clock.seconds_since(ctx["score"])))
     with metrics.REQUESTS_IN_FLIGHT.track_inprogress():
         return await _generate(ctx, *args, **kwargs)
 
@@ -66,7 +66,7 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     raw = args[0] if args else None
     claimed_id = raw.get("request_id") if isinstance(raw, dict) else None
     reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
-    stream = RequestStream(ctx["publisher"], reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
+    stream = RequestStream(state_of(ctx).publisher, reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
 
     try:
         request = _validate(ctx, args, kwargs)
@@ -82,7 +82,7 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     except EngineDeadError:
         # This worker is useless now: hand the job back (another worker resumes it
         # from the replay log) and let the worker exit non-zero.
-        ctx["state"].engine_died()
+        state_of(ctx).engine_died()
         raise Retry(defer=0) from None
     except NotResumable as exc:
         code, message = ErrorCode.WORKER_LOST, f"the worker running this request died, and {exc}"
@@ -101,15 +101,15 @@ def _validate(ctx: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     request = parse_request(args[0])
     if request.request_id != job_id:
         raise InvalidRequest(f"request_id {request.request_id!r} must equal the arq job id {job_id!r}")
-    _check_model(request, ctx.get("presence"))
+    _check_model(request, state_of(ctx).presence)
     return request
 
 
-def _check_model(request: GenerateRequest, presence: Presence | None) -> None:
+def _check_model(request: GenerateRequest, presence: Presence) -> None:
     """Refuse a request meant for another model: workers of two models sharing a queue
     would otherwise answer each other's requests with the wrong model."""
-    served = presence.registration.model if presence is not None else None
-    if request.model is not None and served is not None and request.model != served:
+    served = presence.registration.model
+    if request.model is not None and request.model != served:
         raise InvalidRequest(
             f"request for model {request.model!r} reached a worker serving model {served!r} "
             f"(workers of different models must not share a queue)"
@@ -148,13 +148,14 @@ def _render_chat(engine_tokenizer: Any, messages: list[Any]) -> list[int]:
 
 
 async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestStream) -> dict[str, Any]:
-    engine: AsyncLLM = ctx["engine"]
-    cancels: CancelListener = ctx["cancels"]
+    state = state_of(ctx)
+    engine: AsyncLLM = state.engine
+    cancels = state.cancels
     params = sampling_params_for(request)
     chat_ids = await _prompt_token_ids(engine, request)
     progress = Progress(params.n)
     if stream.attempt > 1:
-        progress = await Progress.take_over(ctx["replay_log"], request.request_id, stream.attempt, params.n)
+        progress = await Progress.take_over(state.replay_log, request.request_id, stream.attempt, params.n)
         if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
             return progress.summary(request.request_id)
         stream.next_seq = progress.next_seq
@@ -165,7 +166,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
             progress.completion_tokens,
         )
 
-    waited = ctx["state"].clock.seconds_since(ctx["score"])
+    waited = state.clock.seconds_since(ctx["score"])
     if request.queue_timeout_s is not None and stream.attempt == 1 and waited > request.queue_timeout_s:
         return await _end(stream, request, progress, FinishReason.QUEUE_TIMEOUT)
     time_left = None if request.timeout_s is None else request.timeout_s - waited
@@ -190,7 +191,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     logger.info("request %s started (attempt %d)", request.request_id, stream.attempt)
     try:
         this_attempt = (request.request_id, stream.attempt)
-        with cancels.registered(*this_attempt), ctx["leases"].held(*this_attempt):
+        with cancels.registered(*this_attempt), state.leases.held(*this_attempt):
             async with asyncio.timeout(time_left):
                 outputs = (
                     resumed.generate(engine, request.request_id)
@@ -213,7 +214,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     except asyncio.CancelledError:
         if cancels.take_superseded(request.request_id, stream.attempt):
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            ctx["state"].superseded_jobs.add(request.request_id)  # arq's bookkeeping is the new owner's
+            state.superseded_jobs.add(request.request_id)  # arq's bookkeeping is the new owner's
             return {"request_id": request.request_id, "superseded": True}
         if not cancels.was_cancelled(request.request_id):
             raise  # worker shutdown: arq hands the job back, another worker resumes it
@@ -223,7 +224,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
         return await _end(stream, request, progress, FinishReason.TIMEOUT)
     await stream.delivered()
     if cancels.take_refused(request.request_id):  # taken over while its last events were in flight
-        ctx["state"].superseded_jobs.add(request.request_id)
+        state.superseded_jobs.add(request.request_id)
         logger.info("request %s: attempt %d was taken over; its end is the new owner's", *this_attempt)
         return {"request_id": request.request_id, "superseded": True}
     logger.info(

@@ -9,10 +9,15 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from typing import Any
 
 from streamq.broker.replay_log import ReplayLog
 from worker.cancel import CancelListener
 from worker.lease import Leases
+from worker.presence import Presence
+from worker.publisher import EventPublisher
 
 logger = logging.getLogger("streamq.worker")
 
@@ -43,17 +48,37 @@ class RedisClock:
         return (self.now_ms() - moment_ms) / 1000
 
 
+STATE_KEY = "streamq_state"
+"""The key of ``WorkerState`` in arq's ``ctx``."""
+
+
 class WorkerState:
-    """The worker's shared parts and flags.
+    """The worker's shared parts and flags, built by the start-up hook.
 
     :param worker_id: this worker's name, written into the leases it holds.
+    :param engine: vLLM's ``AsyncLLM``, or an object of the same interface.
     """
 
-    def __init__(self, *, worker_id: str, replay_log: ReplayLog, cancels: CancelListener, leases: Leases) -> None:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        engine: Any,
+        replay_log: ReplayLog,
+        cancels: CancelListener,
+        publisher: EventPublisher,
+        leases: Leases,
+        presence: Presence,
+    ) -> None:
         self.worker_id = worker_id
+        self.engine = engine
         self.replay_log = replay_log
         self.cancels = cancels
+        self.publisher = publisher
         self.leases = leases
+        self.presence = presence
+        self.closing = AsyncExitStack()
+        """Stops the parts started with this state, last started first (the start-up hook fills it)."""
         self.clock = RedisClock()
         self.engine_dead = False
         self.superseded_jobs: set[str] = set()
@@ -68,3 +93,18 @@ class WorkerState:
             logger.critical("the engine died: handing running jobs back and stopping")
             self.cancels.cancel_all()
             os.kill(os.getpid(), signal.SIGTERM)
+
+    async def close(self) -> None:
+        """Stop every part, last started first; the engine shuts down last."""
+        await self.closing.aclose()
+
+
+def state_of(ctx: Mapping[str, Any]) -> WorkerState:
+    """The ``WorkerState`` in arq's ``ctx``."""
+    state = ctx.get(STATE_KEY)
+    if not isinstance(state, WorkerState):
+        raise RuntimeError(
+            f"arq's ctx holds no worker state ({STATE_KEY!r}): run the worker with worker.WorkerSettings "
+            "or python -m worker, whose start-up hook (worker.hooks.on_startup) builds it"
+        )
+    return state
