@@ -36,8 +36,8 @@ from worker import metrics
 from worker.presence import Presence
 from worker.progress import NotResumable, Progress, thread_tokenizer
 from worker.publisher import PublishFailed
+from worker.request_events import RequestEvents
 from worker.state import state_of
-from worker.stream import RequestStream
 
 logger = logging.getLogger("streamq.worker")
 
@@ -55,7 +55,7 @@ async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, 
 
 
 async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Validate the payload, stream the generation, return a summary.
+    """Validate the payload, run the generation, return a summary.
 
     Takes any arguments so that a malformed job still reaches this function (arq
     would otherwise fail it with a ``TypeError`` the requester never sees).
@@ -66,12 +66,12 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     raw = args[0] if args else None
     claimed_id = raw.get("request_id") if isinstance(raw, dict) else None
     reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
-    stream = RequestStream(state_of(ctx).publisher, reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
+    events = RequestEvents(state_of(ctx).publisher, reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
 
     try:
         request = _validate(ctx, args, kwargs)
-        assert stream is not None, "a valid request always has a channel"
-        return await _serve(ctx, request, stream)
+        assert events is not None, "a valid request always has a channel"
+        return await _serve(ctx, request, events)
     except (InvalidRequest, VLLMValidationError) as exc:
         code, message = ErrorCode.INVALID_REQUEST, str(exc)
     except PublishFailed as exc:
@@ -89,7 +89,7 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     except Exception as exc:
         logger.exception("request %s: unexpected error", job_id)
         code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-    await _fail(stream, job_id, code, message)
+    await _fail(events, job_id, code, message)
 
 
 def _validate(ctx: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> GenerateRequest:
@@ -129,7 +129,7 @@ async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[
     plain prompt, which vLLM tokenizes itself (in a thread of its own).
 
     Rendering and tokenizing a long conversation takes long enough to stall the
-    event loop (and with it lease renewal and every other stream), so it runs in a
+    event loop (and with it lease renewal and every other request), so it runs in a
     thread, on a tokenizer copy of its own."""
     if request.messages is None:
         return None
@@ -147,31 +147,31 @@ def _render_chat(engine_tokenizer: Any, messages: list[Any]) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestStream) -> dict[str, Any]:
+async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents) -> dict[str, Any]:
     state = state_of(ctx)
     engine: AsyncLLM = state.engine
     cancels = state.cancels
     params = sampling_params_for(request)
     chat_ids = await _prompt_token_ids(engine, request)
     progress = Progress(params.n)
-    if stream.attempt > 1:
-        progress = await Progress.take_over(state.replay_log, request.request_id, stream.attempt, params.n)
+    if events.attempt > 1:
+        progress = await Progress.take_over(state.replay_log, request.request_id, events.attempt, params.n)
         if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
             return progress.summary(request.request_id)
-        stream.next_seq = progress.next_seq
+        events.next_seq = progress.next_seq
         logger.info(
             "request %s: attempt %d resumes after %d tokens",
             request.request_id,
-            stream.attempt,
+            events.attempt,
             progress.completion_tokens,
         )
 
     waited = state.clock.seconds_since(ctx["score"])
-    if request.queue_timeout_s is not None and stream.attempt == 1 and waited > request.queue_timeout_s:
-        return await _end(stream, request, progress, FinishReason.QUEUE_TIMEOUT)
+    if request.queue_timeout_s is not None and events.attempt == 1 and waited > request.queue_timeout_s:
+        return await _end(events, request, progress, FinishReason.QUEUE_TIMEOUT)
     time_left = None if request.timeout_s is None else request.timeout_s - waited
     if time_left is not None and time_left <= 0:
-        return await _end(stream, request, progress, FinishReason.TIMEOUT)
+        return await _end(events, request, progress, FinishReason.TIMEOUT)
 
     prompt: str | TokensPrompt
     if chat_ids is not None:
@@ -183,14 +183,14 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
     if progress.completion_tokens:
         resumed = await progress.continuation(engine, request, chat_ids, params)
         if resumed is None:  # finished (or out of budget) before the final event went out
-            return await _end(stream, request, progress, FinishReason.LENGTH)
+            return await _end(events, request, progress, FinishReason.LENGTH)
 
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
     started = time.monotonic()
-    logger.info("request %s started (attempt %d)", request.request_id, stream.attempt)
+    logger.info("request %s started (attempt %d)", request.request_id, events.attempt)
     try:
-        this_attempt = (request.request_id, stream.attempt)
+        this_attempt = (request.request_id, events.attempt)
         with cancels.registered(*this_attempt), state.leases.held(*this_attempt):
             async with asyncio.timeout(time_left):
                 outputs = (
@@ -200,29 +200,29 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
                 )
                 async for output in outputs:
                     for completion in output.outputs:
-                        stream.chunk(completion.index, completion.text, completion.token_ids, completion.finish_reason)
+                        events.chunk(completion.index, completion.text, completion.token_ids, completion.finish_reason)
                         progress.add(completion.index, completion.token_ids, completion.finish_reason)
                     if output.finished:
                         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
                         approximate = resumed is not None and not resumed.exact
-                        stream.final(
+                        events.final(
                             progress.finish_reasons,
                             progress.prompt_tokens,
                             progress.completion_tokens,
                             approximate=approximate,
                         )
     except asyncio.CancelledError:
-        if cancels.take_superseded(request.request_id, stream.attempt):
+        if cancels.take_superseded(request.request_id, events.attempt):
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             state.superseded_jobs.add(request.request_id)  # arq's bookkeeping is the new owner's
             return {"request_id": request.request_id, "superseded": True}
         if not cancels.was_cancelled(request.request_id):
             raise  # worker shutdown: arq hands the job back, another worker resumes it
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        return await _end(stream, request, progress, FinishReason.CANCELLED)
+        return await _end(events, request, progress, FinishReason.CANCELLED)
     except TimeoutError:
-        return await _end(stream, request, progress, FinishReason.TIMEOUT)
-    await stream.delivered()
+        return await _end(events, request, progress, FinishReason.TIMEOUT)
+    await events.delivered()
     if cancels.take_refused(request.request_id):  # taken over while its last events were in flight
         state.superseded_jobs.add(request.request_id)
         logger.info("request %s: attempt %d was taken over; its end is the new owner's", *this_attempt)
@@ -239,21 +239,21 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, stream: RequestS
 
 
 async def _end(
-    stream: RequestStream, request: GenerateRequest, progress: Progress, reason: FinishReason
+    events: RequestEvents, request: GenerateRequest, progress: Progress, reason: FinishReason
 ) -> dict[str, Any]:
     """End the request early: unfinished completions get ``reason``."""
     progress.end_unfinished(reason)
-    stream.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
-    await stream.delivered()
+    events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
+    await events.delivered()
     logger.info("request %s ended: %s after %d tokens", request.request_id, reason, progress.completion_tokens)
     return progress.summary(request.request_id)
 
 
-async def _fail(stream: RequestStream | None, job_id: str, code: str, message: str) -> NoReturn:
+async def _fail(events: RequestEvents | None, job_id: str, code: str, message: str) -> NoReturn:
     """Tell the requester why their request failed, then fail the job."""
     logger.warning("request %s failed (%s): %s", job_id, code, message)
     metrics.REQUEST_ERRORS.labels(code=code).inc()
-    if stream is not None and not stream.closed:
-        stream.error(code, message)
-        await stream.delivered()
+    if events is not None and not events.closed:
+        events.error(code, message)
+        await events.delivered()
     raise RequestFailed(f"{code}: {message}")

@@ -14,7 +14,7 @@ from worker import metrics
 from worker.publisher import EventPublisher
 
 
-class RequestStream:
+class RequestEvents:
     """Numbers one request's events contiguously from 0 and publishes them.
 
     Chunks, the final event and an error all share one sequence, so a reader can
