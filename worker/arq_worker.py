@@ -1,21 +1,9 @@
-"""``StreamqWorker``: arq's worker, taking jobs the moment they are enqueued, cheaply.
+"""``StreamqWorker``: arq's worker, taking jobs the moment they are enqueued.
 
-Two things in arq's own loop cost a streaming service dearly:
-
-- it finds new jobs by polling every ``poll_delay``, which adds straight to
-  time-to-first-token. Producers publish on ``WAKEUP_CHANNEL`` after each enqueue,
-  so this worker waits on that channel (and on its own jobs finishing, when more
-  may be waiting) and polls at once; ``poll_delay`` stays as a fallback for
-  producers that do not publish.
-- each poll walks every id in the queue, running jobs included (arq keeps a job
-  queued until it finishes), with several round trips per id. With a hundred
-  requests streaming, that walk took most of the event loop that also runs vLLM's
-  output handler. Here one Lua script per poll claims up to the free slots' worth
-  of jobs (``SET arq:in-progress:<id> NX``, as arq's claim does) in one round trip.
-
-It also sizes ``max_jobs`` to the engine's batch: more jobs than the engine
-schedules at once would only wait inside this worker instead of on another one.
-The job runs through arq's own ``run_job``, so results, retries and aborts are arq's.
+Producers publish on ``WAKEUP_CHANNEL`` after each enqueue, so this worker polls at once
+instead of every ``poll_delay``, and one Lua script per poll claims up to the free slots'
+worth of jobs in one round trip. ``max_jobs`` follows the engine's batch; jobs run through
+arq's own ``run_job``, so results, retries and aborts are arq's.
 """
 
 from __future__ import annotations
@@ -45,7 +33,12 @@ logger = logging.getLogger("streamq.worker")
 
 class StreamqWorker(Worker):
     """An arq ``Worker`` with wake-up driven, one-round-trip job pickup and
-    engine-sized ``max_jobs``."""
+    engine-sized ``max_jobs``.
+
+    arq's own poll walks every queued id (running jobs stay queued until they finish)
+    with several round trips each, on the event loop that also runs vLLM's output
+    handler; more jobs than the engine schedules at once would only wait here.
+    """
 
     def __init__(self, *args: object, max_jobs_from_engine: bool = True, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

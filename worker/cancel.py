@@ -1,14 +1,8 @@
 """Cancellation requests, heard by every worker, acted on by the one running the job.
 
-A producer that cancels a running request publishes its id on ``CANCEL_CHANNEL``
-(``StreamqClient.cancel``). Every worker hears it; the one running the request
-cancels the job's task, and cancelling the task that iterates
-``engine.generate()`` is what aborts the request inside vLLM and frees its KV
-cache. A cancel can arrive just before the job registers (the job was being
-picked up), so requests are remembered for a while and checked at registration.
-
-The same path stops an attempt that another worker has taken over (its lease had
-lapsed): the replay log refuses its events, and the publisher reports it here.
+Cancelling the task that iterates ``engine.generate()`` aborts the request inside vLLM and
+frees its KV cache. A cancel may arrive just before the job registers, so requests are
+remembered for a while. The same path stops an attempt another worker has taken over.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The arq job function: one request through the engine, every DELTA to Redis.
 
-This is vLLM's ``async_llm_streaming.py`` pattern with Redis in place of ``print``:
-``SamplingParams(output_kind=DELTA)``, ``async for output in engine.generate(...)``,
-publish each completion's delta, stop at ``output.finished``. Around it: the
-request is validated, the job holds a short lease, a cancel or a deadline ends it
-with a final event, and a job that runs again after a worker died goes on from
-what the replay log holds instead of starting over.
+vLLM's ``async_llm_streaming.py`` pattern with Redis in place of ``print``. Around it: the
+request is validated, the job holds a short lease, a cancel or a deadline ends it with a
+final event, and a job that runs again after its worker died goes on from the replay log.
 """
 
 from __future__ import annotations

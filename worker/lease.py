@@ -1,17 +1,9 @@
 """Short leases on running jobs, so a crashed worker's jobs move within seconds.
 
-arq marks a running job with ``arq:in-progress:<id>``, set to expire after
-job_timeout + 10 s: after a worker dies, its jobs wait that long (an hour here)
-before another worker may take them. While jobs run, the worker's ``Leases`` keep
-those keys' expiry ``ttl_ms`` ahead instead, renewing all of them in one script
-call every ``ttl_ms / 3``; if the worker dies, the keys lapse within ``ttl_ms`` and
-the jobs, still in the queue, go to the next worker that polls.
-
-A lease names its holder: the claim writes the worker's id, the first renewal
-``<worker id>:<attempt>``. Renewal is a compare-and-set, so a worker whose lease
-lapsed (Redis down or failing over for longer than ``ttl_ms``, or its loop stalled)
-and was claimed by another worker learns it at once and stops its attempt; a lapsed
-lease that nobody claimed is simply taken back.
+arq's in-progress key expires job_timeout + 10 s after the claim (an hour here); ``Leases``
+keeps it ``ttl_ms`` ahead instead, renewing all in one script call every ``ttl_ms / 3``.
+A lease names its holder (``lease_holder``) and renewal is a compare-and-set, so an
+attempt whose lapsed lease another worker claimed learns it at once and stops.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Prometheus metrics of a worker, and the HTTP endpoint that serves them.
 
-Every metric streamq defines is here, so a dashboard author reads one module.
-They live in prometheus_client's default registry, the one vLLM's own engine
-metrics (``vllm:*``) register in, so one scrape of ``/metrics`` returns both.
-
-Latencies are measured inside the worker: time to first token from the moment
-the job started (queue wait is its own histogram), inter-token latency between
-successive chunks of one completion, publish latency per Redis round trip of the
-publisher. What a subscriber sees adds Redis and the network on top.
-
-The queue depth is a sample (``ZCARD`` of the queue every ``sample_interval_s``):
-jobs waiting plus jobs running, as arq keeps a job queued until it finishes. It
-is the same number on every worker of a queue; dashboards take the max.
+They share prometheus_client's default registry with vLLM's own (``vllm:*``), so one
+scrape returns both. Latencies are measured inside the worker (a subscriber also sees
+Redis and the network). The queue depth is a sampled ``ZCARD``: waiting plus running jobs,
+the same on every worker of a queue (dashboards take the max).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """How far a request has got, and how a request taken over from a dead worker goes on.
 
-A job tallies its own output here, and a job that runs again after its worker died
-rebuilds the tally from the replay log, then continues the generation from it, as
-NVIDIA Dynamo's request migration does: the prompt plus the tokens already sent
-become the new prompt, and only the remaining token budget is generated. The
-subscriber sees the text an undisturbed run would have sent: the resuming attempt
-detokenizes the whole answer itself (vLLM's own incremental detokenizer, primed
-with the original prompt and fed the tokens already sent), so text vLLM held back
-while a stop string might have been forming is released, and stop strings are
-found across the resume point. Where the engine's state cannot be carried over
-(presence/frequency penalties count only generated tokens; a seeded sampler's
-random state), a deterministic request is generated again from the start and what
-was already delivered is suppressed.
+As in NVIDIA Dynamo's request migration, the prompt plus the tokens already sent become
+the new prompt and only the remaining budget is generated; where the engine's state cannot
+be carried over (penalties, a seed) the request is generated again and what was already
+sent is suppressed. The subscriber sees the text an undisturbed run would have sent.
 """
 
 from __future__ import annotations
@@ -208,7 +200,12 @@ def _replayed_detokenizer(
 
 class Continuation:
     """Generates the rest of a taken-over completion as ``RequestOutput`` DELTAs that
-    carry exactly what the undisturbed run would have sent from here on."""
+    carry exactly what the undisturbed run would have sent from here on.
+
+    This attempt detokenizes the whole answer itself (vLLM's incremental detokenizer,
+    primed with the prompt and fed the tokens already sent), so text held back for a
+    possible stop string is released, and stop strings are found across the resume point.
+    """
 
     def __init__(
         self,

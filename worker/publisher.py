@@ -1,13 +1,9 @@
 """Coalesced publishing of events to the replay log and pub/sub.
 
-One awaited redis-py command costs about 100 µs of Python, while an engine emits
-thousands of tokens per second across the requests of a worker. So jobs never
-await Redis per token: they append encoded events to a buffer and a single
-flusher task sends everything buffered in one command (``ReplayLog.append``).
-While that round trip is in flight, new events accumulate and go out together in
-the next one, so the batch grows with the load and the first token of an idle
-worker goes out at once. One flusher keeps each request's events in order, and
-since the log skips sequence numbers it already holds, a retried batch is safe.
+Jobs never await Redis per token (a command costs about 100 µs of Python): they buffer
+encoded events and one flusher task sends all that is buffered in one command, so batches
+grow with the load while an idle worker's first token goes out at once. One flusher keeps
+each request's events in order; the log skips sequence numbers it holds, so retries are safe.
 """
 
 from __future__ import annotations

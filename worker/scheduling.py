@@ -1,13 +1,9 @@
 """Keeping the engine's busy CPUs from starving Redis and clients on the same host.
 
-While a request runs, vLLM keeps its processes busy (on the CPU backend the model
-process spins and the engine core yields in a loop). Linux shares CPU time between
-scheduling groups, not processes: a session (autogroup) or a cgroup (systemd unit,
-container). A worker whose group has the default weight can then hold the CPUs for
-seconds while Redis and subscribers, each in a group of its own, wait to run: streams
-go silent and leases lapse on a healthy machine. A worker therefore gives its own
-group, and its processes, a lower weight at start-up: it still gets every cycle nobody
-else wants, but Redis and clients run the moment they are ready.
+vLLM keeps its processes busy while requests run, and Linux shares CPU time between
+scheduling groups (a session's autogroup, a cgroup), not processes. The worker lowers its
+group's and its processes' weight at start-up: it still gets every cycle nobody else
+wants, but Redis and clients run the moment they are ready.
 """
 
 from __future__ import annotations
