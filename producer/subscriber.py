@@ -1,11 +1,8 @@
 """Many request channels over one Redis pub/sub connection.
 
-A producer may follow hundreds of requests at once; a connection per request would
-exhaust Redis's client slots. One ``EventSubscriber`` owns one pub/sub connection,
-subscribes channels as requests start, and routes each message to the queue of
-its channel. A connection that stops answering (a paused Redis, a host gone without
-closing the socket) is noticed within ``liveness_bounds`` (``live_messages``), dropped,
-and reconnected like a closed one.
+A connection per request would exhaust Redis's client slots, so one ``EventSubscriber``
+subscribes channels as requests start and routes each message to its channel's queue.
+A connection that stops answering (``streamq.broker.pubsub``) is reconnected like a closed one.
 """
 
 from __future__ import annotations

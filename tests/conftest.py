@@ -1,6 +1,6 @@
 """Shared fixtures: a real Redis server, a tiny model, real worker processes.
 
-An engine takes ~20 s to start on this machine, so workers are session-scoped and
+An engine takes ~20 s to start, so workers are session-scoped and
 shared; each test uses fresh request ids instead of flushing Redis under them.
 """
 

@@ -1,4 +1,4 @@
-"""Generate with a bare AsyncLLM, the seed example's way, for comparison.
+"""Generate with a bare AsyncLLM, as vLLM's async_llm_streaming.py example does, for comparison.
 
 Run as a script (the engine spawns processes, so it needs a __main__ guard):
     python tests/reference_generate.py MODEL_DIR MAX_MODEL_LEN MAX_TOKENS PROMPT...

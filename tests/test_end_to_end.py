@@ -33,7 +33,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="session")
 def reference_outputs(tiny_model: Path, worker: WorkerProcess) -> dict[str, dict[str, Any]]:
-    """What a bare AsyncLLM (the seed example's pattern) generates for PROMPTS."""
+    """What a bare AsyncLLM (vLLM's async_llm_streaming.py pattern) generates for PROMPTS."""
     script = Path(__file__).with_name("reference_generate.py")
     result = subprocess.run(
         [sys.executable, str(script), str(tiny_model), str(MAX_MODEL_LEN), str(MAX_TOKENS), *PROMPTS],

@@ -26,7 +26,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
 from streamq.broker.replay_log import ReplayLog
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, GenerateRequest, decode_event
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, FinishReason, GenerateRequest, decode_event
 
 logger = logging.getLogger("streamq.worker")
 
@@ -266,10 +266,10 @@ class Continuation:
                 completion = output.outputs[0]
                 token_ids = list(completion.token_ids)
                 before = detokenizer.num_output_tokens()
-                stop_string = detokenizer.update(token_ids, completion.finish_reason == "stop")
+                stop_string = detokenizer.update(token_ids, completion.finish_reason == FinishReason.STOP)
                 if stop_string is not None:
                     del token_ids[detokenizer.num_output_tokens() - before :]
-                    completion.finish_reason, completion.stop_reason = "stop", stop_string
+                    completion.finish_reason, completion.stop_reason = FinishReason.STOP, stop_string
                     output.finished = True
                 completion.token_ids = token_ids
                 completion.text = detokenizer.get_next_output_text(output.finished, delta=True)

@@ -33,7 +33,7 @@ class RedisClock:
 
     def __init__(self) -> None:
         self.offset_ms = 0.0
-        """Redis's clock minus this machine's, from the latest claim round trip."""
+        """Redis's clock minus the worker's own, from the latest claim round trip."""
 
     def observe(self, redis_ms: int, asked_at_ms: int, answered_at_ms: int) -> None:
         """Record Redis's time ``redis_ms``, read between the two local times given."""

@@ -83,7 +83,7 @@ def deserialize_job(data: bytes) -> Any:
     a valid job (``_JobEnvelope``) becomes a call of the job function carrying the
     reason, which publishes an ``invalid_request`` error on the channel of the job id
     (the request id), and arq records the job as failed. The upper bound of ``et`` is
-    read from this machine's clock when the job is read; nothing else here depends on
+    read from the reading host's clock when the job is read; nothing else here depends on
     time. Never raises.
     """
     if len(data) > MAX_JOB_BYTES:
