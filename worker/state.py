@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 from streamq.broker.replay_log import ReplayLog
@@ -52,38 +53,26 @@ STATE_KEY = "streamq_state"
 """The key of ``WorkerState`` in arq's ``ctx``."""
 
 
+@dataclass(kw_only=True, eq=False)
 class WorkerState:
-    """The worker's shared parts and flags, built by the start-up hook.
+    """The worker's shared parts and flags, built by the start-up hook."""
 
-    :param worker_id: this worker's name, written into the leases it holds.
-    :param engine: vLLM's ``AsyncLLM``, or an object of the same interface.
-    """
-
-    def __init__(
-        self,
-        *,
-        worker_id: str,
-        engine: Any,
-        replay_log: ReplayLog,
-        cancels: CancelListener,
-        publisher: EventPublisher,
-        leases: Leases,
-        presence: Presence,
-    ) -> None:
-        self.worker_id = worker_id
-        self.engine = engine
-        self.replay_log = replay_log
-        self.cancels = cancels
-        self.publisher = publisher
-        self.leases = leases
-        self.presence = presence
-        self.closing = AsyncExitStack()
-        """Stops the parts started with this state, last started first (the start-up hook fills it)."""
-        self.clock = RedisClock()
-        self.engine_dead = False
-        self.superseded_jobs: set[str] = set()
-        """Jobs stopped because another worker took them over: their arq keys and
-        result belong to that worker, so ``StreamqWorker`` leaves them alone."""
+    worker_id: str
+    """This worker's name, written into the leases it holds."""
+    engine: Any
+    """vLLM's ``AsyncLLM``, or an object of the same interface."""
+    replay_log: ReplayLog
+    cancels: CancelListener
+    publisher: EventPublisher
+    leases: Leases
+    presence: Presence
+    closing: AsyncExitStack = field(default_factory=AsyncExitStack)
+    """Stops the parts started with this state, last started first (the start-up hook fills it)."""
+    clock: RedisClock = field(default_factory=RedisClock)
+    engine_dead: bool = False
+    superseded_jobs: set[str] = field(default_factory=set)
+    """Jobs stopped because another worker took them over: their arq keys and
+    result belong to that worker, so ``StreamqWorker`` leaves them alone."""
 
     def engine_died(self) -> None:
         """Hand every running job back and stop this worker (exit code 3): it can
