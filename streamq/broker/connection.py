@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
 
 from arq.connections import ArqRedis, RedisSettings
@@ -180,6 +180,21 @@ def _sentinel_settings(url: str) -> StreamqRedisSettings:
     )
 
 
+_ADDRESS_SETTINGS: Final = (
+    "host",
+    "port",
+    "unix_socket_path",
+    "ssl",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_ca_data",
+    "ssl_check_hostname",
+)
+"""``RedisSettings`` fields that say where the data is and how to reach it, passed on as they are."""
+
+
 def connection_options(settings: RedisSettings) -> dict[str, Any]:
     """Keyword arguments for every redis-py connection to the data (not the Sentinels)."""
     options: dict[str, Any] = {
@@ -217,19 +232,8 @@ def redis_client(settings: RedisSettings) -> ArqRedis:
         sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_") or k == "health_check_interval"}
         manager = Sentinel(settings.host, sentinel_kwargs=sentinel_options, ssl=settings.ssl, **options)
         return manager.master_for(settings.sentinel_master, redis_class=ArqRedis)  # type: ignore[no-any-return]
-    client = ArqRedis(
-        host=settings.host,
-        port=settings.port,
-        unix_socket_path=settings.unix_socket_path,
-        ssl=settings.ssl,
-        ssl_keyfile=settings.ssl_keyfile,
-        ssl_certfile=settings.ssl_certfile,
-        ssl_cert_reqs=settings.ssl_cert_reqs,
-        ssl_ca_certs=settings.ssl_ca_certs,
-        ssl_ca_data=settings.ssl_ca_data,
-        ssl_check_hostname=settings.ssl_check_hostname,
-        **options,
-    )
+    address = {name: getattr(settings, name) for name in _ADDRESS_SETTINGS}
+    client = ArqRedis(**address, **options)
     if settings.unix_socket_path:
         # redis-py passes no connect timeout to Unix sockets (it would use the reply timeout).
         client.connection_pool.connection_kwargs["socket_connect_timeout"] = options["socket_connect_timeout"]
