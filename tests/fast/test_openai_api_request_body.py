@@ -1,6 +1,6 @@
 """A body the gateway serves: model, delivery and the submit arguments, or a 400 naming what is wrong.
 
-The mapping of sampling fields and messages is checked in test_openai_params.py.
+The mapping of sampling fields and messages is checked in test_openai_api_requests.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""OpenAI request bodies map onto streamq requests, and bad ones are refused with a reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from producer.openai_api.requests import chat_request_to_submit_kwargs, completion_request_to_submit_kwargs
+from streamq.protocol import InvalidRequest
+
+COMPLETIONS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"model": "m", "prompt": "Hi"}, {"prompt": "Hi"}),
+    ({"prompt": ["Hi"], "max_tokens": 5}, {"prompt": "Hi", "max_tokens": 5}),
+    (
+        {"prompt": "Hi", "temperature": 0, "top_p": 0.5, "n": 2, "seed": 7, "stop": "\n"},
+        {"prompt": "Hi", "temperature": 0.0, "top_p": 0.5, "n": 2, "seed": 7, "stop": ["\n"]},
+    ),
+    (
+        {"prompt": "Hi", "presence_penalty": 0.1, "frequency_penalty": -0.2, "stop": ["a", "b"]},
+        {"prompt": "Hi", "presence_penalty": 0.1, "frequency_penalty": -0.2, "stop": ["a", "b"]},
+    ),
+    (
+        {"prompt": "Hi", "ignore_eos": True, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 2},
+        {"prompt": "Hi", "ignore_eos": True, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 2},
+    ),
+    (
+        {"prompt": "Hi", "stream": False, "user": "u", "logprobs": None, "echo": False, "best_of": 1, "suffix": None},
+        {"prompt": "Hi"},
+    ),
+    (
+        {"prompt": "Hi", "stop_token_ids": [1, 2], "skip_special_tokens": False},
+        {
+            "prompt": "Hi",
+            "stop_token_ids": [1, 2],
+            "skip_special_tokens": False,
+        },
+    ),
+    ({"prompt": "Hi", "temperature": None, "stop": None}, {"prompt": "Hi"}),
+]
+
+CHATS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    (
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+        {"messages": [{"role": "user", "content": "Hi"}]},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "max_completion_tokens": 9},
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    ),
+    (
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief.", "name": "sys"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            ],
+            "n": 3,
+            "seed": 1,
+            "stop": ["x"],
+            "tools": [],
+            "tool_choice": "none",
+            "response_format": {"type": "text"},
+            "logprobs": False,
+            "stream": False,
+        },
+        {
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}],
+            "n": 3,
+            "seed": 1,
+            "stop": ["x"],
+        },
+    ),
+]
+
+BAD_COMPLETIONS: list[tuple[object, str]] = [
+    ([], "must be a JSON object"),
+    ({}, "prompt must be a string"),
+    ({"prompt": ["a", "b"]}, "one prompt per request"),
+    ({"prompt": [1, 2, 3]}, "token-id prompts"),
+    ({"prompt": "Hi", "max_tokens": "ten"}, "max_tokens"),
+    ({"prompt": "Hi", "temperature": "hot"}, "temperature"),
+    ({"prompt": "Hi", "stop": [1]}, "stop"),
+    ({"prompt": "Hi", "logprobs": 2}, "logprobs"),
+    ({"prompt": "Hi", "logprobs": 0}, "logprobs"),
+    ({"prompt": "Hi", "echo": True}, "echo"),
+    ({"prompt": "Hi", "best_of": 3}, "best_of"),
+    ({"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"prompt": "Hi", "suffix": "end"}, "suffix"),
+    ({"prompt": "Hi", "frobnicate": 1}, "frobnicate"),
+    ({"prompt": "Hi", "messages": []}, "messages"),
+    ({"prompt": "Hi", "max_completion_tokens": 5}, "max_completion_tokens"),
+]
+
+BAD_CHATS: list[tuple[object, str]] = [
+    ("text", "must be a JSON object"),
+    ({}, "messages must be a non-empty list"),
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"messages": ["hi"]}, "messages[0] must be an object"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "tool_calls"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "text content parts"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": "two"}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), COMPLETIONS)
+def test_completion_body_maps_to_submit_kwargs(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert completion_request_to_submit_kwargs(body) == expected
+
+
+@pytest.mark.parametrize(("body", "expected"), CHATS)
+def test_chat_body_maps_to_submit_kwargs(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert chat_request_to_submit_kwargs(body) == expected
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_COMPLETIONS)
+def test_bad_completion_body_is_refused_with_its_reason(body: object, reason: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        completion_request_to_submit_kwargs(body)  # type: ignore[arg-type]
+    assert reason in str(caught.value)
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_CHATS)
+def test_bad_chat_body_is_refused_with_its_reason(body: object, reason: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        chat_request_to_submit_kwargs(body)  # type: ignore[arg-type]
+    assert reason in str(caught.value)
