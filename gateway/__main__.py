@@ -8,11 +8,18 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from typing import Final
 
 import uvicorn
 
 from gateway.app import create_app
+from gateway.body_limit import DEFAULT_MAX_BODY_BYTES
+from producer.openai_api.limits import RequestLimits, add_max_n_option
 from streamq.broker.connection import add_redis_url_option
+
+DEFAULT_MAX_QUEUE_DEPTH: Final = 1000
+"""Jobs a model's queue may hold (waiting or running) before the gateway answers 429: a
+bound on what a burst can pile up in Redis, far above what a pool of workers runs at once."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,18 +35,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-queue-depth",
         type=int,
-        default=None,
-        help="answer 429 when a model's queue already holds this many jobs, waiting or running (default: no limit)",
+        default=DEFAULT_MAX_QUEUE_DEPTH,
+        help="answer 429 when a model's queue already holds this many jobs, waiting or running "
+        "(default: %(default)s; 0: no limit)",
     )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="answer 413 to a request body larger than this, before reading it whole (default: %(default)s, 4 MiB)",
+    )
+    add_max_n_option(parser)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.max_queue_depth is not None and args.max_queue_depth < 0:
-        build_parser().error("--max-queue-depth must be >= 0")
-    app = create_app(args.redis_url, max_queue_depth=args.max_queue_depth)
+    if args.max_queue_depth < 0:
+        build_parser().error("--max-queue-depth must be >= 0 (0: no limit)")
+    if args.max_body_bytes < 1:
+        build_parser().error("--max-body-bytes must be >= 1")
+    app = create_app(
+        args.redis_url,
+        max_queue_depth=args.max_queue_depth or None,
+        max_body_bytes=args.max_body_bytes,
+        limits=RequestLimits(max_n=args.max_n),
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 
 

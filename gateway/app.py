@@ -17,11 +17,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import http_metrics
+from gateway.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from gateway.disconnect import ClientGone, until_disconnected
 from gateway.sse import DONE, SseEncoder, SseResponse
 from producer.client import RequestError, RequestHandle, StreamqClient
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, bad_request
+from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.requests import parse_openai_body
 from producer.openai_api.responses import ChunkBuilder, ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
@@ -32,9 +34,16 @@ REQUEST_ID_HEADER = "x-streamq-request-id"
 HEALTH_TIMEOUT_S = 2.0
 
 
-def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | None = None) -> FastAPI:
+def create_app(
+    redis_url: str = DEFAULT_REDIS_URL,
+    *,
+    max_queue_depth: int | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    limits: RequestLimits = DEFAULT_LIMITS,
+) -> FastAPI:
     """The gateway application, with one ``StreamqClient`` (one Redis pool, one pub/sub
-    connection) shared by all requests."""
+    connection) shared by all requests; bodies over ``max_body_bytes`` get 413, requests
+    past ``limits`` 400."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +54,8 @@ def create_app(redis_url: str = DEFAULT_REDIS_URL, *, max_queue_depth: int | Non
             await app.state.client.close()
 
     app = FastAPI(title="streamq gateway", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.state.limits = limits
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -103,7 +114,7 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
         body = json.loads(await request.body())
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
-    params = parse_openai_body(body, chat=endpoint.chat)
+    params = parse_openai_body(body, chat=endpoint.chat, limits=request.app.state.limits)
     named = request.headers.get(REQUEST_ID_HEADER)
     if named is not None and not is_valid_request_id(named):
         raise bad_request(f"{REQUEST_ID_HEADER} must match {REQUEST_ID_PATTERN.pattern}", param=REQUEST_ID_HEADER)

@@ -26,6 +26,7 @@ from rich.text import Text
 from producer.client import Completion, RequestError, StreamqClient, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS
 from producer.openai_api.errors import api_error_for
+from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import InvalidRequest
 
@@ -48,6 +49,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=int, default=64, help="requests queued or running at once (default: %(default)s)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (a summary line still ends)")
+    add_max_n_option(parser)
     add_connection_options(parser)
 
 
@@ -153,8 +155,17 @@ class _TokensPerSecond(ProgressColumn):
 class BatchRun:
     """Runs the lines of one batch with at most ``concurrency`` requests outstanding."""
 
-    def __init__(self, client: StreamqClient, out: TextIO, progress: Progress, task_id: Any) -> None:
+    def __init__(
+        self,
+        client: StreamqClient,
+        out: TextIO,
+        progress: Progress,
+        task_id: Any,
+        *,
+        limits: RequestLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.client = client
+        self.limits = limits
         self.out = out
         self.progress = progress
         self.task_id = task_id
@@ -180,7 +191,7 @@ class BatchRun:
         endpoint = ENDPOINTS[line.url]
         model = line.body.get("model")
         try:
-            kwargs = endpoint.to_submit_kwargs(line.body)
+            kwargs = endpoint.to_submit_kwargs(line.body, limits=self.limits)
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest(f"model must be a string, got {model!r}")
             # Routed by model, as the gateway does; a body without one goes to --queue.
@@ -229,7 +240,8 @@ async def run_batch(args: argparse.Namespace) -> int:
     )
     async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
         with args.output.open("a", encoding="utf-8") as out, progress:
-            run = BatchRun(client, out, progress, progress.add_task("batch", total=len(todo), tokens=0))
+            task_id = progress.add_task("batch", total=len(todo), tokens=0)
+            run = BatchRun(client, out, progress, task_id, limits=RequestLimits(max_n=args.max_n))
             slots = asyncio.Semaphore(args.concurrency)
             tasks: set[asyncio.Task[None]] = set()
             try:

@@ -49,6 +49,7 @@ from streamq.protocol import (
     Event,
     FinalEvent,
     FinishReason,
+    InvalidRequest,
     decode_event,
     deserialize_job,
     events_channel,
@@ -64,6 +65,14 @@ DEFAULT_SILENCE_CHECK_S = 15.0
 
 class StreamqError(Exception):
     """Base of the errors this library raises."""
+
+
+class InvalidParameter(InvalidRequest):
+    """A request refused for one parameter, which ``param`` names (OpenAI's ``error.param``)."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class RequestError(StreamqError):

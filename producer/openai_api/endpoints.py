@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from producer.client import Completion
+from producer.openai_api.limits import RequestLimits
 from producer.openai_api.requests import chat_request_to_submit_kwargs, completion_request_to_submit_kwargs
 from producer.openai_api.responses import chat_completion_response, completion_response
+
+
+class SubmitKwargsBuilder(Protocol):
+    def __call__(self, body: Mapping[str, Any], *, limits: RequestLimits = ...) -> dict[str, Any]: ...
 
 
 class ResponseBuilder(Protocol):
@@ -19,8 +24,8 @@ class ResponseBuilder(Protocol):
 class Endpoint:
     path: str
     chat: bool
-    to_submit_kwargs: Callable[[Mapping[str, Any]], dict[str, Any]]
-    """The body to ``StreamqClient.submit`` keyword arguments."""
+    to_submit_kwargs: SubmitKwargsBuilder
+    """The body to ``StreamqClient.submit`` keyword arguments, within the given limits."""
     to_response: ResponseBuilder
     """A finished request to its non-streaming response body."""
 

@@ -31,6 +31,7 @@ class ApiErrorCode(enum.StrEnum):
     """``error.code`` of failures that are not a request's own ``ErrorCode``."""
 
     INVALID_PARAMETER = "invalid_parameter"
+    REQUEST_TOO_LARGE = "request_too_large"
     MODEL_NOT_FOUND = "model_not_found"
     REQUEST_NOT_FOUND = "request_not_found"
     DUPLICATE_REQUEST = "duplicate_request"
@@ -75,7 +76,7 @@ def api_error_for(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, InvalidRequest):
-        return bad_request(str(exc))
+        return bad_request(str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, UnknownModel):
         return ApiError(404, str(exc), type=ApiErrorType.NOT_FOUND, code=ApiErrorCode.MODEL_NOT_FOUND, param="model")
     if isinstance(exc, NoLiveWorker):

@@ -2,7 +2,8 @@
 
 A field streamq cannot honour raises ``InvalidRequest`` naming it rather than being
 dropped: a client asking for logprobs or tools must learn it gets none. Values are
-range-checked by vLLM on the worker, as for every streamq request.
+range-checked by vLLM on the worker, as for every streamq request, after the bounds of
+``limits.RequestLimits`` (``n``, stop strings, messages) are checked here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
+from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from streamq.protocol import InvalidRequest, SamplingOptions
 
 TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
@@ -69,7 +71,9 @@ _UNSUPPORTED_CHAT: Final[dict[str, Callable[[Any], bool]]] = {
 }
 
 
-def completion_request_to_submit_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
+def completion_request_to_submit_kwargs(
+    body: Mapping[str, Any], *, limits: RequestLimits = DEFAULT_LIMITS
+) -> dict[str, Any]:
     """``StreamqClient.submit`` keyword arguments for a ``/v1/completions`` body.
 
     ``prompt`` must be one string (or a list holding one string). Without
@@ -82,6 +86,7 @@ def completion_request_to_submit_kwargs(body: Mapping[str, Any]) -> dict[str, An
     best_of = body.get("best_of")
     if best_of is not None and best_of != body.get("n", 1):
         raise InvalidRequest("best_of is not supported (only best_of equal to n)")
+    limits.check_sampling(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -90,7 +95,7 @@ def completion_request_to_submit_kwargs(body: Mapping[str, Any]) -> dict[str, An
     return {"prompt": prompt, **_sampling(body, max_tokens=body.get("max_tokens"))}
 
 
-def chat_request_to_submit_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
+def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """``StreamqClient.submit`` keyword arguments for a ``/v1/chat/completions`` body.
 
     Message content may be a string or a list of ``{"type": "text"}`` parts (joined).
@@ -110,13 +115,17 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     }
     _reject_unknown(body, known, "/v1/chat/completions")
     _reject_unsupported(body, _UNSUPPORTED_CHAT)
+    limits.check_sampling(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
+    limits.check_messages(messages)
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
-    return {"messages": [_message(m, i) for i, m in enumerate(messages)], **_sampling(body, max_tokens=max_tokens)}
+    chat = [_message(m, i) for i, m in enumerate(messages)]
+    limits.check_message_lengths(chat)
+    return {"messages": chat, **_sampling(body, max_tokens=max_tokens)}
 
 
 @dataclass(frozen=True)
@@ -131,11 +140,12 @@ class OpenAIRequest:
     """``StreamqClient.submit`` keyword arguments: prompt or messages, sampling."""
 
 
-def parse_openai_body(body: object, *, chat: bool) -> OpenAIRequest:
+def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAULT_LIMITS) -> OpenAIRequest:
     """Validate a decoded JSON body that must name its model; raises ``InvalidRequest``."""
     if not isinstance(body, dict):
         raise InvalidRequest(f"the request body must be a JSON object, got {type(body).__name__}")
-    kwargs = chat_request_to_submit_kwargs(body) if chat else completion_request_to_submit_kwargs(body)
+    to_kwargs = chat_request_to_submit_kwargs if chat else completion_request_to_submit_kwargs
+    kwargs = to_kwargs(body, limits=limits)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required: the name of a model that /v1/models lists")

@@ -201,6 +201,16 @@ async def test_a_body_streamq_refuses_is_a_400_line_without_submitting() -> None
     assert (result["response"]["status_code"], result["error"]) == (400, "logprobs=2 is not supported by streamq")
 
 
+async def test_n_past_the_batch_cap_is_a_400_line_without_submitting() -> None:
+    client = _Client(completion())
+    result = await run_one(client, read_one(line("a", {"prompt": "Hi", "n": 17})))
+    assert client.submitted == []
+    assert (result["response"]["status_code"], result["error"]) == (
+        400,
+        "n=17 is over the limit of 16 completions per request",
+    )
+
+
 async def test_a_model_that_is_not_a_string_is_a_400_line() -> None:
     result = await run_one(_Client(completion()), read_one(line("a", {"model": 3, "prompt": "Hi"})))
     assert (result["response"]["status_code"], result["error"]) == (400, "model must be a string, got 3")

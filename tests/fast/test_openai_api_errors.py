@@ -8,6 +8,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.client import (
     DuplicateRequest,
+    InvalidParameter,
     MissingEvents,
     NoLiveWorker,
     QueueFull,
@@ -45,6 +46,12 @@ def test_client_failures_map_to_their_status(exc: BaseException, status: int, ki
 def test_model_errors_name_the_model_parameter() -> None:
     assert api_error_for(UnknownModel("x")).param == "model"
     assert api_error_for(NoLiveWorker("x")).param == "model"
+
+
+def test_a_refused_parameter_is_named() -> None:
+    error = api_error_for(InvalidParameter("n=17 is over the limit of 16 completions per request", param="n"))
+    assert (error.status, error.param, error.code) == (400, "n", "invalid_parameter")
+    assert api_error_for(InvalidRequest("prompt must be a string")).param is None
 
 
 def test_a_full_queue_says_when_to_retry() -> None:
