@@ -39,6 +39,7 @@ from streamq.protocol import (
     JOB_EXPIRY_MS,
     JOB_FUNCTION,
     JOB_KEY_PREFIX,
+    MAX_JOB_BYTES,
     MODELS_KEY,
     RESULT_KEY_PREFIX,
     TERMINAL_EVENTS,
@@ -49,6 +50,7 @@ from streamq.protocol import (
     Event,
     FinalEvent,
     FinishReason,
+    GenerateRequest,
     InvalidRequest,
     decode_event,
     deserialize_job,
@@ -354,7 +356,9 @@ class StreamqClient:
         ``sampling`` takes ``SamplingOptions`` fields (``max_tokens``, ``temperature``,
         ...). ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s``
         the time waiting for a worker. Raises ``InvalidRequest`` (a ``ValueError``)
-        before anything is sent if the request is malformed, ``UnknownModel`` or
+        before anything is sent if the request is malformed, its job would pass
+        ``MAX_JOB_BYTES``, or ``max_tokens`` leaves no room for a prompt in the
+        context (``max_model_len``) of ``model``'s live workers; ``UnknownModel`` or
         ``NoLiveWorker`` if ``model`` cannot be served, ``QueueFull`` if the queue
         already holds ``max_queue_depth`` jobs, and ``DuplicateRequest`` if
         ``request_id`` is in use (queued, running, a stored result, or a replay log:
@@ -372,15 +376,21 @@ class StreamqClient:
                 "queue_timeout_s": queue_timeout_s,
             }
         )
-        queue = self.queue if model is None else await self.queue_for(model)
+        # arq reads the enqueue time from the payload; the queue score is Redis's clock.
+        now_ms = int(time.time() * 1000)
+        job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
+        if len(job) > MAX_JOB_BYTES:
+            raise InvalidRequest(f"the request is {len(job)} bytes as a job; the limit is {MAX_JOB_BYTES} bytes")
+        queue = self.queue
+        if model is not None:
+            routes = await self.routes()
+            queue = _queue_of(routes, model)
+            _check_context(request, routes.context_length(model))
         # Subscribe and enqueue at once: the job can start one round trip sooner. What
         # is published before the subscription holds is in the replay log, read right
         # after; the handle merges both without gap or duplicate.
         subscribing = asyncio.ensure_future(self._subscribe(request.request_id, next_seq=0, job_queue=queue))
         try:
-            # arq reads the enqueue time from the payload; the queue score is Redis's clock.
-            now_ms = int(time.time() * 1000)
-            job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
             keys = [
                 JOB_KEY_PREFIX + request.request_id,
                 RESULT_KEY_PREFIX + request.request_id,
@@ -426,14 +436,7 @@ class StreamqClient:
 
     async def queue_for(self, model: str) -> str:
         """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``."""
-        routes = await self.routes()
-        live_models = routes.live_models()
-        if model in live_models:
-            return live_models[model]
-        if model in routes.known_models:
-            raise NoLiveWorker(f"no live worker serves model {model!r} now")
-        live = ", ".join(sorted(live_models)) or "none"
-        raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
+        return _queue_of(await self.routes(), model)
 
     async def exists(self, request_id: str) -> bool:
         """True if ``request_id`` is queued or has events in the replay log: something to follow."""
@@ -479,6 +482,30 @@ class StreamqClient:
     async def queue_depth(self) -> int:
         """Jobs waiting or running on this client's queue (the autoscaling signal)."""
         return int(await self.redis.zcard(self.queue))
+
+
+def _queue_of(routes: Routes, model: str) -> str:
+    """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``."""
+    live_models = routes.live_models()
+    if model in live_models:
+        return live_models[model]
+    if model in routes.known_models:
+        raise NoLiveWorker(f"no live worker serves model {model!r} now")
+    live = ", ".join(sorted(live_models)) or "none"
+    raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
+
+
+def _check_context(request: GenerateRequest, context: int | None) -> None:
+    """Refuse ``max_tokens`` that leaves no room for the prompt (at least one token), as
+    vLLM would on the worker: here nothing is queued for it."""
+    max_tokens = request.sampling.max_tokens
+    if context is None or max_tokens is None or max_tokens < context:
+        return
+    raise InvalidParameter(
+        f"max_tokens={max_tokens} leaves no room for the prompt in model {request.model!r}'s context of "
+        f"{context} tokens (its max_model_len); ask for at most {context - 1}",
+        param="max_tokens",
+    )
 
 
 async def _close_when_subscribed(subscribing: asyncio.Future[RequestHandle]) -> None:

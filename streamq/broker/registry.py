@@ -41,6 +41,12 @@ class Routes:
         """Model name -> queue, for models that have at least one live worker."""
         return {w.model: w.queue for w in self.workers}
 
+    def context_length(self, model: str) -> int | None:
+        """The smallest ``max_model_len`` among ``model``'s live workers (a request must
+        fit whichever takes it); ``None`` when none reports one."""
+        lengths = [w.max_model_len for w in self.workers if w.model == model and w.max_model_len is not None]
+        return min(lengths, default=None)
+
 
 class WorkerRegistry:
     """Registers workers and reads which models are served where."""
