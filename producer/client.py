@@ -356,9 +356,9 @@ class StreamqClient:
         ``sampling`` takes ``SamplingOptions`` fields (``max_tokens``, ``temperature``,
         ...). ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s``
         the time waiting for a worker. Raises ``InvalidRequest`` (a ``ValueError``)
-        before anything is sent if the request is malformed, its job would pass
-        ``MAX_JOB_BYTES``, or ``max_tokens`` leaves no room for a prompt in the
-        context (``max_model_len``) of ``model``'s live workers; ``UnknownModel`` or
+        before anything is sent if the request is malformed or its job would pass
+        ``MAX_JOB_BYTES``; ``max_tokens`` above the context (``max_model_len``) of
+        ``model``'s live workers is lowered to it. ``UnknownModel`` or
         ``NoLiveWorker`` if ``model`` cannot be served, ``QueueFull`` if the queue
         already holds ``max_queue_depth`` jobs, and ``DuplicateRequest`` if
         ``request_id`` is in use (queued, running, a stored result, or a replay log:
@@ -376,16 +376,13 @@ class StreamqClient:
                 "queue_timeout_s": queue_timeout_s,
             }
         )
-        # arq reads the enqueue time from the payload; the queue score is Redis's clock.
-        now_ms = int(time.time() * 1000)
-        job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
-        if len(job) > MAX_JOB_BYTES:
-            raise InvalidRequest(f"the request is {len(job)} bytes as a job; the limit is {MAX_JOB_BYTES} bytes")
+        job = _job_payload(request)
         queue = self.queue
         if model is not None:
             routes = await self.routes()
             queue = _queue_of(routes, model)
-            _check_context(request, routes.context_length(model))
+            if _cap_max_tokens(request, routes.context_length(model)):
+                job = _job_payload(request)
         # Subscribe and enqueue at once: the job can start one round trip sooner. What
         # is published before the subscription holds is in the replay log, read right
         # after; the handle merges both without gap or duplicate.
@@ -495,17 +492,24 @@ def _queue_of(routes: Routes, model: str) -> str:
     raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
 
 
-def _check_context(request: GenerateRequest, context: int | None) -> None:
-    """Refuse ``max_tokens`` that leaves no room for the prompt (at least one token), as
-    vLLM would on the worker: here nothing is queued for it."""
+def _job_payload(request: GenerateRequest) -> bytes:
+    """The arq job for ``request``; raises ``InvalidRequest`` past ``MAX_JOB_BYTES``."""
+    # arq reads the enqueue time from the payload; the queue score is Redis's clock.
+    now_ms = int(time.time() * 1000)
+    job = serialize_job({"t": 1, "f": JOB_FUNCTION, "a": [msgspec.to_builtins(request)], "k": {}, "et": now_ms})
+    if len(job) > MAX_JOB_BYTES:
+        raise InvalidRequest(f"the request is {len(job)} bytes as a job; the limit is {MAX_JOB_BYTES} bytes")
+    return job
+
+
+def _cap_max_tokens(request: GenerateRequest, context: int | None) -> bool:
+    """Lower ``max_tokens`` to the model's context (``max_model_len``), as ``vllm serve``
+    caps it: generation stops there anyway. True if it was lowered."""
     max_tokens = request.sampling.max_tokens
-    if context is None or max_tokens is None or max_tokens < context:
-        return
-    raise InvalidParameter(
-        f"max_tokens={max_tokens} leaves no room for the prompt in model {request.model!r}'s context of "
-        f"{context} tokens (its max_model_len); ask for at most {context - 1}",
-        param="max_tokens",
-    )
+    if context is None or max_tokens is None or max_tokens <= context:
+        return False
+    request.sampling.max_tokens = context
+    return True
 
 
 async def _close_when_subscribed(subscribing: asyncio.Future[RequestHandle]) -> None:

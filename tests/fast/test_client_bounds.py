@@ -1,6 +1,6 @@
 """The producer library refuses what can never run before anything is queued: a job over
-``MAX_JOB_BYTES``, a prompt over ``MAX_PROMPT_CHARS``, and ``max_tokens`` that leaves no
-room for a prompt in the model's context. Real Redis, no worker."""
+``MAX_JOB_BYTES``, a prompt over ``MAX_PROMPT_CHARS``; and it lowers ``max_tokens`` past the model's context
+to the context. Real Redis, no worker."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from producer.client import InvalidParameter, StreamqClient
+from producer.client import StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import (
     JOB_KEY_PREFIX,
@@ -19,6 +19,7 @@ from streamq.protocol import (
     MAX_PROMPT_CHARS,
     InvalidRequest,
     WorkerRegistration,
+    deserialize_job,
     events_channel,
 )
 
@@ -87,22 +88,17 @@ async def sized_model(redis: aioredis.Redis) -> AsyncIterator[WorkerRegistration
     await redis.delete(registrations[0].queue)
 
 
-async def test_max_tokens_that_fill_the_smallest_live_context_are_refused_before_anything_is_queued(
+async def test_max_tokens_past_the_smallest_live_context_is_lowered_to_it(
     client: StreamqClient, redis: aioredis.Redis, sized_model: WorkerRegistration
 ) -> None:
-    request_id = f"ctx-{uuid.uuid4().hex}"
-    with pytest.raises(InvalidParameter) as caught:
-        await client.submit("Hello", model=sized_model.model, request_id=request_id, max_tokens=64)
-    assert caught.value.param == "max_tokens"
-    assert "context of 64 tokens" in str(caught.value) and "at most 63" in str(caught.value)
-    await assert_nothing_queued(redis, sized_model.queue, request_id)
-    chat = [{"role": "user", "content": "Hi"}]
-    with pytest.raises(InvalidParameter):
-        await client.submit(messages=chat, model=sized_model.model, max_tokens=10_000)
-    handle = await client.submit("Hello", model=sized_model.model, request_id=request_id, max_tokens=63)
-    assert await redis.zcard(sized_model.queue) == 1
-    assert await handle.cancel() == "queued"
-    await handle.close()
+    """As ``vllm serve`` does: generation stops at the context anyway, so the request runs."""
+    for asked, queued in ((10_000, 64), (64, 64), (63, 63)):
+        request_id = f"ctx-{uuid.uuid4().hex}"
+        handle = await client.submit("Hello", model=sized_model.model, request_id=request_id, max_tokens=asked)
+        job = deserialize_job(await redis.get(JOB_KEY_PREFIX + request_id))
+        assert job["a"][0]["sampling"]["max_tokens"] == queued
+        assert await handle.cancel() == "queued"
+        await handle.close()
 
 
 async def test_without_a_model_or_a_known_context_max_tokens_is_left_to_the_worker(
