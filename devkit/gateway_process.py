@@ -18,7 +18,7 @@ from devkit.worker_process import tail
 class GatewayProcess:
     """One gateway on a free loopback port, stopped with SIGTERM."""
 
-    def __init__(self, redis_url: str, log_path: Path, *extra_args: str) -> None:
+    def __init__(self, redis_url: str, log_path: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -28,7 +28,7 @@ class GatewayProcess:
                 [*command, *extra_args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ},
+                env={**os.environ, **(env or {})},
                 start_new_session=True,  # a service of its own, as deployed
             )
 

@@ -1,6 +1,6 @@
 """``python -m gateway``: serve OpenAI's completions API from the queue.
 
-python -m gateway --redis-url redis://localhost:6379 --port 8000
+python -m gateway --redis-url redis://localhost:6379 --port 8000 --api-key-file /run/secrets/api-keys
 """
 
 from __future__ import annotations
@@ -8,14 +8,17 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import uvicorn
 
 from gateway.app import create_app
+from gateway.auth import static_keys
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES
 from producer.openai_api.limits import RequestLimits, add_max_n_option
 from streamq.broker.connection import add_redis_url_option
+from streamq.protocol.names import API_KEYS_ENV
 
 DEFAULT_MAX_QUEUE_DEPTH: Final = 1000
 """Jobs a model's queue may hold (waiting or running) before the gateway answers 429: a
@@ -46,6 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer 413 to a request body larger than this, before reading it whole (default: %(default)s, 4 MiB)",
     )
     add_max_n_option(parser)
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every /v1/* route (repeatable; keys created with "
+        "`streamq keys create` are accepted too)",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="a file of API keys, one per line (blank lines and # comments skipped; repeatable)",
+    )
+    parser.add_argument(
+        "--protect-metrics", action="store_true", help="require an API key on /metrics too (default: open)"
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser
 
@@ -56,11 +78,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         build_parser().error("--max-queue-depth must be >= 0 (0: no limit)")
     if args.max_body_bytes < 1:
         build_parser().error("--max-body-bytes must be >= 1")
+    try:
+        keys = static_keys(args.api_key, args.api_key_file, os.environ.get(API_KEYS_ENV))
+    except (OSError, ValueError) as exc:
+        build_parser().error(f"API keys: {exc}")
     app = create_app(
         args.redis_url,
         max_queue_depth=args.max_queue_depth or None,
         max_body_bytes=args.max_body_bytes,
         limits=RequestLimits(max_n=args.max_n),
+        api_keys=keys,
+        protect_metrics=args.protect_metrics,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import http_metrics
+from gateway.auth import TENANT_STATE, ApiKeyAuth, ApiKeyMiddleware, Tenant, unauthorized
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from gateway.disconnect import ClientGone, until_disconnected
+from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
+from gateway.key_metrics import key_usage_exposition
 from gateway.sse import DONE, SseEncoder, SseResponse
 from producer.client import RequestError, RequestHandle, StreamqClient
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
@@ -27,7 +32,18 @@ from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.requests import parse_openai_body
 from producer.openai_api.responses import ChunkBuilder, ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
-from streamq.protocol import REQUEST_ID_PATTERN, TERMINAL_EVENTS, ErrorEvent, Event, decode_event, is_valid_request_id
+from streamq.protocol import (
+    REQUEST_ID_PATTERN,
+    TERMINAL_EVENTS,
+    ChunkEvent,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    decode_event,
+    is_valid_request_id,
+)
+
+logger = logging.getLogger("streamq.gateway")
 
 REQUEST_ID_HEADER = "x-streamq-request-id"
 """Names a request (and makes it resumable); the response always carries ``x-request-id``."""
@@ -40,21 +56,33 @@ def create_app(
     max_queue_depth: int | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     limits: RequestLimits = DEFAULT_LIMITS,
+    api_keys: Sequence[str] = (),
+    protect_metrics: bool = False,
 ) -> FastAPI:
     """The gateway application, with one ``StreamqClient`` (one Redis pool, one pub/sub
-    connection) shared by all requests; bodies over ``max_body_bytes`` get 413, requests
-    past ``limits`` 400."""
+    connection) shared by all requests. ``api_keys`` (and keys stored in Redis) are
+    required on every ``/v1/*`` route, and on ``/metrics`` with ``protect_metrics``;
+    bodies over ``max_body_bytes`` get 413, requests past ``limits`` 400."""
+    auth = ApiKeyAuth(api_keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.client = await StreamqClient.connect(redis_url, max_queue_depth=max_queue_depth)
+        app.state.client = client = await StreamqClient.connect(redis_url, max_queue_depth=max_queue_depth)
+        app.state.auth = auth
+        app.state.limiter = limiter = KeyLimiter(client.redis)
         try:
+            await auth.start(client.redis)
+            limiter.start()
             yield
         finally:
-            await app.state.client.close()
+            await limiter.stop()
+            await auth.stop()
+            await client.close()
 
     app = FastAPI(title="streamq gateway", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    # Added last, so it runs first: a request without a valid key is refused before its body is read.
+    app.add_middleware(ApiKeyMiddleware, auth=auth, protect_metrics=protect_metrics)
     app.state.limits = limits
 
     @app.get("/health")
@@ -72,11 +100,21 @@ def create_app(
             routes = await request.app.state.client.routes()
         except Exception as exc:
             return _error_response(exc)
-        return JSONResponse(model_list(routes.workers))
+        tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
+        workers = routes.workers
+        if tenant is not None and tenant.record is not None:
+            workers = [w for w in workers if tenant.record.allows(w.model)]
+        return JSONResponse(model_list(workers))
 
     @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
-        return Response(http_metrics.exposition(), media_type=http_metrics.CONTENT_TYPE)
+    async def prometheus_metrics(request: Request) -> Response:
+        text = http_metrics.exposition()
+        if auth.required:
+            try:
+                text += await key_usage_exposition(auth.store, auth.static_names)
+            except Exception as exc:  # the gateway's own metrics still count
+                logger.warning("cannot read API key usage from Redis: %s", exc)
+        return Response(text, media_type=http_metrics.CONTENT_TYPE)
 
     @app.post(COMPLETIONS.path)
     async def completions(request: Request) -> Response:
@@ -89,26 +127,43 @@ def create_app(
     return app
 
 
+@dataclass
+class _Account:
+    """The key's side of one request: its admission, finished when the response is."""
+
+    tenant: Tenant | None
+    admission: Admission | None = None
+
+
 async def _respond(request: Request, endpoint: Endpoint) -> Response:
     """One completion request, every failure mapped to OpenAI's error shape, counted
     in the gateway's metrics (a stream stays in progress until it closes)."""
     http_metrics.IN_PROGRESS.inc()
+    account = _Account(getattr(request.state, TENANT_STATE, None))
     response: Response | None = None
     try:
-        response = await _generate(request, endpoint)
+        response = await _generate(request, endpoint, account)
     except ClientGone:
         response = Response(status_code=499)  # nobody is listening any more
+    except KeyRevoked:
+        assert account.tenant is not None
+        request.app.state.auth.forget(account.tenant.digest)
+        response = _error_response(unauthorized("incorrect API key provided"))
     except Exception as exc:
         response = _error_response(exc)
     finally:
         if not isinstance(response, SseResponse):
             http_metrics.IN_PROGRESS.dec()
+            if account.admission is not None:
+                account.admission.counted &= response is not None and response.status_code == 200
+                await request.app.state.limiter.finish(account.admission)
     http_metrics.REQUESTS.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
     return response
 
 
-async def _generate(request: Request, endpoint: Endpoint) -> Response:
+async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> Response:
     client: StreamqClient = request.app.state.client
+    limiter: KeyLimiter = request.app.state.limiter
     arrived = time.monotonic()
     try:
         body = json.loads(await request.body())
@@ -119,13 +174,18 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     if named is not None and not is_valid_request_id(named):
         raise bad_request(f"{REQUEST_ID_HEADER} must match {REQUEST_ID_PATTERN.pattern}", param=REQUEST_ID_HEADER)
     last_event_id = request.headers.get("last-event-id")
+    tenant = account.tenant
+    if tenant is not None:
+        account.admission = await limiter.admit(tenant, params.model, counted=last_event_id is None)
     if last_event_id is not None:
-        resumed = await _resume(client, named, last_event_id, stream=params.stream)
+        resumed = await _resume(client, named, last_event_id, stream=params.stream, tenant=tenant, limiter=limiter)
         if resumed is None:  # the client has every event already
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
         handle = resumed
     else:
         handle = await client.submit(model=params.model, request_id=named, **params.submit_kwargs)
+        if named is not None and tenant is not None:
+            await limiter.claim(named, tenant)
     handle.cancel_on_close = named is None  # a named request waits to be resumed instead
     meta = ResponseMeta(endpoint.chat, handle.request_id, params.model, created=int(time.time()))
     headers = {"x-request-id": handle.request_id}
@@ -133,6 +193,9 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     try:
         if not params.stream:
             completion = await until_disconnected(request.receive, handle.result())
+            if account.admission is not None:
+                account.admission.prompt_tokens = completion.prompt_tokens
+                account.admission.completion_tokens = completion.completion_tokens
             whole = endpoint.to_response(completion, model=params.model, created=meta.created)
             return JSONResponse(whole, headers=headers)
         # Wait for the first event before answering, so that parameters vLLM refuses
@@ -146,15 +209,27 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
         raise
     encoder = SseEncoder(ChunkBuilder(meta, include_usage=params.include_usage), event_ids=named is not None)
 
+    admission = account.admission
+
     async def close() -> None:
         http_metrics.IN_PROGRESS.dec()
         await handle.close()
+        if admission is not None:
+            await limiter.finish(admission)
 
+    if admission is not None:
+        return SseResponse(_charged_sse_text(encoder, first, events, admission), headers=headers, on_close=close)
     return SseResponse(_sse_text(encoder, first, events), headers=headers, on_close=close)
 
 
 async def _resume(
-    client: StreamqClient, named: str | None, last_event_id: str, *, stream: bool
+    client: StreamqClient,
+    named: str | None,
+    last_event_id: str,
+    *,
+    stream: bool,
+    tenant: Tenant | None,
+    limiter: KeyLimiter,
 ) -> RequestHandle | None:
     """Follow a named request from the event after ``last_event_id``; ``None`` when that
     was its last event (following would wait forever for an event that never comes)."""
@@ -170,7 +245,7 @@ async def _resume(
         last_seq = -2
     if last_seq < -1:
         raise bad_request("Last-Event-ID must be an event id (-1 for the whole stream)", param="Last-Event-ID")
-    if not await client.exists(named):
+    if not await client.exists(named) or (tenant is not None and not await limiter.owns(named, tenant)):
         message = f"no request {named!r} to resume (unknown, or its log expired)"
         raise ApiError(404, message, code=ApiErrorCode.REQUEST_NOT_FOUND)
     newest = await client.log.last(named)
@@ -195,3 +270,22 @@ async def _sse_text(encoder: SseEncoder, first: Event, rest: AsyncIterator[Event
     async for event in rest:
         if text := encoder.encode(event):
             yield text
+
+
+async def _charged_sse_text(
+    encoder: SseEncoder, first: Event, rest: AsyncIterator[Event], admission: Admission
+) -> AsyncGenerator[str, None]:
+    """``_sse_text`` that also tallies what the key used: the tokens it was sent, and the
+    prompt's once the final event arrives (a client that leaves early pays for what it got)."""
+    event = first
+    while True:
+        if isinstance(event, ChunkEvent):
+            admission.completion_tokens += len(event.token_ids)
+        elif isinstance(event, FinalEvent):
+            admission.prompt_tokens = event.prompt_tokens
+        if text := encoder.encode(event):
+            yield text
+        try:
+            event = await anext(rest)
+        except StopAsyncIteration:
+            return

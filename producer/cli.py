@@ -1,6 +1,7 @@
 """``python -m producer`` (or ``streamq``): enqueue prompts and print their tokens as they arrive.
 
-Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``tail``, ``cancel``, ``batch``.
+Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``tail``, ``cancel``, ``batch``,
+``keys``.
 A prompt spelled like a subcommand goes after ``submit`` or ``--``. Exit status: 0 when every
 request finished, 1 when any failed (errors on stderr), 2 for bad command-line arguments.
 """
@@ -18,7 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from producer import batch
+from producer import batch, keys_cli
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import (
@@ -30,7 +31,7 @@ from streamq.protocol import (
     is_valid_request_id,
 )
 
-SUBCOMMANDS = ("submit", "tail", "cancel", "batch")
+SUBCOMMANDS = ("submit", "tail", "cancel", "batch", "keys")
 DEFAULT_SUBCOMMAND = "submit"
 
 _EPILOG = """\
@@ -40,6 +41,7 @@ examples:
   %(prog)s tail req-1
   %(prog)s cancel req-1
   %(prog)s batch requests.jsonl results.jsonl
+  %(prog)s keys create team-a --rpm 600 --max-streams 16
 
 Arguments that do not start with a subcommand are submit's. A prompt spelled
 like a subcommand goes after submit or --:
@@ -120,6 +122,13 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
             cancel_command,
         ),
         ("batch", "run an OpenAI batch file", batch.BATCH_DESCRIPTION, batch.add_batch_arguments, batch.main),
+        (
+            "keys",
+            "manage the gateway's API keys",
+            keys_cli.KEYS_DESCRIPTION,
+            keys_cli.add_keys_arguments,
+            keys_cli.main,
+        ),
     ]
     for name, summary, description, add_arguments, run in commands:
         subparser = subparsers.add_parser(name, help=summary, description=description)

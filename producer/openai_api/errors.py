@@ -36,6 +36,8 @@ class ApiErrorCode(enum.StrEnum):
     REQUEST_NOT_FOUND = "request_not_found"
     DUPLICATE_REQUEST = "duplicate_request"
     QUEUE_FULL = "queue_full"
+    INVALID_API_KEY = "invalid_api_key"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     NO_LIVE_WORKER = "no_live_worker"
     REDIS_UNAVAILABLE = "redis_unavailable"
     INTERNAL = "internal"

@@ -56,6 +56,32 @@ a model whose workers are all gone (503) is told apart from one never served (40
 WORKER_TTL_MS: Final = 10_000
 WORKER_RENEW_S: Final = 3.0
 
+# --- API keys (the gateway's tenants) ------------------------------------------------
+API_KEYS_KEY: Final = "streamq:api-keys"
+"""Hash: SHA-256 (hex) of a key's secret -> its record (JSON: name and limits). The
+secret itself is never stored; a gateway hashes the bearer token and looks it up."""
+API_KEY_NAMES_KEY: Final = "streamq:api-key-names"
+"""Hash: key name -> SHA-256 (hex) of its secret, so keys are managed by name."""
+KEY_WINDOW_PREFIX: Final = "streamq:key-window:"
+"""``streamq:key-window:<name>``: hash of the current minute's ``minute`` (Unix minutes,
+Redis's clock), ``requests`` and ``tokens``, shared by every gateway."""
+KEY_STREAMS_PREFIX: Final = "streamq:key-streams:"
+"""``streamq:key-streams:<name>``: sorted set of the key's open requests, each scored
+with the Unix ms until which its gateway vouches for it (renewed while it runs)."""
+KEY_USAGE_PREFIX: Final = "streamq:key-usage:"
+"""``streamq:key-usage:<name>``: hash of totals by model: ``requests:<model>``,
+``prompt_tokens:<model>``, ``completion_tokens:<model>``."""
+REQUEST_KEY_PREFIX: Final = "streamq:request-key:"
+"""``streamq:request-key:<request_id>``: name of the API key that created a named request;
+only that key may resume it. Kept as long as the replay log."""
+KEY_STREAM_LEASE_MS: Final = 30_000
+"""An open request counts against its key's stream limit this long past its gateway's
+last renewal: a gateway that dies frees its streams within this."""
+KEY_WINDOW_MS: Final = 60_000
+"""The window of the per-key request and token limits (a minute, on Redis's clock)."""
+API_KEY_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""Key names become parts of Redis key names and Prometheus labels."""
+
 # --- limits -----------------------------------------------------------------------
 REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """Request ids become parts of Redis key and channel names: a narrow alphabet keeps
@@ -80,6 +106,8 @@ DRAIN_SECONDS_ENV: Final = "STREAMQ_DRAIN_SECONDS"
 DEFAULT_DRAIN_SECONDS: Final = 30
 LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
 LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
+API_KEYS_ENV: Final = "STREAMQ_API_KEYS"
+"""Comma-separated API keys the gateway accepts besides ``--api-key`` (default: none)."""
 
 
 def events_channel(request_id: str) -> str:
