@@ -15,13 +15,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
 from producer import batch, keys_cli
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
-from streamq.broker.connection import add_connection_options
+from streamq.broker.connection import add_connection_options, redis_url_from_args
 from streamq.protocol import (
     ChunkEvent,
     ErrorEvent,
@@ -207,7 +208,7 @@ async def run_submit(args: argparse.Namespace) -> int:
         print("error: --max-queue-depth must be >= 0", file=sys.stderr)
         return 2
     async with await StreamqClient.connect(
-        args.redis_url, queue=args.queue, max_queue_depth=args.max_queue_depth
+        redis_url_from_args(args), queue=args.queue, max_queue_depth=args.max_queue_depth
     ) as client:
         try:
             handles = [
@@ -233,7 +234,7 @@ async def run_tail(args: argparse.Namespace) -> int:
     if not is_valid_request_id(args.request_id):
         print(f"error: {args.request_id!r} is not a valid request id", file=sys.stderr)
         return 2
-    async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
+    async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
         handle = await client.follow(args.request_id, from_seq=args.from_seq)
         with ResponsePrinter([args.request_id], as_json=args.json) as printer:
             ok = await _follow(handle, args.request_id, printer)
@@ -244,7 +245,7 @@ async def run_cancel(args: argparse.Namespace) -> int:
     if not is_valid_request_id(args.request_id):
         print(f"error: {args.request_id!r} is not a valid request id", file=sys.stderr)
         return 2
-    async with await StreamqClient.connect(args.redis_url, queue=args.queue) as client:
+    async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
         outcome = await client.cancel(args.request_id)
     messages = {
         "running": "cancelling: the worker running it stops it",
@@ -258,6 +259,9 @@ async def run_cancel(args: argparse.Namespace) -> int:
 def _run_until_interrupted(command: Coroutine[Any, Any, int]) -> int:
     try:
         return asyncio.run(command)
+    except RedisConnectionError as exc:  # Redis unreachable, or its TLS certificate refused
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

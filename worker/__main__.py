@@ -15,7 +15,7 @@ import sys
 
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from streamq.broker.connection import add_connection_options, redis_settings_for
+from streamq.broker.connection import add_connection_options, redis_settings_for, redis_url_from_args
 from streamq.broker.replay_log import log_limits_from_env
 from streamq.environment import drain_seconds_from_env
 from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     log_level = str(getattr(args, "log_level", "info")).upper()  # vLLM's --log-level
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, object] = {
-        "redis_settings": redis_settings_for(args.redis_url),
+        "redis_settings": redis_settings_for(redis_url_from_args(args)),
         "queue_name": args.queue,
         "job_completion_wait": args.drain_seconds,
         "job_timeout": args.job_timeout,

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import unquote
 
 from arq.connections import ArqRedis, RedisSettings
 from arq.constants import default_queue_name, expires_extra_ms
@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streamq.broker.tls import apply_tls_query, certificate_refusal, insecure_url, refusal_error
 from streamq.environment import queue_from_env, redis_url_from_env
 from streamq.protocol import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL  # re-exported: the default URL of every command
 from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV
@@ -91,6 +92,8 @@ class RetryFor(Retry):
                 except self._supported_errors as error:
                     failures += 1
                     await fail(error)
+                    if certificate_refusal(error) is not None:
+                        raise  # a refused certificate stays refused
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise error
@@ -124,19 +127,34 @@ def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentG
 
 
 def add_redis_url_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--redis-url``, defaulting to ``$REDIS_URL``: every command that reaches Redis."""
+    """``--redis-url``, defaulting to ``$REDIS_URL``, and ``--tls-insecure``: every command that
+    reaches Redis. Read them back with ``redis_url_from_args``."""
     parser.add_argument(
         "--redis-url",
         default=redis_url_from_env(),
         help=f"Redis of the streamq deployment (default: ${REDIS_URL_ENV} or %(default)s)",
     )
+    parser.add_argument(
+        "--tls-insecure",
+        action="store_true",
+        help="for rediss:// URLs: do not verify the server's certificate nor its host name, as "
+        "?ssl_cert_reqs=none in the URL does (logged as a warning; anyone on the path can then pose as Redis)",
+    )
+
+
+def redis_url_from_args(args: argparse.Namespace) -> str:
+    """The URL that ``add_redis_url_option``'s options name."""
+    url: str = args.redis_url
+    return insecure_url(url) if getattr(args, "tls_insecure", False) else url
 
 
 def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> StreamqRedisSettings:
     """Settings for ``url``, with the timeouts and retries above.
 
-    ``rediss://`` (TLS) may name its CA and verification mode in the query:
-    ``rediss://host:6380?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none|optional|required``.
+    ``rediss://`` (TLS) verifies the server's certificate and host name; the query may name
+    the CA, a client certificate, or (logged as a warning) less checking:
+    ``rediss://host:6380?ssl_ca_certs=/ca.pem&ssl_cert_reqs=none&ssl_check_hostname=false``
+    (``streamq.broker.tls``).
     ``redis+sentinel://[user:password@]host:26379,host2:26379/mymaster`` reaches the
     master that the Sentinels name, and follows its failovers (the password is the
     master's; the path names the monitored master, ``mymaster`` if absent)."""
@@ -145,11 +163,7 @@ def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> StreamqRedisSettings:
     else:
         base = RedisSettings.from_dsn(url)
         settings = StreamqRedisSettings(**vars(base))
-        query = parse_qs(urlparse(url).query)
-        if "ssl_ca_certs" in query:
-            settings.ssl_ca_certs = query["ssl_ca_certs"][0]
-        if "ssl_cert_reqs" in query:
-            settings.ssl_cert_reqs = query["ssl_cert_reqs"][0]
+        apply_tls_query(settings, url)
     settings.retry = RetryFor(RETRY_FOR_S)
     # OSError: a refused or reset connection while Redis restarts is raised as it is.
     settings.retry_on_error = [RedisConnectionError, RedisTimeoutError, OSError]
@@ -263,8 +277,11 @@ async def create_pool(
         try:
             await redis.ping()
             return redis
-        except (TimeoutError, OSError, RedisError):
+        except (TimeoutError, OSError, RedisError) as error:
             await close_pool(redis)
+            refusal = certificate_refusal(error)
+            if refusal is not None:
+                raise refusal_error(settings, refusal) from error
             attempt += 1
             if attempt >= settings.conn_retries:
                 raise

@@ -5,7 +5,11 @@ for each connection it opens."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
 import socket
+import ssl
 from typing import Any
 
 import pytest
@@ -18,8 +22,10 @@ from streamq.broker.connection import (
     HEALTH_CHECK_INTERVAL_S,
     SOCKET_TIMEOUT_S,
     RetryFor,
+    add_redis_url_option,
     redis_client,
     redis_settings_for,
+    redis_url_from_args,
 )
 
 URLS = {
@@ -65,6 +71,64 @@ def test_tls_url_carries_its_ca_and_verification_mode() -> None:
     assert (options["host"], options["port"]) == ("cache.example", 6380)
     assert options["ssl_ca_certs"] == "/etc/ca.pem"
     assert options["ssl_cert_reqs"] == "none"
+    assert options["ssl_check_hostname"] is False
+
+
+def test_tls_verifies_the_certificate_and_host_name_by_default() -> None:
+    options = data_connection_options("rediss://cache.example:6380")
+    assert options["ssl_cert_reqs"] == "required"
+    assert options["ssl_check_hostname"] is True
+
+
+@pytest.mark.parametrize(
+    ("query", "unchecked"),
+    [("ssl_cert_reqs=none", "does not verify the server's certificate"), ("ssl_check_hostname=false", "host name")],
+)
+def test_turning_verification_off_is_logged(query: str, unchecked: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamq.tls"):
+        redis_settings_for(f"rediss://warned-{len(query)}.example:6380?{query}")
+    assert unchecked in caplog.text
+    assert f"warned-{len(query)}.example:6380" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "query", ["ssl_cert_reqs=maybe", "ssl_check_hostname=perhaps", "ssl_cert_reqs=none&ssl_check_hostname=true"]
+)
+def test_unclear_verification_settings_are_refused(query: str) -> None:
+    with pytest.raises(ValueError, match="ssl_"):
+        redis_settings_for(f"rediss://cache.example:6380?{query}")
+
+
+def test_tls_insecure_option_turns_verification_off() -> None:
+    parser = argparse.ArgumentParser()
+    add_redis_url_option(parser)
+    url = "rediss://cache.example:6380/2?ssl_ca_certs=/etc/ca.pem&ssl_check_hostname=true"
+    checked = redis_url_from_args(parser.parse_args(["--redis-url", url]))
+    insecure = redis_url_from_args(parser.parse_args(["--redis-url", url, "--tls-insecure"]))
+    assert checked == url
+    options = data_connection_options(insecure)
+    assert (options["ssl_cert_reqs"], options["ssl_check_hostname"]) == ("none", False)
+    assert (options["ssl_ca_certs"], options["db"]) == ("/etc/ca.pem", 2)
+
+
+def test_a_refused_certificate_is_not_retried() -> None:
+    refusal = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    attempts = 0
+
+    async def connect() -> None:
+        nonlocal attempts
+        attempts += 1
+        try:
+            raise refusal
+        except ssl.SSLError as error:
+            raise RedisConnectionError("Error connecting") from error
+
+    async def ignore(error: Exception) -> None:
+        pass
+
+    with pytest.raises(RedisConnectionError):
+        asyncio.run(RetryFor(5.0).call_with_retry(connect, ignore))
+    assert attempts == 1
 
 
 def test_unix_url_names_the_socket() -> None:
