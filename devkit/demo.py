@@ -16,6 +16,7 @@ from pathlib import Path
 from devkit.redis_server import RedisServer
 from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+from streamq.redaction import redact_url
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 PROMPTS = [
@@ -80,7 +81,7 @@ def main() -> int:
         if not redis_url:
             server = stack.enter_context(RedisServer())
             redis_url = server.url
-            print(f"demo: started a throwaway Redis at {redis_url}", flush=True)
+            print(f"demo: started a throwaway Redis at {redact_url(redis_url)}", flush=True)
         return run_demo(redis_url)
 
 

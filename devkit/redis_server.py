@@ -24,6 +24,8 @@ from types import TracebackType
 
 import redis
 
+from streamq.redaction import redact_url
+
 
 def server_binary() -> str:
     """Path of a Redis-compatible server binary."""
@@ -315,7 +317,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=6379)
     port = parser.parse_args().port
     with RedisServer(port) as server:
-        print(f"Redis at {server.url} (Ctrl-C stops it)", flush=True)
+        print(f"Redis at {redact_url(server.url)} (Ctrl-C stops it)", flush=True)
         try:
             assert server.process is not None
             server.process.wait()

@@ -32,6 +32,7 @@ from streamq.broker.tls import apply_tls_query, certificate_refusal, insecure_ur
 from streamq.environment import queue_from_env, redis_url_from_env
 from streamq.protocol import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL  # re-exported: the default URL of every command
 from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV
+from streamq.redaction import MASK, redact_url
 
 SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
@@ -102,10 +103,11 @@ class RetryFor(Retry):
             _retry_deadline.reset(token)
 
 
-@dataclass
+@dataclass(repr=False)
 class StreamqRedisSettings(RedisSettings):
     """arq's ``RedisSettings`` plus the socket options arq does not pass to redis-py
-    (it passes none at all to Sentinel-managed connections); ``create_pool`` passes all."""
+    (it passes none at all to Sentinel-managed connections); ``create_pool`` passes all.
+    Its ``repr`` masks the password."""
 
     socket_timeout: float | None = SOCKET_TIMEOUT_S
     socket_keepalive: bool = True
@@ -113,6 +115,10 @@ class StreamqRedisSettings(RedisSettings):
         default_factory=lambda: {getattr(socket, name): value for name, value in KEEPALIVE_OPTIONS.items()}
     )
     health_check_interval: float = HEALTH_CHECK_INTERVAL_S
+
+    def __repr__(self) -> str:
+        shown = {name: MASK if name == "password" and value else value for name, value in vars(self).items()}
+        return f"{type(self).__name__}({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
 
 def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -183,7 +189,7 @@ def _sentinel_settings(url: str) -> StreamqRedisSettings:
     for address in hosts.split(","):
         host, _, port = address.partition(":")
         if not host:
-            raise ValueError(f"{url!r}: a Sentinel address is empty")
+            raise ValueError(f"{redact_url(url)!r}: a Sentinel address is empty")
         sentinels.append((host, int(port) if port else DEFAULT_SENTINEL_PORT))
     return StreamqRedisSettings(
         host=sentinels,
