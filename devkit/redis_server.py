@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -24,6 +25,7 @@ from types import TracebackType
 
 import redis
 
+from streamq.protocol.roles import ROLES, Role
 from streamq.redaction import redact_url
 
 
@@ -53,7 +55,10 @@ class RedisServer:
     """Runs a private server on loopback for the life of a ``with`` block.
 
     With ``user`` and ``password`` the server accepts only that ACL user (the
-    ``default`` user is switched off), as a production Redis should.
+    ``default`` user is switched off), as a production Redis should, and one user per
+    streamq role (``streamq.protocol.roles``: worker, producer, gateway) with only that
+    role's rules: ``url_for(role)``. ``url`` (the given user, granted everything) is the
+    harness's own, for what no component does (flushing, inspecting, faking state).
     """
 
     def __init__(
@@ -76,11 +81,21 @@ class RedisServer:
         """Replicate this master (with its credentials, which this server then also takes)."""
         self._dir = tempfile.TemporaryDirectory(prefix="streamq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
+        self.role_passwords = {role.name: secrets.token_hex(16) for role in ROLES} if user else {}
+        """Each role user's password; a replica takes its master's, so a role's URL works on either."""
+        if replica_of is not None and replica_of.role_passwords and user:
+            self.role_passwords = dict(replica_of.role_passwords)
 
     @property
     def url(self) -> str:
         auth = f"{self.user}:{self.password}@" if self.user else ""
         return f"redis://{auth}127.0.0.1:{self.port}"
+
+    def url_for(self, role: Role) -> str:
+        """The URL of ``role``'s ACL user (needs a server started with ``user``)."""
+        if not self.user:
+            raise ValueError("role users exist only on a server started with user and password")
+        return f"redis://{role.user}:{self.role_passwords[role.name]}@127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -110,7 +125,12 @@ class RedisServer:
             # as `default`, and Valkey 8.1 re-checks its ACL at each EXEC, so a default user
             # without permissions silently drops every script's writes on restart
             # (valkey-io/valkey#3983).
-            acl_file.write_text(f"user default off ~* &* +@all\nuser {self.user} on >{self.password} ~* &* +@all\n")
+            lines = ["user default off ~* &* +@all", f"user {self.user} on >{self.password} ~* &* +@all"]
+            lines += [
+                " ".join(["user", role.user, "on", f">{self.role_passwords[role.name]}", *role.rules()])
+                for role in ROLES
+            ]
+            acl_file.write_text("\n".join(lines) + "\n")
             command += ["--aclfile", str(acl_file)]
         if self.replica_of is not None:
             command += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]

@@ -388,14 +388,18 @@ class StreamqClient:
         # after; the handle merges both without gap or duplicate.
         subscribing = asyncio.ensure_future(self._subscribe(request.request_id, next_seq=0, job_queue=queue))
         try:
-            keys = [
-                JOB_KEY_PREFIX + request.request_id,
-                RESULT_KEY_PREFIX + request.request_id,
-                queue,
-                events_channel(request.request_id),
-            ]
+            keys = [JOB_KEY_PREFIX + request.request_id, queue, events_channel(request.request_id)]
             limit = -1 if self.max_queue_depth is None else self.max_queue_depth
-            args: list[bytes | int | str] = [job, JOB_EXPIRY_MS, request.request_id, WAKEUP_CHANNEL, queue, limit]
+            result_key = RESULT_KEY_PREFIX + request.request_id
+            args: list[bytes | int | str] = [
+                job,
+                JOB_EXPIRY_MS,
+                request.request_id,
+                WAKEUP_CHANNEL,
+                queue,
+                limit,
+                result_key,
+            ]
             outcome = await self._enqueue_script(keys=keys, args=args)
         except BaseException:
             await _close_when_subscribed(subscribing)
@@ -448,8 +452,9 @@ class StreamqClient:
         round trip; ``queue`` (the queue it was put on, if known) is looked at first.
         """
         guesses = dict.fromkeys(q for q in (queue, self.queue) if q is not None)
-        keys = [IN_PROGRESS_PREFIX + request_id, JOB_KEY_PREFIX + request_id, MODELS_KEY, *guesses]
-        reply = await self._cancel_script(keys=keys, args=[request_id, CANCEL_CHANNEL])
+        keys = [JOB_KEY_PREFIX + request_id, *guesses]
+        args = [request_id, CANCEL_CHANNEL, IN_PROGRESS_PREFIX + request_id, MODELS_KEY]
+        reply = await self._cancel_script(keys=keys, args=args)
         outcome = cast(CancelOutcome, as_text(reply))
         if outcome == "queued":
             # No worker will run it now: end its stream here, numbered in Redis after

@@ -24,7 +24,7 @@ from streamq.protocol import (
     decode_registration,
     encode_registration,
 )
-from streamq.protocol.scripts import register_script
+from streamq.protocol.scripts import ReadOnlyScript, register_script
 
 logger = logging.getLogger("streamq.registry")
 
@@ -53,7 +53,7 @@ class WorkerRegistry:
 
     def __init__(self, redis: Redis) -> None:
         self._register = register_script(redis, "register_worker")
-        self._read = register_script(redis, "read_registry")
+        self._read = ReadOnlyScript(redis, "read_registry")
         self._redis = redis
 
     async def register(self, registration: WorkerRegistration, ttl_ms: int = WORKER_TTL_MS) -> None:

@@ -34,6 +34,7 @@ from streamq.protocol.messages import (
     parse_request,
 )
 from streamq.protocol.names import (
+    ABORT_KEY,
     CANCEL_CHANNEL,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_QUEUE,
@@ -71,6 +72,7 @@ from streamq.protocol.names import (
 )
 
 __all__ = [
+    "ABORT_KEY",
     "BAD_PAYLOAD_MARKER",
     "CANCEL_CHANNEL",
     "DEFAULT_DRAIN_SECONDS",

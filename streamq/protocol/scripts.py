@@ -7,10 +7,13 @@ that run them."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, ResponseError
 
 _LUA = resources.files(__package__).joinpath("lua")
 
@@ -30,3 +33,29 @@ def register_script(redis: Redis, name: str) -> AsyncScript:
     """Script ``name`` bound to ``redis``: called with ``keys`` and ``args``, it runs by
     EVALSHA and loads itself on first use."""
     return redis.register_script(script_text(name))
+
+
+class ReadOnlyScript:
+    """A script that only reads, run by ``EVALSHA_RO``: Redis then checks its declared keys
+    as read (``EVALSHA`` checks them as written too), so a user that may only read them can
+    run it, and Redis refuses any write it tries. A Redis older than 7.0 runs it by ``EVALSHA``."""
+
+    def __init__(self, redis: Redis, name: str) -> None:
+        self._redis = redis
+        self._script = register_script(redis, name)
+        self._read_only = True
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
+        if not self._read_only:
+            return await self._script(keys=keys, args=args)
+        command = ("EVALSHA_RO", self._script.sha, len(keys), *keys, *args)
+        try:
+            return await self._redis.execute_command(*command)
+        except NoScriptError:  # a restarted Redis has forgotten it
+            await self._redis.script_load(self._script.script)
+            return await self._redis.execute_command(*command)
+        except ResponseError as exc:
+            if "unknown command" not in str(exc).lower():
+                raise
+            self._read_only = False
+            return await self._script(keys=keys, args=args)

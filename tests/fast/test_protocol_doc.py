@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from streamq.protocol import ErrorCode, FinishReason, envelope, names
+from streamq.protocol.roles import ROLES
 from streamq.protocol.scripts import script_names
 
 DOC = (Path(__file__).resolve().parents[2] / "PROTOCOL.md").read_text(encoding="utf-8")
@@ -90,3 +91,8 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
     env_names = {value for name, value in public_constants(names, str).items() if name.endswith("_ENV")}
     assert env_names == defaults.keys()
     assert documented == defaults
+
+
+def test_redis_roles_are_documented_as_the_code_grants_them() -> None:
+    documented = [line for line in DOC.splitlines() if line.startswith("ACL SETUSER ")]
+    assert documented == [role.setuser() for role in ROLES]

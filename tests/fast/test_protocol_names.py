@@ -6,6 +6,7 @@ from __future__ import annotations
 from arq import constants
 
 from streamq.protocol import (
+    ABORT_KEY,
     HEALTH_CHECK_SUFFIX,
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
@@ -21,6 +22,7 @@ def test_arq_key_names_match_the_installed_arq() -> None:
     assert constants.in_progress_key_prefix == IN_PROGRESS_PREFIX
     assert constants.retry_key_prefix == RETRY_KEY_PREFIX
     assert constants.health_check_key_suffix == HEALTH_CHECK_SUFFIX
+    assert constants.abort_jobs_ss == ABORT_KEY
 
 
 def test_jobs_expire_after_arqs_default() -> None:

@@ -10,16 +10,18 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
+from streamq.broker.registry import WorkerRegistry
 from streamq.protocol.scripts import script_names, script_text
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_PACKAGES = ("streamq", "producer", "worker", "gateway")
-REGISTERED = re.compile(r"register_script\([^,()]+,\s*\"([a-z_]+)\"\)")
+REGISTERED = re.compile(r"(?:register_script|ReadOnlyScript)\([^,()]+,\s*\"([a-z_]+)\"\)")
 
 
 def registered_names() -> set[str]:
-    """Script names passed to ``register_script`` anywhere in product code."""
+    """Script names passed to ``register_script`` or ``ReadOnlyScript`` anywhere in product code."""
     return {
         name
         for package in PRODUCT_PACKAGES
@@ -53,3 +55,23 @@ def test_package_data_carries_every_script() -> None:
 async def test_every_script_compiles_in_redis(raw_redis: aioredis.Redis) -> None:
     for name in script_names():
         assert await raw_redis.script_load(script_text(name)), name
+
+
+async def test_a_read_only_script_runs_by_evalsha_where_redis_lacks_evalsha_ro(
+    raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis before 7.0 has no ``EVALSHA_RO``: the registry read still works there."""
+    real = raw_redis.execute_command
+    sent: list[str] = []
+
+    async def before_redis_7(*args: object, **options: object) -> object:
+        sent.append(str(args[0]))
+        if args[0] == "EVALSHA_RO":
+            raise ResponseError("unknown command 'EVALSHA_RO', with args beginning with: ")
+        return await real(*args, **options)
+
+    monkeypatch.setattr(raw_redis, "execute_command", before_redis_7)
+    registry = WorkerRegistry(raw_redis)
+    assert isinstance((await registry.routes()).known_models, dict)
+    assert isinstance((await registry.routes()).known_models, dict)
+    assert sent.count("EVALSHA_RO") == 1 and "EVALSHA" in sent

@@ -1,20 +1,21 @@
--- KEYS: the job key, the result key, the queue, the replay log. ARGV: the job payload, its
--- expiry (ms), the request id, the wake-up channel, the queue name, the queue limit (-1: none).
+-- KEYS: the job key, the queue, the replay log. ARGV: the job payload, its expiry (ms), the
+-- request id, the wake-up channel, the queue name, the queue limit (-1: none), the result key
+-- (only read, so not among KEYS: Redis checks declared keys as written too).
 -- arq's enqueue and the wake-up in one round trip: refuses an id that is queued, running or
 -- has a result, or whose replay log still exists (a second job would splice its events into
 -- the first's); refuses when the queue holds the limit or more; stores the job and queues it
 -- scored with Redis's clock, so a producer's skewed clock cannot defer it.
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
-if redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[4]) > 0 then
+if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
 end
 local limit = tonumber(ARGV[6])
-if limit >= 0 and redis.call('ZCARD', KEYS[3]) >= limit then
+if limit >= 0 and redis.call('ZCARD', KEYS[2]) >= limit then
   return -1
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[3], now, ARGV[3])
+redis.call('ZADD', KEYS[2], now, ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1

@@ -1,0 +1,213 @@
+"""Least-privilege Redis ACL rules for each component: worker, producer, gateway.
+
+Each role lists the commands it sends (its own and those its Lua scripts call: Redis checks
+a script's every ``redis.call`` against the caller's permissions), the keys it reads and
+writes, the keys it only reads (``%R~``), the pub/sub channels it uses, and writes it may
+make only on given keys (Redis 7 selectors, ``Writes``). PROTOCOL.md
+("Redis roles") shows the same rules as ``ACL SETUSER`` lines; a fast test holds the two
+together and the devkit creates its users from them.
+
+Redis checks the keys a script declares (``KEYS``) as read *and* written, so a script
+that only reads a key for some role takes its name in ``ARGV``, or runs by ``EVALSHA_RO``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamq.protocol.names import (
+    ABORT_KEY,
+    CANCEL_CHANNEL,
+    DEFAULT_QUEUE,
+    EVENTS_CHANNEL_PREFIX,
+    IN_PROGRESS_PREFIX,
+    JOB_KEY_PREFIX,
+    MODELS_KEY,
+    OWNER_KEY_PREFIX,
+    RESULT_KEY_PREFIX,
+    RETRY_KEY_PREFIX,
+    SUBSCRIBER_CHANNEL_PREFIX,
+    WAKEUP_CHANNEL,
+    WORKERS_KEY,
+)
+
+QUEUE_KEY_PATTERNS = (DEFAULT_QUEUE, DEFAULT_QUEUE + ":*")
+"""Queues the roles reach: ``streamq:queue`` and ``streamq:queue:<name>`` (and so each
+queue's ``:health-check``). A queue named otherwise needs its own pattern added."""
+
+CONNECTION_COMMANDS = ("ping", "hello", "auth", "client|setinfo")
+"""What every redis-py connection sends: ``PING`` (health checks), ``HELLO``/``AUTH``
+(log in), ``CLIENT SETINFO`` (redis-py names its library on connect)."""
+
+
+@dataclass(frozen=True)
+class Writes:
+    """A Redis 7 selector: ``commands`` allowed on ``keys`` (read and written) only."""
+
+    commands: tuple[str, ...]
+    keys: tuple[str, ...]
+
+    def rule(self) -> str:
+        return "(" + " ".join([*(f"+{command}" for command in self.commands), *(f"~{key}" for key in self.keys)]) + ")"
+
+
+@dataclass(frozen=True)
+class Role:
+    """One ACL user's rules."""
+
+    name: str
+    """The component, and the suggested ACL user name (``streamq-<name>``)."""
+    commands: tuple[str, ...]
+    keys: tuple[str, ...]
+    """Key patterns read and written (``~pattern``) by any of ``commands``."""
+    read_only_keys: tuple[str, ...]
+    """Key patterns only read (``%R~pattern``)."""
+    channels: tuple[str, ...]
+    """Pub/sub channel patterns, published or subscribed (``&pattern``)."""
+    writes: tuple[Writes, ...] = ()
+    """Writes allowed only as paired here: a command with the keys it may change."""
+
+    @property
+    def user(self) -> str:
+        return f"streamq-{self.name}"
+
+    def rules(self) -> list[str]:
+        """The ACL rules, in ``ACL SETUSER`` (and ACL file) syntax, after the user's name
+        and password: nothing is granted that is not listed here."""
+        return [
+            "resetkeys",
+            "resetchannels",
+            "-@all",
+            *(f"+{command}" for command in self.commands),
+            *(f"~{pattern}" for pattern in self.keys),
+            *(f"%R~{pattern}" for pattern in self.read_only_keys),
+            *(f"&{pattern}" for pattern in self.channels),
+            *(selector.rule() for selector in self.writes),
+        ]
+
+    def setuser(self, password: str = "<password>") -> str:
+        """The ``ACL SETUSER`` line that creates this role's user."""
+        return " ".join(["ACL SETUSER", self.user, "on", f">{password}", *self.rules()])
+
+
+WORKER = Role(
+    name="worker",
+    commands=(
+        *CONNECTION_COMMANDS,
+        # streamq's scripts (claim, leases, replay log, registration) and what they call
+        "evalsha",
+        "script|load",
+        "time",
+        "zrangebyscore",
+        "zremrangebyscore",
+        "zadd",
+        "hset",
+        "xadd",
+        "xrange",
+        "xrevrange",
+        # arq's own bookkeeping: read a job, count its tries, store its result, finish it
+        "get",
+        "set",
+        "psetex",
+        "setex",
+        "incr",
+        "expire",
+        "pexpire",
+        "exists",
+        "del",
+        "zrem",
+        "zincrby",
+        "zcard",
+        "zscore",
+        "multi",
+        "exec",
+        "discard",
+        "watch",
+        "unwatch",
+        "info",  # arq's start-up log line (plain `arq worker.WorkerSettings`)
+        "dbsize",
+        # events out, wake-ups and cancels in
+        "publish",
+        "subscribe",
+        "unsubscribe",
+    ),
+    keys=(
+        *QUEUE_KEY_PATTERNS,
+        JOB_KEY_PREFIX + "*",
+        IN_PROGRESS_PREFIX + "*",
+        RETRY_KEY_PREFIX + "*",
+        RESULT_KEY_PREFIX + "*",
+        ABORT_KEY,
+        EVENTS_CHANNEL_PREFIX + "*",
+        OWNER_KEY_PREFIX + "*",
+        WORKERS_KEY,
+        MODELS_KEY,
+    ),
+    read_only_keys=(),
+    channels=(EVENTS_CHANNEL_PREFIX + "*", WAKEUP_CHANNEL, CANCEL_CHANNEL),
+)
+
+PRODUCER = Role(
+    name="producer",
+    commands=(
+        *CONNECTION_COMMANDS,
+        # reads: a request's state, its replay log, the queue's depth, the registry
+        # (EVALSHA_RO), and what the enqueue, cancel and end-request scripts read
+        "evalsha_ro",
+        "script|load",
+        "time",
+        "exists",
+        "get",
+        "zcard",
+        "zrangebyscore",
+        "hvals",
+        "hgetall",
+        "xrange",
+        "xrevrange",
+        # following a request; the wake-up (enqueue), a cancel, a cancelled request's end
+        "publish",
+        "subscribe",
+        "unsubscribe",
+    ),
+    keys=(),
+    read_only_keys=(
+        *QUEUE_KEY_PATTERNS,
+        JOB_KEY_PREFIX + "*",
+        IN_PROGRESS_PREFIX + "*",
+        RESULT_KEY_PREFIX + "*",
+        EVENTS_CHANNEL_PREFIX + "*",
+        OWNER_KEY_PREFIX + "*",
+        WORKERS_KEY,
+        MODELS_KEY,
+    ),
+    channels=(
+        EVENTS_CHANNEL_PREFIX + "*",
+        SUBSCRIBER_CHANNEL_PREFIX + "*",
+        WAKEUP_CHANNEL,
+        CANCEL_CHANNEL,
+    ),
+    writes=(
+        # the enqueue, cancel and end-request scripts, by the keys they declare
+        Writes(
+            ("evalsha",),
+            (*QUEUE_KEY_PATTERNS, JOB_KEY_PREFIX + "*", EVENTS_CHANNEL_PREFIX + "*", OWNER_KEY_PREFIX + "*"),
+        ),
+        Writes(("set", "del"), (JOB_KEY_PREFIX + "*",)),  # store a job; drop a cancelled one
+        Writes(("zadd", "zrem"), QUEUE_KEY_PATTERNS),  # queue it; take a cancelled one off
+        # kept power: ending a queued request it cancels (end_request) writes its log
+        Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
+        Writes(("set",), (OWNER_KEY_PREFIX + "*",)),
+    ),
+)
+
+GATEWAY = Role(
+    name="gateway",
+    commands=PRODUCER.commands,
+    keys=PRODUCER.keys,
+    read_only_keys=PRODUCER.read_only_keys,
+    channels=PRODUCER.channels,
+    writes=PRODUCER.writes,
+)
+"""The gateway is a producer (the library) behind HTTP; ``/health`` is a ``PING``."""
+
+ROLES = (WORKER, PRODUCER, GATEWAY)

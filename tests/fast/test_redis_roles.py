@@ -1,0 +1,187 @@
+"""The Redis roles of PROTOCOL.md on a real Redis, with the real scripts: each role does
+its own work, and a producer (or gateway) cannot claim jobs, renew leases, register
+workers or store results. Direct commands are refused with ``NOPERM``; a script's call
+with ``ACL failure in script`` (Redis checks every call of a script against its caller)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import NoPermissionError, ResponseError
+
+from devkit.redis_server import RedisServer
+from producer.client import StreamqClient
+from streamq.broker.registry import WorkerRegistry
+from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.protocol import (
+    HEALTH_CHECK_SUFFIX,
+    IN_PROGRESS_PREFIX,
+    JOB_KEY_PREFIX,
+    LEASE_TTL_MS,
+    MODELS_KEY,
+    RESULT_KEY_PREFIX,
+    WORKERS_KEY,
+    ChunkEvent,
+    WorkerRegistration,
+    encode_event,
+    encode_registration,
+    events_channel,
+)
+from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
+from streamq.protocol.scripts import register_script
+
+SCRIPT_DENIED = "ACL failure in script: No permissions to access a key"
+
+
+async def connect(server: RedisServer, role: Role) -> aioredis.Redis:
+    return aioredis.Redis.from_url(server.url_for(role))
+
+
+@pytest.fixture
+async def admin(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=[PRODUCER, GATEWAY], ids=lambda role: role.name)
+async def producer(request: pytest.FixtureRequest, redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    """A connection as the producer's user, and as the gateway's (the same rules)."""
+    client = await connect(redis_server, request.param)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def worker(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = await connect(redis_server, WORKER)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"streamq:queue:roles-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def queued_id(redis_server: RedisServer, queue: str) -> str:
+    """A request queued by the producer's user on a queue nobody serves."""
+    async with await StreamqClient.connect(redis_server.url_for(PRODUCER), queue=queue) as client:
+        handle = await client.submit("Hello")
+        await handle.close()
+        return handle.request_id
+
+
+async def test_a_producer_cannot_claim_a_job(
+    producer: aioredis.Redis, admin: aioredis.Redis, queue: str, queued_id: str
+) -> None:
+    claim = register_script(producer, "claim_jobs")
+    with pytest.raises(ResponseError, match=SCRIPT_DENIED):
+        await claim(keys=[queue], args=[1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, "intruder"])
+    with pytest.raises(NoPermissionError):
+        await producer.set(IN_PROGRESS_PREFIX + queued_id, "intruder", nx=True, px=LEASE_TTL_MS)
+    assert not await admin.exists(IN_PROGRESS_PREFIX + queued_id)
+    assert await admin.zscore(queue, queued_id) is not None  # still queued for a worker
+
+
+async def test_a_producer_cannot_renew_or_take_a_lease(producer: aioredis.Redis, admin: aioredis.Redis) -> None:
+    lease = IN_PROGRESS_PREFIX + f"test-{uuid.uuid4().hex}"
+    await admin.set(lease, "worker-1:1", px=60_000)
+    renew = register_script(producer, "renew_leases")
+    with pytest.raises(NoPermissionError):  # its KEYS must be writable
+        await renew(keys=[lease], args=[LEASE_TTL_MS, "intruder", "intruder:1"])
+    with pytest.raises(NoPermissionError):
+        await producer.set(lease, "intruder:1", px=LEASE_TTL_MS)
+    with pytest.raises(NoPermissionError):
+        await producer.pexpire(lease, 60_000)
+    assert await admin.get(lease) == b"worker-1:1"
+
+
+async def test_a_producer_cannot_register_a_worker_or_a_model(producer: aioredis.Redis, admin: aioredis.Redis) -> None:
+    name = f"intruder-{uuid.uuid4().hex[:8]}"
+    registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
+    with pytest.raises(NoPermissionError):
+        await WorkerRegistry(producer).register(registration)
+    with pytest.raises(NoPermissionError):
+        await producer.zadd(WORKERS_KEY, {encode_registration(registration): 2**50})
+    with pytest.raises(NoPermissionError):
+        await producer.hset(MODELS_KEY, name, registration.queue)
+    assert await admin.hget(MODELS_KEY, name) is None
+    assert await admin.zscore(WORKERS_KEY, encode_registration(registration)) is None
+
+
+async def test_a_producer_cannot_store_a_result_drop_a_queue_or_a_log_or_run_admin_commands(
+    producer: aioredis.Redis, queue: str, queued_id: str
+) -> None:
+    request_id = f"test-{uuid.uuid4().hex}"
+    denied = [
+        lambda: producer.delete(queue),
+        lambda: producer.set(queue + HEALTH_CHECK_SUFFIX, "fake"),
+        lambda: producer.delete(events_channel(queued_id)),
+        lambda: producer.set(events_channel(queued_id), "x"),
+        lambda: producer.set(RESULT_KEY_PREFIX + request_id, "{}"),
+        lambda: producer.delete(RESULT_KEY_PREFIX + request_id),
+        lambda: producer.set("not-streamq", "x"),
+        lambda: producer.xtrim(events_channel(request_id), maxlen=0),
+        lambda: producer.xdel(events_channel(request_id), "0-1"),
+        lambda: producer.flushall(),
+        lambda: producer.config_get("*"),
+        lambda: producer.keys("*"),
+    ]
+    for command in denied:
+        with pytest.raises(NoPermissionError):
+            await command()
+
+
+async def test_a_producer_does_its_own_work(redis_server: RedisServer, admin: aioredis.Redis, queue: str) -> None:
+    """Submit, follow, read the registry and cancel a queued request (whose stream it
+    ends itself), all as the producer's user."""
+    async with await StreamqClient.connect(redis_server.url_for(PRODUCER), queue=queue) as client:
+        handle = await client.submit("Hello")
+        assert await client.job_state(handle.request_id) == "queued"
+        assert isinstance(await client.live_models(), dict)
+        assert await client.cancel(handle.request_id) == "queued"
+        completion = await handle.result()
+        assert completion.finish_reasons == ["cancelled"]
+        follower = await client.follow(handle.request_id)
+        assert (await follower.result()).finish_reasons == ["cancelled"]
+    assert await admin.zcard(queue) == 0
+
+
+async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredis.Redis, queue: str) -> None:
+    """Register, claim, renew, take over and publish, as the worker's user."""
+    name = f"roles-{uuid.uuid4().hex[:8]}"
+    registration = WorkerRegistration(worker_id=name, model=name, queue=queue)
+    registry = WorkerRegistry(worker)
+    await registry.register(registration)
+    await registry.unregister(registration)
+    request_id = f"test-{uuid.uuid4().hex}"
+    await admin.zadd(queue, {request_id: 0})
+    claim = register_script(worker, "claim_jobs")
+    _, claimed, _ = await claim(keys=[queue], args=[1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, name])
+    assert claimed == request_id.encode()
+    renew = register_script(worker, "renew_leases")
+    assert await renew(keys=[IN_PROGRESS_PREFIX + request_id], args=[LEASE_TTL_MS, name, f"{name}:1"]) == [1]
+    log = ReplayLog(worker)
+    assert await log.take_over(request_id, 1) == []
+    chunk = ChunkEvent(request_id=request_id, seq=0, index=0, text="a", token_ids=[1], attempt=1)
+    await log.append([LogEvent(request_id, 0, 1, encode_event(chunk))])
+    assert await log.read(request_id) == [encode_event(chunk)]
+    await admin.delete(queue, IN_PROGRESS_PREFIX + request_id, JOB_KEY_PREFIX + request_id)
+    await admin.hdel(MODELS_KEY, name)
+
+
+async def test_a_worker_reaches_nothing_outside_its_keys(worker: aioredis.Redis) -> None:
+    denied = [
+        lambda: worker.set("not-streamq", "x"),
+        lambda: worker.flushall(),
+        lambda: worker.config_get("*"),
+        lambda: worker.keys("*"),
+    ]
+    for command in denied:
+        with pytest.raises(NoPermissionError):
+            await command()
