@@ -20,21 +20,41 @@ from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
+from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
 
 MAX_MODEL_LEN = 1024
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    """The session's Redis admits only an ACL user with a password, so every test
-    also shows that workers and producers work with Redis authentication."""
+    """The session's Redis admits only ACL users with passwords: the harness's own
+    (granted everything), and one per role of PROTOCOL.md ("Redis roles"), under which
+    the session's workers, clients, CLI runs and gateways work."""
     with RedisServer(user="streamq", password=uuid.uuid4().hex) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
+    """The harness's URL, granted everything: for what no component does (inspecting
+    or faking what Redis holds, flushing)."""
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def worker_url(redis_server: RedisServer) -> str:
+    return redis_server.url_for(WORKER)
+
+
+@pytest.fixture(scope="session")
+def producer_url(redis_server: RedisServer) -> str:
+    """The producer role's URL: the client library and the command line."""
+    return redis_server.url_for(PRODUCER)
+
+
+@pytest.fixture(scope="session")
+def gateway_url(redis_server: RedisServer) -> str:
+    return redis_server.url_for(GATEWAY)
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +70,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def worker(redis_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    """One real ``python -m worker`` on the tiny model, shared by the session."""
+def worker(worker_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """One real ``python -m worker`` on the tiny model, shared by the session, as the worker role."""
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
-    process = WorkerProcess(redis_url, flags, log_path=log_path, metrics_port=_free_port())
+    process = WorkerProcess(worker_url, flags, log_path=log_path, metrics_port=_free_port())
     process.start().wait_ready()
     yield process
     code = process.stop()
@@ -62,8 +82,9 @@ def worker(redis_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.fixture
-async def client(worker: WorkerProcess) -> AsyncIterator[StreamqClient]:
-    async with await StreamqClient.connect(worker.redis_url, queue=worker.queue) as client:
+async def client(worker: WorkerProcess, producer_url: str) -> AsyncIterator[StreamqClient]:
+    """A client library as the producer role."""
+    async with await StreamqClient.connect(producer_url, queue=worker.queue) as client:
         yield client
 
 

@@ -14,20 +14,23 @@ from producer.client import StreamqClient
 pytestmark = pytest.mark.engine
 
 
-async def test_arq_command_line_serves_jobs(redis_url: str, tiny_model: Path, tmp_path: Path) -> None:
-    queue = "streamq:arq-cli-test"
+async def test_arq_command_line_serves_jobs(
+    worker_url: str, producer_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """arq's own worker (its poll, WATCH/MULTI claims, start-up INFO) as the worker role."""
+    queue = "streamq:queue:arq-cli-test"
     env = worker_env(
-        REDIS_URL=redis_url,
+        REDIS_URL=worker_url,
         STREAMQ_QUEUE=queue,
         STREAMQ_ENGINE_ARGS=shlex.join(tiny_engine_flags(tiny_model)),
     )
     arq = str(Path(sys.executable).with_name("arq"))
     process = WorkerProcess(
-        redis_url, [], queue=queue, log_path=tmp_path / "arq.log", command=[arq, "worker.WorkerSettings"], env=env
+        worker_url, [], queue=queue, log_path=tmp_path / "arq.log", command=[arq, "worker.WorkerSettings"], env=env
     )
     process.start().wait_ready()
     try:
-        async with await StreamqClient.connect(redis_url, queue=queue) as client:
+        async with await StreamqClient.connect(producer_url, queue=queue) as client:
             completion = await (await client.submit("Hello", max_tokens=5, ignore_eos=True)).result()
         assert completion.completion_tokens == 5
     finally:

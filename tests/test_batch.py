@@ -56,9 +56,12 @@ def input_lines(model: str) -> list[str]:
     ]
 
 
-def _run_batch(worker: WorkerProcess, in_path: Path, out_path: Path) -> subprocess.CompletedProcess[str]:
+def _run_batch(
+    worker: WorkerProcess, producer_url: str, in_path: Path, out_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """The batch command on the session worker's queue, as the producer role."""
     command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path)]
-    command += ["--redis-url", worker.redis_url, "--queue", worker.queue, "--concurrency", "2", "--no-progress"]
+    command += ["--redis-url", producer_url, "--queue", worker.queue, "--concurrency", "2", "--no-progress"]
     return subprocess.run(command, capture_output=True, text=True, timeout=240)
 
 
@@ -67,13 +70,13 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
-    worker: WorkerProcess, tmp_path: Path, tiny_model: Path
+    worker: WorkerProcess, producer_url: str, tmp_path: Path, tiny_model: Path
 ) -> None:
     model = str(tiny_model)
     in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     in_path.write_text("\n".join(input_lines(model)) + "\n")
 
-    first = _run_batch(worker, in_path, out_path)
+    first = _run_batch(worker, producer_url, in_path, out_path)
 
     assert first.returncode == 1, first.stderr  # some lines failed, and it says so
     assert "3 succeeded, 5 failed, 0 skipped" in first.stderr
@@ -121,7 +124,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
 
     # A re-run after everything is done does nothing.
     before = out_path.read_text()
-    again = _run_batch(worker, in_path, out_path)
+    again = _run_batch(worker, producer_url, in_path, out_path)
     assert again.returncode == 0, again.stderr
     assert "0 succeeded, 0 failed, 8 skipped" in again.stderr
     assert out_path.read_text() == before
@@ -130,7 +133,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     # the re-run does "plain" only, and the output ends up whole again.
     kept = [json.dumps(line) for line in lines if line["custom_id"] != "plain"]
     out_path.write_text("\n".join(kept) + "\n" + '{"id": "batch-torn", "custom_')
-    resumed = _run_batch(worker, in_path, out_path)
+    resumed = _run_batch(worker, producer_url, in_path, out_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "1 succeeded, 0 failed, 7 skipped" in resumed.stderr
     final = _lines(out_path)
@@ -140,8 +143,8 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     assert redone["response"]["body"]["choices"][0]["text"] == plain["response"]["body"]["choices"][0]["text"]
 
 
-def test_batch_with_an_unreadable_input_says_so(worker: WorkerProcess, tmp_path: Path) -> None:
-    result = _run_batch(worker, tmp_path / "missing.jsonl", tmp_path / "out.jsonl")
+def test_batch_with_an_unreadable_input_says_so(worker: WorkerProcess, producer_url: str, tmp_path: Path) -> None:
+    result = _run_batch(worker, producer_url, tmp_path / "missing.jsonl", tmp_path / "out.jsonl")
     assert result.returncode == 2
     assert "cannot read" in result.stderr
     assert not (tmp_path / "out.jsonl").exists()

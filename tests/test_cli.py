@@ -26,10 +26,10 @@ def run_producer(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_json_output_is_the_event_stream(worker: WorkerProcess) -> None:
+def test_json_output_is_the_event_stream(worker: WorkerProcess, producer_url: str) -> None:
     request_id = f"cli-{uuid.uuid4().hex}"
     result = run_producer(
-        worker.redis_url,
+        producer_url,
         "--json",
         "--max-tokens",
         "6",
@@ -46,37 +46,39 @@ def test_json_output_is_the_event_stream(worker: WorkerProcess) -> None:
     assert events[-1]["type"] == "final" and events[-1]["completion_tokens"] == 6
 
 
-def test_prints_each_prompts_response(worker: WorkerProcess) -> None:
+def test_prints_each_prompts_response(worker: WorkerProcess, producer_url: str) -> None:
     prompts = ["In a galaxy far, far away", "The key to happiness is"]
-    result = run_producer(worker.redis_url, "--max-tokens", "4", *prompts)
+    result = run_producer(producer_url, "--max-tokens", "4", *prompts)
     assert result.returncode == 0, result.stderr
     for prompt in prompts:
         assert f"Prompt: {prompt!r}" in result.stdout
 
 
-def test_single_prompt_streams_its_text(worker: WorkerProcess) -> None:
-    with_json = run_producer(worker.redis_url, "--json", "--max-tokens", "12", "--temperature", "0", "Hello")
-    plain = run_producer(worker.redis_url, "--max-tokens", "12", "--temperature", "0", "Hello")
+def test_single_prompt_streams_its_text(worker: WorkerProcess, producer_url: str) -> None:
+    with_json = run_producer(producer_url, "--json", "--max-tokens", "12", "--temperature", "0", "Hello")
+    plain = run_producer(producer_url, "--max-tokens", "12", "--temperature", "0", "Hello")
     assert plain.returncode == 0, plain.stderr
     text = "".join(json.loads(line).get("text", "") for line in with_json.stdout.splitlines())
     assert plain.stdout == text + "\n"
 
 
-def test_failed_request_exits_non_zero_with_the_error_on_stderr(worker: WorkerProcess) -> None:
-    result = run_producer(worker.redis_url, "--temperature", "-1", "Hello")
+def test_failed_request_exits_non_zero_with_the_error_on_stderr(worker: WorkerProcess, producer_url: str) -> None:
+    result = run_producer(producer_url, "--temperature", "-1", "Hello")
     assert result.returncode == 1
     assert "invalid_request" in result.stderr and "temperature" in result.stderr
 
 
-def test_bad_arguments_are_refused_before_enqueueing(worker: WorkerProcess) -> None:
-    result = run_producer(worker.redis_url, "")
+def test_bad_arguments_are_refused_before_enqueueing(worker: WorkerProcess, producer_url: str) -> None:
+    result = run_producer(producer_url, "")
     assert result.returncode == 2
     assert "prompt must not be empty" in result.stderr
 
 
-async def test_tail_follows_a_running_request(worker: WorkerProcess, client: StreamqClient) -> None:
+async def test_tail_follows_a_running_request(
+    worker: WorkerProcess, client: StreamqClient, producer_url: str, redis_url: str
+) -> None:
     request_id = f"tail-{uuid.uuid4().hex}"
-    env = {**os.environ, "REDIS_URL": worker.redis_url}
+    env = {**os.environ, "REDIS_URL": producer_url}
     tail = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -88,7 +90,7 @@ async def test_tail_follows_a_running_request(worker: WorkerProcess, client: Str
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
-    redis = aioredis.Redis.from_url(worker.redis_url)
+    redis = aioredis.Redis.from_url(redis_url)
     try:
         async with asyncio.timeout(60):
             while (await redis.pubsub_numsub(events_channel(request_id)))[0][1] == 0:
@@ -104,11 +106,11 @@ async def test_tail_follows_a_running_request(worker: WorkerProcess, client: Str
 
 
 async def test_cancel_finds_a_queued_request_on_its_models_queue(
-    redis_url: str, parked_model: WorkerRegistration
+    producer_url: str, parked_model: WorkerRegistration
 ) -> None:
-    async with await StreamqClient.connect(redis_url) as client:
+    async with await StreamqClient.connect(producer_url) as client:
         handle = await client.submit("Never run", model=parked_model.model)
-        result = await asyncio.to_thread(run_producer, redis_url, "cancel", handle.request_id)  # no --queue
+        result = await asyncio.to_thread(run_producer, producer_url, "cancel", handle.request_id)  # no --queue
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"{handle.request_id}: cancelled before it ran" in result.stdout
         completion = await handle.result()
@@ -125,9 +127,9 @@ SAMPLING = ["--json", "--max-tokens", "5", "--temperature", "0"]
     ids=["after-submit", "after-double-dash"],
 )
 async def test_a_prompt_named_like_a_subcommand_is_submitted(
-    worker: WorkerProcess, client: StreamqClient, command: list[str]
+    worker: WorkerProcess, client: StreamqClient, producer_url: str, command: list[str]
 ) -> None:
-    result = await asyncio.to_thread(run_producer, worker.redis_url, *command)
+    result = await asyncio.to_thread(run_producer, producer_url, *command)
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert len({e["request_id"] for e in events}) == 1  # one prompt: "tail", not "submit" and "tail"

@@ -138,10 +138,10 @@ async def test_chat_messages_are_rendered_with_the_chat_template(client: Streamq
     assert completion.prompt_tokens == expected_prompt_tokens
 
 
-async def test_job_enqueued_with_plain_redis_commands_streams(worker: WorkerProcess, redis_url: str) -> None:
-    """The PROTOCOL.md recipe, with redis-cli (valkey-cli) and no streamq code."""
+async def test_job_enqueued_with_plain_redis_commands_streams(worker: WorkerProcess, producer_url: str) -> None:
+    """The PROTOCOL.md recipe, with redis-cli (valkey-cli) and no streamq code, as the producer role."""
     request_id = f"raw-{uuid.uuid4().hex}"
-    cli = [str(Path(server_binary()).with_name("valkey-cli")), "-u", redis_url]
+    cli = [str(Path(server_binary()).with_name("valkey-cli")), "-u", producer_url]
     if not Path(cli[0]).exists():
         pytest.skip("no redis-cli binary beside the server")
     job = json.dumps(
@@ -162,7 +162,7 @@ async def test_job_enqueued_with_plain_redis_commands_streams(worker: WorkerProc
         ):
             subprocess.run(cli + command, check=True, capture_output=True)
 
-    events = await capture_events(redis_url, request_id, enqueue)
+    events = await capture_events(producer_url, request_id, enqueue)
     assert_well_formed(events, request_id)
     assert events[-1]["type"] == "final"
     assert sum(len(e["token_ids"]) for e in events[:-1]) == 8

@@ -102,14 +102,16 @@ async def test_deadlines_run_on_redis_clock_not_the_producers(
     assert events[-1]["type"] == "final" and events[-1]["finish_reasons"] == ["length"]
 
 
-async def test_a_job_past_the_workers_hard_limit_ends_with_timeout(redis_url: str, tmp_path: Path) -> None:
+async def test_a_job_past_the_workers_hard_limit_ends_with_timeout(
+    worker_url: str, producer_url: str, tmp_path: Path
+) -> None:
     """arq cancels a job that outruns ``job_timeout``; its request still ends, with an
     error event (code ``timeout``) after the tokens already sent (scripted engine)."""
     queue = f"streamq:queue:limited-{uuid.uuid4().hex[:8]}"
-    worker = scripted_worker(redis_url, tmp_path / "worker.log", "--job-timeout", "1", queue=queue)
+    worker = scripted_worker(worker_url, tmp_path / "worker.log", "--job-timeout", "1", queue=queue)
     worker.start().wait_ready(timeout_s=120)
     try:
-        async with await StreamqClient.connect(redis_url, queue=queue) as client:
+        async with await StreamqClient.connect(producer_url, queue=queue) as client:
             handle = await client.submit("Take your time", max_tokens=1000)  # 10 s at 100 tokens/s
             events = [event async for event in handle]
     finally:

@@ -32,8 +32,11 @@ PROMPT = "The key to happiness is"
 
 
 @pytest.fixture(scope="module")
-def gateway(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    process = GatewayProcess(worker.redis_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
+def gateway(
+    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway as the gateway role."""
+    process = GatewayProcess(gateway_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
 
@@ -169,9 +172,9 @@ async def test_model_whose_workers_are_gone_is_503(sdk: openai.OpenAI, raw_redis
 
 
 async def test_full_queue_is_429(
-    worker: WorkerProcess, parked_model: WorkerRegistration, client: StreamqClient, tmp_path: Path
+    worker: WorkerProcess, parked_model: WorkerRegistration, client: StreamqClient, gateway_url: str, tmp_path: Path
 ) -> None:
-    gateway = GatewayProcess(worker.redis_url, tmp_path / "gateway.log", "--max-queue-depth", "2").wait_ready()
+    gateway = GatewayProcess(gateway_url, tmp_path / "gateway.log", "--max-queue-depth", "2").wait_ready()
     try:
         sdk = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
         handles = [await client.submit(PROMPT, model=parked_model.model, max_tokens=4) for _ in range(2)]

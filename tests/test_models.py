@@ -32,20 +32,22 @@ QUEUE_B = "streamq:queue:tiny-b"
 
 @pytest.fixture(scope="module")
 def worker_b(
-    worker: WorkerProcess, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    worker: WorkerProcess, worker_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
     """A second worker: the same weights served as ``tiny-b``, on a queue of its own."""
     flags = [*tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN), "--served-model-name", MODEL_B]
     log_path = tmp_path_factory.mktemp("worker-b") / "worker.log"
-    process = WorkerProcess(worker.redis_url, flags, queue=QUEUE_B, log_path=log_path)
+    process = WorkerProcess(worker_url, flags, queue=QUEUE_B, log_path=log_path)
     process.start().wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
 
 
 @pytest.fixture(scope="module")
-def gateway(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    process = GatewayProcess(worker.redis_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
+def gateway(
+    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    process = GatewayProcess(gateway_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
 
@@ -84,17 +86,17 @@ async def test_requests_reach_the_worker_of_their_model(
     assert for_a in worker.log_path.read_text() and for_a not in worker_b.log_path.read_text()
 
 
-def test_cli_routes_by_model(worker_b: WorkerProcess) -> None:
+def test_cli_routes_by_model(worker_b: WorkerProcess, producer_url: str) -> None:
     request_id = f"cli-model-{uuid.uuid4().hex}"
     result = run_producer(
-        worker_b.redis_url, "--model", MODEL_B, "--max-tokens", "4", "--request-id", request_id, "--json", "Hello"
+        producer_url, "--model", MODEL_B, "--max-tokens", "4", "--request-id", request_id, "--json", "Hello"
     )
     assert result.returncode == 0, result.stderr
     assert request_id in worker_b.log_path.read_text()
 
 
-def test_cli_names_an_unknown_model(worker: WorkerProcess) -> None:
-    result = run_producer(worker.redis_url, "--model", "no-such-model", "Hello")
+def test_cli_names_an_unknown_model(worker: WorkerProcess, producer_url: str) -> None:
+    result = run_producer(producer_url, "--model", "no-such-model", "Hello")
     assert result.returncode == 1
     assert "no worker serves model 'no-such-model'" in result.stderr
 
@@ -124,7 +126,7 @@ async def test_a_worker_refuses_a_request_for_a_model_it_does_not_serve(
 
 
 def test_batch_routes_each_line_by_its_model(
-    worker: WorkerProcess, worker_b: WorkerProcess, tiny_model: Path, tmp_path: Path
+    worker: WorkerProcess, worker_b: WorkerProcess, tiny_model: Path, tmp_path: Path, producer_url: str
 ) -> None:
     lines = [
         {"custom_id": "a", "model": str(tiny_model)},
@@ -146,7 +148,7 @@ def test_batch_routes_each_line_by_its_model(
             for line in lines
         )
     )
-    result = run_producer(worker.redis_url, "batch", str(in_path), str(out_path), "--no-progress")
+    result = run_producer(producer_url, "batch", str(in_path), str(out_path), "--no-progress")
     assert result.returncode == 1, result.stderr  # the unknown model's line failed
     out = {line["custom_id"]: line for line in map(json.loads, out_path.read_text().splitlines())}
     a, b = out["a"]["response"], out["b"]["response"]
@@ -172,9 +174,9 @@ async def test_submit_to_a_model_nobody_ever_served_is_refused(client: StreamqCl
 
 
 async def test_a_full_queue_refuses_at_once_and_stores_nothing(
-    worker: WorkerProcess, parked_model: WorkerRegistration
+    worker: WorkerProcess, parked_model: WorkerRegistration, producer_url: str
 ) -> None:
-    async with await StreamqClient.connect(worker.redis_url, max_queue_depth=2) as client:
+    async with await StreamqClient.connect(producer_url, max_queue_depth=2) as client:
         handles = [await client.submit("Hello", model=parked_model.model) for _ in range(2)]
         refused_id = f"refused-{uuid.uuid4().hex}"
         with pytest.raises(QueueFull, match="limit"):
@@ -186,11 +188,13 @@ async def test_a_full_queue_refuses_at_once_and_stores_nothing(
         assert await client.redis.zcard(parked_model.queue) == 2
 
 
-def test_cli_max_queue_depth(worker: WorkerProcess, parked_model: WorkerRegistration) -> None:
-    result = run_producer(worker.redis_url, "--queue", parked_model.queue, "--max-queue-depth", "0", "Hello")
+def test_cli_max_queue_depth(
+    worker: WorkerProcess, parked_model: WorkerRegistration, producer_url: str, redis_url: str
+) -> None:
+    result = run_producer(producer_url, "--queue", parked_model.queue, "--max-queue-depth", "0", "Hello")
     assert result.returncode == 1
     assert f"queue {parked_model.queue} already holds 0 jobs" in result.stderr
-    assert asyncio.run(_zcard(worker.redis_url, parked_model.queue)) == 0
+    assert asyncio.run(_zcard(redis_url, parked_model.queue)) == 0
 
 
 async def _zcard(redis_url: str, key: str) -> int:

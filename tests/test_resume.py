@@ -29,11 +29,12 @@ from streamq.protocol import (
     JOB_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     WAKEUP_CHANNEL,
+    events_channel,
     parse_request,
     serialize_job,
 )
 from tests.events import assert_well_formed, job_result
-from tests.test_reliability import paused, second_worker, wait_for_chunks
+from tests.test_reliability import paused, second_worker
 
 NEVER = "@@ no such words in the answer @@"
 """A stop string the tiny model never writes: vLLM holds back its length - 1 characters."""
@@ -74,7 +75,9 @@ async def crashed(
             for request_id, request in requests.items():
                 await client.submit(request_id=request_id, **request)
             for request_id in requests:
-                await wait_for_chunks(worker.redis_url, request_id, after_tokens)
+                async with asyncio.timeout(60):
+                    while await raw_redis.xlen(events_channel(request_id)) < after_tokens:
+                        await asyncio.sleep(0.005)
             doomed.kill()
     finally:
         doomed.kill()
