@@ -110,7 +110,7 @@ WORKER = Role(
         "set",
         "psetex",
         "setex",
-        "incr",
+        "incrby",  # redis-py sends INCR as INCRBY
         "expire",
         "pexpire",
         "exists",
