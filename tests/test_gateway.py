@@ -209,13 +209,13 @@ async def test_disconnect_mid_stream_cancels_the_request(
 
 
 async def test_disconnect_while_queued_removes_the_request(
-    gateway: GatewayProcess, parked_model: WorkerRegistration, client: StreamqClient
+    gateway: GatewayProcess, parked_model: WorkerRegistration, client: StreamqClient, raw_redis: aioredis.Redis
 ) -> None:
     body = {"model": parked_model.model, "prompt": PROMPT, "max_tokens": 4, "stream": True}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
         waiting = asyncio.create_task(http.post("/v1/completions", json=body))
         async with asyncio.timeout(30):
-            while not (queued := await client.redis.zrange(parked_model.queue, 0, -1)):
+            while not (queued := await raw_redis.zrange(parked_model.queue, 0, -1)):
                 await asyncio.sleep(0.05)
         waiting.cancel()  # the client gives up before any token: the connection closes
         with pytest.raises(asyncio.CancelledError):
