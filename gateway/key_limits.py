@@ -84,8 +84,8 @@ class KeyLimiter:
         admission = Admission(tenant, model, f"{self._gateway_id}:{uuid.uuid4().hex[:12]}", counted)
         if tenant.record is not None:
             verdict, retry_after, value = await self._admit(
-                keys=[API_KEYS_KEY, window_key(tenant.name), streams_key(tenant.name)],
-                args=[tenant.digest, model, admission.member, KEY_STREAM_LEASE_MS, KEY_WINDOW_MS],
+                keys=[window_key(tenant.name), streams_key(tenant.name)],
+                args=[tenant.digest, model, admission.member, KEY_STREAM_LEASE_MS, KEY_WINDOW_MS, API_KEYS_KEY],
             )
             verdict = as_text(verdict)
             if verdict == "revoked":

@@ -313,10 +313,12 @@ async def test_only_the_creating_key_resumes_a_named_request(gateway: GatewayPro
 
 
 @pytest.fixture(scope="module")
-def keyed_engine_gateway(worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """A gateway with a key in front of the session's real engine worker."""
+def keyed_engine_gateway(
+    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway (as the gateway's Redis user) with a key, in front of the session's real engine worker."""
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    process = GatewayProcess(worker.redis_url, log, "--api-key", STATIC_KEY).wait_ready()
+    process = GatewayProcess(gateway_url, log, "--api-key", STATIC_KEY).wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
 

@@ -17,13 +17,19 @@ from dataclasses import dataclass
 
 from streamq.protocol.names import (
     ABORT_KEY,
+    API_KEY_NAMES_KEY,
+    API_KEYS_KEY,
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
     EVENTS_CHANNEL_PREFIX,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
+    KEY_STREAMS_PREFIX,
+    KEY_USAGE_PREFIX,
+    KEY_WINDOW_PREFIX,
     MODELS_KEY,
     OWNER_KEY_PREFIX,
+    REQUEST_KEY_PREFIX,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     SUBSCRIBER_CHANNEL_PREFIX,
@@ -202,12 +208,29 @@ PRODUCER = Role(
 
 GATEWAY = Role(
     name="gateway",
-    commands=PRODUCER.commands,
-    keys=PRODUCER.keys,
-    read_only_keys=PRODUCER.read_only_keys,
+    commands=(
+        *PRODUCER.commands,
+        # API keys: read a key's record, admit and finish its requests (the admission
+        # scripts), renew its open streams, record and read who owns a named request
+        "evalsha",
+        "hget",
+        "hmget",
+        "hlen",
+        "hset",
+        "hincrby",
+        "zadd",
+        "zrem",
+        "zremrangebyscore",
+        "pexpire",
+        "set",
+    ),
+    keys=(KEY_WINDOW_PREFIX + "*", KEY_STREAMS_PREFIX + "*", KEY_USAGE_PREFIX + "*", REQUEST_KEY_PREFIX + "*"),
+    read_only_keys=(*PRODUCER.read_only_keys, API_KEYS_KEY, API_KEY_NAMES_KEY),
     channels=PRODUCER.channels,
     writes=PRODUCER.writes,
 )
-"""The gateway is a producer (the library) behind HTTP; ``/health`` is a ``PING``."""
+"""The gateway is a producer (the library) behind HTTP, plus its API keys' windows, open
+streams, usage and request owners; it only reads the keys themselves (``streamq keys``
+writes them, as an administrator)."""
 
 ROLES = (WORKER, PRODUCER, GATEWAY)

@@ -13,7 +13,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from devkit.redis_server import RedisServer
+from gateway.auth import Tenant
+from gateway.key_limits import KeyLimiter
 from producer.client import StreamqClient
+from producer.openai_api.errors import ApiError
+from streamq.broker.api_keys import ApiKeyStore, KeyRecord, secret_hash, usage_key
 from streamq.broker.registry import WorkerRegistry
 from streamq.broker.replay_log import LogEvent, ReplayLog
 from streamq.protocol import (
@@ -185,3 +189,27 @@ async def test_a_worker_reaches_nothing_outside_its_keys(worker: aioredis.Redis)
     for command in denied:
         with pytest.raises(NoPermissionError):
             await command()
+
+
+async def test_a_gateway_applies_stored_keys_but_cannot_create_them(
+    redis_server: RedisServer, admin: aioredis.Redis
+) -> None:
+    """Its admission and usage scripts run under its own user; writing a key does not."""
+    name = f"team-{uuid.uuid4().hex[:8]}"
+    record = KeyRecord(name=name, rpm=1)
+    secret = await ApiKeyStore(admin).create(record)
+    gateway = await connect(redis_server, GATEWAY)
+    try:
+        limiter = KeyLimiter(gateway)
+        admission = await limiter.admit(Tenant(name, secret_hash(secret), record), "tiny")
+        admission.prompt_tokens, admission.completion_tokens = 3, 4
+        await limiter.finish(admission)
+        usage = await admin.hgetall(usage_key(name))
+        assert usage == {b"requests:tiny": b"1", b"prompt_tokens:tiny": b"3", b"completion_tokens:tiny": b"4"}
+        with pytest.raises(ApiError) as over:
+            await limiter.admit(Tenant(name, secret_hash(secret), record), "tiny")
+        assert over.value.status == 429 and over.value.param == "rpm"
+        with pytest.raises(NoPermissionError, match="No permissions to access a key"):
+            await ApiKeyStore(gateway).create(KeyRecord(name=f"{name}-forged"))
+    finally:
+        await gateway.aclose()
