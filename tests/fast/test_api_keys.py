@@ -21,8 +21,11 @@ from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY
 
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """The session's Redis; emptied of keys afterwards, since a gateway started on a Redis
+    that holds any key requires keys (every later test's gateway would answer 401)."""
     client = aioredis.Redis.from_url(redis_url)
     yield client
+    await client.delete(API_KEYS_KEY, API_KEY_NAMES_KEY)
     await client.aclose()
 
 

@@ -34,6 +34,7 @@ from streamq.protocol import (
     encode_registration,
     events_channel,
 )
+from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
 from streamq.protocol.scripts import register_script
 
@@ -213,3 +214,4 @@ async def test_a_gateway_applies_stored_keys_but_cannot_create_them(
             await ApiKeyStore(gateway).create(KeyRecord(name=f"{name}-forged"))
     finally:
         await gateway.aclose()
+        await admin.delete(API_KEYS_KEY, API_KEY_NAMES_KEY)  # later gateways on this Redis start open
