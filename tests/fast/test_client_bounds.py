@@ -25,26 +25,19 @@ from streamq.protocol import (
 
 
 @pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 async def client(redis_url: str) -> AsyncIterator[StreamqClient]:
     queue = f"streamq:queue:nobody-{uuid.uuid4().hex[:8]}"
     async with await StreamqClient.connect(redis_url, queue=queue) as client:
         yield client
 
 
-async def assert_nothing_queued(redis: aioredis.Redis, queue: str, request_id: str) -> None:
-    assert await redis.zcard(queue) == 0
-    assert await redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)) == 0
+async def assert_nothing_queued(raw_redis: aioredis.Redis, queue: str, request_id: str) -> None:
+    assert await raw_redis.zcard(queue) == 0
+    assert await raw_redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)) == 0
 
 
 async def test_a_job_over_the_payload_limit_is_refused_before_it_reaches_redis(
-    client: StreamqClient, redis: aioredis.Redis
+    client: StreamqClient, raw_redis: aioredis.Redis
 ) -> None:
     request_id = f"big-{uuid.uuid4().hex}"
     stop = ["x" * 1_000] * (MAX_JOB_BYTES // 1_000 + 1)  # a short prompt, a job too large all the same
@@ -54,26 +47,26 @@ async def test_a_job_over_the_payload_limit_is_refused_before_it_reaches_redis(
         rf"the request is (\d+) bytes as a job; the limit is {MAX_JOB_BYTES} bytes", str(caught.value)
     )
     assert stated is not None and int(stated.group(1)) > MAX_JOB_BYTES
-    await assert_nothing_queued(redis, client.queue, request_id)
+    await assert_nothing_queued(raw_redis, client.queue, request_id)
     handle = await client.submit("Hello", request_id=request_id, stop=stop[:100])  # the id was never taken
     assert await handle.cancel() == "queued"
     await handle.close()
 
 
 async def test_a_prompt_over_the_length_limit_is_refused_before_it_reaches_redis(
-    client: StreamqClient, redis: aioredis.Redis
+    client: StreamqClient, raw_redis: aioredis.Redis
 ) -> None:
     request_id = f"long-{uuid.uuid4().hex}"
     with pytest.raises(InvalidRequest, match=f"the limit is {MAX_PROMPT_CHARS}"):
         await client.submit("x" * (MAX_PROMPT_CHARS + 1), request_id=request_id)
-    await assert_nothing_queued(redis, client.queue, request_id)
+    await assert_nothing_queued(raw_redis, client.queue, request_id)
 
 
 @pytest.fixture
-async def sized_model(redis: aioredis.Redis) -> AsyncIterator[WorkerRegistration]:
+async def sized_model(raw_redis: aioredis.Redis) -> AsyncIterator[WorkerRegistration]:
     """A model with two live 'workers' (that never take jobs) of contexts 64 and 128."""
     name = f"sized-{uuid.uuid4().hex[:8]}"
-    registry = WorkerRegistry(redis)
+    registry = WorkerRegistry(raw_redis)
     registrations = [
         WorkerRegistration(
             worker_id=f"{name}-{length}", model=name, queue=f"streamq:queue:{name}", max_model_len=length
@@ -85,28 +78,28 @@ async def sized_model(redis: aioredis.Redis) -> AsyncIterator[WorkerRegistration
     yield registrations[0]
     for registration in registrations:
         await registry.unregister(registration)
-    await redis.delete(registrations[0].queue)
+    await raw_redis.delete(registrations[0].queue)
 
 
 async def test_max_tokens_past_the_smallest_live_context_is_lowered_to_it(
-    client: StreamqClient, redis: aioredis.Redis, sized_model: WorkerRegistration
+    client: StreamqClient, raw_redis: aioredis.Redis, sized_model: WorkerRegistration
 ) -> None:
     """As ``vllm serve`` does: generation stops at the context anyway, so the request runs."""
     for asked, queued in ((10_000, 64), (64, 64), (63, 63)):
         request_id = f"ctx-{uuid.uuid4().hex}"
         handle = await client.submit("Hello", model=sized_model.model, request_id=request_id, max_tokens=asked)
-        job = deserialize_job(await redis.get(JOB_KEY_PREFIX + request_id))
+        job = deserialize_job(await raw_redis.get(JOB_KEY_PREFIX + request_id))
         assert job["a"][0]["sampling"]["max_tokens"] == queued
         assert await handle.cancel() == "queued"
         await handle.close()
 
 
 async def test_without_a_model_or_a_known_context_max_tokens_is_left_to_the_worker(
-    client: StreamqClient, redis: aioredis.Redis
+    client: StreamqClient, raw_redis: aioredis.Redis
 ) -> None:
     name = f"unsized-{uuid.uuid4().hex[:8]}"
     registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
-    registry = WorkerRegistry(redis)
+    registry = WorkerRegistry(raw_redis)
     await registry.register(registration, ttl_ms=600_000)
     try:
         for model in (None, name):
@@ -115,4 +108,4 @@ async def test_without_a_model_or_a_known_context_max_tokens_is_left_to_the_work
             await handle.close()
     finally:
         await registry.unregister(registration)
-        await redis.delete(registration.queue)
+        await raw_redis.delete(registration.queue)
