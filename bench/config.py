@@ -18,8 +18,9 @@ SYNTH_MAX_NUM_SEQS_ENV = "STREAMQ_SYNTH_MAX_NUM_SEQS"
 scale-out driver can set them without importing vLLM."""
 
 SERVE_MAX_NUM_BATCHED_TOKENS = 2048
-"""``vllm serve``'s own CPU default. ``AsyncLLM.from_engine_args`` and ``vllm serve``
-pick different defaults (usage context), so the benchmark spells them out for all paths."""
+"""``vllm serve``'s own CPU default. The worker resolves unset limits as ``vllm serve`` does,
+but path (a)'s ``AsyncLLM.from_engine_args`` does not (vLLM's defaults depend on the usage
+context), so the benchmark spells them out for all paths."""
 
 
 @dataclass(frozen=True)

@@ -203,3 +203,11 @@ async def _zcard(redis_url: str, key: str) -> int:
         return int(await client.zcard(key))
     finally:
         await client.aclose()
+
+
+def test_the_worker_logs_the_scheduler_limits_it_runs_with(worker: WorkerProcess) -> None:
+    lines = [line for line in worker.log_path.read_text().splitlines() if "scheduler limits:" in line]
+    assert len(lines) == 1, worker.log_tail()
+    limits = dict(pair.split("=", 1) for pair in lines[0].split("scheduler limits:", 1)[1].split())
+    assert limits["max_model_len"] == str(MAX_MODEL_LEN)
+    assert {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "async_scheduling"} <= limits.keys()

@@ -5,6 +5,11 @@ Engine arguments are spelled as ``vllm serve`` spells them (``--model``,
 field works and means what vLLM's docs say. ``STREAMQ_ENGINE_ARGS`` holds the same
 flags for deployments that configure through the environment (and for
 ``arq worker.WorkerSettings``, which has no command line of its own).
+
+The engine is built the way ``vllm serve`` builds its own (usage context
+``OPENAI_API_SERVER``), not with ``AsyncLLM.from_engine_args``: vLLM picks default
+scheduler limits (``max_num_seqs``, ``max_num_batched_tokens``) by usage context, so the
+same flags give the same engine here as behind ``vllm serve``.
 """
 
 from __future__ import annotations
@@ -15,13 +20,18 @@ import os
 import shlex
 import time
 
+from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("streamq.worker")
 
 ENGINE_ARGS_ENV = "STREAMQ_ENGINE_ARGS"
+
+USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
+"""``vllm serve``'s usage context: the one whose defaults the worker's engine gets."""
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -45,12 +55,48 @@ def engine_args_from_env() -> AsyncEngineArgs:
     return engine_args_from_namespace(parser.parse_args(shlex.split(flags)))
 
 
+def engine_config(engine_args: AsyncEngineArgs) -> VllmConfig:
+    """The engine's whole configuration, resolved as ``vllm serve`` resolves it.
+
+    Resolving fills the unset fields of ``engine_args`` in place, so build the
+    arguments afresh for each call.
+    """
+    config: VllmConfig = engine_args.create_engine_config(usage_context=USAGE_CONTEXT)
+    return config
+
+
+def scheduler_limits(config: VllmConfig) -> dict[str, object]:
+    """What bounds the engine's batches and streaming, by vLLM's own names."""
+    scheduler = config.scheduler_config
+    return {
+        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "max_model_len": config.model_config.max_model_len,
+        "enable_chunked_prefill": scheduler.enable_chunked_prefill,
+        "long_prefill_token_threshold": scheduler.long_prefill_token_threshold,
+        "async_scheduling": scheduler.async_scheduling,
+        "stream_interval": scheduler.stream_interval,
+        "policy": scheduler.policy,
+        "enable_prefix_caching": config.cache_config.enable_prefix_caching,
+    }
+
+
 def start_engine(engine_args: AsyncEngineArgs) -> AsyncLLM:
     """Start the engine; call from inside the event loop it will serve (AsyncLLM is
-    bound to the loop it starts on)."""
+    bound to the loop it starts on).
+
+    The keyword arguments are those ``vllm serve`` passes
+    (``build_async_engine_client_from_engine_args``)."""
     started = time.monotonic()
-    engine = AsyncLLM.from_engine_args(engine_args)
-    config = engine.vllm_config
+    config = engine_config(engine_args)
+    logger.info("scheduler limits: %s", " ".join(f"{k}={v}" for k, v in scheduler_limits(config).items()))
+    engine = AsyncLLM.from_vllm_config(
+        vllm_config=config,
+        usage_context=USAGE_CONTEXT,
+        enable_log_requests=engine_args.enable_log_requests,
+        aggregate_engine_logging=engine_args.aggregate_engine_logging,
+        disable_log_stats=engine_args.disable_log_stats,
+    )
     logger.info(
         "model loaded: %s (max_model_len=%d, max_num_seqs=%d) in %.1fs",
         config.model_config.model,
