@@ -3,12 +3,15 @@
 One ``AsyncLLM`` in this process, streamed the way vLLM's
 ``async_llm_streaming.py`` example streams: ``SamplingParams(output_kind=DELTA)``,
 ``async for output in engine.generate(...)``, stop at ``output.finished``. No
-network, no serialization: what is left is the engine itself.
+network, no serialization: what is left is the engine itself. Its CPU roles: this
+process (``front_end``: AsyncLLM's own front end, and the loop that consumes it) and the
+engine core it spawns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator
 
@@ -19,6 +22,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from bench.config import BenchConfig
+from bench.cpu import descendants
 from bench.path_run import parse_path_args, write_results
 from bench.prompts import Prompt, sample_prompts
 from bench.timing import PathResult, measure_levels
@@ -48,8 +52,9 @@ async def measure(config: BenchConfig) -> list[PathResult]:
                 if output.finished:
                     break
 
+        roles = {"front_end": [os.getpid()], "engine_core": descendants(os.getpid())}
         return await measure_levels(
-            "a", stream, lambda c: sample_prompts(config, config.prompts_for(c)), config.concurrencies
+            "a", stream, lambda c: sample_prompts(config, config.prompts_for(c)), config.concurrencies, roles
         )
     finally:
         engine.shutdown()

@@ -3,7 +3,8 @@
 The same client as path (c), pointed at ``python -m gateway`` instead of
 ``vllm serve``: HTTP + SSE → gateway → Redis → ``python -m worker`` (the same engine
 flags) → pub/sub → gateway → client. What a user of ``vllm serve`` gets by putting
-the queue between their clients and their GPUs.
+the queue between their clients and their GPUs. CPU roles: the worker (``front_end``), its
+engine core, Redis, the gateway and this process (``client``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from bench.cpu import descendants
 from bench.path_run import parse_path_args, write_results
-from bench.path_serve import bench_serve_levels
+from bench.path_serve import bench_serve_levels, server_roles
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, worker_env
@@ -45,7 +47,14 @@ def main() -> None:
             worker.start().wait_ready()
             gateway.wait_ready()
             wait_for_model(gateway, config.model_dir)
-            write_results(out, bench_serve_levels(config, gateway.port, "d"))
+            assert worker.process is not None and redis_server.process is not None
+            assert gateway.process is not None
+            roles = server_roles(
+                worker.process.pid,
+                redis=[redis_server.process.pid],
+                gateway=[gateway.process.pid, *descendants(gateway.process.pid)],
+            )
+            write_results(out, bench_serve_levels(config, gateway.port, "d", roles))
         finally:
             gateway.stop()
             code = worker.stop()

@@ -3,17 +3,21 @@
 A throwaway Redis, one real ``python -m worker`` holding the same engine, and the
 producer library in this process: each request is ``client.submit(...)``
 (subscribe, enqueue, wake-up) and then its chunk events off pub/sub, so the clock
-covers producer → Redis → worker → engine → pub/sub → subscriber.
+covers producer → Redis → worker → engine → pub/sub → subscriber. CPU roles: the
+worker (``front_end``), its engine core, Redis, and this process (``client``: the subscriber).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from bench.config import BenchConfig
+from bench.cpu import descendants
 from bench.path_run import parse_path_args, write_results
 from bench.profiling import PySpyRecording
 from bench.prompts import Prompt, sample_prompts
@@ -24,11 +28,18 @@ from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, ErrorEvent
 
 
-async def measure(config: BenchConfig, redis_url: str, worker: WorkerProcess) -> list[PathResult]:
+async def measure(config: BenchConfig, redis_server: RedisServer, worker: WorkerProcess) -> list[PathResult]:
     """Every token as a chunk ("b"), then, if configured, a chunk every
     ``config.stream_interval`` tokens ("b-interval"; its ITL is between chunks)."""
-    async with await StreamqClient.connect(redis_url) as client:
-        interval: dict[str, int] = {}
+    assert worker.process is not None and redis_server.process is not None
+    roles = {
+        "front_end": [worker.process.pid],
+        "engine_core": descendants(worker.process.pid),
+        "redis": [redis_server.process.pid],
+        "client": [os.getpid()],
+    }
+    async with await StreamqClient.connect(redis_server.url) as client:
+        interval: dict[str, Any] = {}
 
         async def stream(prompt: Prompt) -> AsyncIterator[int]:
             handle = await client.submit(
@@ -48,10 +59,10 @@ async def measure(config: BenchConfig, redis_url: str, worker: WorkerProcess) ->
                 assert worker.process is not None
                 out = Path(config.results_dir) / f"{config.run_id}-b-worker.pyspy.txt"
                 stack.enter_context(PySpyRecording(worker.process.pid, out))
-            results = await measure_levels("b", stream, prompts_for, config.concurrencies)
+            results = await measure_levels("b", stream, prompts_for, config.concurrencies, roles)
             if config.stream_interval > 1:
                 interval["stream_interval"] = config.stream_interval
-                results += await measure_levels("b-interval", stream, prompts_for, config.concurrencies)
+                results += await measure_levels("b-interval", stream, prompts_for, config.concurrencies, roles)
             return results
 
 
@@ -62,7 +73,7 @@ def main() -> None:
         worker = WorkerProcess(redis_server.url, config.engine_flags(), log_path=log_path, env=worker_env())
         try:
             worker.start().wait_ready()
-            write_results(out, asyncio.run(measure(config, redis_server.url, worker)))
+            write_results(out, asyncio.run(measure(config, redis_server, worker)))
         finally:
             code = worker.stop()
             if code != 0:

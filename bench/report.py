@@ -46,20 +46,74 @@ def paths_table(results: Sequence[PathResult]) -> str:
     return "\n".join(lines)
 
 
-def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
-    base = next((r.delivered_chunks_s for r in results if r.workers == 1), None)
+CPU_ROLES = {
+    "front_end": "front end",
+    "beyond_a": "front end beyond (a)'s",
+    "engine_core": "engine core",
+    "redis": "Redis",
+    "gateway": "gateway",
+    "client": "client",
+}
+"""The columns of the CPU table: what ``bench.cpu`` measured per role, and the front end's
+cost beyond bare AsyncLLM's (computed here)."""
+
+
+def front_end_beyond_engine(results: Sequence[PathResult]) -> dict[tuple[str, int], float]:
+    """Each row's front-end CPU per token minus path (a)'s at the same concurrency: what
+    the worker (b, d) or ``vllm serve``'s API server (c) adds to AsyncLLM's own front end."""
+    bare = {r.concurrency: r.cpu_us_per_token["front_end"] for r in results if r.path == "a" and r.cpu_us_per_token}
+    return {
+        (r.path, r.concurrency): r.cpu_us_per_token["front_end"] - bare[r.concurrency]
+        for r in results
+        if r.path != "a" and r.concurrency in bare and "front_end" in r.cpu_us_per_token
+    }
+
+
+def cpu_table(results: Sequence[PathResult]) -> str:
+    beyond = front_end_beyond_engine(results)
     lines = [
-        "| workers | subscriber processes | requests in flight | offered chunks/s | delivered chunks/s | vs 1 worker | "
-        "time to first chunk p50/p99 (ms) | errors | CPU % (100 = one core) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| path | concurrency | " + " | ".join(CPU_ROLES.values()) + " | all processes | CPU % of a core, all |",
+        "|---|---:|" + "---:|" * (len(CPU_ROLES) + 2),
+    ]
+    for r in sorted(results, key=lambda r: (r.concurrency, r.path)):
+        if not r.cpu_us_per_token:
+            continue
+        costs = r.cpu_us_per_token | ({"beyond_a": beyond[key]} if (key := (r.path, r.concurrency)) in beyond else {})
+        cells = [f"{costs[role]:.1f}" if role in costs else "" for role in CPU_ROLES]
+        lines.append(
+            f"| {PATH_NAMES[r.path]} | {r.concurrency} | {' | '.join(cells)} | "
+            f"{sum(r.cpu_us_per_token.values()):.1f} | {sum(r.cpu_percent.values()):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+CPU_LEGEND = (
+    "CPU microseconds (user + system, from `/proc/<pid>/stat`) per delivered output token, over each "
+    "level's measured batch (not its warm-up). Front end: the AsyncLLM process itself in (a) (with the loop "
+    "that consumes it), the worker in (b) and (d), the API server in (c); engine core: the process it "
+    "spawns; client: the benchmark's own process (the subscriber in (b), `vllm bench serve` in (c) and "
+    "(d)). \"Beyond (a)'s\" is the front end minus (a)'s front end at the same concurrency. The last "
+    "column sums every process's share of one core over the window: it cannot exceed 100 x the CPUs."
+)
+
+
+def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
+    base = next((r.delivered_tokens_s for r in results if r.workers == 1), None)
+    lines = [
+        "| workers | subscriber processes | requests in flight | offered tokens/s | delivered tokens/s | vs 1 worker | "
+        "events per token | time to first chunk p50/p99 (ms) | errors | CPU us per token: workers, Redis, "
+        "subscribers | CPU % (100 = one core) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
-        speedup = f"{r.delivered_chunks_s / base:.2f}x" if base else ""
+        speedup = f"{r.delivered_tokens_s / base:.2f}x" if base else ""
         cpu = ", ".join(f"{role} {pct:.0f}" for role, pct in r.cpu_percent.items())
+        us = r.cpu_us_per_token
+        costs = f"{us.get('workers', 0):.1f}, {us.get('redis', 0):.1f}, {us.get('subscribers', 0):.1f}"
         lines.append(
-            f"| {r.workers} | {r.subscribers} | {r.requests_in_flight} | {r.offered_chunks_s:,.0f} | "
-            f"{r.delivered_chunks_s:,.0f} | {speedup} | {r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f} | "
-            f"{r.errors} | {cpu} |"
+            f"| {r.workers} | {r.subscribers} | {r.requests_in_flight} | {r.offered_tokens_s:,.0f} | "
+            f"{r.delivered_tokens_s:,.0f} | {speedup} | {r.events_per_token:.3f} | "
+            f"{r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f} | {r.errors} | {costs} | {cpu} |"
         )
     return "\n".join(lines)
 
@@ -87,12 +141,24 @@ def target_checks(results: Sequence[PathResult], scale_out: Sequence[ScaleOutRes
     if ("b", top) in by and ("c", top) in by:
         b, c = by[("b", top)].output_tok_s, by[("c", top)].output_tok_s
         checks.append((f"(b) >= (c) output tok/s at c={top}", f"{b:,.0f} vs {c:,.0f} ({b / c:.3f})", b >= c))
-    chunks = {r.workers: r.delivered_chunks_s for r in scale_out}
-    if 1 in chunks:
-        checks.append(("1 worker >= 50,000 chunks/s (synthetic engine)", f"{chunks[1]:,.0f}", chunks[1] >= 50_000))
-    if 1 in chunks and 2 in chunks:
-        speedup = chunks[2] / chunks[1]
+    beyond = front_end_beyond_engine(results)
+    if ("b", top) in beyond:
+        us = beyond[("b", top)]
+        checks.append((f"(b) worker CPU per token beyond (a)'s front end <= 5 us at c={top}", f"{us:.1f} us", us <= 5))
+    tokens = {r.workers: r.delivered_tokens_s for r in scale_out}
+    if 1 in tokens:
+        checks.append(
+            ("1 worker >= 150,000 delivered tokens/s (scripted engine)", f"{tokens[1]:,.0f}", tokens[1] >= 150_000)
+        )
+    if 1 in tokens and 2 in tokens:
+        speedup = tokens[2] / tokens[1]
         checks.append(("2 workers >= 1.7x one", f"{speedup:.2f}x", speedup >= 1.7))
+    redis = [(r.workers, r.cpu_us_per_token["redis"]) for r in scale_out if "redis" in r.cpu_us_per_token]
+    if redis:
+        measured = ", ".join(f"{w} worker(s): {us:.1f} us" for w, us in redis)
+        checks.append(
+            ("Redis CPU per delivered token <= 3 us (scripted engine)", measured, all(us <= 3 for _, us in redis))
+        )
     return checks
 
 
@@ -100,6 +166,8 @@ def markdown(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult],
     parts = [header]
     if results:
         parts += ["## Side by side", paths_table(results)]
+        if any(r.cpu_us_per_token for r in results):
+            parts += ["## CPU per delivered token (us)", CPU_LEGEND, cpu_table(results)]
     if scale_out:
         parts += ["## Scale-out (synthetic engine)", scale_out_table(scale_out)]
     checks = target_checks(results, scale_out)
@@ -114,10 +182,18 @@ def write_json(
     path: Path, meta: dict[str, Any], results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult]
 ) -> None:
     ratios = ratio_to_engine(results)
+    beyond = front_end_beyond_engine(results)
     payload = {
         **meta,
-        "paths": [{**asdict(r), "ratio_to_a": ratios[(r.path, r.concurrency)]} for r in results],
-        "scale_out": [asdict(r) for r in scale_out],
+        "paths": [
+            {
+                **asdict(r),
+                "ratio_to_a": ratios[(r.path, r.concurrency)],
+                "cpu_us_per_token_front_end_beyond_a": beyond.get((r.path, r.concurrency)),
+            }
+            for r in results
+        ],
+        "scale_out": [asdict(r) | {"events_per_token": r.events_per_token} for r in scale_out],
         "targets": [{"target": t, "measured": m, "met": met} for t, m, met in target_checks(results, scale_out)],
     }
     path.write_text(json.dumps(payload, indent=1))
@@ -143,11 +219,11 @@ def write_plot(path: Path, results: Sequence[PathResult], scale_out: Sequence[Sc
         ax.legend()
     ax = axes[3]
     if scale_out:
-        ax.bar([str(r.workers) for r in scale_out], [r.delivered_chunks_s for r in scale_out], color="tab:orange")
-        ax.axhline(50_000, color="grey", linestyle="--", label="target, 1 worker")
+        ax.bar([str(r.workers) for r in scale_out], [r.delivered_tokens_s for r in scale_out], color="tab:orange")
+        ax.axhline(150_000, color="grey", linestyle="--", label="target, 1 worker")
         ax.legend()
     ax.set_xlabel("workers (synthetic engine)")
-    ax.set_title("chunks/s delivered to subscribers")
+    ax.set_title("tokens/s delivered to subscribers")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,15 +1,16 @@
 """The scale-out run: 1, 2, 4 workers on one Redis with the synthetic engine.
 
-No model compute, so the chunks per second reaching subscribers are what the queue layer can
-carry. Each worker count gets a fresh Redis, its workers and subscriber processes; the CPU
-time of every process over the window (100% = one core) shows which of them is the limit.
+No model compute, so the tokens per second reaching subscribers are what the queue layer can
+carry (a worker may merge several tokens into one chunk event under load: tokens are the
+throughput, events per token what merging saves). Each worker count gets a fresh Redis, its
+workers and subscriber processes; the CPU time of every process over the window (100% = one
+core) shows which of them is the limit, and per delivered token what each one costs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.config import SYNTH_MAX_NUM_SEQS_ENV, SYNTH_TOKENS_PER_S_ENV
+from bench.cpu import CpuWindow
 from bench.profiling import PySpyRecording
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, worker_env
@@ -48,18 +50,18 @@ class ScaleOutResult:
     workers: int
     subscribers: int
     requests_in_flight: int
-    offered_chunks_s: float
-    delivered_chunks_s: float
+    offered_tokens_s: float  # what the scripted engines generate when nothing holds them back
+    delivered_tokens_s: float  # token ids reaching subscribers
+    delivered_events_s: float  # chunk events reaching subscribers
     errors: int
     ttft_p50_ms: float  # submit to first chunk: how long a request waits to be picked up and started
     ttft_p99_ms: float
-    cpu_percent: dict[str, float] = field(default_factory=dict)
+    cpu_percent: dict[str, float] = field(default_factory=dict)  # by process, 100 = one core
+    cpu_us_per_token: dict[str, float] = field(default_factory=dict)  # by process and role, per delivered token
 
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of ``pid`` so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    @property
+    def events_per_token(self) -> float:
+        return self.delivered_events_s / self.delivered_tokens_s if self.delivered_tokens_s else 0.0
 
 
 def wait_logged(worker: WorkerProcess, line: str, timeout_s: float = 120) -> None:
@@ -123,18 +125,19 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
                     str(out),
                 ]
                 clients.append((subprocess.Popen(command, env=env, start_new_session=True), out))
-            roles = {f"worker{i}": w.process.pid for i, w in enumerate(processes) if w.process is not None}
-            roles["redis"] = redis_server.process.pid
-            roles.update({f"subscriber{i}": c.pid for i, (c, _) in enumerate(clients)})
+            roles = {f"worker{i}": [w.process.pid] for i, w in enumerate(processes) if w.process is not None}
+            roles["redis"] = [redis_server.process.pid]
+            roles.update({f"subscriber{i}": [c.pid] for i, (c, _) in enumerate(clients)})
+            window = CpuWindow(roles)
             window_start = start_at + config.warmup_s
             time.sleep(max(0.0, window_start - time.time()))
             with contextlib.ExitStack() as stack:
                 if config.profile:
                     out = config.results_dir / f"{config.run_id}-scale{workers}-worker0.pyspy.txt"
-                    stack.enter_context(PySpyRecording(roles["worker0"], out))
-                before = {role: cpu_seconds(pid) for role, pid in roles.items()}
+                    stack.enter_context(PySpyRecording(roles["worker0"][0], out))
+                window.start()
                 time.sleep(max(0.0, window_start + config.measure_s - time.time()))
-                after = {role: cpu_seconds(pid) for role, pid in roles.items()}
+                cpu = window.stop()
             for client, _ in clients:
                 if client.wait(timeout=120) != 0:
                     raise RuntimeError(f"a subscriber process exited with {client.returncode}")
@@ -142,27 +145,41 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
         finally:
             for worker in processes:
                 worker.stop()
-    delivered = sum(c["chunks_in_window"] for c in counts) / config.measure_s
+    tokens = sum(c["tokens_in_window"] for c in counts)
     ttfts = [t for c in counts for t in c["ttft_s"]] or [0.0]
     result = ScaleOutResult(
         workers=workers,
         subscribers=config.subscribers,
         requests_in_flight=in_flight,
-        offered_chunks_s=in_flight * config.tokens_per_s,
-        delivered_chunks_s=delivered,
+        offered_tokens_s=in_flight * config.tokens_per_s,
+        delivered_tokens_s=tokens / config.measure_s,
+        delivered_events_s=sum(c["events_in_window"] for c in counts) / config.measure_s,
         errors=sum(c["errors"] for c in counts),
         ttft_p50_ms=1000 * float(np.percentile(ttfts, 50)),
         ttft_p99_ms=1000 * float(np.percentile(ttfts, 99)),
-        cpu_percent={role: round(100 * (after[role] - before[role]) / config.measure_s, 1) for role in roles},
+        cpu_percent=cpu.percent(),
+        cpu_us_per_token=by_role(cpu.us_per_token(tokens)),
     )
-    cpu = ", ".join(f"{role} {pct:.0f}%" for role, pct in result.cpu_percent.items())
+    shares = ", ".join(f"{role} {pct:.0f}%" for role, pct in result.cpu_percent.items())
+    costs = ", ".join(f"{role} {us:.1f}" for role, us in result.cpu_us_per_token.items())
     print(
-        f"[scale-out] {workers} worker(s): {delivered:,.0f} chunks/s delivered "
-        f"(offered {result.offered_chunks_s:,.0f}); time to first chunk p50 {result.ttft_p50_ms:.0f} ms, "
-        f"p99 {result.ttft_p99_ms:.0f} ms; CPU: {cpu}",
+        f"[scale-out] {workers} worker(s): {result.delivered_tokens_s:,.0f} tokens/s delivered "
+        f"(offered {result.offered_tokens_s:,.0f}) in {result.delivered_events_s:,.0f} events/s "
+        f"({result.events_per_token:.3f} per token); time to first chunk p50 {result.ttft_p50_ms:.0f} ms, "
+        f"p99 {result.ttft_p99_ms:.0f} ms; CPU: {shares}; CPU us per token: {costs}",
         flush=True,
     )
     return result
+
+
+def by_role(us_per_token: dict[str, float]) -> dict[str, float]:
+    """Each process's CPU per delivered token, then the sums over all workers
+    (``workers``) and all subscribers (``subscribers``)."""
+    totals = {
+        group: round(sum(us for role, us in us_per_token.items() if role.startswith(prefix)), 2)
+        for group, prefix in (("workers", "worker"), ("subscribers", "subscriber"))
+    }
+    return us_per_token | totals
 
 
 def run_scale_out(config: ScaleOutConfig) -> list[ScaleOutResult]:

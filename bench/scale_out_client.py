@@ -1,8 +1,9 @@
-"""One subscriber process of the scale-out run: keeps requests in flight, counts chunks.
+"""One subscriber process of the scale-out run: keeps requests in flight, counts tokens.
 
 The producer library in a closed loop: ``--concurrency`` slots, each submitting its next
-request when the previous one ends (starts spread over ``--stagger`` seconds). Chunks received
-inside the shared measurement window and each submit's time to first chunk go to ``--out``.
+request when the previous one ends (starts spread over ``--stagger`` seconds). The chunk
+events and the tokens they carry (a worker may merge several tokens into one event) received
+inside the shared measurement window, and each submit's time to first chunk, go to ``--out``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from streamq.protocol import ChunkEvent, ErrorEvent
 
 @dataclass
 class ClientCounts:
-    chunks_in_window: int = 0
+    events_in_window: int = 0  # chunk events
+    tokens_in_window: int = 0  # the token ids those events carry
     requests_completed: int = 0
     errors: int = 0
     ttft_s: list[float] = field(default_factory=list)  # submit to first chunk, requests sent in the window
@@ -46,7 +48,8 @@ async def run_slot(
                     counts.ttft_s.append(now - sent)
                 first = False
                 if window[0] <= now < window[1]:
-                    counts.chunks_in_window += 1
+                    counts.events_in_window += 1
+                    counts.tokens_in_window += len(event.token_ids)
             elif isinstance(event, ErrorEvent):
                 counts.errors += 1
         counts.requests_completed += 1

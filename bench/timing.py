@@ -3,17 +3,21 @@
 A request is clocked from just before it is sent: TTFT is the first chunk's arrival, each later
 chunk one inter-token latency (k tokens in a chunk: one entry), output tok/s all output tokens
 over the batch's wall time; percentiles are numpy's linear ones, as vLLM's. Paths (a) and (b) use it.
+Given the benchmark's processes by role, each level also records their CPU time over the batch
+(not the warm-up) per delivered token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
+
+from bench.cpu import CpuWindow, WindowCpu
 
 P = TypeVar("P")
 
@@ -42,6 +46,15 @@ class PathResult:
     ttft_p99_ms: float
     itl_p50_ms: float
     itl_p99_ms: float
+    cpu_us_per_token: dict[str, float] = field(default_factory=dict)  # by role, over the measured batch
+    cpu_percent: dict[str, float] = field(default_factory=dict)  # by role, 100 = one core
+
+    def with_cpu(self, cpu: WindowCpu) -> PathResult:
+        """This row with what each process spent on its batch."""
+        return replace(self, cpu_us_per_token=cpu.us_per_token(self.output_tokens), cpu_percent=cpu.percent())
+
+    def cpu_line(self) -> str:
+        return ", ".join(f"{role} {us:.0f}" for role, us in self.cpu_us_per_token.items())
 
 
 async def time_request(stream: StreamFn[P], prompt: P) -> RequestTiming:
@@ -105,18 +118,26 @@ async def measure_levels(
     stream: StreamFn[P],
     prompts_for: Callable[[int], Sequence[P]],
     concurrencies: Sequence[int],
+    roles: Mapping[str, list[int]] | None = None,
 ) -> list[PathResult]:
     """Run each concurrency level after one warm-up request, as ``vllm bench serve``
-    runs its initial test request before every invocation."""
+    runs its initial test request before every invocation; with ``roles`` (processes by
+    role), the CPU each role spent on the level's batch."""
     results = []
     for concurrency in concurrencies:
         prompts = prompts_for(concurrency)
         await time_request(stream, prompts[0])
+        window = CpuWindow(roles or {})
+        window.start()
         duration, timings = await run_batch(stream, prompts, concurrency)
+        cpu = window.stop()
         result = summarize(path, concurrency, duration, timings)
+        if roles:
+            result = result.with_cpu(cpu)
         print(
             f"[{path}] c={concurrency}: {result.output_tok_s:,.0f} tok/s, TTFT p50 {result.ttft_p50_ms:.1f} ms, "
-            f"ITL p50 {result.itl_p50_ms:.2f} ms ({len(prompts)} requests, {duration:.1f}s)",
+            f"ITL p50 {result.itl_p50_ms:.2f} ms ({len(prompts)} requests, {duration:.1f}s); "
+            f"CPU us/token: {result.cpu_line()}",
             flush=True,
         )
         results.append(result)
