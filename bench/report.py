@@ -113,7 +113,7 @@ def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
         lines.append(
             f"| {r.workers} | {r.subscribers} | {r.requests_in_flight} | {r.offered_tokens_s:,.0f} | "
             f"{r.delivered_tokens_s:,.0f} | {speedup} | {r.events_per_token:.3f} | "
-            f"{r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f} | {r.errors} | {costs} | {cpu} |"
+            f"{r.ttft_ms()} | {r.errors} | {costs} | {cpu} |"
         )
     return "\n".join(lines)
 

@@ -54,10 +54,17 @@ class ScaleOutResult:
     delivered_tokens_s: float  # token ids reaching subscribers
     delivered_events_s: float  # chunk events reaching subscribers
     errors: int
-    ttft_p50_ms: float  # submit to first chunk: how long a request waits to be picked up and started
-    ttft_p99_ms: float
+    # Submit to first chunk, of requests submitted inside the window: how long a request waits to
+    # be picked up and started. None when none was (requests outlasting the window hold every slot).
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
     cpu_percent: dict[str, float] = field(default_factory=dict)  # by process, 100 = one core
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)  # by process and role, per delivered token
+
+    def ttft_ms(self) -> str:
+        if self.ttft_p50_ms is None or self.ttft_p99_ms is None:
+            return "n/a (no request started in the window)"
+        return f"{self.ttft_p50_ms:.0f} / {self.ttft_p99_ms:.0f}"
 
     @property
     def events_per_token(self) -> float:
@@ -146,7 +153,7 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
             for worker in processes:
                 worker.stop()
     tokens = sum(c["tokens_in_window"] for c in counts)
-    ttfts = [t for c in counts for t in c["ttft_s"]] or [0.0]
+    ttfts = [t for c in counts for t in c["ttft_s"]]
     result = ScaleOutResult(
         workers=workers,
         subscribers=config.subscribers,
@@ -155,8 +162,8 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
         delivered_tokens_s=tokens / config.measure_s,
         delivered_events_s=sum(c["events_in_window"] for c in counts) / config.measure_s,
         errors=sum(c["errors"] for c in counts),
-        ttft_p50_ms=1000 * float(np.percentile(ttfts, 50)),
-        ttft_p99_ms=1000 * float(np.percentile(ttfts, 99)),
+        ttft_p50_ms=1000 * float(np.percentile(ttfts, 50)) if ttfts else None,
+        ttft_p99_ms=1000 * float(np.percentile(ttfts, 99)) if ttfts else None,
         cpu_percent=cpu.percent(),
         cpu_us_per_token=by_role(cpu.us_per_token(tokens)),
     )
@@ -165,8 +172,8 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
     print(
         f"[scale-out] {workers} worker(s): {result.delivered_tokens_s:,.0f} tokens/s delivered "
         f"(offered {result.offered_tokens_s:,.0f}) in {result.delivered_events_s:,.0f} events/s "
-        f"({result.events_per_token:.3f} per token); time to first chunk p50 {result.ttft_p50_ms:.0f} ms, "
-        f"p99 {result.ttft_p99_ms:.0f} ms; CPU: {shares}; CPU us per token: {costs}",
+        f"({result.events_per_token:.3f} per token); time to first chunk p50/p99 {result.ttft_ms()} ms; "
+        f"CPU: {shares}; CPU us per token: {costs}",
         flush=True,
     )
     return result
