@@ -7,6 +7,8 @@ never compete at once; the parent hands this configuration over as JSON.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,6 +18,10 @@ SYNTH_TOKENS_PER_S_ENV = "STREAMQ_SYNTH_TOKENS_PER_S"
 SYNTH_MAX_NUM_SEQS_ENV = "STREAMQ_SYNTH_MAX_NUM_SEQS"
 """The synthetic engine's settings (``bench.synthetic_engine``), named here so the
 scale-out driver can set them without importing vLLM."""
+
+ENGINE_FLAGS_ENV = "STREAMQ_BENCH_ENGINE_FLAGS"
+"""Engine flags added after the benchmark's own, for every path (the last of a flag wins):
+a GPU run's ``--dtype bfloat16 --no-enforce-eager --load-format dummy``."""
 
 SERVE_MAX_NUM_BATCHED_TOKENS = 2048
 """``vllm serve``'s own CPU default. The worker resolves unset limits as ``vllm serve`` does,
@@ -51,6 +57,7 @@ class BenchConfig:
             str(max(128, *self.concurrencies)),
             "--max-num-batched-tokens",
             str(SERVE_MAX_NUM_BATCHED_TOKENS),
+            *shlex.split(os.environ.get(ENGINE_FLAGS_ENV, "")),
         ]
 
     def save(self, path: Path) -> None:
