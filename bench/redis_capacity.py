@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -369,6 +370,8 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def main() -> None:
+    # A SIGTERM (``timeout``) unwinds like Ctrl-C, so Redis and the load processes are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     defaults = CapacityConfig()
     parser = argparse.ArgumentParser(prog="python -m bench.redis_capacity", description=__doc__.splitlines()[0])
     parser.add_argument("--tokens-per-event", default="1,4,16", help="arms, comma-separated (default %(default)s)")
