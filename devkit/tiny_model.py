@@ -36,10 +36,11 @@ _SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def build_tiny_model(out_dir: Path = DEFAULT_DIR, *, max_position_embeddings: int = 1024) -> Path:
-    """Write config, random weights and tokenizer to ``out_dir`` (skipped if present)."""
+    """Write config, random weights and tokenizer to ``out_dir`` (skipped if present, or if
+    ``out_dir`` holds ``devkit.gpu_model``'s model, which ``python -m bench --model-dir`` runs)."""
     out_dir = Path(out_dir)
     marker = out_dir / "streamq-tiny-model.json"
-    if marker.exists():
+    if marker.exists() or (out_dir / "streamq-gpu-model.json").exists():
         return out_dir
 
     import torch

@@ -9,6 +9,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer
 
 from devkit.gpu_model import LLAMA_3_2_1B_SHAPES, VOCAB_SIZE, build_gpu_model
+from devkit.tiny_model import build_tiny_model
 
 
 def test_the_model_has_llama_1b_shapes_and_a_tokenizer_over_its_whole_vocabulary(tmp_path: Path) -> None:
@@ -26,3 +27,10 @@ def test_the_model_has_llama_1b_shapes_and_a_tokenizer_over_its_whole_vocabulary
     assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
         [{"role": "user", "content": "w5 w6"}], tokenize=False, add_generation_prompt=True
     )
+
+
+def test_the_benchmark_runs_the_gpu_model_where_it_would_build_the_tiny_one(tmp_path: Path) -> None:
+    model = build_gpu_model(tmp_path / "model", layers=1)
+    before = (model / "config.json").read_text()
+    assert build_tiny_model(model) == model
+    assert (model / "config.json").read_text() == before
