@@ -10,8 +10,11 @@ outruns Redis. A request ends after ``--output-len`` tokens with its final event
 starts the next request (a new id: new log, owner key and channel).
 
 ``subscribe``: one ``EventSubscriber`` (one pub/sub connection) per process, following its share of
-the slots: each slot is subscribed two requests ahead, so no request starts before its channel
-is followed, and every event is decoded and checked for gaps as a client's handle does.
+the slots, each subscribed two requests ahead; every event is decoded and checked for gaps as a
+client's handle does. A request starts only once its channel is followed, as a client subscribes
+before it enqueues: the subscriber pushes ``<slot>:<request>`` to the worker's ready list, which
+the publisher reads every 8 flushes or when a slot waits (an RPUSH per request and an LPOP per
+few flushes: per-request work, like the enqueue it stands for, counted in Redis's CPU).
 
 Both print ``ready`` once set up and write their counts over the measurement window as JSON.
 """
