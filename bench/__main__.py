@@ -2,7 +2,8 @@
 
 Paths (a) bare ``AsyncLLM``, (b) streamq, (c) ``vllm serve`` and (d) streamq's gateway (both
 driven by ``vllm bench serve``) on the same model, flags and prompts, one path at a time, each
-in its own process; then the scale-out run. Writes ``<results>/<run>.json``, ``.md`` and ``.png``.
+in its own process; then the scale-out run and the Redis capacity run. Writes
+``<results>/<run>.json``, ``.md`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from bench.config import BenchConfig
 from bench.path_run import read_results
+from bench.redis_capacity import CapacityConfig, CapacityResult, describe, run_redis_capacity
 from bench.report import markdown, write_json, write_plot
 from bench.scale_out import ScaleOutConfig, ScaleOutResult, run_scale_out
 from bench.timing import PathResult
@@ -37,6 +39,7 @@ QUICK = {
     "scale_out_output_len": 200,
     "scale_out_warmup_s": 2.0,
     "scale_out_measure_s": 3.0,
+    "capacity_rounds": 1,
 }
 DEFAULTS = {
     "concurrency": "1,16,64",
@@ -46,6 +49,7 @@ DEFAULTS = {
     "scale_out_output_len": 1000,
     "scale_out_warmup_s": 5.0,
     "scale_out_measure_s": 10.0,
+    "capacity_rounds": 2,
 }
 
 
@@ -92,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--scale-out-output-len", type=int, help="tokens per request (default 1000)")
     group.add_argument("--scale-out-warmup-s", type=float, help="seconds before the window (default 5)")
     group.add_argument("--scale-out-measure-s", type=float, help="seconds measured (default 10)")
+    parser.add_argument(
+        "--capacity-rounds",
+        type=int,
+        help="rounds of the Redis capacity run (its other settings: bench.redis_capacity's defaults); 0 skips it "
+        f"(default {DEFAULTS['capacity_rounds']})",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -172,17 +182,22 @@ def main() -> None:
                 profile=args.profile,
             )
         )
+    capacity: list[CapacityResult] = []
+    capacity_config = CapacityConfig(rounds=args.capacity_rounds, results_dir=args.results_dir, run_id=run_id)
+    if args.capacity_rounds:
+        print("--- Redis capacity", flush=True)
+        capacity = run_redis_capacity(capacity_config)
     header = (
         f"# streamq benchmark {run_id}\n\nTiny random Llama ({model_dir}), input {config.input_len} tokens, "
         f"output {config.output_len} tokens (ignore_eos, temperature 0), engine flags "
         f"`{' '.join(config.engine_flags())}`; {os.cpu_count()} CPUs; "
         f"{time.monotonic() - started:.0f} s in all."
     )
-    table = markdown(results, scale_out, header)
+    table = markdown(results, scale_out, header, capacity, describe(capacity_config))
     base = args.results_dir / run_id
     base.with_suffix(".md").write_text(table)
     settings = vars(args) | {"results_dir": str(args.results_dir), "model_dir": str(model_dir)}
-    write_json(base.with_suffix(".json"), {"run_id": run_id, "config": settings}, results, scale_out)
+    write_json(base.with_suffix(".json"), {"run_id": run_id, "config": settings}, results, scale_out, capacity)
     write_plot(base.with_suffix(".png"), results, scale_out)
     print("\n" + table)
     print(f"written: {base}.json, {base}.md, {base}.png", flush=True)

@@ -107,12 +107,12 @@ if command -v nvidia-smi >/dev/null && "$PY" -c "import torch, sys; sys.exit(0 i
     "$PY" -m devkit.gpu_model "$MODEL" || exit 2
     # Every path gets these after the benchmark's own flags (the last of a flag wins).
     export STREAMQ_BENCH_ENGINE_FLAGS="--dtype bfloat16 --no-enforce-eager --load-format dummy --max-model-len 1024 --max-num-batched-tokens 8192"
-    BENCH_ARGS=(--model-dir "$MODEL" --concurrency 1,64,256 --input-len 128 --output-len 64 --stream-interval 0 --scale-out-workers "")
+    BENCH_ARGS=(--model-dir "$MODEL" --concurrency 1,64,256 --input-len 128 --output-len 64 --stream-interval 0 --scale-out-workers "" --capacity-rounds 0)
     CAPACITY_ARGS=(--rounds 1)
 else
     MODE=cpu
     say "no CUDA GPU: the CPU fallback, tiny model, small settings"
-    BENCH_ARGS=(--concurrency 1,4 --num-prompts 8 --output-len 16 --stream-interval 0 --scale-out-workers "")
+    BENCH_ARGS=(--concurrency 1,4 --num-prompts 8 --output-len 16 --stream-interval 0 --scale-out-workers "" --capacity-rounds 0)
     CAPACITY_ARGS=(--rounds 1 --warmup-s 1 --measure-s 2 --tokens-per-event 1,4 --workers 4 --requests-per-worker 16)
 fi
 say "mode: $MODE"

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.redis_capacity import CapacityResult, capacity_table, pooled
 from bench.scale_out import ScaleOutResult
 from bench.timing import PathResult
 
@@ -118,7 +119,11 @@ def scale_out_table(results: Sequence[ScaleOutResult]) -> str:
     return "\n".join(lines)
 
 
-def target_checks(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult]) -> list[tuple[str, str, bool]]:
+def target_checks(
+    results: Sequence[PathResult],
+    scale_out: Sequence[ScaleOutResult],
+    capacity: Sequence[CapacityResult] = (),
+) -> list[tuple[str, str, bool]]:
     """The targets this run's data covers, each as (target, measured, met)."""
     by = {(r.path, r.concurrency): r for r in results}
     ratios = ratio_to_engine(results)
@@ -141,6 +146,24 @@ def target_checks(results: Sequence[PathResult], scale_out: Sequence[ScaleOutRes
     if ("b", top) in by and ("c", top) in by:
         b, c = by[("b", top)].output_tok_s, by[("c", top)].output_tok_s
         checks.append((f"(b) >= (c) output tok/s at c={top}", f"{b:,.0f} vs {c:,.0f} ({b / c:.3f})", b >= c))
+    d_levels = [c for c in levels if ("c", c) in by and ("d", c) in by]
+    if d_levels:
+        tok = {c: by[("d", c)].output_tok_s / by[("c", c)].output_tok_s for c in d_levels}
+        checks.append(
+            (
+                "(d)/(c) output tok/s >= 1.0 at every concurrency",
+                ", ".join(f"c={c}: {tok[c]:.3f}" for c in d_levels),
+                all(r >= 1.0 for r in tok.values()),
+            )
+        )
+        ttft = {c: (by[("d", c)].ttft_p50_ms, by[("c", c)].ttft_p50_ms) for c in d_levels}
+        checks.append(
+            (
+                "(d) TTFT p50 <= (c) TTFT p50 at every concurrency",
+                ", ".join(f"c={c}: {d:.1f} vs {cc:.1f} ms" for c, (d, cc) in ttft.items()),
+                all(d <= cc for d, cc in ttft.values()),
+            )
+        )
     beyond = front_end_beyond_engine(results)
     if ("b", top) in beyond:
         us = beyond[("b", top)]
@@ -159,10 +182,24 @@ def target_checks(results: Sequence[PathResult], scale_out: Sequence[ScaleOutRes
         checks.append(
             ("Redis CPU per delivered token <= 3 us (scripted engine)", measured, all(us <= 3 for _, us in redis))
         )
+    for arm, _ in pooled(capacity):
+        checks.append(
+            (
+                f"one Redis core >= 500,000 tokens/s, project scripts, {arm.tokens_per_event} token(s) per event",
+                f"{arm.one_core_tokens_s:,.0f} ({arm.redis_us_per_token:.2f} us per token)",
+                arm.one_core_tokens_s >= 500_000,
+            )
+        )
     return checks
 
 
-def markdown(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult], header: str) -> str:
+def markdown(
+    results: Sequence[PathResult],
+    scale_out: Sequence[ScaleOutResult],
+    header: str,
+    capacity: Sequence[CapacityResult] = (),
+    capacity_note: str = "",
+) -> str:
     parts = [header]
     if results:
         parts += ["## Side by side", paths_table(results)]
@@ -170,7 +207,9 @@ def markdown(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult],
             parts += ["## CPU per delivered token (us)", CPU_LEGEND, cpu_table(results)]
     if scale_out:
         parts += ["## Scale-out (synthetic engine)", scale_out_table(scale_out)]
-    checks = target_checks(results, scale_out)
+    if capacity:
+        parts += ["## Redis capacity (project scripts, no engine)", capacity_note, capacity_table(capacity)]
+    checks = target_checks(results, scale_out, capacity)
     if checks:
         rows = ["| target | measured | met |", "|---|---|---|"]
         rows += [f"| {target} | {measured} | {'yes' if met else '**no**'} |" for target, measured, met in checks]
@@ -179,7 +218,11 @@ def markdown(results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult],
 
 
 def write_json(
-    path: Path, meta: dict[str, Any], results: Sequence[PathResult], scale_out: Sequence[ScaleOutResult]
+    path: Path,
+    meta: dict[str, Any],
+    results: Sequence[PathResult],
+    scale_out: Sequence[ScaleOutResult],
+    capacity: Sequence[CapacityResult] = (),
 ) -> None:
     ratios = ratio_to_engine(results)
     beyond = front_end_beyond_engine(results)
@@ -194,7 +237,10 @@ def write_json(
             for r in results
         ],
         "scale_out": [asdict(r) | {"events_per_token": r.events_per_token} for r in scale_out],
-        "targets": [{"target": t, "measured": m, "met": met} for t, m, met in target_checks(results, scale_out)],
+        "redis_capacity": [asdict(r) for r in capacity],
+        "targets": [
+            {"target": t, "measured": m, "met": met} for t, m, met in target_checks(results, scale_out, capacity)
+        ],
     }
     path.write_text(json.dumps(payload, indent=1))
 
