@@ -27,7 +27,7 @@ from arq.connections import ArqRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.subscriber import Delivery, EventSubscriber, Resync
+from producer.subscriber import EventSubscriber, Inbox, Resync
 from streamq.broker.connection import DEFAULT_REDIS_URL, close_pool, create_pool, redis_settings_for
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
@@ -142,7 +142,7 @@ class RequestHandle:
         self,
         client: StreamqClient,
         request_id: str,
-        queue: asyncio.Queue[Delivery],
+        queue: Inbox,
         next_seq: int,
         *,
         job_queue: str | None = None,
@@ -169,15 +169,10 @@ class RequestHandle:
 
     async def _next_raw(self) -> bytes:
         while not self._backlog:
-            if self._queue.empty():
-                try:
-                    async with asyncio.timeout(self._client.silence_check_s):
-                        delivery = await self._queue.get()
-                except TimeoutError:
-                    await self._check_alive()
-                    continue
-            else:
-                delivery = self._queue.get_nowait()
+            delivery = await self._queue.get(self._client.silence_check_s)
+            if delivery is None:
+                await self._check_alive()
+                continue
             if isinstance(delivery, BaseException):
                 raise StreamqError(f"lost the connection to Redis: {delivery}") from delivery
             if isinstance(delivery, Resync):

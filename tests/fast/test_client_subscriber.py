@@ -1,0 +1,128 @@
+"""The producer's pub/sub reader: every published event reaches each follower of its
+channel once and in order, however many arrive in one read; the handle's watchdog
+wakes it only after a silence. Real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from producer.subscriber import EventSubscriber, Inbox
+from streamq.broker.pubsub import live_messages
+from streamq.protocol import events_channel
+
+
+@pytest.fixture
+async def subscriber(raw_redis: aioredis.Redis) -> AsyncIterator[EventSubscriber]:
+    subscriber = EventSubscriber(raw_redis)
+    yield subscriber
+    await subscriber.close()
+
+
+def drain(inbox: Inbox) -> list[object]:
+    items: list[object] = []
+    while not inbox.empty():
+        items.append(inbox.get_nowait())
+    return items
+
+
+async def test_a_burst_reaches_each_follower_of_its_channel_once_and_in_order(
+    subscriber: EventSubscriber, raw_redis: aioredis.Redis
+) -> None:
+    first, second = events_channel(f"a-{uuid.uuid4().hex}"), events_channel(f"b-{uuid.uuid4().hex}")
+    followers = [await subscriber.subscribe(first), await subscriber.subscribe(first)]
+    other = await subscriber.subscribe(second)
+    count = 3000  # far more than one socket read holds
+    async with raw_redis.pipeline(transaction=False) as pipe:
+        for i in range(count):
+            pipe.publish(first if i % 3 else second, b"%d" % i)
+        await pipe.execute()
+    await raw_redis.publish(second, b"end")
+    received: list[object] = []
+    while received[-1:] != [b"end"]:
+        received.append(await asyncio.wait_for(other.get(), timeout=10))
+    expected_first = [b"%d" % i for i in range(count) if i % 3]
+    assert received == [b"%d" % i for i in range(count) if not i % 3] + [b"end"]
+    for inbox in followers:
+        assert drain(inbox) == expected_first
+
+
+async def test_a_channel_followed_mid_burst_is_confirmed_and_gets_what_follows(
+    subscriber: EventSubscriber, raw_redis: aioredis.Redis
+) -> None:
+    """Subscription confirmations arrive between published messages in one read."""
+    busy = events_channel(f"busy-{uuid.uuid4().hex}")
+    busy_inbox = await subscriber.subscribe(busy)
+
+    async def publish_burst() -> None:
+        async with raw_redis.pipeline(transaction=False) as pipe:
+            for i in range(2000):
+                pipe.publish(busy, b"%d" % i)
+            await pipe.execute()
+
+    burst = asyncio.ensure_future(publish_burst())
+    late = events_channel(f"late-{uuid.uuid4().hex}")
+    late_inbox = await asyncio.wait_for(subscriber.subscribe(late), timeout=10)
+    await burst
+    await raw_redis.publish(late, b"after")
+    assert await asyncio.wait_for(late_inbox.get(), timeout=10) == b"after"
+    await raw_redis.publish(busy, b"end")
+    received: list[object] = []
+    while received[-1:] != [b"end"]:
+        received.append(await asyncio.wait_for(busy_inbox.get(), timeout=10))
+    assert received == [b"%d" % i for i in range(2000)] + [b"end"]
+
+
+async def test_an_inbox_wakes_its_reader_after_a_silence_and_not_while_deliveries_flow() -> None:
+    inbox = Inbox()
+    stop = asyncio.Event()
+
+    async def deliver() -> None:
+        i = 0
+        while not stop.is_set():
+            inbox.put_nowait(b"%d" % i)
+            i += 1
+            await asyncio.sleep(0.01)
+
+    delivering = asyncio.ensure_future(deliver())
+    got: list[object] = []
+    try:
+        while len(got) < 50:
+            got.append(await inbox.get(silence_s=2.0))
+    finally:
+        stop.set()
+        await delivering
+    assert got == [b"%d" % i for i in range(50)]  # no None: never silent for 2 s
+    drain(inbox)
+    assert await asyncio.wait_for(inbox.get(silence_s=0.2), timeout=5) is None
+    inbox.put_nowait(b"late")
+    assert await inbox.get(silence_s=0.2) == b"late"
+    inbox.close()
+
+
+async def test_live_messages_yields_each_message_of_a_burst_as_a_dict(raw_redis: aioredis.Redis) -> None:
+    """The form the workers' wake-up and cancel listeners read."""
+    channel = f"streamq:test:{uuid.uuid4().hex}"
+    pubsub = raw_redis.pubsub()
+    await pubsub.subscribe(channel)
+    async with raw_redis.pipeline(transaction=False) as pipe:
+        for i in range(500):
+            pipe.publish(channel, b"%d" % i)
+        await pipe.execute()
+    messages = []
+    try:
+        async with asyncio.timeout(10):
+            async for message in live_messages(pubsub):
+                messages.append(message)
+                if message["data"] == b"499":
+                    break
+    finally:
+        await pubsub.aclose()
+    assert messages[0]["type"] == "subscribe"
+    assert [(m["type"], m["channel"], m["data"]) for m in messages[1:]] == [
+        ("message", channel.encode(), b"%d" % i) for i in range(500)
+    ]
