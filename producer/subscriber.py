@@ -148,12 +148,17 @@ class EventSubscriber:
         pubsub = await self._ensure_started()
         queue = Inbox()
         self._queues[channel].append(queue)
-        if len(self._queues[channel]) == 1:
-            confirmed = asyncio.get_running_loop().create_future()
-            self._confirmations[channel] = confirmed
-            await self._subscribe_until_confirmed(pubsub, channel, confirmed)
-        else:
-            await self._confirmations[channel]
+        try:
+            if len(self._queues[channel]) == 1:
+                confirmed = asyncio.get_running_loop().create_future()
+                self._confirmations[channel] = confirmed
+                await self._subscribe_until_confirmed(pubsub, channel, confirmed)
+            else:
+                # Shielded: a follower cancelled here must not cancel the others' confirmation.
+                await asyncio.shield(self._confirmations[channel])
+        except BaseException:  # cancelled, or no subscription: nobody will read the inbox
+            await self.unsubscribe(channel, queue)
+            raise
         return queue
 
     async def _subscribe_until_confirmed(self, pubsub: PubSub, channel: str, confirmed: asyncio.Future[None]) -> None:
@@ -172,14 +177,13 @@ class EventSubscriber:
                     pubsub.channels[pubsub.encoder.decode(pubsub.encoder.encode(channel))] = None
             else:
                 pubsub.channels[pubsub.encoder.decode(pubsub.encoder.encode(channel))] = None
-            try:
-                await asyncio.wait_for(asyncio.shield(confirmed), timeout=CONFIRM_WITHIN_S)
-                return
-            except TimeoutError:
-                if loop.time() >= deadline:
-                    raise RedisConnectionError(
-                        f"no subscription to {channel} for {self._reconnect_for_s:.0f}s"
-                    ) from None
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for drops a cancellation that
+            # arrives as the confirmation does, and the cancelled follower would go on.
+            await asyncio.wait((confirmed,), timeout=CONFIRM_WITHIN_S)
+            if confirmed.done():
+                return confirmed.result()
+            if loop.time() >= deadline:
+                raise RedisConnectionError(f"no subscription to {channel} for {self._reconnect_for_s:.0f}s")
 
     async def unsubscribe(self, channel: str, queue: Inbox) -> None:
         """Stop routing ``channel`` to ``queue``; unsubscribe when nobody follows it."""
@@ -191,8 +195,14 @@ class EventSubscriber:
         if not queues:
             del self._queues[channel]
             self._confirmations.pop(channel, None)
-            if self._pubsub is not None and self._reader is not None and not self._reader.done():
-                await self._pubsub.unsubscribe(channel)
+            pubsub = self._pubsub
+            if pubsub is None or self._reader is None or self._reader.done():
+                return
+            connection = pubsub.connection
+            if connection is not None and connection.is_connected:
+                await pubsub.unsubscribe(channel)
+            else:  # reconnecting: leave the set that the reconnect resubscribes, rather than wait
+                pubsub.channels.pop(pubsub.encoder.decode(pubsub.encoder.encode(channel)), None)
 
     async def close(self) -> None:
         """Stop reading and close the connection."""

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 
 from producer.subscriber import EventSubscriber, Inbox
 from streamq.broker.pubsub import live_messages
@@ -126,3 +127,77 @@ async def test_live_messages_yields_each_message_of_a_burst_as_a_dict(raw_redis:
     assert [(m["type"], m["channel"], m["data"]) for m in messages[1:]] == [
         ("message", channel.encode(), b"%d" % i) for i in range(500)
     ]
+
+
+class HeldSubscriptions:
+    """Stands in for ``PubSub.subscribe``: tells when a SUBSCRIBE is asked for, and sends
+    it only if ``send`` is set, once ``gate`` is open."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, send: bool) -> None:
+        self.asked, self.gate, self.send = asyncio.Event(), asyncio.Event(), send
+        original = PubSub.subscribe
+
+        async def subscribe(pubsub: PubSub, *channels: str) -> None:
+            self.asked.set()
+            await self.gate.wait()
+            if self.send:
+                await original(pubsub, *channels)
+
+        monkeypatch.setattr(PubSub, "subscribe", subscribe)
+
+
+async def numsub(redis: aioredis.Redis, channel: str) -> int:
+    [(_, count)] = await redis.pubsub_numsub(channel)
+    return int(count)
+
+
+async def test_a_follower_cancelled_as_its_subscription_is_confirmed_stops(
+    subscriber: EventSubscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await subscriber.subscribe(events_channel(f"warm-{uuid.uuid4().hex}"))  # the reader runs
+    held = HeldSubscriptions(monkeypatch, send=False)
+    held.gate.set()
+    channel = events_channel(f"race-{uuid.uuid4().hex}")
+    following = asyncio.ensure_future(subscriber.subscribe(channel))
+    await held.asked.wait()  # the follower now waits for Redis's confirmation
+    subscriber._dispatch([[b"subscribe", channel.encode(), 2]])  # the confirmation, as the reader hands it over
+    following.cancel()  # in the same turn of the loop
+    with pytest.raises(asyncio.CancelledError):
+        await following
+
+
+async def test_a_follower_cancelled_while_another_waits_for_the_same_channel_leaves_it_be(
+    subscriber: EventSubscriber, raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await subscriber.subscribe(events_channel(f"warm-{uuid.uuid4().hex}"))
+    held = HeldSubscriptions(monkeypatch, send=True)
+    channel = events_channel(f"shared-{uuid.uuid4().hex}")
+    first = asyncio.ensure_future(subscriber.subscribe(channel))
+    await held.asked.wait()
+    second = asyncio.ensure_future(subscriber.subscribe(channel))
+    await asyncio.sleep(0)  # the second follower waits on the first one's subscription
+    second.cancel()
+    await asyncio.gather(second, return_exceptions=True)
+    held.gate.set()
+    inbox = await asyncio.wait_for(first, timeout=10)
+    await raw_redis.publish(channel, b"event")
+    assert await asyncio.wait_for(inbox.get(), timeout=10) == b"event"
+
+
+async def test_a_follower_cancelled_before_its_subscription_is_confirmed_leaves_no_subscription(
+    subscriber: EventSubscriber, raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await subscriber.subscribe(events_channel(f"warm-{uuid.uuid4().hex}"))
+    held = HeldSubscriptions(monkeypatch, send=True)
+    held.gate.set()
+    channel = events_channel(f"abandoned-{uuid.uuid4().hex}")
+    following = asyncio.ensure_future(subscriber.subscribe(channel))
+    await held.asked.wait()  # SUBSCRIBE sent, its confirmation not read yet
+    following.cancel()
+    await asyncio.gather(following, return_exceptions=True)
+    assert following.cancelled()
+    async with asyncio.timeout(10):
+        while await numsub(raw_redis, channel) != 0:
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # a confirmation still on its way must not revive it
+    assert await numsub(raw_redis, channel) == 0
