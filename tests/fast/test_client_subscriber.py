@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
 from producer.subscriber import EventSubscriber, Inbox
-from streamq.broker.pubsub import live_messages
+from streamq.broker.pubsub import _buffered_replies, live_messages
 from streamq.protocol import events_channel
 
 
@@ -201,3 +201,24 @@ async def test_a_follower_cancelled_before_its_subscription_is_confirmed_leaves_
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)  # a confirmation still on its way must not revive it
     assert await numsub(raw_redis, channel) == 0
+
+
+async def test_replies_already_parsed_are_drained_in_one_batch(raw_redis: aioredis.Redis) -> None:
+    """The batch drain reads redis-py's private hiredis reader; when an upgrade moves it,
+    every message costs its own read again, silently. This notices."""
+    channel = events_channel(f"d-{uuid.uuid4().hex}")
+    pubsub = raw_redis.pubsub()
+    await pubsub.subscribe(channel)
+    try:
+        assert await pubsub.parse_response(block=True, timeout=5) is not None  # the confirmation
+        async with raw_redis.pipeline(transaction=False) as pipe:
+            for i in range(50):
+                pipe.publish(channel, str(i))
+            await pipe.execute()
+        await asyncio.sleep(0.2)  # all 50 on the socket before the first read
+        first = await pubsub.parse_response(block=True, timeout=5)
+        rest = _buffered_replies(pubsub)
+        assert [first, *rest] == [[b"message", channel.encode(), str(i).encode()] for i in range(50)]
+        assert rest, "nothing came from the parser's buffer: the batch drain is not active"
+    finally:
+        await pubsub.aclose()
