@@ -19,10 +19,12 @@ from streamq.broker.connection import add_connection_options, redis_settings_for
 from streamq.broker.replay_log import log_limits_from_env
 from streamq.environment import drain_seconds_from_env
 from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
+from streamq.protocol.names import COALESCE_ENV
 from worker.arq_worker import StreamqWorker
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
 from worker.options import OPTIONS_KEY, WorkerOptions
+from worker.publisher import coalesce_from_env
 from worker.scheduling import cpu_nice_from_env
 from worker.settings import WorkerSettings, worker_settings
 from worker.state import STATE_KEY, WorkerState
@@ -90,6 +92,15 @@ def build_parser() -> FlexibleArgumentParser:
         help=f"events kept in a request's replay log; a longer request's oldest events are trimmed "
         f"(default: ${LOG_MAXLEN_ENV} or %(default)s)",
     )
+    group.add_argument(
+        "--no-coalesce",
+        dest="coalesce",
+        action="store_false",
+        default=coalesce_from_env(),
+        help="send every engine DELTA as a chunk event of its own, even under load; by default a request's "
+        "DELTAs that wait behind a batch in flight to Redis go out merged into one chunk "
+        f"(default: merge, unless ${COALESCE_ENV}=0)",
+    )
     add_engine_args(parser)
     return parser
 
@@ -115,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                 queue_name=args.queue,
                 log_ttl_ms=round(args.log_ttl_s * 1000),
                 log_maxlen=args.log_maxlen,
+                coalesce=args.coalesce,
             )
         },
     }

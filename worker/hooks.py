@@ -20,7 +20,7 @@ from worker.lease import Leases
 from worker.logs import quiet_request_failures
 from worker.options import WorkerOptions, options_of
 from worker.presence import Presence, served_model_name
-from worker.publisher import EventPublisher
+from worker.publisher import EventPublisher, coalesce_from_env
 from worker.scheduling import cpu_nice_from_env, lower_cpu_weight
 from worker.state import STATE_KEY, WorkerState, new_worker_id
 
@@ -81,7 +81,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         cancels = CancelListener(redis)
         await cancels.start()
         closing.push_async_callback(cancels.close)
-        publisher = EventPublisher(replay_log, on_superseded=cancels.supersede)
+        coalesce = options.coalesce if options.coalesce is not None else coalesce_from_env()
+        publisher = EventPublisher(replay_log, on_superseded=cancels.supersede, coalesce=coalesce)
         publisher.start()
         closing.push_async_callback(publisher.close)
         leases = Leases(redis, worker_id=worker_id, on_lost=cancels.supersede)

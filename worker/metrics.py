@@ -34,16 +34,20 @@ QUEUE_WAIT = Histogram(
 )
 TIME_TO_FIRST_TOKEN = Histogram(
     "streamq_time_to_first_token_seconds",
-    "From the start of the job to its first chunk handed to the publisher",
+    "From the start of the job to its first DELTA handed to the publisher",
     buckets=_LATENCY_BUCKETS,
 )
 INTER_TOKEN_LATENCY = Histogram(
     "streamq_inter_token_latency_seconds",
-    "Between successive chunks of one completion (a chunk usually holds one token)",
+    "Between successive engine DELTAs of one completion (a DELTA usually holds one token)",
     buckets=_LATENCY_BUCKETS,
 )
 GENERATED_TOKENS = Counter("streamq_generated_tokens", "Tokens generated and published, all completions")
-CHUNKS = Counter("streamq_chunks", "Chunk events published")
+DELTAS = Counter("streamq_deltas", "Engine DELTAs published, each alone or merged with others into one chunk event")
+CHUNKS = Counter(
+    "streamq_chunks",
+    "Chunk events published; below streamq_deltas when DELTAs waiting behind a batch in flight were merged",
+)
 COMPLETIONS_FINISHED = Counter(
     "streamq_completions_finished",
     "Completions ended, by finish reason (a request with n=2 counts twice, as in vLLM)",

@@ -27,6 +27,8 @@ class WorkerOptions:
     """The queue this worker registers for its model."""
     log_ttl_ms: int | None = None
     log_maxlen: int | None = None
+    coalesce: bool | None = None
+    """Merge a request's DELTAs waiting behind a batch in flight into one chunk event."""
 
 
 def options_of(ctx: Mapping[str, Any]) -> WorkerOptions:

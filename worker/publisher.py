@@ -1,9 +1,14 @@
 """Coalesced publishing of events to the replay log and pub/sub.
 
 Jobs never await Redis per token (a command costs about 100 µs of Python): they buffer
-encoded events and one flusher task sends all that is buffered in one command, so batches
-grow with the load while an idle worker's first token goes out at once. One flusher keeps
+events and one flusher task sends all that is buffered in one command, so batches grow
+with the load while an idle worker's first token goes out at once. One flusher keeps
 each request's events in order; the log skips sequence numbers it holds, so retries are safe.
+
+While a batch is in flight, a request's next DELTA may be merged into its chunk still
+waiting in the buffer (``extendable``): the events per token, and with them Redis's work,
+fall exactly when the load rises, while an idle worker still sends every DELTA as it comes.
+Chunks are encoded when the flusher takes them, so a merged chunk is encoded once.
 """
 
 from __future__ import annotations
@@ -11,14 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.protocol import ChunkEvent, encode_event
+from streamq.protocol.names import COALESCE_ENV
 from streamq.tasks import stop_task
 from worker import metrics
 
@@ -30,6 +38,11 @@ slow script, memory freed by expiry): a batch that meets them is sent again."""
 DEFAULT_RETRY_FOR_S = 60.0
 """How long a batch is retried through transient errors: longer than a Redis restart or
 a Sentinel failover, shorter than a client's watchdog."""
+
+
+def coalesce_from_env(environ: Mapping[str, str] = os.environ) -> bool:
+    """``$STREAMQ_COALESCE``: anything but ``0``, ``false``, ``no`` or ``off`` (or unset) merges."""
+    return environ.get(COALESCE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class PublishFailed(RuntimeError):
@@ -49,6 +62,7 @@ class EventPublisher:
 
     ``on_superseded`` is called with each request whose events the log refused
     because another attempt owns it or it already ended: that attempt's job should stop.
+    ``coalesce=False`` makes ``extendable`` always false: one event per DELTA.
     """
 
     def __init__(
@@ -58,10 +72,18 @@ class EventPublisher:
         on_superseded: Callable[[str], None] | None = None,
         retry_for_s: float = DEFAULT_RETRY_FOR_S,
         retry_delay_s: float = 0.2,
+        coalesce: bool = True,
     ) -> None:
         self._log = log
         self._on_superseded = on_superseded
-        self._pending: list[LogEvent] = []
+        self.coalesce = coalesce
+        self._pending: list[LogEvent | ChunkEvent] = []
+        self._generation = 0
+        """Counts the buffers the flusher took: a chunk published in the current one is
+        still waiting, so it may be extended."""
+        self._in_flight = False
+        self._deltas = 0
+        """DELTAs buffered since the flusher last took the buffer, merged ones included."""
         self._pending_waiters: list[asyncio.Future[None]] = []
         self._has_pending = asyncio.Event()
         self._retry_for_s = retry_for_s
@@ -85,6 +107,27 @@ class EventPublisher:
         self._pending.append(LogEvent(request_id, seq, attempt, payload, terminal))
         self._has_pending.set()
 
+    def publish_chunk(self, event: ChunkEvent) -> int:
+        """Queue a chunk, still open to ``extend``; returns the buffer's generation,
+        which ``extendable`` takes. The chunk is encoded when the flusher takes it."""
+        self._pending.append(event)
+        self._deltas += 1
+        self._has_pending.set()
+        return self._generation
+
+    def extendable(self, generation: int) -> bool:
+        """True when a chunk published in ``generation`` is still waiting behind a batch
+        in flight: merging into it delays nothing, since it could not go out sooner."""
+        return self._in_flight and generation == self._generation and self.coalesce
+
+    def extend(self, event: ChunkEvent, text: str, token_ids: list[int], finish_reason: str | None) -> None:
+        """Append the next DELTA of ``event``'s completion to it (``extendable`` said yes;
+        ``token_ids`` becomes part of the event, so pass a list of your own)."""
+        event.text += text
+        event.token_ids += token_ids
+        event.finish_reason = finish_reason
+        self._deltas += 1
+
     def flushed(self) -> asyncio.Future[None]:
         """A future that resolves once everything published so far has reached Redis,
         or fails with ``PublishFailed`` if it could not."""
@@ -99,9 +142,13 @@ class EventPublisher:
         while True:
             await self._has_pending.wait()
             self._has_pending.clear()
-            batch, self._pending = self._pending, []
+            taken, self._pending = self._pending, []
             waiters, self._pending_waiters = self._pending_waiters, []
+            deltas, self._deltas = self._deltas, 0
+            self._generation += 1
+            batch, chunks, tokens = _encoded(taken)
             started = time.perf_counter()
+            self._in_flight = True
             try:
                 await self._send(batch)
             except Exception as exc:  # the flusher must outlive any batch: fail it, loudly
@@ -113,8 +160,13 @@ class EventPublisher:
                     if not waiter.done():
                         waiter.set_exception(failure)
                 continue
+            finally:
+                self._in_flight = False
             metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
             metrics.PUBLISH_BATCH_EVENTS.observe(len(batch))
+            metrics.DELTAS.inc(deltas)
+            metrics.CHUNKS.inc(chunks)
+            metrics.GENERATED_TOKENS.inc(tokens)
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
@@ -140,3 +192,17 @@ class EventPublisher:
                 for request_id in appended.superseded:
                     self._on_superseded(request_id)
             return
+
+
+def _encoded(taken: list[LogEvent | ChunkEvent]) -> tuple[list[LogEvent], int, int]:
+    """The batch to send for the buffer ``taken``, with its count of chunks and tokens."""
+    batch: list[LogEvent] = []
+    chunks = tokens = 0
+    for item in taken:
+        if isinstance(item, ChunkEvent):
+            batch.append(LogEvent(item.request_id, item.seq, item.attempt, encode_event(item)))
+            chunks += 1
+            tokens += len(item.token_ids)
+        else:
+            batch.append(item)
+    return batch, chunks, tokens

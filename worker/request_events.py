@@ -1,7 +1,7 @@
 """The events of one request, numbered and handed to the publisher.
 
-Every event of a request passes here, so this is also where its latency and
-token metrics are taken (``worker/metrics.py``).
+Every event of a request passes here, so this is also where its latency metrics are
+taken, per engine DELTA (``worker/metrics.py``); the publisher counts what it sends.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ class RequestEvents:
     """Numbers one request's events contiguously from 0 and publishes them.
 
     Chunks, the final event and an error all share one sequence, so a reader can
-    tell a gap or a duplicate from the numbers alone.
+    tell a gap or a duplicate from the numbers alone. A DELTA that finds the request's
+    last event still waiting in the publisher's buffer, a chunk of the same completion
+    that is not its last, joins that chunk instead of taking a number of its own.
     """
 
     def __init__(self, publisher: EventPublisher, request_id: str, *, next_seq: int = 0, attempt: int = 1) -> None:
@@ -29,6 +31,9 @@ class RequestEvents:
         self.closed = False
         self._started = time.perf_counter()  # the job's start: created as the job begins
         self._last_chunk_at: dict[int, float] = {}  # per completion index, for inter-token latency
+        self._open: ChunkEvent | None = None
+        """The last event published, if it is a chunk (``extend`` may still add to it)."""
+        self._open_generation = -1
 
     def _take_seq(self) -> int:
         seq = self.next_seq
@@ -37,6 +42,7 @@ class RequestEvents:
 
     def _publish(self, event: Event) -> None:
         terminal = isinstance(event, TERMINAL_EVENTS)
+        self._open = None
         self._publisher.publish(self.request_id, event.seq, self.attempt, encode_event(event), terminal=terminal)
 
     def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
@@ -48,18 +54,29 @@ class RequestEvents:
         elif not self._last_chunk_at:
             metrics.TIME_TO_FIRST_TOKEN.observe(now - self._started)
         self._last_chunk_at[index] = now
-        metrics.CHUNKS.inc()
-        metrics.GENERATED_TOKENS.inc(len(token_ids))
+        publisher = self._publisher
+        open_chunk = self._open
+        if (
+            open_chunk is not None
+            and open_chunk.index == index
+            and open_chunk.finish_reason is None
+            and publisher.extendable(self._open_generation)
+        ):
+            publisher.extend(open_chunk, text, list(token_ids), finish_reason)
+            return
+        seq = self.next_seq
+        self.next_seq = seq + 1
         event = ChunkEvent(
             request_id=self.request_id,
-            seq=self._take_seq(),
+            seq=seq,
             attempt=self.attempt,
             index=index,
             text=text,
             token_ids=list(token_ids),
             finish_reason=finish_reason,
         )
-        self._publish(event)
+        self._open = event
+        self._open_generation = publisher.publish_chunk(event)
 
     def final(
         self,

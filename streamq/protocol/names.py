@@ -111,6 +111,8 @@ LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
 LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
 API_KEYS_ENV: Final = "STREAMQ_API_KEYS"
 """Comma-separated API keys the gateway accepts besides ``--api-key`` (default: none)."""
+COALESCE_ENV: Final = "STREAMQ_COALESCE"
+"""``0`` stops a worker from merging a request's waiting chunks into one event (default ``1``)."""
 
 
 def events_channel(request_id: str) -> str:

@@ -87,6 +87,7 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
         names.LOG_MAXLEN_ENV: str(names.LOG_MAXLEN),
         names.LOG_TTL_ENV: str(names.LOG_TTL_MS // 1000),
         names.API_KEYS_ENV: "(none)",
+        names.COALESCE_ENV: "1",
     }
     env_names = {value for name, value in public_constants(names, str).items() if name.endswith("_ENV")}
     assert env_names == defaults.keys()
