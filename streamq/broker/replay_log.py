@@ -4,6 +4,9 @@ Pub/sub keeps nothing, so late or reconnecting subscribers, and a worker taking 
 crashed request, read the log instead: entry ids are ``0-<seq + 1>``, written before the
 channel by one Lua script per batch (``append_and_publish``), which also drops events
 already logged or from a superseded attempt.
+
+A batch's command is packed here in one pass: redis-py's asyncio packer copies its
+buffer again for every argument, which made packing the worker's largest cost per event.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import NoScriptError, ResponseError
 
 from streamq.broker.replies import as_text
 from streamq.protocol import (
@@ -85,12 +90,22 @@ class ReplayLog:
 
     async def append(self, events: Sequence[LogEvent]) -> Appended:
         """Log and publish ``events``, in order, in one command."""
-        keys: list[str] = []
-        args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
-        for event in events:
-            keys += [events_channel(event.request_id), OWNER_KEY_PREFIX + event.request_id]
-            args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
-        skipped, *superseded = await self._append_script(keys=keys, args=args)
+        script = self._append_script
+        if self._redis.connection is not None:  # a single-connection client: its own lock and path
+            keys: list[str] = []
+            args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
+            for event in events:
+                keys += [events_channel(event.request_id), OWNER_KEY_PREFIX + event.request_id]
+                args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
+            reply = await script(keys=keys, args=args)
+        else:
+            command = pack_append(script.sha, self._maxlen, self._ttl_ms, events)
+            try:
+                reply = await _execute_packed(self._redis.connection_pool, command)
+            except NoScriptError:  # a restarted Redis has forgotten it
+                await self._redis.script_load(script.script)
+                reply = await _execute_packed(self._redis.connection_pool, command)
+        skipped, *superseded = reply
         prefix = len(EVENTS_CHANNEL_PREFIX)
         keys_out = (as_text(key) for key in superseded)
         return Appended(int(skipped), frozenset(key[prefix:] for key in keys_out))
@@ -120,6 +135,69 @@ class ReplayLog:
         """The newest logged event of ``request_id``, or ``None`` when nothing is logged."""
         entries = await self._redis.xrevrange(events_channel(request_id), count=1)
         return entries[0][1][b"event"] if entries else None
+
+
+_EVENTS_PREFIX = EVENTS_CHANNEL_PREFIX.encode()
+_OWNER_PREFIX = OWNER_KEY_PREFIX.encode()
+
+
+def pack_append(sha: str | bytes, maxlen: int, ttl_ms: int, events: Sequence[LogEvent]) -> bytes:
+    """The RESP bytes of ``EVALSHA`` of ``append_and_publish`` for ``events``: per event
+    its log and owner keys, then maxlen and ttl, then per event its entry id, attempt,
+    terminal flag and payload (the script's KEYS and ARGV)."""
+    keys: list[bytes] = []
+    args: list[bytes] = []
+    events_prefix, owner_prefix = len(_EVENTS_PREFIX), len(_OWNER_PREFIX)
+    for event in events:
+        request_id = event.request_id.encode()
+        size = len(request_id)
+        keys.append(
+            b"$%d\r\n%b%b\r\n$%d\r\n%b%b\r\n"
+            % (size + events_prefix, _EVENTS_PREFIX, request_id, size + owner_prefix, _OWNER_PREFIX, request_id)
+        )
+        entry = b"0-%d" % (event.seq + 1)
+        attempt = b"%d" % event.attempt
+        payload = event.payload
+        args.append(
+            b"$%d\r\n%b\r\n$%d\r\n%b\r\n$1\r\n%b\r\n$%d\r\n%b\r\n"
+            % (len(entry), entry, len(attempt), attempt, b"1" if event.terminal else b"0", len(payload), payload)
+        )
+    sha_bytes = sha.encode() if isinstance(sha, str) else sha
+    numkeys, maxlen_bytes, ttl_bytes = b"%d" % (2 * len(events)), b"%d" % maxlen, b"%d" % ttl_ms
+    head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+        5 + 6 * len(events),
+        len(sha_bytes),
+        sha_bytes,
+        len(numkeys),
+        numkeys,
+    )
+    limits = b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(maxlen_bytes), maxlen_bytes, len(ttl_bytes), ttl_bytes)
+    return b"".join((head, *keys, limits, *args))
+
+
+async def _pooled_connection(pool: ConnectionPool) -> AbstractConnection:
+    connection: AbstractConnection
+    try:
+        connection = await pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants the command's name
+        connection = await pool.get_connection("EVALSHA")
+    return connection
+
+
+async def _execute_packed(pool: ConnectionPool, command: bytes) -> Any:
+    """Send ``command`` (RESP bytes) on a connection of ``pool`` and return the reply, as
+    ``execute_command`` would: an error reply raises, the connection goes back to the pool."""
+    connection = await _pooled_connection(pool)
+    try:
+        await connection.send_packed_command(command)
+        return await connection.read_response()
+    except ResponseError:  # an answer: the connection is in step
+        raise
+    except BaseException:  # cut off mid-command or mid-reply: the connection is not reusable
+        await connection.disconnect()
+        raise
+    finally:
+        await pool.release(connection)
 
 
 def _field(flat: list[bytes], name: bytes) -> bytes:

@@ -165,3 +165,25 @@ async def test_an_event_redis_refuses_fails_its_batch_loudly_and_the_publisher_g
     await publisher.flushed()
     assert await ReplayLog(redis).read(healthy) == [b"fine"]
     await publisher.close()
+
+
+async def test_a_redis_that_forgot_its_scripts_still_takes_the_batch(redis: aioredis.Redis) -> None:
+    """A restarted Redis has no scripts loaded: the batch loads it and goes through once."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    assert await log.append([LogEvent(request_id, 0, 1, b"before")]) == Appended(0, frozenset())
+    await redis.script_flush()
+    payload = "après".encode()
+    assert await log.append([LogEvent(request_id, 1, 1, payload)]) == Appended(0, frozenset())
+    assert await log.read(request_id) == [b"before", payload]
+
+
+async def test_a_single_connection_client_logs_the_same(redis_url: str) -> None:
+    request_id = f"pub-{uuid.uuid4().hex}"
+    client = aioredis.Redis.from_url(redis_url, single_connection_client=True)
+    log = ReplayLog(client)
+    events = [LogEvent(request_id, 0, 1, b"a"), LogEvent(request_id, 1, 1, b"b", terminal=True)]
+    assert await log.append(events) == Appended(0, frozenset())
+    assert await log.append([LogEvent(request_id, 2, 1, b"late")]) == Appended(1, frozenset({request_id}))
+    assert await log.read(request_id) == [b"a", b"b"]
+    await client.aclose()
