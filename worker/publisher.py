@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -120,9 +120,8 @@ class EventPublisher:
         in flight: merging into it delays nothing, since it could not go out sooner."""
         return self._in_flight and generation == self._generation and self.coalesce
 
-    def extend(self, event: ChunkEvent, text: str, token_ids: list[int], finish_reason: str | None) -> None:
-        """Append the next DELTA of ``event``'s completion to it (``extendable`` said yes;
-        ``token_ids`` becomes part of the event, so pass a list of your own)."""
+    def extend(self, event: ChunkEvent, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
+        """Append the next DELTA of ``event``'s completion to it (``extendable`` said yes)."""
         event.text += text
         event.token_ids += token_ids
         event.finish_reason = finish_reason

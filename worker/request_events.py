@@ -62,7 +62,7 @@ class RequestEvents:
             and open_chunk.finish_reason is None
             and publisher.extendable(self._open_generation)
         ):
-            publisher.extend(open_chunk, text, list(token_ids), finish_reason)
+            publisher.extend(open_chunk, text, token_ids, finish_reason)
             return
         seq = self.next_seq
         self.next_seq = seq + 1
