@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+import bench.cpu
 from bench.cpu import CLOCK_TICKS, CpuWindow, cpu_seconds, descendants
 
 
@@ -47,11 +50,19 @@ def test_a_window_charges_each_role_what_its_processes_spent_inside_it(tmp_path:
     assert cpu.us_per_token(0) == {"front_end": 0.0, "engine_core": 0.0, "redis": 0.0}
 
 
-def test_a_busy_process_holds_at_most_one_core_of_share_over_its_window() -> None:
-    window = CpuWindow({"self": [os.getpid()]})
+def test_share_of_a_core_is_cpu_seconds_over_the_wall_time_of_the_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter([100.0, 104.0])  # a 4 s window
+    monkeypatch.setattr(bench.cpu.time, "monotonic", lambda: next(clock))
+    write_stat(tmp_path, 10, 1, utime=0, stime=0)
+    window = CpuWindow({"worker": [10]}, tmp_path)
     window.start()
-    spin_until = cpu_seconds(os.getpid()) + 0.3
-    while cpu_seconds(os.getpid()) < spin_until:
-        pass
-    share = window.stop().percent()["self"]
-    assert 0 < share <= 101, share  # one thread cannot hold more than one core; less while others hold it
+    write_stat(tmp_path, 10, 1, utime=2 * CLOCK_TICKS, stime=CLOCK_TICKS)  # 3 s of CPU
+    assert window.stop().percent() == {"worker": 75.0}
+
+
+def test_the_real_proc_shows_this_process_spending_cpu() -> None:
+    before = cpu_seconds(os.getpid())
+    sum(i * i for i in range(2_000_000))  # ~0.1 s of CPU, ten clock ticks
+    assert cpu_seconds(os.getpid()) > before
