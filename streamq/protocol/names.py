@@ -95,7 +95,7 @@ MAX_JOB_BYTES: Final = 8_000_000
 """Job payloads larger than this are refused before they are even parsed."""
 LOG_MAXLEN: Final = 100_000
 """Entries kept per request's replay log (approximately: trimming is lazy). A request
-has one entry per DELTA chunk plus its final event."""
+has one entry per chunk event (one or more DELTAs) plus its final event."""
 LOG_TTL_MS: Final = 3_600_000
 """How long a request's replay log outlives its last event."""
 
