@@ -26,11 +26,12 @@ from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from gateway.key_metrics import key_usage_exposition
 from gateway.sse import DONE, SseEncoder, SseResponse
 from producer.client import RequestError, RequestHandle, StreamqClient
+from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, bad_request
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.requests import parse_openai_body
-from producer.openai_api.responses import ChunkBuilder, ResponseMeta, model_list
+from producer.openai_api.responses import ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
 from streamq.protocol import (
     REQUEST_ID_PATTERN,
@@ -207,7 +208,9 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
     except BaseException:
         await handle.close()
         raise
-    encoder = SseEncoder(ChunkBuilder(meta, include_usage=params.include_usage), event_ids=named is not None)
+    opened = last_event_id is not None and int(last_event_id) >= 0  # its client has the role chunks
+    chunks = ChunkBuilder(meta, params.include_usage, n=params.n, role_sent=opened)
+    encoder = SseEncoder(chunks, event_ids=named is not None)
 
     admission = account.admission
 
@@ -265,7 +268,7 @@ async def _next(events: AsyncIterator[Event]) -> Event:
     return await anext(events)
 
 
-async def _sse_text(encoder: SseEncoder, first: Event, rest: AsyncIterator[Event]) -> AsyncGenerator[str, None]:
+async def _sse_text(encoder: SseEncoder, first: Event, rest: AsyncIterator[Event]) -> AsyncGenerator[bytes, None]:
     yield encoder.encode(first)
     async for event in rest:
         if text := encoder.encode(event):
@@ -274,7 +277,7 @@ async def _sse_text(encoder: SseEncoder, first: Event, rest: AsyncIterator[Event
 
 async def _charged_sse_text(
     encoder: SseEncoder, first: Event, rest: AsyncIterator[Event], admission: Admission
-) -> AsyncGenerator[str, None]:
+) -> AsyncGenerator[bytes, None]:
     """``_sse_text`` that also tallies what the key used: the tokens it was sent, and the
     prompt's once the final event arrives (a client that leaves early pays for what it got)."""
     event = first

@@ -6,38 +6,38 @@ Resumable requests label each event with ``id: <seq>`` (the replay log's sequenc
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Final
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.disconnect import wait_for_disconnect
-from producer.openai_api.responses import ChunkBuilder
+from producer.openai_api.chunks import ChunkBuilder
 from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, FinalEvent
 
-DONE = "data: [DONE]\n\n"
+DONE: Final = b"data: [DONE]\n\n"
 
 
-def sse_event(data: dict[str, Any], seq: int | None) -> str:
-    """One SSE event; ``id:`` only on resumable streams (some clients, ``vllm bench serve``
-    among them, read every event as ``data:`` alone)."""
-    prefix = f"id: {seq}\n" if seq is not None else ""
-    return f"{prefix}data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def sse_event(data: bytes, seq: int | None) -> bytes:
+    """One SSE event of JSON ``data``; ``id:`` only on resumable streams (some clients,
+    ``vllm bench serve`` among them, read every event as ``data:`` alone)."""
+    if seq is None:
+        return b"data: " + data + b"\n\n"
+    return b"id: %d\ndata: %b\n\n" % (seq, data)
 
 
 @dataclass
 class SseEncoder:
-    """Turns one request's events, in order, into the SSE text of its streamed response."""
+    """Turns one request's events, in order, into the SSE bytes of its streamed response."""
 
     chunks: ChunkBuilder
     event_ids: bool
 
-    def encode(self, event: ChunkEvent | FinalEvent | ErrorEvent) -> str:
+    def encode(self, event: ChunkEvent | FinalEvent | ErrorEvent) -> bytes:
         seq = event.seq if self.event_ids else None
-        text = "".join(sse_event(chunk, seq) for chunk in self.chunks.chunks(event))
+        text = b"".join([sse_event(chunk, seq) for chunk in self.chunks.chunks(event)])
         return text + DONE if isinstance(event, TERMINAL_EVENTS) else text
 
 
@@ -50,7 +50,7 @@ class SseResponse(StreamingResponse):
 
     def __init__(
         self,
-        content: AsyncGenerator[str, None],
+        content: AsyncGenerator[bytes, None],
         *,
         headers: dict[str, str],
         on_close: Callable[[], Awaitable[None]],

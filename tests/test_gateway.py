@@ -247,7 +247,7 @@ async def test_a_named_stream_resumes_from_last_event_id(
 
     assert after[-1]["data"] == "[DONE]"
     ids = [int(e["id"]) for e in before + after if "id" in e]
-    assert ids == sorted(set(ids))  # none repeated (chunks of no text yet are not sent)
+    assert ids == sorted(set(ids))  # none repeated: one SSE event per chunk event
     text = "".join(json.loads(e["data"])["choices"][0]["text"] for e in before + after if e["data"] != "[DONE]")
     whole = await (await client.follow(request_id)).result()
     assert text == whole.text

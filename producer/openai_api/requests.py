@@ -139,6 +139,11 @@ class OpenAIRequest:
     submit_kwargs: dict[str, Any]
     """``StreamqClient.submit`` keyword arguments: prompt or messages, sampling."""
 
+    @property
+    def n(self) -> int:
+        """How many completions the request asks for."""
+        return int(self.submit_kwargs.get("n") or 1)
+
 
 def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAULT_LIMITS) -> OpenAIRequest:
     """Validate a decoded JSON body that must name its model; raises ``InvalidRequest``."""

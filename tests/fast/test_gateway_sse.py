@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from gateway.sse import SseEncoder
-from producer.openai_api.responses import ChunkBuilder, ResponseMeta
+from producer.openai_api.chunks import ChunkBuilder
+from producer.openai_api.responses import ResponseMeta
 from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
 
 EVENTS: list[Event] = [
@@ -17,9 +18,9 @@ EVENTS: list[Event] = [
 
 
 def encode(events: list[Event], *, chat: bool = True, event_ids: bool = False, include_usage: bool = False) -> str:
-    builder = ChunkBuilder(ResponseMeta(chat, "r1", "tiny", 1700), include_usage=include_usage)
+    builder = ChunkBuilder(ResponseMeta(chat, "r1", "tiny", 1700), include_usage)
     encoder = SseEncoder(builder, event_ids=event_ids)
-    return "".join(encoder.encode(event) for event in events)
+    return b"".join(encoder.encode(event) for event in events).decode()
 
 
 def blocks(text: str) -> list[list[str]]:
@@ -30,10 +31,10 @@ def blocks(text: str) -> list[list[str]]:
 
 def test_each_chunk_is_one_data_event_and_the_stream_ends_with_done() -> None:
     events = blocks(encode(EVENTS))
-    assert [len(lines) for lines in events] == [1, 1, 1]
+    assert [len(lines) for lines in events] == [1, 1, 1, 1, 1]
     assert events[-1] == ["data: [DONE]"]
     contents = [json.loads(lines[0].removeprefix("data: "))["choices"][0]["delta"]["content"] for lines in events[:-1]]
-    assert contents == ["Hi", " é"]
+    assert contents == ["", "Hi", "", " é"]
 
 
 def test_data_is_compact_json_that_keeps_non_ascii_text() -> None:
@@ -45,8 +46,8 @@ def test_data_is_compact_json_that_keeps_non_ascii_text() -> None:
 
 def test_resumable_streams_label_each_event_with_its_seq() -> None:
     events = blocks(encode(EVENTS, event_ids=True, include_usage=True))
-    assert [lines[0] for lines in events[:-1]] == ["id: 0", "id: 2", "id: 3"]
-    assert json.loads(events[2][1].removeprefix("data: "))["usage"]["total_tokens"] == 5
+    assert [lines[0] for lines in events[:-1]] == ["id: 0", "id: 0", "id: 1", "id: 2", "id: 3"]
+    assert json.loads(events[4][1].removeprefix("data: "))["usage"]["total_tokens"] == 5
     assert events[-1] == ["data: [DONE]"]
 
 
@@ -54,13 +55,14 @@ def test_events_carry_no_id_unless_resumable() -> None:
     assert "id:" not in encode(EVENTS, include_usage=True)
 
 
-def test_a_partial_character_sends_nothing() -> None:
-    assert encode(EVENTS[1:2]) == ""
+def test_a_partial_character_is_an_event_with_empty_text() -> None:
+    (event,) = blocks(encode(EVENTS[1:2], chat=False))
+    assert json.loads(event[0].removeprefix("data: "))["choices"][0]["text"] == ""
 
 
 def test_an_error_ends_the_stream_with_an_error_event_then_done() -> None:
     error = ErrorEvent(request_id="r1", seq=1, code="worker_lost", message="gone")
-    events = blocks(encode([EVENTS[0], error], event_ids=True))
+    events = blocks(encode([EVENTS[0], error], chat=False, event_ids=True))
     assert events[1][0] == "id: 1"
     assert json.loads(events[1][1].removeprefix("data: "))["error"]["code"] == "worker_lost"
     assert events[2] == ["data: [DONE]"]

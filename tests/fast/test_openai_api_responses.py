@@ -9,7 +9,12 @@ import pytest
 
 from producer.client import Completion
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, ENDPOINTS
-from producer.openai_api.responses import chat_completion_response, completion_response, model_list
+from producer.openai_api.responses import (
+    SYSTEM_FINGERPRINT,
+    chat_completion_response,
+    completion_response,
+    model_list,
+)
 from streamq.protocol import WorkerRegistration
 
 COMPLETION = Completion(
@@ -24,26 +29,65 @@ COMPLETION = Completion(
 
 def test_a_completion_response_has_one_choice_per_completion_and_the_usage() -> None:
     body = completion_response(COMPLETION, model="tiny", created=9)
-    assert list(body) == ["id", "object", "created", "model", "choices", "system_fingerprint", "usage"]
+    assert list(body) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "service_tier",
+        "system_fingerprint",
+        "usage",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
+    ]
     assert (body["id"], body["object"], body["created"], body["model"]) == ("cmpl-r7", "text_completion", 9, "tiny")
     assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
         (0, "one", "length"),
         (1, "two", "stop"),
     ]
+    assert list(body["choices"][0]) == [
+        "index",
+        "text",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "routed_experts",
+    ]
+    assert body["system_fingerprint"] == SYSTEM_FINGERPRINT
     assert body["usage"] == {
         "prompt_tokens": 4,
-        "completion_tokens": 3,
         "total_tokens": 7,
+        "completion_tokens": 3,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
 def test_a_chat_response_answers_as_the_assistant() -> None:
     body = chat_completion_response(COMPLETION, model="tiny", created=9)
     assert (body["id"], body["object"]) == ("chatcmpl-r7", "chat.completion")
-    assert [c["message"] for c in body["choices"]] == [
-        {"role": "assistant", "content": "one", "refusal": None},
-        {"role": "assistant", "content": "two", "refusal": None},
+    assert [(c["message"]["role"], c["message"]["content"]) for c in body["choices"]] == [
+        ("assistant", "one"),
+        ("assistant", "two"),
+    ]
+    assert list(body["choices"][0]["message"]) == [
+        "role",
+        "content",
+        "refusal",
+        "annotations",
+        "audio",
+        "function_call",
+        "reasoning",
+    ]
+    assert [k for k in body if k not in completion_response(COMPLETION, model="tiny")] == [
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "prompt_text",
     ]
     assert body["usage"]["total_tokens"] == 7
 
