@@ -5,6 +5,7 @@ worker and the real engine. Plus what only raw HTTP shows: disconnects, resume, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
@@ -344,3 +346,22 @@ print("RESULT", result.num_prompts, result.output_tokens)
     completed, output_tokens = (int(x) for x in line.split()[1:])
     assert completed == 12  # vLLM counts only requests that streamed successfully
     assert output_tokens == 12 * 8
+
+
+async def test_every_stream_of_a_gateway_shares_one_pubsub_connection(
+    gateway: GatewayProcess, model: str, raw_redis: aioredis.Redis
+) -> None:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 64, "ignore_eos": True, "stream": True}
+    redis_port = raw_redis.connection_pool.connection_kwargs["port"]
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http, contextlib.AsyncExitStack() as streams:
+        responses = [
+            await streams.enter_async_context(http.stream("POST", "/v1/completions", json=body)) for _ in range(8)
+        ]
+        for response in responses:  # every stream under way: subscribed, its first chunk sent
+            assert (await anext(response.aiter_lines())).startswith("data: {")
+        sockets = psutil.Process(gateway.process.pid).net_connections(kind="tcp")
+        to_redis = {s.laddr.port for s in sockets if s.raddr and s.raddr.port == redis_port}
+        subscribed = [
+            c for c in await raw_redis.client_list(_type="pubsub") if int(c["addr"].rsplit(":", 1)[1]) in to_redis
+        ]
+    assert len(subscribed) == 1, subscribed
