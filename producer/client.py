@@ -63,6 +63,10 @@ from streamq.protocol.scripts import register_script
 CancelOutcome = Literal["running", "queued", "unknown"]
 JobState = Literal["running", "queued", "finished", "unknown"]
 DEFAULT_SILENCE_CHECK_S = 15.0
+ROUTES_FRESH_S = 1.0
+"""How long ``submit`` reuses a registry read that showed its model live. The registry
+itself keeps a dead worker listed for up to ``WORKER_TTL_MS`` (10 s), so a second more
+hides nothing that matters."""
 
 
 class StreamqError(Exception):
@@ -300,6 +304,7 @@ class StreamqClient:
         self.registry = WorkerRegistry(redis)
         self._cancel_script = register_script(redis, "cancel")
         self._enqueue_script = register_script(redis, "enqueue")
+        self._routes_read: tuple[float, Routes] | None = None
 
     @classmethod
     async def connect(
@@ -374,7 +379,7 @@ class StreamqClient:
         job = _job_payload(request)
         queue = self.queue
         if model is not None:
-            routes = await self.routes()
+            routes = await self._routes_serving(model)
             queue = _queue_of(routes, model)
             if _cap_max_tokens(request, routes.context_length(model)):
                 job = _job_payload(request)
@@ -425,6 +430,19 @@ class StreamqClient:
     async def routes(self) -> Routes:
         """The live workers (model, queue) and every model ever registered."""
         return await self.registry.routes()
+
+    async def _routes_serving(self, model: str) -> Routes:
+        """``routes()``, reused for ``ROUTES_FRESH_S`` while they show ``model`` live: one
+        registry read per request is a round trip before every enqueue. A model not live in
+        them is always read afresh, so a worker that just registered is found at once."""
+        now = time.monotonic()
+        if self._routes_read is not None:
+            read_at, routes = self._routes_read
+            if now - read_at < ROUTES_FRESH_S and model in routes.live_models():
+                return routes
+        routes = await self.routes()
+        self._routes_read = (now, routes)
+        return routes
 
     async def live_models(self) -> dict[str, str]:
         """Model name -> queue, for each model that has a live worker."""

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer.client import StreamqClient
-from streamq.broker.registry import WorkerRegistry
+from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.protocol import (
     JOB_KEY_PREFIX,
     MAX_JOB_BYTES,
@@ -108,4 +108,35 @@ async def test_without_a_model_or_a_known_context_max_tokens_is_left_to_the_work
             await handle.close()
     finally:
         await registry.unregister(registration)
+        await raw_redis.delete(registration.queue)
+
+
+async def test_submits_of_a_live_model_reuse_one_registry_read_and_a_new_model_is_found_at_once(
+    client: StreamqClient, raw_redis: aioredis.Redis, sized_model: WorkerRegistration, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = 0
+    read_routes = client.registry.routes
+
+    async def counted() -> Routes:
+        nonlocal reads
+        reads += 1
+        return await read_routes()
+
+    monkeypatch.setattr(client.registry, "routes", counted)
+    for _ in range(3):
+        handle = await client.submit("Hello", model=sized_model.model)
+        assert await handle.cancel() == "queued"
+        await handle.close()
+    assert reads == 1  # one round trip before the first enqueue, none before the next two
+
+    name = f"new-{uuid.uuid4().hex[:8]}"
+    registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
+    await WorkerRegistry(raw_redis).register(registration, ttl_ms=600_000)
+    try:
+        handle = await client.submit("Hello", model=name)  # registered after the read above
+        assert await raw_redis.zcard(registration.queue) == 1
+        assert await handle.cancel() == "queued"
+        await handle.close()
+    finally:
+        await WorkerRegistry(raw_redis).unregister(registration)
         await raw_redis.delete(registration.queue)
