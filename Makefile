@@ -39,7 +39,7 @@ lint: install
 	$(PY) -m pip install -q ruff mypy 2>&1 | $(PIP_QUIET)
 	$(PY) -m ruff check worker producer gateway streamq devkit tests bench
 	$(PY) -m ruff format --check worker producer gateway streamq devkit tests bench
-	$(PY) -m mypy worker producer gateway streamq devkit
+	$(PY) -m mypy worker producer gateway streamq devkit bench
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

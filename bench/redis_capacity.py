@@ -33,6 +33,7 @@ from pathlib import Path
 
 import redis
 
+from bench.cpu import cpu_seconds
 from devkit.redis_server import RedisServer, server_binary
 from streamq.broker.replay_log import log_limits_from_env
 
@@ -98,12 +99,6 @@ class CapacityResult:
     bytes_per_event: float = 0.0
     """Redis memory each logged event holds until its log expires (``used_memory`` grown over
     the window, per event): what the log's TTL costs at a given event rate."""
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of ``pid``'s threads so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def script_calls(client: redis.Redis) -> tuple[int, int]:

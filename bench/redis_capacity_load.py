@@ -32,7 +32,7 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from producer.subscriber import Delivery, EventSubscriber
+from producer.subscriber import EventSubscriber, Inbox
 from streamq.broker.replay_log import LogEvent, ReplayLog
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
 
@@ -204,7 +204,7 @@ async def follow_slot(
     """Follow a slot's requests one after another, each subscribed two requests ahead."""
     generation = 0
 
-    async def subscribe(n: int) -> asyncio.Queue[Delivery]:
+    async def subscribe(n: int) -> Inbox:
         queue = await subscriber.subscribe(events_channel(request_id(args.run, worker, slot, n)))
         await redis.rpush(ready_key(args.run, worker), f"{slot}:{n}")  # type: ignore[misc]
         return queue
@@ -213,7 +213,7 @@ async def follow_slot(
     while True:
         queue, expected = queues[0], 0
         while True:
-            item = await queue.get()
+            item = await queue.get()  # no silence bound: never None
             if isinstance(item, BaseException):
                 raise item
             if not isinstance(item, bytes):
