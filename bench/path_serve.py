@@ -156,6 +156,7 @@ def bench_serve(
             "50,99",
             "--disable-tqdm",
             "--save-result",
+            "--save-detailed",
             "--result-dir",
             str(result_dir),
             "--result-filename",
@@ -178,6 +179,7 @@ def bench_serve(
         ttft_p99_ms=float(saved["p99_ttft_ms"]),
         itl_p50_ms=float(saved["p50_itl_ms"]),
         itl_p99_ms=float(saved["p99_itl_ms"]),
+        chunks_per_token=_chunks_per_token(saved),
     )
     return result.with_cpu(run.cpu) if roles else result
 
@@ -215,3 +217,13 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _chunks_per_token(saved: dict[str, Any]) -> float | None:
+    """Chunks per output token as ``vllm bench serve``'s client counted them (each with a choice,
+    empty text included; ``--save-detailed``: one inter-token latency per chunk after the first)."""
+    counted = [
+        (len(itls) + 1, tokens) for itls, tokens in zip(saved["itls"], saved["output_lens"], strict=True) if tokens
+    ]
+    tokens = sum(tokens for _, tokens in counted)
+    return sum(chunks for chunks, _ in counted) / tokens if tokens else None

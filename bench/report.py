@@ -34,15 +34,16 @@ def paths_table(results: Sequence[PathResult]) -> str:
     ratios = ratio_to_engine(results)
     lines = [
         "| path | concurrency | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) | output tok/s "
-        "| ratio to (a) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| ratio to (a) | chunks per token |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(results, key=lambda r: (r.concurrency, r.path)):
         ratio = ratios[(r.path, r.concurrency)]
         lines.append(
             f"| {PATH_NAMES[r.path]} | {r.concurrency} | {r.ttft_p50_ms:.2f} | {r.ttft_p99_ms:.2f} | "
             f"{r.itl_p50_ms:.2f} | {r.itl_p99_ms:.2f} | {r.output_tok_s:,.0f} | "
-            f"{'' if ratio is None else f'{ratio:.3f}'} |"
+            f"{'' if ratio is None else f'{ratio:.3f}'} | "
+            f"{'' if r.chunks_per_token is None else f'{r.chunks_per_token:.2f}'} |"
         )
     return "\n".join(lines)
 

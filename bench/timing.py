@@ -48,6 +48,9 @@ class PathResult:
     itl_p99_ms: float
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)  # by role, over the measured batch
     cpu_percent: dict[str, float] = field(default_factory=dict)  # by role, 100 = one core
+    chunks_per_token: float | None = None
+    """Chunks the client received per output token: 1.0 when every token came alone, less
+    when the engine's output queue or the worker's publisher merged several into one."""
 
     def with_cpu(self, cpu: WindowCpu) -> PathResult:
         """This row with what each process spent on its batch."""
@@ -95,6 +98,7 @@ def summarize(path: str, concurrency: int, duration_s: float, timings: Sequence[
     ttfts = [t.ttft_s for t in timings]
     itls = [gap for t in timings for gap in t.itl_s]
     output_tokens = sum(t.output_tokens for t in timings)
+    chunks = sum(1 + len(t.itl_s) for t in timings if t.output_tokens)
     return PathResult(
         path=path,
         concurrency=concurrency,
@@ -106,6 +110,7 @@ def summarize(path: str, concurrency: int, duration_s: float, timings: Sequence[
         ttft_p99_ms=_ms(ttfts, 99),
         itl_p50_ms=_ms(itls, 50),
         itl_p99_ms=_ms(itls, 99),
+        chunks_per_token=chunks / output_tokens if output_tokens else None,
     )
 
 
