@@ -198,6 +198,16 @@ def bench_serve_levels(config: BenchConfig, port: int, path: str, roles: Mapping
     return results
 
 
+def _chunks_per_token(saved: dict[str, Any]) -> float | None:
+    """Chunks per output token as ``vllm bench serve``'s client counted them (each with a choice,
+    empty text included; ``--save-detailed``: one inter-token latency per chunk after the first)."""
+    counted = [
+        (len(itls) + 1, tokens) for itls, tokens in zip(saved["itls"], saved["output_lens"], strict=True) if tokens
+    ]
+    tokens = sum(tokens for _, tokens in counted)
+    return sum(chunks for chunks, _ in counted) / tokens if tokens else None
+
+
 def main() -> None:
     config, out = parse_path_args(__doc__.splitlines()[0])
     port = free_port()
@@ -217,13 +227,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _chunks_per_token(saved: dict[str, Any]) -> float | None:
-    """Chunks per output token as ``vllm bench serve``'s client counted them (each with a choice,
-    empty text included; ``--save-detailed``: one inter-token latency per chunk after the first)."""
-    counted = [
-        (len(itls) + 1, tokens) for itls, tokens in zip(saved["itls"], saved["output_lens"], strict=True) if tokens
-    ]
-    tokens = sum(tokens for _, tokens in counted)
-    return sum(chunks for chunks, _ in counted) / tokens if tokens else None
