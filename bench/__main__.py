@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.config import BenchConfig
+from bench.config import BenchConfig, int_list
 from bench.path_run import read_results
 from bench.redis_capacity import CapacityConfig, CapacityResult, describe, run_redis_capacity
 from bench.report import markdown, write_json, write_plot
@@ -51,10 +51,6 @@ DEFAULTS = {
     "scale_out_measure_s": 10.0,
     "capacity_rounds": 2,
 }
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:

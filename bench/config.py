@@ -29,6 +29,11 @@ but path (a)'s ``AsyncLLM.from_engine_args`` does not (vLLM's defaults depend on
 context), so the benchmark spells them out for all paths."""
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """``"1,16,64"`` -> ``(1, 16, 64)``: the command lines' comma-separated levels."""
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """One side-by-side run: the model, the request shape and the load levels."""

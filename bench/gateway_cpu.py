@@ -17,12 +17,9 @@ import asyncio
 import statistics
 import time
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import psutil
-
+from bench.gateway_load import Round, measure
 from bench.profiling import PySpyRecording
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
@@ -31,51 +28,14 @@ from devkit.worker_process import scripted_worker
 MODEL = "synthetic"
 
 
-@dataclass
-class Round:
-    arm: str
-    tokens: int
-    seconds: float
-    gateway_cpu_s: float
-
-    @property
-    def us_per_token(self) -> float:
-        return 1e6 * self.gateway_cpu_s / max(self.tokens, 1)
-
-
-async def _stream_loop(
-    http: httpx.AsyncClient, path: str, body: dict[str, object], until: float, tally: list[int]
-) -> None:
-    while time.monotonic() < until:
-        async with http.stream("POST", path, json=body) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line.startswith('data: {"id"'):
-                    tally[0] += 1
-                if time.monotonic() >= until:
-                    break
-
-
-async def measure(arm: str, gateway: GatewayProcess, *, chat: bool, concurrency: int, seconds: float) -> Round:
-    process = psutil.Process(gateway.process.pid)
+async def measure_arm(arm: str, gateway: GatewayProcess, *, chat: bool, concurrency: int, seconds: float) -> Round:
     body: dict[str, object] = {"model": MODEL, "max_tokens": 256, "stream": True}
     if chat:
         body["messages"] = [{"role": "user", "content": "bench"}]
     else:
         body["prompt"] = "bench"
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    tally = [0]
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=60, limits=limits) as http:
-        await _stream_loop(http, path, body, time.monotonic() + 1, [0])  # warm-up
-        before = process.cpu_times()
-        started = time.monotonic()
-        until = started + seconds
-        await asyncio.gather(*(_stream_loop(http, path, body, until, tally) for _ in range(concurrency)))
-        elapsed = time.monotonic() - started
-        after = process.cpu_times()
-    cpu = (after.user - before.user) + (after.system - before.system)
-    return Round(arm, tally[0], elapsed, cpu)
+    return await measure(arm, gateway, path, body, concurrency=concurrency, seconds=seconds)
 
 
 def main() -> None:
@@ -109,11 +69,11 @@ def main() -> None:
                 out = logs / f"gateway-round{index + 1}.pyspy.txt"
                 with PySpyRecording(gateway.process.pid, out) if profiling else nullcontext():
                     result = asyncio.run(
-                        measure(arm, gateway, chat=args.chat, concurrency=args.concurrency, seconds=args.seconds)
+                        measure_arm(arm, gateway, chat=args.chat, concurrency=args.concurrency, seconds=args.seconds)
                     )
                 print(
                     f"round {index + 1} {arm}: {result.tokens / result.seconds:,.0f} tok/s, "
-                    f"gateway {result.us_per_token:.1f} CPU us / token",
+                    f"gateway {result.us_per_token:.1f} CPU us / token, {result.errors} errors",
                     flush=True,
                 )
                 rounds.append(result)
@@ -121,7 +81,7 @@ def main() -> None:
     for arm in gateways:
         mine = [r for r in rounds if r.arm == arm]
         cpu = statistics.median(r.us_per_token for r in mine)
-        tok_s = statistics.median(r.tokens / r.seconds for r in mine)
+        tok_s = statistics.median(r.tok_s for r in mine)
         print(f"| {arm} | {cpu:.1f} | {tok_s:,.0f} | {len(mine)} |")
 
 

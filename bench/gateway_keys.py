@@ -20,12 +20,10 @@ import json
 import statistics
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import httpx
-import psutil
-
+from bench.gateway_load import Round, measure
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.worker_process import scripted_worker
@@ -34,52 +32,12 @@ from producer.keys_cli import run_keys
 MODEL = "synthetic"
 
 
-@dataclass
-class Round:
-    arm: str
-    tokens: int
-    seconds: float
-    gateway_cpu_s: float
-    errors: int
-
-    @property
-    def tok_s(self) -> float:
-        return self.tokens / self.seconds
-
-    @property
-    def cpu_ms_per_1k_tokens(self) -> float:
-        return 1e6 * self.gateway_cpu_s / max(self.tokens, 1)
-
-
-async def _stream_loop(http: httpx.AsyncClient, url: str, key: str | None, until: float, tally: list[int]) -> None:
+async def measure_arm(arm: str, gateway: GatewayProcess, key: str | None, concurrency: int, seconds: float) -> Round:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"model": MODEL, "prompt": "bench", "max_tokens": 256, "stream": True}
-    while time.monotonic() < until:
-        async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as response:
-            if response.status_code != 200:
-                tally[1] += 1
-                await response.aread()
-                continue
-            async for line in response.aiter_lines():
-                if line.startswith("data: {"):
-                    tally[0] += 1
-                if time.monotonic() >= until:
-                    break
-
-
-async def measure(arm: str, gateway: GatewayProcess, key: str | None, concurrency: int, seconds: float) -> Round:
-    process = psutil.Process(gateway.process.pid)
-    tally = [0, 0]
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as http:
-        await _stream_loop(http, gateway.url, key, time.monotonic() + 1, [0, 0])  # warm-up
-        before = process.cpu_times()
-        started = time.monotonic()
-        until = started + seconds
-        await asyncio.gather(*(_stream_loop(http, gateway.url, key, until, tally) for _ in range(concurrency)))
-        elapsed = time.monotonic() - started
-        after = process.cpu_times()
-    cpu = (after.user - before.user) + (after.system - before.system)
-    return Round(arm, tally[0], elapsed, cpu, tally[1])
+    body: dict[str, object] = {"model": MODEL, "prompt": "bench", "max_tokens": 256, "stream": True}
+    return await measure(
+        arm, gateway, "/v1/completions", body, concurrency=concurrency, seconds=seconds, headers=headers
+    )
 
 
 def create_key(redis_url: str) -> str:
@@ -126,10 +84,10 @@ def main() -> None:
         rounds: list[Round] = []
         for index in range(args.rounds):
             for arm, (gateway, key) in gateways.items():
-                result = asyncio.run(measure(arm, gateway, key, args.concurrency, args.seconds))
+                result = asyncio.run(measure_arm(arm, gateway, key, args.concurrency, args.seconds))
                 print(
                     f"round {index + 1} {arm}: {result.tok_s:,.0f} tok/s, "
-                    f"gateway {result.cpu_ms_per_1k_tokens:.1f} CPU ms / 1k tokens, {result.errors} errors",
+                    f"gateway {result.us_per_token:.1f} CPU ms / 1k tokens, {result.errors} errors",
                     flush=True,
                 )
                 rounds.append(result)
@@ -138,7 +96,7 @@ def main() -> None:
     for arm in gateways:
         mine = [r for r in rounds if r.arm == arm]
         tok_s = statistics.median(r.tok_s for r in mine)
-        cpu = statistics.median(r.cpu_ms_per_1k_tokens for r in mine)
+        cpu = statistics.median(r.us_per_token for r in mine)  # µs per token = ms per 1k tokens
         summary[arm] = {"tok_s": tok_s, "cpu_ms_per_1k_tokens": cpu}
         lines.append(f"| {arm} | {tok_s:,.0f} | {cpu:.1f} | {len(mine)} |")
     table = "\n".join(lines)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import redis
 
+from bench.config import int_list
 from bench.cpu import cpu_seconds
 from devkit.redis_server import RedisServer, server_binary
 from streamq.broker.replay_log import log_limits_from_env
@@ -358,10 +359,6 @@ def describe(config: CapacityConfig) -> str:
         f"{config.rounds} round(s) of the arms in turn; "
         f"{os.cpu_count()} CPUs shared by all. Redis CPU from /proc/<pid>/stat over the windows."
     )
-
-
-def int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
 
 
 def main() -> None:
