@@ -174,9 +174,9 @@ class EventSubscriber:
                 try:
                     await pubsub.subscribe(channel)
                 except (RuntimeError, RedisConnectionError, RedisTimeoutError, OSError):
-                    pubsub.channels[pubsub.encoder.decode(pubsub.encoder.encode(channel))] = None
+                    pubsub.channels[_channel_key(pubsub, channel)] = None
             else:
-                pubsub.channels[pubsub.encoder.decode(pubsub.encoder.encode(channel))] = None
+                pubsub.channels[_channel_key(pubsub, channel)] = None
             # asyncio.wait, not wait_for: on Python 3.11 wait_for drops a cancellation that
             # arrives as the confirmation does, and the cancelled follower would go on.
             await asyncio.wait((confirmed,), timeout=CONFIRM_WITHIN_S)
@@ -202,7 +202,7 @@ class EventSubscriber:
             if connection is not None and connection.is_connected:
                 await pubsub.unsubscribe(channel)
             else:  # reconnecting: leave the set that the reconnect resubscribes, rather than wait
-                pubsub.channels.pop(pubsub.encoder.decode(pubsub.encoder.encode(channel)), None)
+                pubsub.channels.pop(_channel_key(pubsub, channel), None)
 
     async def close(self) -> None:
         """Stop reading and close the connection."""
@@ -261,3 +261,8 @@ class EventSubscriber:
                 queue.put_nowait(exc)
         self._queues.clear()
         self._confirmations.clear()
+
+
+def _channel_key(pubsub: PubSub, channel: str) -> Any:
+    """``channel`` as redis-py keys ``pubsub.channels`` (bytes or text, by its encoder)."""
+    return pubsub.encoder.decode(pubsub.encoder.encode(channel))

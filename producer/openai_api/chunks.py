@@ -91,7 +91,8 @@ class ChunkBuilder:
     include_usage: bool
     n: int = 1
     role_sent: bool = False
-    _tokens: dict[int, int] = field(default_factory=dict)
+    _with_tokens: set[int] = field(default_factory=set)
+    """Completions that have sent a token (an output before that, with none, is skipped)."""
     _finished: set[int] = field(default_factory=set)
     _open: bytes = b""
 
@@ -105,9 +106,9 @@ class ChunkBuilder:
             return [_encode(request_failed(event.code, event.message).body())]
         out = [] if self.role_sent or not self.meta.chat else self._role_chunks()
         if isinstance(event, ChunkEvent):
-            sent = self._tokens.get(event.index, 0)
-            if event.text or event.token_ids or sent:  # nothing at all: a prefill step, as vLLM skips
-                self._tokens[event.index] = sent + len(event.token_ids)
+            if event.token_ids:
+                self._with_tokens.add(event.index)
+            if event.text or event.index in self._with_tokens:  # nothing at all: a prefill step, as vLLM skips
                 out.append(self._chunk(event.index, event.text, event.finish_reason))
             return out
         for index, reason in enumerate(event.finish_reasons):
