@@ -18,6 +18,7 @@ from streamq.protocol.envelope import (
 )
 from streamq.protocol.messages import (
     TERMINAL_EVENTS,
+    Callback,
     ChatMessage,
     ChunkEvent,
     ErrorEvent,
@@ -26,6 +27,7 @@ from streamq.protocol.messages import (
     GenerateRequest,
     InvalidRequest,
     SamplingOptions,
+    StructuredOutputs,
     WorkerRegistration,
     decode_event,
     decode_registration,
@@ -75,6 +77,7 @@ __all__ = [
     "ABORT_KEY",
     "BAD_PAYLOAD_MARKER",
     "CANCEL_CHANNEL",
+    "Callback",
     "DEFAULT_DRAIN_SECONDS",
     "DEFAULT_QUEUE",
     "DEFAULT_REDIS_URL",
@@ -121,6 +124,7 @@ __all__ = [
     "GenerateRequest",
     "InvalidRequest",
     "SamplingOptions",
+    "StructuredOutputs",
     "WorkerRegistration",
     "decode_event",
     "decode_registration",

@@ -7,7 +7,16 @@ from typing import Any, Final
 
 import msgspec
 
-from streamq.protocol.names import MAX_PROMPT_CHARS, PROTOCOL_VERSION, REQUEST_ID_PATTERN, is_valid_request_id
+from streamq.protocol.names import (
+    MAX_CALLBACK_URL_CHARS,
+    MAX_PRIORITY,
+    MAX_PROMPT_CHARS,
+    MIN_PRIORITY,
+    PROTOCOL_VERSION,
+    REQUEST_ID_PATTERN,
+    TENANT_PATTERN,
+    is_valid_request_id,
+)
 
 
 # --- Job payload ---------------------------------------------------------------
@@ -16,6 +25,33 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
 
     role: str
     content: str
+
+
+class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """vLLM's structured outputs (``vllm.sampling_params.StructuredOutputsParams``):
+    exactly one constraint, which the engine enforces token by token."""
+
+    json: dict[str, Any] | str | None = None
+    """A JSON schema (an object, or its JSON text) the output must validate against."""
+    regex: str | None = None
+    choice: list[str] | None = None
+    """The output is exactly one of these strings."""
+    grammar: str | None = None
+    """An EBNF (GBNF / Lark) grammar."""
+    json_object: bool | None = None
+    """Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+
+    def __post_init__(self) -> None:
+        given = [f for f in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                f"got {given or 'none'}"
+            )
+        if self.choice is not None and not self.choice:
+            raise ValueError("structured_outputs.choice must not be empty")
+        if self.json_object is False:
+            raise ValueError("structured_outputs.json_object must be true when given")
 
 
 class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -45,10 +81,31 @@ class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     stream_interval: int | None = None
     """Send a chunk every this many tokens (the first and last at once) instead of every
     token: less work per token for consumers that do not need each one."""
+    logprobs: int | None = None
+    """Log probabilities of each sampled token and of this many most likely ones (0: the
+    sampled token's alone), carried in the chunk events."""
+    prompt_logprobs: int | None = None
+    """Log probabilities of the prompt's tokens (and this many most likely at each)."""
+    structured_outputs: StructuredOutputs | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that were set, ready for ``SamplingParams(**...)``."""
         return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not None}
+
+
+class Callback(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Where to POST a request's summary when it ends: for services that cannot hold
+    a subscription open."""
+
+    url: str
+    include_text: bool = True
+    """Whether the summary carries the whole generated text."""
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"callback.url must be an http:// or https:// URL, got {self.url[:64]!r}")
+        if len(self.url) > MAX_CALLBACK_URL_CHARS:
+            raise ValueError(f"callback.url is {len(self.url)} characters; the limit is {MAX_CALLBACK_URL_CHARS}")
 
 
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -70,6 +127,13 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     queue_timeout_s: float | None = None
     """Seconds the request may wait in the queue; a worker that picks it up later ends
     it at once with finish reason ``queue_timeout``."""
+    priority: int = 0
+    """Lower runs sooner, as in vLLM: workers take the most urgent waiting job first
+    (first come, first served within a priority) and the engine schedules by it too."""
+    tenant: str | None = None
+    """Whose request this is: within a priority, workers take turns between tenants
+    with waiting jobs (``DEFAULT_TENANT`` when absent)."""
+    callback: Callback | None = None
 
     def __post_init__(self) -> None:
         if not is_valid_request_id(self.request_id):
@@ -89,6 +153,13 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be a 32-bit integer, got {self.priority}")
+        if self.tenant is not None and TENANT_PATTERN.fullmatch(self.tenant) is None:
+            raise ValueError(
+                f"tenant must match {TENANT_PATTERN.pattern} (letters, digits, '._-', at most 64 characters), "
+                f"got {self.tenant!r}"
+            )
         size = len(self.prompt or "") + sum(len(m.content) for m in self.messages or ())
         if size > MAX_PROMPT_CHARS:
             raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")

@@ -85,6 +85,18 @@ KEY_WINDOW_MS: Final = 60_000
 API_KEY_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """Key names become parts of Redis key names and Prometheus labels."""
 
+# --- priorities and tenants ---------------------------------------------------------
+MIN_PRIORITY: Final = -(2**31)
+MAX_PRIORITY: Final = 2**31 - 1
+"""A request's ``priority`` (lower runs sooner, as in vLLM) is a 32-bit integer."""
+TENANT_PATTERN: Final = API_KEY_NAME_PATTERN
+"""Tenant names become parts of Redis key names, like API key names (which the gateway
+uses as tenants)."""
+DEFAULT_TENANT: Final = "default"
+"""The tenant of a request that names none."""
+MAX_CALLBACK_URL_CHARS: Final = 2048
+"""A callback URL's length bound."""
+
 # --- limits -----------------------------------------------------------------------
 REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """Request ids become parts of Redis key and channel names: a narrow alphabet keeps
