@@ -12,11 +12,12 @@ import logging
 import time
 from typing import Any, NoReturn
 
+import msgspec
 from arq import Retry
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -118,7 +119,11 @@ def sampling_params_for(request: GenerateRequest) -> SamplingParams:
 
     vLLM validates the values here and raises ``VLLMValidationError``, a client error.
     """
-    return SamplingParams(**request.sampling.to_dict(), output_kind=RequestOutputKind.DELTA)
+    fields = request.sampling.to_dict()
+    structured = fields.pop("structured_outputs", None)
+    if structured is not None:
+        fields["structured_outputs"] = StructuredOutputsParams(**msgspec.structs.asdict(structured))
+    return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
 
 async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:

@@ -132,6 +132,13 @@ def events_channel(request_id: str) -> str:
     return EVENTS_CHANNEL_PREFIX + request_id
 
 
+def waiting_key(queue: str, priority: int) -> str:
+    """The sorted set of the request ids waiting on ``queue`` at ``priority`` (queued,
+    not started), scored by enqueue time (Unix ms): a request's rank in it is its
+    position among the requests of its priority."""
+    return f"{queue}:waiting:{priority}"
+
+
 def is_valid_request_id(request_id: object) -> bool:
     """True if ``request_id`` may be used as a request id (and so in key names)."""
     return isinstance(request_id, str) and REQUEST_ID_PATTERN.fullmatch(request_id) is not None
