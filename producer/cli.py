@@ -66,6 +66,21 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="log probabilities of each generated token and of the N most likely (0: the token's only); "
+        "they are in the chunk events --json prints",
+    )
+    parser.add_argument(
+        "--prompt-logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="log probabilities of the prompt's tokens and of the N most likely at each (in the first chunk event)",
+    )
+    parser.add_argument(
         "--request-id", action="append", default=None, help="request id of each prompt, in order (default: random ids)"
     )
     parser.add_argument(
@@ -202,6 +217,7 @@ async def run_submit(args: argparse.Namespace) -> int:
         print("error: give one --request-id per prompt", file=sys.stderr)
         return 2
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+    sampling.update(logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs)
     sampling = {k: v for k, v in sampling.items() if v is not None}
     ids = args.request_id or [None] * len(args.prompts)
     if args.max_queue_depth is not None and args.max_queue_depth < 0:

@@ -24,6 +24,7 @@ from typing import Any, Literal, cast
 
 import msgspec
 from arq.connections import ArqRedis
+from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -52,6 +53,7 @@ from streamq.protocol import (
     FinishReason,
     GenerateRequest,
     InvalidRequest,
+    TokenLogprob,
     decode_event,
     deserialize_job,
     events_channel,
@@ -128,6 +130,12 @@ class Completion:
     completion_tokens: int
     approximate: bool = False
     """See ``FinalEvent.approximate``: a worker failure may have changed the rest of the text."""
+    logprobs: list[list[TokenLogprob]] | None = None
+    """Per completion, one entry per token of ``token_ids``, when ``logprobs`` was asked for."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """One entry per prompt token (``None`` for the first), when ``prompt_logprobs`` was asked for."""
+    prompt_token_ids: list[int] | None = None
+    """The prompt's tokens (after the chat template), when ``prompt_logprobs`` was asked for."""
 
     @property
     def text(self) -> str:
@@ -258,10 +266,19 @@ class RequestHandle:
         """
         texts: dict[int, list[str]] = {}
         token_ids: dict[int, list[int]] = {}
+        logprobs: dict[int, list[TokenLogprob]] | None = None
+        prompt_logprobs: list[TokenLogprob | None] | None = None
+        prompt_token_ids: list[int] | None = None
         async for event in self:
             if isinstance(event, ChunkEvent):
                 texts.setdefault(event.index, []).append(event.text)
                 token_ids.setdefault(event.index, []).extend(event.token_ids)
+                if event.logprobs is not UNSET:
+                    logprobs = {} if logprobs is None else logprobs
+                    logprobs.setdefault(event.index, []).extend(event.logprobs)
+                if event.prompt_logprobs is not UNSET:
+                    prompt_logprobs = event.prompt_logprobs
+                    prompt_token_ids = event.prompt_token_ids or None
             elif isinstance(event, ErrorEvent):
                 raise RequestError(self.request_id, event.code, event.message)
             elif isinstance(event, FinalEvent):
@@ -274,6 +291,9 @@ class RequestHandle:
                     prompt_tokens=event.prompt_tokens,
                     completion_tokens=event.completion_tokens,
                     approximate=event.approximate,
+                    logprobs=None if logprobs is None else [logprobs.get(i, []) for i in range(n)],
+                    prompt_logprobs=prompt_logprobs,
+                    prompt_token_ids=prompt_token_ids,
                 )
         raise StreamqError(f"request {self.request_id}: the stream ended without a final event")
 

@@ -17,6 +17,7 @@ from arq import Retry
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -31,6 +32,7 @@ from streamq.protocol import (
     parse_request,
 )
 from worker import metrics
+from worker.logprobs import LogprobsReader
 from worker.presence import Presence
 from worker.progress import NotResumable, Progress, thread_tokenizer
 from worker.publisher import PublishFailed
@@ -189,6 +191,9 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
 
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
+    # The prompt's logprobs went out with the request's first chunk, unless this attempt
+    # is the first to send one.
+    reader = LogprobsReader.for_request(params, engine, with_prompt=resumed is None)
     started = time.monotonic()
     logger.info("request %s started (attempt %d)", request.request_id, events.attempt)
     try:
@@ -201,8 +206,13 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
                     else engine.generate(request_id=request.request_id, prompt=prompt, sampling_params=params)
                 )
                 async for output in outputs:
+                    if reader is not None:
+                        _chunks_with_logprobs(events, output, reader)
                     for completion in output.outputs:
-                        events.chunk(completion.index, completion.text, completion.token_ids, completion.finish_reason)
+                        if reader is None:
+                            events.chunk(
+                                completion.index, completion.text, completion.token_ids, completion.finish_reason
+                            )
                         progress.add(completion.index, completion.token_ids, completion.finish_reason)
                     if output.finished:
                         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
@@ -238,6 +248,17 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
         time.monotonic() - started,
     )
     return progress.summary(request.request_id)
+
+
+def _chunks_with_logprobs(events: RequestEvents, output: RequestOutput, reader: LogprobsReader) -> None:
+    """Publish an output's DELTAs with the logprobs the request asked for."""
+    prompt_logprobs = reader.prompt(output)
+    for completion in output.outputs:
+        logprobs = reader.sample(completion)
+        events.chunk(
+            completion.index, completion.text, completion.token_ids, completion.finish_reason, logprobs, prompt_logprobs
+        )
+        prompt_logprobs = None
 
 
 async def _end(

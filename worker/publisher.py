@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.replay_log import LogEvent, ReplayLog
-from streamq.protocol import ChunkEvent, encode_event
+from streamq.protocol import ChunkEvent, TokenLogprob, encode_event
 from streamq.protocol.names import COALESCE_ENV
 from streamq.tasks import stop_task
 from worker import metrics
@@ -120,11 +120,21 @@ class EventPublisher:
         in flight: merging into it delays nothing, since it could not go out sooner."""
         return self._in_flight and generation == self._generation and self.coalesce
 
-    def extend(self, event: ChunkEvent, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
-        """Append the next DELTA of ``event``'s completion to it (``extendable`` said yes)."""
+    def extend(
+        self,
+        event: ChunkEvent,
+        text: str,
+        token_ids: Sequence[int],
+        finish_reason: str | None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> None:
+        """Append the next DELTA of ``event``'s completion to it (``extendable`` said yes);
+        its ``logprobs``, if any, follow the chunk's as its tokens follow its tokens."""
         event.text += text
         event.token_ids += token_ids
         event.finish_reason = finish_reason
+        if logprobs is not None:
+            event.logprobs = [*event.logprobs, *logprobs] if event.logprobs else logprobs
         self._deltas += 1
 
     def flushed(self) -> asyncio.Future[None]:

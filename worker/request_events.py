@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, encode_event
+from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, TokenLogprob, encode_event
 from worker import metrics
 from worker.publisher import EventPublisher
 
@@ -45,8 +45,18 @@ class RequestEvents:
         self._open = None
         self._publisher.publish(self.request_id, event.seq, self.attempt, encode_event(event), terminal=terminal)
 
-    def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> None:
-        """Publish one DELTA of completion ``index``."""
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        token_ids: Sequence[int],
+        finish_reason: str | None,
+        logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: tuple[list[int], list[TokenLogprob | None]] | None = None,
+    ) -> None:
+        """Publish one DELTA of completion ``index``, with its tokens' ``logprobs`` when
+        the request asked for them (and the prompt's token ids and logprobs, on the
+        request's first chunk)."""
         now = time.perf_counter()
         last = self._last_chunk_at.get(index)
         if last is not None:
@@ -61,8 +71,9 @@ class RequestEvents:
             and open_chunk.index == index
             and open_chunk.finish_reason is None
             and publisher.extendable(self._open_generation)
+            and prompt_logprobs is None
         ):
-            publisher.extend(open_chunk, text, token_ids, finish_reason)
+            publisher.extend(open_chunk, text, token_ids, finish_reason, logprobs)
             return
         seq = self.next_seq
         self.next_seq = seq + 1
@@ -75,6 +86,10 @@ class RequestEvents:
             token_ids=list(token_ids),
             finish_reason=finish_reason,
         )
+        if logprobs is not None:
+            event.logprobs = logprobs
+        if prompt_logprobs is not None:
+            event.prompt_token_ids, event.prompt_logprobs = prompt_logprobs
         self._open = event
         self._open_generation = publisher.publish_chunk(event)
 

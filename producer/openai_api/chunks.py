@@ -19,6 +19,13 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from producer.openai_api.errors import request_failed
+from producer.openai_api.logprobs import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    chat_logprobs,
+    completion_logprobs,
+    next_text_offset,
+)
 from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
 
@@ -32,7 +39,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
 
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: None = None
     prompt_token_ids: None = None
@@ -50,7 +57,7 @@ class ChatChoice(msgspec.Struct, kw_only=True):
 
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: None | UnsetType = UNSET
     token_ids: None | UnsetType = UNSET
@@ -94,6 +101,8 @@ class ChunkBuilder:
     _with_tokens: set[int] = field(default_factory=set)
     """Completions that have sent a token (an output before that, with none, is skipped)."""
     _finished: set[int] = field(default_factory=set)
+    _text_offsets: dict[int, int] = field(default_factory=dict)
+    """Per completion, where its next token's text starts (completions' ``text_offset``)."""
     _open: bytes = b""
 
     def __post_init__(self) -> None:
@@ -109,7 +118,8 @@ class ChunkBuilder:
             if event.token_ids:
                 self._with_tokens.add(event.index)
             if event.text or event.index in self._with_tokens:  # nothing at all: a prefill step, as vLLM skips
-                out.append(self._chunk(event.index, event.text, event.finish_reason))
+                logprobs = None if event.logprobs is UNSET else self._logprobs(event)
+                out.append(self._chunk(event.index, event.text, event.finish_reason, logprobs))
             return out
         for index, reason in enumerate(event.finish_reasons):
             if index not in self._finished:
@@ -127,19 +137,44 @@ class ChunkBuilder:
             for i in range(self.n)
         ]
 
-    def _chunk(self, index: int, text: str, finish_reason: str | None) -> bytes:
+    def _logprobs(self, event: ChunkEvent) -> ChatLogprobs | CompletionLogprobs:
+        """The chunk's logprobs in its endpoint's shape (the event carries them)."""
+        assert event.logprobs is not UNSET
+        if self.meta.chat:
+            return chat_logprobs(event.token_ids, event.logprobs)
+        offset = self._text_offsets.get(event.index, 0)
+        logprobs = completion_logprobs(event.token_ids, event.logprobs, offset)
+        self._text_offsets[event.index] = next_text_offset(logprobs, offset)
+        return logprobs
+
+    def _chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: ChatLogprobs | CompletionLogprobs | None = None,
+    ) -> bytes:
         choice: ChatChoice | CompletionChoice
+        chat_lp = logprobs if isinstance(logprobs, ChatLogprobs) else None
+        completion_lp = logprobs if isinstance(logprobs, CompletionLogprobs) else None
         if finish_reason is None:
             if self.meta.chat:
-                choice = ChatChoice(index=index, delta=ChatDelta(content=text), token_ids=None)
+                choice = ChatChoice(index=index, delta=ChatDelta(content=text), logprobs=chat_lp, token_ids=None)
             else:
-                choice = CompletionChoice(index=index, text=text)
+                choice = CompletionChoice(index=index, text=text, logprobs=completion_lp)
             return self._open + _encode(choice) + _CLOSE
         self._finished.add(index)
         if self.meta.chat:
             delta = ChatDelta(content=text)
-            choice = ChatChoice(index=index, delta=delta, finish_reason=finish_reason, stop_reason=None, token_ids=None)
+            choice = ChatChoice(
+                index=index,
+                delta=delta,
+                logprobs=chat_lp,
+                finish_reason=finish_reason,
+                stop_reason=None,
+                token_ids=None,
+            )
         else:
-            choice = CompletionChoice(index=index, text=text, finish_reason=finish_reason)
+            choice = CompletionChoice(index=index, text=text, logprobs=completion_lp, finish_reason=finish_reason)
         # The fingerprint goes on the last chunk: the usage chunk when there is one.
         return self._open + _encode(choice) + (_CLOSE if self.include_usage else _CLOSE_LAST)

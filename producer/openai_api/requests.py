@@ -1,7 +1,7 @@
 """OpenAI request bodies to ``StreamqClient.submit`` keyword arguments.
 
 A field streamq cannot honour raises ``InvalidRequest`` naming it rather than being
-dropped: a client asking for logprobs or tools must learn it gets none. Values are
+dropped: a client asking for tools must learn it gets none. Values are
 range-checked by vLLM on the worker, as for every streamq request, after the bounds of
 ``limits.RequestLimits`` (``n``, stop strings, messages) are checked here.
 """
@@ -15,6 +15,13 @@ from typing import Any, Final
 import msgspec
 
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
+from producer.openai_api.logprobs import (
+    CHAT_LOGPROBS_FIELDS,
+    COMPLETION_LOGPROBS_FIELDS,
+    LOGPROBS_SAMPLING,
+    chat_sampling,
+    completion_sampling,
+)
 from streamq.protocol import InvalidRequest, SamplingOptions
 
 TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
@@ -50,7 +57,6 @@ def _is_off(value: Any) -> bool:
 # Fields OpenAI defines that streamq cannot honour: accepted only with a value that
 # asks for nothing, so that clients sending their defaults still work.
 _UNSUPPORTED_COMMON: Final[dict[str, Callable[[Any], bool]]] = {
-    "logprobs": lambda v: v is None or v is False,  # 0 still asks for the sampled token's
     "logit_bias": _is_off,
 }
 _UNSUPPORTED_COMPLETION: Final[dict[str, Callable[[Any], bool]]] = {
@@ -61,7 +67,6 @@ _UNSUPPORTED_COMPLETION: Final[dict[str, Callable[[Any], bool]]] = {
 }
 _UNSUPPORTED_CHAT: Final[dict[str, Callable[[Any], bool]]] = {
     **_UNSUPPORTED_COMMON,
-    "top_logprobs": _is_off,
     "tools": _is_off,
     "tool_choice": lambda v: v is None or v == "none",
     "parallel_tool_calls": lambda v: True,  # meaningless without tools
@@ -81,6 +86,7 @@ def completion_request_to_submit_kwargs(
     """
     body = _require_object(body)
     known = {"prompt", "max_tokens", "stop", *_SAMPLING_FIELDS, *TRANSPORT_FIELDS, *_UNSUPPORTED_COMPLETION}
+    known |= COMPLETION_LOGPROBS_FIELDS
     _reject_unknown(body, known, "/v1/completions")
     _reject_unsupported(body, _UNSUPPORTED_COMPLETION)
     best_of = body.get("best_of")
@@ -92,7 +98,8 @@ def completion_request_to_submit_kwargs(
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request; token-id prompts are not supported)")
-    return {"prompt": prompt, **_sampling(body, max_tokens=body.get("max_tokens"))}
+    sampling = _sampling({**body, **completion_sampling(body)}, max_tokens=body.get("max_tokens"))
+    return {"prompt": prompt, **sampling}
 
 
 def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLimits = DEFAULT_LIMITS) -> dict[str, Any]:
@@ -112,6 +119,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         *_SAMPLING_FIELDS,
         *TRANSPORT_FIELDS,
         *_UNSUPPORTED_CHAT,
+        *CHAT_LOGPROBS_FIELDS,
     }
     _reject_unknown(body, known, "/v1/chat/completions")
     _reject_unsupported(body, _UNSUPPORTED_CHAT)
@@ -125,7 +133,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         max_tokens = body.get("max_tokens")
     chat = [_message(m, i) for i, m in enumerate(messages)]
     limits.check_message_lengths(chat)
-    return {"messages": chat, **_sampling(body, max_tokens=max_tokens)}
+    return {"messages": chat, **_sampling({**body, **chat_sampling(body)}, max_tokens=max_tokens)}
 
 
 @dataclass(frozen=True)
@@ -190,7 +198,7 @@ def _reject_unsupported(body: Mapping[str, Any], neutral: Mapping[str, Callable[
 
 def _sampling(body: Mapping[str, Any], *, max_tokens: Any) -> dict[str, Any]:
     """Sampling fields, type-checked now (a bad type fails here, not on a worker)."""
-    fields = {name: body[name] for name in _SAMPLING_FIELDS if body.get(name) is not None}
+    fields = {name: body[name] for name in _SAMPLING_FIELDS | LOGPROBS_SAMPLING if body.get(name) is not None}
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
     stop = body.get("stop")

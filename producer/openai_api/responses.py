@@ -13,9 +13,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Final
+from typing import Any, Final, cast
+
+import msgspec
 
 from producer.client import Completion
+from producer.openai_api.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from streamq.protocol import WorkerRegistration
 
 
@@ -65,22 +68,30 @@ class ResponseMeta:
         return "chat.completion.chunk" if chunk else "chat.completion"
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def completion_choice(
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None,
+    prompt_logprobs: list[Any] | None = None,
+) -> dict[str, Any]:
     """A whole ``/v1/completions`` response's choice."""
     return {
         "index": index,
         "text": text,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": None,
         "token_ids": None,
-        "prompt_logprobs": None,
+        "prompt_logprobs": prompt_logprobs,
         "prompt_token_ids": None,
         "routed_experts": None,
     }
 
 
-def chat_message_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def chat_message_choice(
+    index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A whole ``/v1/chat/completions`` response's choice."""
     message = {
         "role": "assistant",
@@ -94,7 +105,7 @@ def chat_message_choice(index: int, text: str, finish_reason: str | None) -> dic
     return {
         "index": index,
         "message": message,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": None,
         "token_ids": None,
@@ -114,11 +125,14 @@ def chat_completion_response(completion: Completion, *, model: str, created: int
 
 def _whole_response(completion: Completion, model: str, created: int | None, *, chat: bool) -> dict[str, Any]:
     meta = ResponseMeta(chat, completion.request_id, model, int(time.time()) if created is None else created)
-    to_choice = chat_message_choice if chat else completion_choice
-    choices = [
-        to_choice(i, text, reason)
-        for i, (text, reason) in enumerate(zip(completion.texts, completion.finish_reasons, strict=True))
-    ]
+    prompt_lp = _prompt_logprobs(completion)
+    choices = []
+    for i, (text, reason) in enumerate(zip(completion.texts, completion.finish_reasons, strict=True)):
+        logprobs = _logprobs(completion, i, chat=chat)
+        if chat:
+            choices.append(chat_message_choice(i, text, reason, logprobs))
+        else:
+            choices.append(completion_choice(i, text, reason, logprobs, prompt_lp))
     body: dict[str, Any] = {
         "id": meta.id,
         "object": meta.object(chunk=False),
@@ -130,9 +144,24 @@ def _whole_response(completion: Completion, model: str, created: int | None, *, 
         "usage": usage(completion.prompt_tokens, completion.completion_tokens),
     }
     if chat:
-        body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(prompt_logprobs=prompt_lp, prompt_token_ids=None, prompt_text=None)
     body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
     return body
+
+
+def _logprobs(completion: Completion, index: int, *, chat: bool) -> dict[str, Any] | None:
+    """Completion ``index``'s logprobs in the endpoint's shape, if they were asked for."""
+    if completion.logprobs is None:
+        return None
+    token_ids, entries = completion.token_ids[index], completion.logprobs[index]
+    shape = chat_logprobs(token_ids, entries) if chat else completion_logprobs(token_ids, entries)
+    return cast(dict[str, Any], msgspec.to_builtins(shape))
+
+
+def _prompt_logprobs(completion: Completion) -> list[Any] | None:
+    if completion.prompt_logprobs is None or completion.prompt_token_ids is None:
+        return None
+    return prompt_logprobs(completion.prompt_token_ids, completion.prompt_logprobs)
 
 
 def model_list(workers: Iterable[WorkerRegistration]) -> dict[str, Any]:

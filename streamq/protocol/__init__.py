@@ -17,6 +17,7 @@ from streamq.protocol.envelope import (
     serialize_job,
 )
 from streamq.protocol.messages import (
+    LOGPROB_FLOOR,
     TERMINAL_EVENTS,
     Callback,
     ChatMessage,
@@ -28,6 +29,8 @@ from streamq.protocol.messages import (
     InvalidRequest,
     SamplingOptions,
     StructuredOutputs,
+    TokenLogprob,
+    TopLogprob,
     WorkerRegistration,
     decode_event,
     decode_registration,
@@ -91,6 +94,7 @@ __all__ = [
     "JOB_FUNCTION",
     "JOB_KEY_PREFIX",
     "LEASE_TTL_MS",
+    "LOGPROB_FLOOR",
     "LOG_MAXLEN",
     "LOG_MAXLEN_ENV",
     "LOG_TTL_ENV",
@@ -125,6 +129,8 @@ __all__ = [
     "InvalidRequest",
     "SamplingOptions",
     "StructuredOutputs",
+    "TokenLogprob",
+    "TopLogprob",
     "WorkerRegistration",
     "decode_event",
     "decode_registration",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from streamq.protocol.names import (
     MAX_CALLBACK_URL_CHARS,
@@ -221,18 +222,52 @@ class _Event(msgspec.Struct, tag_field="type", kw_only=True, forbid_unknown_fiel
     failure goes on with ``attempt`` 2, 3, ... and the sequence numbers continue."""
 
 
+LOGPROB_FLOOR: Final = -9999.0
+"""What a log probability of ``-inf`` is sent as (JSON has no infinity; OpenAI's value)."""
+
+
+class TopLogprob(msgspec.Struct, array_like=True, frozen=True):
+    """One of the most likely tokens at a position; a JSON array ``[token_id, token, logprob]``."""
+
+    token_id: int
+    token: str
+    """The token's text as vLLM decodes it alone (a byte-level piece may be ``\ufffd``)."""
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, array_like=True, frozen=True):
+    """The log probability of one token (sampled, or of the prompt) and the most likely
+    tokens at its position; a JSON array ``[logprob, rank, token, top]``, compact since
+    a chunk carries one per token."""
+
+    logprob: float
+    rank: int
+    """1 for the most likely token in the vocabulary, 2 for the next, ..."""
+    token: str
+    top: list[TopLogprob]
+    """The ``logprobs`` most likely tokens, most likely first (the sampled one among
+    them when it ranks that high); empty for ``logprobs: 0``."""
+
+
 class ChunkEvent(_Event, tag="chunk", kw_only=True):
     """One DELTA from the engine for completion ``index``.
 
     ``text`` may be empty while ``token_ids`` is not: byte-level tokens that do not
     yet form a whole UTF-8 character. ``finish_reason`` is set on the last chunk of
-    that completion.
+    that completion. The logprob fields are absent from the JSON unless asked for.
     """
 
     index: int = 0
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | UnsetType = UNSET
+    """One per entry of ``token_ids``, when the request set ``sampling.logprobs``."""
+    prompt_logprobs: list[TokenLogprob | None] | UnsetType = UNSET
+    """One per prompt token (``None`` for the first, which has nothing before it), on the
+    request's first chunk, when the request set ``sampling.prompt_logprobs``."""
+    prompt_token_ids: list[int] | UnsetType = UNSET
+    """The prompt's tokens (after the chat template), with ``prompt_logprobs``."""
 
 
 class FinalEvent(_Event, tag="final", kw_only=True):

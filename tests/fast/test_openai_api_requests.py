@@ -37,9 +37,27 @@ COMPLETIONS: list[tuple[dict[str, Any], dict[str, Any]]] = [
         },
     ),
     ({"prompt": "Hi", "temperature": None, "stop": None}, {"prompt": "Hi"}),
+    ({"prompt": "Hi", "logprobs": 0}, {"prompt": "Hi", "logprobs": 0}),
+    (
+        {"prompt": "Hi", "logprobs": 3, "prompt_logprobs": 2, "stream": False},
+        {"prompt": "Hi", "logprobs": 3, "prompt_logprobs": 2},
+    ),
+    ({"prompt": "Hi", "prompt_logprobs": 0, "stream": True}, {"prompt": "Hi", "prompt_logprobs": 0}),
 ]
 
 CHATS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True},
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": 0},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 5, "prompt_logprobs": 1},
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": 5, "prompt_logprobs": 1},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": False, "top_logprobs": 0},
+        {"messages": [{"role": "user", "content": "Hi"}]},
+    ),
     (
         {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
         {"messages": [{"role": "user", "content": "Hi"}]},
@@ -84,8 +102,11 @@ BAD_COMPLETIONS: list[tuple[object, str]] = [
     ({"prompt": "Hi", "max_tokens": "ten"}, "max_tokens"),
     ({"prompt": "Hi", "temperature": "hot"}, "temperature"),
     ({"prompt": "Hi", "stop": [1]}, "stop"),
-    ({"prompt": "Hi", "logprobs": 2}, "logprobs"),
-    ({"prompt": "Hi", "logprobs": 0}, "logprobs"),
+    ({"prompt": "Hi", "logprobs": True}, "logprobs"),
+    ({"prompt": "Hi", "logprobs": -2}, "logprobs"),
+    ({"prompt": "Hi", "logprobs": "2"}, "logprobs"),
+    ({"prompt": "Hi", "prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+    ({"prompt": "Hi", "prompt_logprobs": -1, "stream": True}, "not available when `stream=True`"),
     ({"prompt": "Hi", "echo": True}, "echo"),
     ({"prompt": "Hi", "best_of": 3}, "best_of"),
     ({"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
@@ -106,7 +127,11 @@ BAD_CHATS: list[tuple[object, str]] = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "text content parts"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
-    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "`logprobs` must be set to true"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 1.5}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "n": "two"}, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
 ]
