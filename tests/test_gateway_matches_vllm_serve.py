@@ -217,9 +217,16 @@ def merged_as(reference: list[Any], events: list[ChunkEvent]) -> list[Any]:
             choice["text"] = text
         else:
             choice["delta"] = {"content": text}
+        if choice.get("logprobs") is not None:
+            choice["logprobs"] = merged_logprobs([c["choices"][0]["logprobs"] for c in covered])
         merged.append(chunk)
     assert not any(units.values()), "the log holds fewer tokens than vllm serve sent"
     return opening + merged + closing
+
+
+def merged_logprobs(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    """The logprobs of consecutive chunks as one chunk's: each list concatenated."""
+    return {key: [item for part in parts for item in part[key]] for key in parts[0]}
 
 
 def compare_streams(servers: Servers, path: str, body: dict[str, Any], tokens: int) -> list[Any]:
@@ -268,10 +275,33 @@ def test_streamed_chat_of_several_choices_matches(servers: Servers) -> None:
     assert [is_role(chunk) for chunk in reference[:3]] == [True, True, False]  # one role chunk per choice
 
 
-@pytest.mark.parametrize(("path", "field"), [("/v1/completions", "prompt"), ("/v1/chat/completions", "messages")])
-def test_whole_responses_match(servers: Servers, path: str, field: str) -> None:
+def test_streamed_completions_with_logprobs_match(servers: Servers) -> None:
+    for prompt in PROMPTS:
+        reference = compare_streams(servers, "/v1/completions", stream_body("prompt", prompt, logprobs=3), MAX_TOKENS)
+        assert all(len(c["logprobs"]["tokens"]) == 1 for chunk in token_chunks(reference) for c in chunk["choices"])
+
+
+def test_streamed_chat_with_logprobs_matches(servers: Servers) -> None:
+    for messages in MESSAGES:
+        body = stream_body("messages", messages, include_usage=True, logprobs=True, top_logprobs=3)
+        reference = compare_streams(servers, "/v1/chat/completions", body, MAX_TOKENS)
+        content = [c["logprobs"]["content"] for chunk in token_chunks(reference) for c in chunk["choices"]]
+        assert all(len(tokens) == 1 and len(tokens[0]["top_logprobs"]) == 3 for tokens in content)
+
+
+WHOLE_EXTRAS = {
+    "/v1/completions": [{}, {"logprobs": 0}, {"logprobs": 3, "prompt_logprobs": 2}],
+    "/v1/chat/completions": [{}, {"logprobs": True}, {"logprobs": True, "top_logprobs": 2, "prompt_logprobs": 1}],
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"), [(path, extra) for path, extras in WHOLE_EXTRAS.items() for extra in extras]
+)
+def test_whole_responses_match(servers: Servers, path: str, extra: dict[str, Any]) -> None:
+    field = "prompt" if path == "/v1/completions" else "messages"
     request = PROMPTS[0] if field == "prompt" else MESSAGES[0]
-    body = {"model": MODEL, field: request, "max_tokens": MAX_TOKENS, "temperature": 0}
+    body = {"model": MODEL, field: request, "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
     (ours,), _ = post(servers.gateway_url, path, body)
     (reference,), _ = post(servers.serve_url, path, body)
     assert comparable(ours) == comparable(reference)
