@@ -15,7 +15,17 @@ from producer.client import (
     StreamqError,
     UnknownModel,
 )
-from streamq.protocol import ChatMessage, ChunkEvent, ErrorEvent, Event, FinalEvent, InvalidRequest, SamplingOptions
+from streamq.protocol import (
+    ChatMessage,
+    ChunkEvent,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    InvalidRequest,
+    SamplingOptions,
+    TokenLogprob,
+    TopLogprob,
+)
 
 __all__ = [
     "ChatMessage",
@@ -34,5 +44,7 @@ __all__ = [
     "SamplingOptions",
     "StreamqClient",
     "StreamqError",
+    "TokenLogprob",
+    "TopLogprob",
     "UnknownModel",
 ]

@@ -48,7 +48,7 @@ def input_lines(model: str) -> list[str]:
         ),
         _request("two", "/v1/completions", {"prompt": "Once upon a time", "n": 2, "max_tokens": 3, "ignore_eos": True}),
         "{this line is not JSON",
-        _request("logprobs", "/v1/completions", {"prompt": "Hi", "logprobs": 3}),
+        _request("echo", "/v1/completions", {"prompt": "Hi", "echo": True}),
         _request("cold", "/v1/completions", {"prompt": "Hi", "temperature": -1.0}),
         "",
         json.dumps({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
@@ -108,7 +108,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     not_json = by_id[None]
     assert not_json["response"]["status_code"] == 400 and not_json["response"]["body"] is None
     assert not_json["error"].startswith("line 4: not valid JSON")
-    assert by_id["logprobs"]["response"]["status_code"] == 400 and "logprobs" in by_id["logprobs"]["error"]
+    assert by_id["echo"]["response"]["status_code"] == 400 and "echo" in by_id["echo"]["error"]
     assert by_id["cold"]["response"]["status_code"] == 400  # refused by vLLM on the worker
     assert by_id["cold"]["error"].startswith("invalid_request:") and "temperature" in by_id["cold"]["error"]
     assert by_id["embed"]["response"]["status_code"] == 400 and "/v1/embeddings" in by_id["embed"]["error"]
