@@ -9,13 +9,13 @@ without it) and so every OpenAI shape ``vllm serve`` makes of it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm import SamplingParams
 from vllm.logprobs import Logprob, PromptLogprobs, SampleLogprobs
 from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from streamq.protocol import LOGPROB_FLOOR, TokenLogprob, TopLogprob
@@ -26,7 +26,9 @@ take-over generates with detokenization off)."""
 
 
 def _finite(logprob: float) -> float:
-    return LOGPROB_FLOOR if math.isinf(logprob) or logprob < LOGPROB_FLOOR else logprob
+    """``logprob``, or the floor for ``-inf`` (and NaN: JSON has neither, and an event
+    with ``null`` for a number would not decode)."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
 def _text(token_id: int, logprob: Logprob, decode: Decode) -> str:
@@ -78,7 +80,6 @@ def _position(token_id: int, position: dict[int, Logprob], top_k: int, decode: D
 
 def decoder(tokenizer: Any) -> Decode:
     """A token id's text as vLLM's logprobs spell it (``convert_ids_list_to_tokens``)."""
-    from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
 
     def decode(token_id: int) -> str:
         return str(convert_ids_list_to_tokens(tokenizer, [token_id])[0])

@@ -90,6 +90,12 @@ def test_each_token_gets_its_logprob_rank_text_and_the_top_k_in_rank_order() -> 
     assert fourth.logprob == LOGPROB_FLOOR and fourth.token == "é"  # -inf is sent as OpenAI's floor
 
 
+def test_a_nan_from_a_broken_model_still_makes_an_event_that_decodes() -> None:
+    (entry,) = worker_logprobs.sample_logprobs([2], [engine_position(2, math.nan, 1, [])], 0, decode)
+    event = chunk(0, [2], [entry])
+    assert entry.logprob == LOGPROB_FLOOR and decode_event(encode_event(event)) == event
+
+
 def test_logprobs_zero_gives_the_sampled_tokens_alone() -> None:
     position = engine_position(2, -0.5, 3, [])
     (only,) = worker_logprobs.sample_logprobs([2], [position], 0, decode)
