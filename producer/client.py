@@ -28,6 +28,7 @@ from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from producer.status import StatusReader
 from producer.subscriber import EventSubscriber, Inbox, Resync
 from streamq.broker.connection import DEFAULT_REDIS_URL, close_pool, create_pool, redis_settings_for
 from streamq.broker.registry import Routes, WorkerRegistry
@@ -40,11 +41,13 @@ from streamq.protocol import (
     JOB_EXPIRY_MS,
     JOB_FUNCTION,
     JOB_KEY_PREFIX,
+    LOG_TTL_MS,
     MAX_JOB_BYTES,
     MODELS_KEY,
     RESULT_KEY_PREFIX,
     TERMINAL_EVENTS,
     WAKEUP_CHANNEL,
+    Callback,
     ChatMessage,
     ChunkEvent,
     ErrorEvent,
@@ -54,6 +57,7 @@ from streamq.protocol import (
     GenerateRequest,
     InvalidRequest,
     TokenLogprob,
+    callback_key,
     decode_event,
     deserialize_job,
     events_channel,
@@ -61,6 +65,7 @@ from streamq.protocol import (
     serialize_job,
 )
 from streamq.protocol.scripts import register_script
+from streamq.protocol.status import RequestStatus
 
 CancelOutcome = Literal["running", "queued", "unknown"]
 JobState = Literal["running", "queued", "finished", "unknown"]
@@ -324,6 +329,7 @@ class StreamqClient:
         self.registry = WorkerRegistry(redis)
         self._cancel_script = register_script(redis, "cancel")
         self._enqueue_script = register_script(redis, "enqueue")
+        self._status = StatusReader(redis)
         self._routes_read: tuple[float, Routes] | None = None
 
     @classmethod
@@ -367,6 +373,7 @@ class StreamqClient:
         model: str | None = None,
         timeout_s: float | None = None,
         queue_timeout_s: float | None = None,
+        callback: Callback | dict[str, Any] | None = None,
         **sampling: Any,
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events.
@@ -383,7 +390,9 @@ class StreamqClient:
         already holds ``max_queue_depth`` jobs, and ``DuplicateRequest`` if
         ``request_id`` is in use (queued, running, a stored result, or a replay log:
         an id is not reused while its events are kept). The request carries ``model``,
-        so a worker of another model that takes it refuses it.
+        so a worker of another model that takes it refuses it. ``callback``
+        (``{"url": ..., "include_text": True}``) is POSTed the request's summary when it
+        ends, however it ends (see README, "Completion callbacks").
         """
         request = parse_request(
             {
@@ -394,6 +403,7 @@ class StreamqClient:
                 "sampling": sampling,
                 "timeout_s": timeout_s,
                 "queue_timeout_s": queue_timeout_s,
+                "callback": msgspec.to_builtins(callback) if callback is not None else None,
             }
         )
         job = _job_payload(request)
@@ -420,6 +430,12 @@ class StreamqClient:
                 limit,
                 result_key,
             ]
+            if request.callback is not None:  # kept where the paths ending it outside a worker find it
+                args += [
+                    callback_key(request.request_id),
+                    msgspec.json.encode(request.callback),
+                    JOB_EXPIRY_MS + LOG_TTL_MS,
+                ]
             outcome = await self._enqueue_script(keys=keys, args=args)
         except BaseException:
             await _close_when_subscribed(subscribing)
@@ -503,9 +519,19 @@ class StreamqClient:
             await self.log.end(request_id, final)
         return outcome
 
+    async def status(self, request_id: str) -> RequestStatus:
+        """Where the request is, in one round trip: ``queued`` (its position among the
+        waiting requests of its priority, the wait so far; or deferred, with its run-at
+        time), ``running`` (the worker, the attempt, tokens so far), ``finished`` (finish
+        reasons, usage, when), ``failed`` (code, message) or ``unknown``; and its
+        callback's delivery. A queued request is looked for on this client's queue and
+        every model's."""
+        return await self._status.read(request_id, queues=[self.queue])
+
     async def job_state(self, request_id: str) -> JobState:
-        """Where the request's job is: ``running`` (a worker holds its lease), ``queued``
-        (waiting for a worker, or for its lapsed lease to be taken over), ``finished``
+        """Where the request's job is, cheaper than ``status`` (the handle's watchdog only
+        asks whether anything will still happen): ``running`` (a worker holds its lease),
+        ``queued`` (waiting for a worker, or for its lapsed lease to be taken over), ``finished``
         (a result is stored) or ``unknown``."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.exists(IN_PROGRESS_PREFIX + request_id)

@@ -19,14 +19,15 @@ from streamq.broker.connection import add_connection_options, redis_settings_for
 from streamq.broker.replay_log import log_limits_from_env
 from streamq.environment import drain_seconds_from_env
 from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
-from streamq.protocol.names import COALESCE_ENV
+from streamq.protocol.names import CALLBACK_SECRET_ENV, COALESCE_ENV, KEEP_RESULT_ENV
 from worker.arq_worker import StreamqWorker
+from worker.callbacks import CallbackPolicy
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
 from worker.options import OPTIONS_KEY, WorkerOptions
 from worker.publisher import coalesce_from_env
 from worker.scheduling import cpu_nice_from_env
-from worker.settings import WorkerSettings, worker_settings
+from worker.settings import WorkerSettings, keep_result_from_env, worker_settings
 from worker.state import STATE_KEY, WorkerState
 
 
@@ -101,6 +102,33 @@ def build_parser() -> FlexibleArgumentParser:
         "DELTAs that wait behind a batch in flight to Redis go out merged into one chunk "
         f"(default: merge, unless ${COALESCE_ENV}=0)",
     )
+    group.add_argument(
+        "--keep-result-s",
+        type=float,
+        default=keep_result_from_env(),
+        help="how long arq keeps a finished job's result; status tells how a request ended while its result "
+        f"or its replay log (--log-ttl-s) is kept (default: ${KEEP_RESULT_ENV} or %(default)g)",
+    )
+    policy = CallbackPolicy()
+    group.add_argument(
+        "--callback-tries",
+        type=int,
+        default=policy.tries,
+        help="tries of a completion callback's delivery, in all (default: %(default)s)",
+    )
+    group.add_argument(
+        "--callback-backoff-s",
+        type=float,
+        default=policy.backoff_s,
+        help="wait before a callback's first retry; each next one waits twice as long (default: %(default)g)",
+    )
+    group.add_argument(
+        "--callback-timeout-s",
+        type=float,
+        default=policy.timeout_s,
+        help=f"time one callback try may take; deliveries are signed with ${CALLBACK_SECRET_ENV} "
+        "(default: %(default)g)",
+    )
     add_engine_args(parser)
     return parser
 
@@ -116,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         "queue_name": args.queue,
         "job_completion_wait": args.drain_seconds,
         "job_timeout": args.job_timeout,
+        "keep_result": args.keep_result_s,
         # With a scripted engine vLLM's arguments are unused (and would name a hub model).
         "ctx": {
             OPTIONS_KEY: WorkerOptions(
@@ -127,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
                 log_ttl_ms=round(args.log_ttl_s * 1000),
                 log_maxlen=args.log_maxlen,
                 coalesce=args.coalesce,
+                callback_tries=args.callback_tries,
+                callback_backoff_s=args.callback_backoff_s,
+                callback_timeout_s=args.callback_timeout_s,
             )
         },
     }

@@ -19,13 +19,13 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streamq.broker.job_result import failure_of
 from streamq.broker.pubsub import live_messages
 from streamq.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL, ErrorEvent, is_valid_request_id
 from streamq.protocol.scripts import register_script
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.engine import max_batch_size
-from worker.failures import failure_of
 from worker.state import state_of
 
 logger = logging.getLogger("streamq.worker")

@@ -14,6 +14,7 @@ from streamq.broker.replay_log import ReplayLog
 from streamq.environment import queue_from_env
 from streamq.tasks import stop_task
 from worker import metrics
+from worker.callbacks import CallbackPolicy, CallbackSender, secret_from_env
 from worker.cancel import CancelListener
 from worker.engine import engine_args_from_env, start_engine
 from worker.lease import Leases
@@ -60,6 +61,16 @@ def _shut_down_engine(engine: Any) -> None:
     logger.info("engine shut down")
 
 
+def _callback_policy(options: WorkerOptions) -> CallbackPolicy:
+    """The options given, each defaulting to ``CallbackPolicy``'s; the secret from the environment."""
+    given = {
+        "tries": options.callback_tries,
+        "backoff_s": options.callback_backoff_s,
+        "timeout_s": options.callback_timeout_s,
+    }
+    return CallbackPolicy(**{k: v for k, v in given.items() if v is not None}, secret=secret_from_env())  # type: ignore[arg-type]
+
+
 async def on_startup(ctx: dict[str, Any]) -> None:
     """Start the engine inside arq's loop, and beside it the publisher, the cancel
     listener and the leases; store them in ``ctx`` as one ``WorkerState``.
@@ -91,6 +102,9 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         queue = options.queue_name or queue_from_env()
         model, max_model_len = served_model_name(engine)
         presence = Presence(redis, worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len)
+        callbacks = CallbackSender(redis, replay_log, _callback_policy(options))
+        callbacks.start()
+        closing.push_async_callback(callbacks.close)
         state = WorkerState(
             worker_id=worker_id,
             engine=engine,
@@ -99,6 +113,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             publisher=publisher,
             leases=leases,
             presence=presence,
+            callbacks=callbacks,
         )
         engine_watch = asyncio.create_task(_watch_engine(state), name="engine-watch")
         closing.push_async_callback(stop_task, engine_watch)

@@ -68,10 +68,14 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
     events = RequestEvents(state_of(ctx).publisher, reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
 
+    request: GenerateRequest | None = None
     try:
         request = _validate(ctx, args, kwargs)
         assert events is not None, "a valid request always has a channel"
-        return await _serve(ctx, request, events)
+        result = await _serve(ctx, request, events)
+        if not result.get("superseded"):  # else the attempt that took it over ends it
+            await _schedule_callback(ctx, reply_to, request)
+        return result
     except (InvalidRequest, VLLMValidationError) as exc:
         code, message = ErrorCode.INVALID_REQUEST, str(exc)
     except PublishFailed as exc:
@@ -89,7 +93,32 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     except Exception as exc:
         logger.exception("request %s: unexpected error", job_id)
         code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-    await _fail(events, job_id, code, message)
+    await _fail_and_call_back(ctx, events, request, code, message)
+
+
+async def _fail_and_call_back(
+    ctx: dict[str, Any], events: RequestEvents | None, request: GenerateRequest | None, code: str, message: str
+) -> NoReturn:
+    """``_fail``, with the request's callback made due once its error event is out."""
+    job_id: str = ctx["job_id"]
+    try:
+        await _fail(events, job_id, code, message)
+    finally:
+        if events is not None:
+            await _schedule_callback(ctx, events.request_id, request)
+
+
+async def _schedule_callback(ctx: dict[str, Any], request_id: str | None, request: GenerateRequest | None) -> None:
+    """Make the ended request's callback due: the one its job carries, else (a request
+    refused before it could be read) one stored at enqueue. Never fails the job: a
+    delivery that cannot be scheduled is logged."""
+    callbacks = state_of(ctx).callbacks
+    if callbacks is None or request_id is None or (request is not None and request.callback is None):
+        return
+    try:
+        await callbacks.schedule(request_id, request.callback if request is not None else None)
+    except Exception as exc:
+        logger.error("request %s: cannot schedule its callback: %s", request_id, exc)
 
 
 def _validate(ctx: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> GenerateRequest:

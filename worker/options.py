@@ -29,6 +29,9 @@ class WorkerOptions:
     log_maxlen: int | None = None
     coalesce: bool | None = None
     """Merge a request's DELTAs waiting behind a batch in flight into one chunk event."""
+    callback_tries: int | None = None
+    callback_backoff_s: float | None = None
+    callback_timeout_s: float | None = None
 
 
 def options_of(ctx: Mapping[str, Any]) -> WorkerOptions:

@@ -7,14 +7,25 @@ from ``$STREAMQ_ENGINE_ARGS``); ``python -m worker`` runs the same settings in
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from streamq.broker.connection import redis_settings_for
 from streamq.environment import drain_seconds_from_env, queue_from_env, redis_url_from_env
 from streamq.protocol import serialize_job
+from streamq.protocol.names import DEFAULT_KEEP_RESULT_S, KEEP_RESULT_ENV
 from worker.hooks import on_shutdown, on_startup
 from worker.job import generate
 from worker.redact import deserialize_job_redacted
+
+
+def keep_result_from_env(environ: Mapping[str, str] = os.environ) -> float:
+    """``$STREAMQ_KEEP_RESULT_S``: seconds arq keeps a finished job's result (default an hour)."""
+    value = float(environ.get(KEEP_RESULT_ENV) or DEFAULT_KEEP_RESULT_S)
+    if value < 0:
+        raise ValueError(f"${KEEP_RESULT_ENV} must be >= 0, got {value:g}")
+    return value
 
 
 class WorkerSettings:
@@ -37,7 +48,8 @@ class WorkerSettings:
     # cancel the rest (arq puts them back on the queue for another worker).
     job_completion_wait = drain_seconds_from_env()
     job_timeout = 3600  # long generations are normal; arq's 300 s default would kill them
-    keep_result = 3600
+    # Status reads how a request ended from its result or its replay log, whichever is kept longer.
+    keep_result = keep_result_from_env()
     health_check_interval = 10
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamq.broker.replay_log import ReplayLog
+from worker.callbacks import CallbackSender
 from worker.cancel import CancelListener
 from worker.lease import Leases
 from worker.presence import Presence
@@ -66,6 +67,8 @@ class WorkerState:
     publisher: EventPublisher
     leases: Leases
     presence: Presence
+    callbacks: CallbackSender | None = None
+    """Sends completion callbacks; ``None`` in a state built without one."""
     closing: AsyncExitStack = field(default_factory=AsyncExitStack)
     """Stops the parts started with this state, last started first (the start-up hook fills it)."""
     clock: RedisClock = field(default_factory=RedisClock)

@@ -22,6 +22,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from streamq.broker.replies import as_text
 from streamq.protocol import (
+    CALLBACKS_KEY,
     EVENTS_CHANNEL_PREFIX,
     LOG_MAXLEN,
     LOG_MAXLEN_ENV,
@@ -30,6 +31,7 @@ from streamq.protocol import (
     OWNER_KEY_PREFIX,
     ErrorEvent,
     FinalEvent,
+    callback_key,
     encode_event,
     events_channel,
 )
@@ -78,6 +80,11 @@ def entry_id(seq: int) -> str:
 class ReplayLog:
     """Appends events to request logs (publishing them too) and reads them back."""
 
+    @property
+    def ttl_ms(self) -> int:
+        """How long a log outlives its last event."""
+        return self._ttl_ms
+
     def __init__(self, redis: Redis, *, maxlen: int | None = None, ttl_ms: int | None = None) -> None:
         """``maxlen`` and ``ttl_ms`` default to ``log_limits_from_env()``."""
         env_maxlen, env_ttl_ms = log_limits_from_env() if maxlen is None or ttl_ms is None else (0, 0)
@@ -114,9 +121,18 @@ class ReplayLog:
         """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
         log holds (computed in Redis), unless the request already ended. For the paths
         that end a request outside the attempt running it (a cancel while queued, a job
-        arq gave up on). Returns the seq given, or ``None`` if it had already ended."""
+        arq gave up on). A callback stored at enqueue is made due in the same script.
+        Returns the seq given, or ``None`` if it had already ended."""
         keys = [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
-        seq = int(await self._end_script(keys=keys, args=[encode_event(event), self._maxlen, self._ttl_ms]))
+        args: list[bytes | str | int] = [
+            encode_event(event),
+            self._maxlen,
+            self._ttl_ms,
+            callback_key(request_id),
+            CALLBACKS_KEY,
+            request_id,
+        ]
+        seq = int(await self._end_script(keys=keys, args=args))
         return None if seq < 0 else seq
 
     async def take_over(self, request_id: str, attempt: int) -> list[bytes]:

@@ -40,6 +40,8 @@ from streamq.protocol.messages import (
 )
 from streamq.protocol.names import (
     ABORT_KEY,
+    CALLBACK_KEY_PREFIX,
+    CALLBACKS_KEY,
     CANCEL_CHANNEL,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_QUEUE,
@@ -72,6 +74,7 @@ from streamq.protocol.names import (
     WORKER_RENEW_S,
     WORKER_TTL_MS,
     WORKERS_KEY,
+    callback_key,
     events_channel,
     is_valid_request_id,
 )
@@ -79,6 +82,8 @@ from streamq.protocol.names import (
 __all__ = [
     "ABORT_KEY",
     "BAD_PAYLOAD_MARKER",
+    "CALLBACKS_KEY",
+    "CALLBACK_KEY_PREFIX",
     "CANCEL_CHANNEL",
     "Callback",
     "DEFAULT_DRAIN_SECONDS",
@@ -137,6 +142,7 @@ __all__ = [
     "encode_event",
     "encode_registration",
     "deserialize_job",
+    "callback_key",
     "events_channel",
     "is_valid_request_id",
     "parse_request",

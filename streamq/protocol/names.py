@@ -97,6 +97,22 @@ DEFAULT_TENANT: Final = "default"
 MAX_CALLBACK_URL_CHARS: Final = 2048
 """A callback URL's length bound."""
 
+# --- completion callbacks ------------------------------------------------------------
+CALLBACK_KEY_PREFIX: Final = "streamq:callback:"
+"""``streamq:callback:<request_id>``: hash of a request's callback: ``spec`` (the request's
+``callback`` as JSON, stored at enqueue so that paths ending a request outside any worker
+find it), and once the request ended its delivery: ``state`` (``pending``, ``delivered``,
+``failed``), ``attempts``, ``http_status``, ``last_error``, ``ended_ms``, ``delivered_ms``."""
+CALLBACKS_KEY: Final = "streamq:callbacks"
+"""Sorted set of request ids whose callback is due, scored by the Unix ms (Redis's clock)
+from which a worker may send it: every end path adds the request; a worker that claims a
+delivery pushes its score a lease ahead, so a worker that dies leaves it due again."""
+CALLBACK_SIGNATURE_HEADER: Final = "X-Streamq-Signature"
+"""``sha256=<hex>``: HMAC-SHA256, keyed with ``$STREAMQ_CALLBACK_SECRET``, of the timestamp
+header's value, a ``.``, and the body's bytes."""
+CALLBACK_TIMESTAMP_HEADER: Final = "X-Streamq-Timestamp"
+"""Unix seconds when the delivery was signed: a receiver refuses old ones (replays)."""
+
 # --- limits -----------------------------------------------------------------------
 REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """Request ids become parts of Redis key and channel names: a narrow alphabet keeps
@@ -123,6 +139,11 @@ LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
 LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
 API_KEYS_ENV: Final = "STREAMQ_API_KEYS"
 """Comma-separated API keys the gateway accepts besides ``--api-key`` (default: none)."""
+CALLBACK_SECRET_ENV: Final = "STREAMQ_CALLBACK_SECRET"
+"""The worker only: the key of the HMAC that signs callback deliveries (unset: unsigned)."""
+KEEP_RESULT_ENV: Final = "STREAMQ_KEEP_RESULT_S"
+"""The worker only: seconds arq keeps a finished job's result (``arq:result:<id>``)."""
+DEFAULT_KEEP_RESULT_S: Final = 3600
 COALESCE_ENV: Final = "STREAMQ_COALESCE"
 """``0`` stops a worker from merging a request's waiting chunks into one event (default ``1``)."""
 
@@ -137,6 +158,11 @@ def waiting_key(queue: str, priority: int) -> str:
     not started), scored by enqueue time (Unix ms): a request's rank in it is its
     position among the requests of its priority."""
     return f"{queue}:waiting:{priority}"
+
+
+def callback_key(request_id: str) -> str:
+    """Name of the hash holding ``request_id``'s callback and its delivery."""
+    return CALLBACK_KEY_PREFIX + request_id
 
 
 def is_valid_request_id(request_id: object) -> bool:

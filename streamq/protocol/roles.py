@@ -19,6 +19,8 @@ from streamq.protocol.names import (
     ABORT_KEY,
     API_KEY_NAMES_KEY,
     API_KEYS_KEY,
+    CALLBACK_KEY_PREFIX,
+    CALLBACKS_KEY,
     CANCEL_CHANNEL,
     DEFAULT_QUEUE,
     EVENTS_CHANNEL_PREFIX,
@@ -111,6 +113,9 @@ WORKER = Role(
         "xadd",
         "xrange",
         "xrevrange",
+        # completion callbacks: schedule, claim and record deliveries
+        "hexists",
+        "hmget",
         # arq's own bookkeeping: read a job, count its tries, store its result, finish it
         "get",
         "set",
@@ -148,6 +153,8 @@ WORKER = Role(
         OWNER_KEY_PREFIX + "*",
         WORKERS_KEY,
         MODELS_KEY,
+        CALLBACK_KEY_PREFIX + "*",
+        CALLBACKS_KEY,
     ),
     read_only_keys=(),
     channels=(EVENTS_CHANNEL_PREFIX + "*", WAKEUP_CHANNEL, CANCEL_CHANNEL),
@@ -170,6 +177,11 @@ PRODUCER = Role(
         "hgetall",
         "xrange",
         "xrevrange",
+        # a request's status (request_status, by EVALSHA_RO): its queue entry and rank
+        "zscore",
+        "zrank",
+        "zrange",
+        "hexists",  # end_request: a callback stored at enqueue?
         # following a request; the wake-up (enqueue), a cancel, a cancelled request's end
         "publish",
         "subscribe",
@@ -181,10 +193,12 @@ PRODUCER = Role(
         JOB_KEY_PREFIX + "*",
         IN_PROGRESS_PREFIX + "*",
         RESULT_KEY_PREFIX + "*",
+        RETRY_KEY_PREFIX + "*",
         EVENTS_CHANNEL_PREFIX + "*",
         OWNER_KEY_PREFIX + "*",
         WORKERS_KEY,
         MODELS_KEY,
+        CALLBACK_KEY_PREFIX + "*",
     ),
     channels=(
         EVENTS_CHANNEL_PREFIX + "*",
@@ -203,6 +217,9 @@ PRODUCER = Role(
         # kept power: ending a queued request it cancels (end_request) writes its log
         Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
         Writes(("set",), (OWNER_KEY_PREFIX + "*",)),
+        # a request's callback, stored at enqueue; made due when it cancels a queued one
+        Writes(("hset", "pexpire"), (CALLBACK_KEY_PREFIX + "*",)),
+        Writes(("zadd",), (CALLBACKS_KEY,)),
     ),
 )
 

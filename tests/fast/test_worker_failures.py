@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from streamq.broker.job_result import failure_of
 from streamq.protocol import ErrorCode, serialize_job
-from worker.failures import failure_of
 
 
 def _failed(error: str, message: str) -> bytes:

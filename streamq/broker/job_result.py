@@ -1,4 +1,5 @@
-"""How a job that arq finished as failed maps to the error code its requester sees."""
+"""arq's stored result of a job (`arq:result:<id>`) and the error code its requester sees
+when the job failed: the worker ends such a request with it, `status` reports it."""
 
 from __future__ import annotations
 

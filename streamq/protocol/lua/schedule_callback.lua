@@ -1,0 +1,19 @@
+-- KEYS: the callbacks set, the request's callback hash. ARGV: the request id, its callback
+-- as JSON ('' to use the one stored at enqueue), ttl_ms.
+-- Makes the request's callback due now (Redis's clock), once: a request already scheduled
+-- (by another end path, or an earlier attempt of its job) is left alone, as is one with no
+-- callback. Returns 1 when scheduled, else 0.
+if redis.call('HEXISTS', KEYS[2], 'state') == 1 then
+  return 0
+end
+if ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[2], 'spec', ARGV[2])
+elseif redis.call('HEXISTS', KEYS[2], 'spec') == 0 then
+  return 0
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[2], 'state', 'pending', 'attempts', 0, 'ended_ms', now)
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+return 1
