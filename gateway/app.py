@@ -43,6 +43,7 @@ from streamq.protocol import (
     decode_event,
     is_valid_request_id,
 )
+from streamq.protocol.status import encode_status
 
 logger = logging.getLogger("streamq.gateway")
 
@@ -117,6 +118,15 @@ def create_app(
                 logger.warning("cannot read API key usage from Redis: %s", exc)
         return Response(text, media_type=http_metrics.CONTENT_TYPE)
 
+    @app.get("/v1/requests/{request_id}")
+    async def request_status(request: Request, request_id: str) -> Response:
+        """Where a request is (``StreamqClient.status``); 404 when unknown. A key stored in
+        Redis sees only the requests it created."""
+        try:
+            return await _status(request, request_id)
+        except Exception as exc:
+            return _error_response(exc)
+
     @app.post(COMPLETIONS.path)
     async def completions(request: Request) -> Response:
         return await _respond(request, COMPLETIONS)
@@ -185,8 +195,9 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
         handle = resumed
     else:
         handle = await client.submit(model=params.model, request_id=named, **params.submit_kwargs)
-        if named is not None and tenant is not None:
-            await limiter.claim(named, tenant)
+        if tenant is not None and (named is not None or tenant.record is not None):
+            # A stored key sees only its own requests' status (and resumes only its own).
+            await limiter.claim(handle.request_id, tenant)
     handle.cancel_on_close = named is None  # a named request waits to be resumed instead
     meta = ResponseMeta(endpoint.chat, handle.request_id, params.model, created=int(time.time()))
     headers = {"x-request-id": handle.request_id}
@@ -257,6 +268,22 @@ async def _resume(
         if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
             return None
     return await client.follow(named, from_seq=last_seq + 1)
+
+
+async def _status(request: Request, request_id: str) -> Response:
+    client: StreamqClient = request.app.state.client
+    if not is_valid_request_id(request_id):
+        raise bad_request(f"a request id must match {REQUEST_ID_PATTERN.pattern}", param="request_id")
+    tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
+    not_found = ApiError(404, f"no request {request_id!r} (unknown, or expired)", code=ApiErrorCode.REQUEST_NOT_FOUND)
+    if tenant is not None and tenant.record is not None:
+        limiter: KeyLimiter = request.app.state.limiter
+        if not await limiter.created(request_id, tenant):
+            raise not_found  # another key's requests are as unknown as those never made
+    status = await client.status(request_id)
+    if status.state == "unknown":
+        raise not_found
+    return Response(encode_status(status), media_type="application/json")
 
 
 def _error_response(exc: BaseException) -> JSONResponse:

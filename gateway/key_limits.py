@@ -144,8 +144,13 @@ class KeyLimiter:
             await pipe.execute()
 
     async def claim(self, request_id: str, tenant: Tenant) -> None:
-        """Record ``tenant`` as the owner of the named request it just created."""
+        """Record ``tenant`` as the owner of the request it just created."""
         await self._redis.set(REQUEST_KEY_PREFIX + request_id, tenant.name, px=OWNER_TTL_MS)
+
+    async def created(self, request_id: str, tenant: Tenant) -> bool:
+        """Whether ``tenant`` created the request (``claim``): only then may it see its status."""
+        owner = await self._redis.get(REQUEST_KEY_PREFIX + request_id)
+        return owner is not None and as_text(owner) == tenant.name
 
     async def owns(self, request_id: str, tenant: Tenant) -> bool:
         """Whether ``tenant`` may resume the request: it created it, or nobody is recorded

@@ -1,7 +1,7 @@
 """``python -m producer`` (or ``streamq``): enqueue prompts and print their tokens as they arrive.
 
-Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``tail``, ``cancel``, ``batch``,
-``keys``.
+Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``tail``, ``cancel``, ``status``,
+``batch``, ``keys``.
 A prompt spelled like a subcommand goes after ``submit`` or ``--``. Exit status: 0 when every
 request finished, 1 when any failed (errors on stderr), 2 for bad command-line arguments.
 """
@@ -20,7 +20,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from producer import batch, keys_cli
+from producer import batch, keys_cli, status_cli
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
 from streamq.broker.connection import add_connection_options, redis_url_from_args
 from streamq.protocol import (
@@ -32,7 +32,7 @@ from streamq.protocol import (
     is_valid_request_id,
 )
 
-SUBCOMMANDS = ("submit", "tail", "cancel", "batch", "keys")
+SUBCOMMANDS = ("submit", "tail", "cancel", "status", "batch", "keys")
 DEFAULT_SUBCOMMAND = "submit"
 
 _EPILOG = """\
@@ -41,6 +41,8 @@ examples:
   %(prog)s --json --max-tokens 32 --request-id req-1 "Hello"
   %(prog)s tail req-1
   %(prog)s cancel req-1
+  %(prog)s status req-1
+  %(prog)s --callback-url https://example.com/done "Hello"
   %(prog)s batch requests.jsonl results.jsonl
   %(prog)s keys create team-a --rpm 600 --max-streams 16
 
@@ -92,6 +94,18 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="fail instead of enqueueing when the queue already holds this many jobs (default: no limit)",
     )
+    parser.add_argument(
+        "--callback-url",
+        default=None,
+        metavar="URL",
+        help="POST each request's summary here when it ends (signed by the workers; see README)",
+    )
+    parser.add_argument(
+        "--callback-no-text",
+        dest="callback_text",
+        action="store_false",
+        help="leave the generated text out of the callback's summary",
+    )
 
 
 def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +150,13 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
             "(--queue is looked at first; it need not be given).",
             add_cancel_arguments,
             cancel_command,
+        ),
+        (
+            "status",
+            "say where a request is",
+            status_cli.STATUS_DESCRIPTION,
+            status_cli.add_status_arguments,
+            status_cli.main,
         ),
         ("batch", "run an OpenAI batch file", batch.BATCH_DESCRIPTION, batch.add_batch_arguments, batch.main),
         (
@@ -220,6 +241,7 @@ async def run_submit(args: argparse.Namespace) -> int:
     sampling.update(logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs)
     sampling = {k: v for k, v in sampling.items() if v is not None}
     ids = args.request_id or [None] * len(args.prompts)
+    callback = None if args.callback_url is None else {"url": args.callback_url, "include_text": args.callback_text}
     if args.max_queue_depth is not None and args.max_queue_depth < 0:
         print("error: --max-queue-depth must be >= 0", file=sys.stderr)
         return 2
@@ -228,7 +250,7 @@ async def run_submit(args: argparse.Namespace) -> int:
     ) as client:
         try:
             handles = [
-                await client.submit(prompt, request_id=rid, model=args.model, **sampling)
+                await client.submit(prompt, request_id=rid, model=args.model, callback=callback, **sampling)
                 for prompt, rid in zip(args.prompts, ids, strict=True)
             ]
         except (InvalidRequest, StreamqError) as exc:
