@@ -88,6 +88,8 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
         names.LOG_TTL_ENV: str(names.LOG_TTL_MS // 1000),
         names.API_KEYS_ENV: "(none)",
         names.COALESCE_ENV: "1",
+        names.KEEP_RESULT_ENV: str(names.DEFAULT_KEEP_RESULT_S),
+        names.CALLBACK_SECRET_ENV: "(none)",
     }
     env_names = {value for name, value in public_constants(names, str).items() if name.endswith("_ENV")}
     assert env_names == defaults.keys()
