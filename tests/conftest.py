@@ -16,11 +16,13 @@ import redis.asyncio as aioredis
 
 from devkit.redis_server import RedisServer
 from devkit.tiny_model import build_tiny_model
-from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
+from streamq.protocol.names import CALLBACK_SECRET_ENV
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
+from tests.callback_receiver import CALLBACK_SECRET
 
 MAX_MODEL_LEN = 1024
 
@@ -74,7 +76,8 @@ def worker(worker_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     """One real ``python -m worker`` on the tiny model, shared by the session, as the worker role."""
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
-    process = WorkerProcess(worker_url, flags, log_path=log_path, metrics_port=_free_port())
+    env = worker_env(**{CALLBACK_SECRET_ENV: CALLBACK_SECRET})  # signs completion callbacks
+    process = WorkerProcess(worker_url, flags, log_path=log_path, metrics_port=_free_port(), env=env)
     process.start().wait_ready()
     yield process
     code = process.stop()
