@@ -125,6 +125,7 @@ def run_status(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 async def test_the_command_line_says_the_status(client: StreamqClient, producer_url: str) -> None:
     handle = await client.submit(PROMPT, max_tokens=8, temperature=0)
     await handle.result()
+    await until(client, handle.request_id, lambda s: s.ended_ms is not None)  # arq's result stored too
     shown = run_status(producer_url, handle.request_id, "--json")
     assert shown.returncode == 0, shown.stderr
     assert decode_status(shown.stdout) == await client.status(handle.request_id)
@@ -137,7 +138,7 @@ async def test_the_command_line_says_the_status(client: StreamqClient, producer_
 async def test_the_gateway_route_says_the_status(client: StreamqClient, gateway_url: str, tmp_path: Path) -> None:
     handle = await client.submit(PROMPT, max_tokens=8, temperature=0)
     await handle.result()
-    expected = msgspec.to_builtins(await client.status(handle.request_id))
+    expected = msgspec.to_builtins(await until(client, handle.request_id, lambda s: s.ended_ms is not None))
     open_gateway = GatewayProcess(gateway_url, tmp_path / "open.log").wait_ready()
     keyed = GatewayProcess(gateway_url, tmp_path / "keyed.log", "--api-key", "sk-status").wait_ready()
     try:
