@@ -190,7 +190,7 @@ async def test_a_finished_request_calls_back_signed_with_its_text(
     client: StreamqClient, receiver: CallbackReceiver
 ) -> None:
     path = f"/done-{uuid.uuid4().hex}"
-    handle = await client.submit(PROMPT, max_tokens=12, temperature=0, n=2, callback={"url": receiver.url(path)})
+    handle = await client.submit(PROMPT, max_tokens=12, seed=7, n=2, callback={"url": receiver.url(path)})
     completion = await handle.result()
     (delivery,) = await asyncio.to_thread(receiver.wait, path)
     body = checked_body(delivery.headers, delivery.body)
