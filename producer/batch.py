@@ -190,12 +190,14 @@ class BatchRun:
             return
         endpoint = ENDPOINTS[line.url]
         model = line.body.get("model")
+        body = dict(line.body)
+        callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
         try:
-            kwargs = endpoint.to_submit_kwargs(line.body, limits=self.limits)
+            kwargs = endpoint.to_submit_kwargs(body, limits=self.limits)
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest(f"model must be a string, got {model!r}")
             # Routed by model, as the gateway does; a body without one goes to --queue.
-            handle = await self.client.submit(request_id=request_id, model=model, **kwargs)
+            handle = await self.client.submit(request_id=request_id, model=model, callback=callback, **kwargs)
             handle.cancel_on_close = True  # an interrupted batch stops what it was running
             try:
                 completion: Completion = await handle.result()

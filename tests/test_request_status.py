@@ -271,3 +271,23 @@ async def test_a_failed_request_calls_back_with_its_error(client: StreamqClient,
     body = checked_body(delivery.headers, delivery.body)
     assert body.state == "failed" and body.error is not None and body.error.code == "invalid_request"
     assert body.texts is None
+
+
+async def test_a_batch_line_calls_back(
+    worker: WorkerProcess, producer_url: str, tiny_model: Path, tmp_path: Path, receiver: CallbackReceiver
+) -> None:
+    path = f"/batch-{uuid.uuid4().hex}"
+    body = {"model": str(tiny_model), "prompt": PROMPT, "max_tokens": 4, "callback": {"url": receiver.url(path)}}
+    line = {"custom_id": "one", "method": "POST", "url": "/v1/completions", "body": body}
+    in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    in_path.write_text(json.dumps(line) + "\n")
+    env = {**os.environ, "REDIS_URL": producer_url}
+    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--queue", worker.queue]
+    command.append("--no-progress")
+    ran = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    output = json.loads(out_path.read_text())
+    (delivery,) = await asyncio.to_thread(receiver.wait, path)
+    body_sent = checked_body(delivery.headers, delivery.body)
+    assert body_sent.request_id == output["response"]["request_id"]
+    assert body_sent.texts == [output["response"]["body"]["choices"][0]["text"]]
