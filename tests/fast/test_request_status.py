@@ -4,9 +4,10 @@ as a worker and arq would leave them); the callback signature; the state decodin
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import msgspec
 import pytest
@@ -17,6 +18,7 @@ from producer.client import StreamqClient
 from producer.status import _Found, status_from
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
+    CALLBACK_KEY_PREFIX,
     CALLBACKS_KEY,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
@@ -30,7 +32,8 @@ from streamq.protocol import (
 )
 from streamq.protocol.callbacks import CallbackBody, signature, verify
 from streamq.protocol.names import waiting_key
-from streamq.protocol.roles import GATEWAY, PRODUCER, Role
+from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
+from streamq.protocol.scripts import register_script
 
 
 @pytest.fixture
@@ -169,3 +172,43 @@ def test_a_signature_verifies_only_for_its_body_secret_and_recent_time() -> None
     assert not verify("other", str(now), signed, body)
     assert not verify("s3cret", str(now - 3600), signature("s3cret", str(now - 3600), body), body)
     assert not verify("s3cret", "not-a-time", signed, body)
+
+
+@pytest.fixture(scope="module")
+def own_redis() -> Iterator[RedisServer]:
+    """A Redis of this module's own: no worker of the session claims its deliveries."""
+    with RedisServer(user="streamq", password=uuid.uuid4().hex) as server:
+        yield server
+
+
+async def test_a_claimed_delivery_is_due_again_when_its_lease_passes(own_redis: RedisServer) -> None:
+    """A worker that dies mid-delivery leaves it to the next claim once the lease passes;
+    a retry is due after its backoff; a delivered one is done (as the worker's user)."""
+    worker = aioredis.Redis.from_url(own_redis.url_for(WORKER))
+    try:
+        request_id = f"cb-{uuid.uuid4().hex}"
+        schedule, claim = register_script(worker, "schedule_callback"), register_script(worker, "claim_callbacks")
+        record = register_script(worker, "record_callback")
+        keys = [CALLBACKS_KEY, callback_key(request_id)]
+        spec = b'{"url":"http://127.0.0.1:9/x"}'
+        assert await schedule(keys=keys, args=[request_id, spec, 60_000]) == 1
+        assert await schedule(keys=keys, args=[request_id, spec, 60_000]) == 0  # once per request
+
+        async def claimed() -> list[bytes]:
+            _, *reply = await claim(keys=[CALLBACKS_KEY], args=[1000, 300, CALLBACK_KEY_PREFIX])
+            return [reply[i] for i in range(0, len(reply), 4)]
+
+        assert request_id.encode() in await claimed()
+        assert request_id.encode() not in await claimed()  # held by the first claim
+        await asyncio.sleep(0.4)
+        assert request_id.encode() in await claimed()  # its claimer never answered
+        await record(keys=keys, args=[request_id, "retry", 1, 500, "HTTP 500", 300, 60_000])
+        assert request_id.encode() not in await claimed()
+        await asyncio.sleep(0.4)
+        assert request_id.encode() in await claimed()
+        await record(keys=keys, args=[request_id, "delivered", 2, 200, "", 0, 60_000])
+        assert await worker.zscore(CALLBACKS_KEY, request_id) is None
+        stored = await worker.hmget(callback_key(request_id), "state", "attempts", "http_status")
+        assert stored == [b"delivered", b"2", b"200"]
+    finally:
+        await worker.aclose()
