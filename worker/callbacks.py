@@ -59,6 +59,13 @@ class CallbackPolicy:
     poll_s: float = 0.5
     concurrency: int = 16
 
+    def __post_init__(self) -> None:
+        if self.tries < 1 or self.backoff_s < 0 or self.timeout_s <= 0:
+            raise ValueError(
+                f"callback tries must be >= 1, backoff >= 0 s and timeout > 0 s; "
+                f"got {self.tries}, {self.backoff_s:g} and {self.timeout_s:g}"
+            )
+
     def delay_ms(self, attempts: int) -> int:
         """Wait before the try after ``attempts`` tries."""
         return int(self.backoff_s * 1000 * 2 ** (attempts - 1))

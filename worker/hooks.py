@@ -63,12 +63,13 @@ def _shut_down_engine(engine: Any) -> None:
 
 def _callback_policy(options: WorkerOptions) -> CallbackPolicy:
     """The options given, each defaulting to ``CallbackPolicy``'s; the secret from the environment."""
-    given = {
-        "tries": options.callback_tries,
-        "backoff_s": options.callback_backoff_s,
-        "timeout_s": options.callback_timeout_s,
-    }
-    return CallbackPolicy(**{k: v for k, v in given.items() if v is not None}, secret=secret_from_env())  # type: ignore[arg-type]
+    default = CallbackPolicy()
+    return CallbackPolicy(
+        tries=options.callback_tries if options.callback_tries is not None else default.tries,
+        backoff_s=options.callback_backoff_s if options.callback_backoff_s is not None else default.backoff_s,
+        timeout_s=options.callback_timeout_s if options.callback_timeout_s is not None else default.timeout_s,
+        secret=secret_from_env(),
+    )
 
 
 async def on_startup(ctx: dict[str, Any]) -> None:

@@ -103,9 +103,10 @@ async def _fail_and_call_back(
     job_id: str = ctx["job_id"]
     try:
         await _fail(events, job_id, code, message)
-    finally:
+    except RequestFailed:
         if events is not None:
             await _schedule_callback(ctx, events.request_id, request)
+        raise
 
 
 async def _schedule_callback(ctx: dict[str, Any], request_id: str | None, request: GenerateRequest | None) -> None:
