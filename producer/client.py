@@ -133,8 +133,6 @@ class Completion:
     finish_reasons: list[str | None]
     prompt_tokens: int
     completion_tokens: int
-    approximate: bool = False
-    """See ``FinalEvent.approximate``: a worker failure may have changed the rest of the text."""
     logprobs: list[list[TokenLogprob]] | None = None
     """Per completion, one entry per token of ``token_ids``, when ``logprobs`` was asked for."""
     prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -295,7 +293,6 @@ class RequestHandle:
                     finish_reasons=event.finish_reasons,
                     prompt_tokens=event.prompt_tokens,
                     completion_tokens=event.completion_tokens,
-                    approximate=event.approximate,
                     logprobs=None if logprobs is None else [logprobs.get(i, []) for i in range(n)],
                     prompt_logprobs=prompt_logprobs,
                     prompt_token_ids=prompt_token_ids,

@@ -34,8 +34,9 @@ from streamq.protocol import (
 from worker import metrics
 from worker.logprobs import LogprobsReader
 from worker.presence import Presence
-from worker.progress import NotResumable, Progress, thread_tokenizer
+from worker.progress import Progress, thread_tokenizer
 from worker.publisher import PublishFailed
+from worker.regeneration import NotResumable, with_take_over_seed
 from worker.request_events import RequestEvents
 from worker.state import state_of
 
@@ -185,7 +186,8 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
     state = state_of(ctx)
     engine: AsyncLLM = state.engine
     cancels = state.cancels
-    params = sampling_params_for(request)
+    # The seed a take-over would need to generate the request again is fixed now.
+    params = with_take_over_seed(sampling_params_for(request), request.request_id)
     chat_ids = await _prompt_token_ids(engine, request)
     progress = Progress(params.n)
     if events.attempt > 1:
@@ -246,13 +248,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
                         progress.add(completion.index, completion.token_ids, completion.finish_reason)
                     if output.finished:
                         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
-                        approximate = resumed is not None and not resumed.exact
-                        events.final(
-                            progress.finish_reasons,
-                            progress.prompt_tokens,
-                            progress.completion_tokens,
-                            approximate=approximate,
-                        )
+                        events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
     except asyncio.CancelledError:
         if cancels.take_superseded(request.request_id, events.attempt):
             asyncio.current_task().uncancel()  # type: ignore[union-attr]

@@ -1,9 +1,12 @@
 """How far a request has got, and how a request taken over from a dead worker goes on.
 
 As in NVIDIA Dynamo's request migration, the prompt plus the tokens already sent become
-the new prompt and only the remaining budget is generated; where the engine's state cannot
-be carried over (penalties, a seed) the request is generated again and what was already
-sent is suppressed. The subscriber sees the text an undisturbed run would have sent.
+the new prompt and only the remaining budget is generated (``Continuation``), where that
+gives what an undisturbed run would have: one completion, no structured outputs, no
+penalties that count generated tokens, greedy or unseeded sampling. Every other request
+is generated again from the start with the same seed and what was already sent is
+suppressed (``worker/regeneration.py``). The subscriber sees the text an undisturbed run
+would have sent, or, where the engine does not reproduce it, a ``worker_lost`` error.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import msgspec
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingType
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, FinishReason, GenerateRequest, decode_event
+from worker.regeneration import Regeneration, regeneration_reason
 
 logger = logging.getLogger("streamq.worker")
 
@@ -46,10 +49,6 @@ def thread_tokenizer(tokenizer: Any) -> Any:
     except KeyError:
         private = _thread_tokenizers[tokenizer] = copy.deepcopy(tokenizer)
         return private
-
-
-class NotResumable(Exception):
-    """The request's earlier output cannot be continued (``n > 1``)."""
 
 
 class Progress:
@@ -113,25 +112,30 @@ class Progress:
 
     async def continuation(
         self, engine: AsyncLLM, request: GenerateRequest, chat_ids: list[int] | None, params: SamplingParams
-    ) -> Continuation | None:
+    ) -> Continuation | Regeneration | None:
         """What generates the rest of the answer; ``None`` when nothing is left to
-        generate (the completion finished, or its budget is spent, but the final
-        event was lost).
-
-        Raises ``NotResumable`` for ``n > 1``: the completions share one engine
-        request, which cannot be restarted from several different prefixes.
-        """
-        if len(self.token_ids) > 1:
-            raise NotResumable("a request with n > 1 cannot continue on another worker")
-        generated = self.token_ids[0]
-        if self.finish_reasons[0] is not None or (
-            params.max_tokens is not None and params.max_tokens <= len(generated)
+        generate (every completion finished, or spent its budget, but the final event
+        was lost)."""
+        if all(
+            finish is not None or (params.max_tokens is not None and params.max_tokens <= len(generated))
+            for generated, finish in zip(self.token_ids, self.finish_reasons, strict=True)
         ):
             return None
-        tokenizer = engine.get_tokenizer()
-        sent_text = "".join(self.texts[0])
         prompt: str | list[int] | None = request.prompt if chat_ids is None else chat_ids
         assert prompt is not None, "validated: a request has a prompt or messages"
+        reason = regeneration_reason(params)
+        if reason is not None:
+            return Regeneration(
+                prompt if isinstance(prompt, str) else TokensPrompt(prompt_token_ids=prompt),
+                params,
+                self.token_ids,
+                ["".join(texts) for texts in self.texts],
+                self.finish_reasons,
+                reason=reason,
+            )
+        generated = self.token_ids[0]
+        tokenizer = engine.get_tokenizer()
+        sent_text = "".join(self.texts[0])
         prompt_ids, detokenizer = await asyncio.to_thread(
             _replayed_detokenizer,
             request.request_id,
@@ -142,22 +146,7 @@ class Progress:
             params,
         )
         self.prompt_tokens = len(prompt_ids)
-        regenerate = _needs_regeneration(params)
-        return Continuation(prompt_ids, params, generated, sent_text, detokenizer, regenerate=regenerate)
-
-
-def _counts_output(params: SamplingParams) -> bool:
-    """Penalties that count generated tokens only: after a continuation those tokens are
-    part of the prompt, so the engine would no longer count them."""
-    return bool(params.presence_penalty) or bool(params.frequency_penalty)
-
-
-def _needs_regeneration(params: SamplingParams) -> bool:
-    """Whether continuing from a longer prompt would change what the engine samples,
-    yet generating again from the start reproduces it (greedy, or seeded)."""
-    if params.sampling_type == SamplingType.GREEDY:
-        return _counts_output(params)
-    return params.sampling_type == SamplingType.RANDOM_SEED
+        return Continuation(prompt_ids, params, generated, detokenizer)
 
 
 def _replayed_detokenizer(
@@ -200,7 +189,9 @@ def _replayed_detokenizer(
 
 class Continuation:
     """Generates the rest of a taken-over completion as ``RequestOutput`` DELTAs that
-    carry exactly what the undisturbed run would have sent from here on.
+    carry exactly what the undisturbed run would have sent from here on, from the
+    prompt plus the tokens already sent (for requests whose engine state is all in
+    those tokens: see ``regeneration_reason``).
 
     This attempt detokenizes the whole answer itself (vLLM's incremental detokenizer,
     primed with the prompt and fed the tokens already sent), so text held back for a
@@ -212,42 +203,16 @@ class Continuation:
         prompt_ids: list[int],
         params: SamplingParams,
         generated: list[int],
-        sent_text: str,
         detokenizer: IncrementalDetokenizer,
-        *,
-        regenerate: bool,
     ) -> None:
         self._prompt_ids = prompt_ids
         self._params = params
         self._generated = generated
-        self._sent_text = sent_text
         self._detokenizer = detokenizer
-        self.regenerate = regenerate
-        self.exact = regenerate or not _counts_output(params) or params.sampling_type == SamplingType.GREEDY
-        """False once the rest may differ from an undisturbed run (see ``FinalEvent.approximate``)."""
 
     async def generate(self, engine: AsyncLLM, request_id: str) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for the rest of the answer, ending with a finished one."""
-        if self.regenerate:
-            logger.info(
-                "request %s: penalties or a seed carry state: generating again from the start, sending only the rest",
-                request_id,
-            )
-            async for output in self._regenerate(engine, request_id):
-                yield output
-                if output.finished:
-                    return
-            self.exact = False
-            logger.warning(
-                "request %s: the generation from the start differs from the tokens sent; "
-                "continuing from them instead (the rest may differ from an undisturbed run)",
-                request_id,
-            )
-        async for output in self._extend(engine, request_id):
-            yield output
-
-    async def _extend(self, engine: AsyncLLM, request_id: str) -> AsyncIterator[RequestOutput]:
-        """Generate from prompt + tokens sent; detokenize and check stop strings here."""
+        """The engine's outputs for the rest of the answer, ending with a finished one;
+        detokenized, and stop strings checked, here."""
         params = self._params.clone()
         generated = len(self._generated)
         if params.max_tokens is not None:
@@ -257,6 +222,7 @@ class Continuation:
         params.stop = []
         params.output_text_buffer_length = 0
         params.detokenize = False
+        params.prompt_logprobs = None  # they went out with the first chunk already
         prompt = TokensPrompt(prompt_token_ids=self._prompt_ids + self._generated)
         detokenizer = self._detokenizer
         async with contextlib.aclosing(
@@ -269,6 +235,8 @@ class Continuation:
                 stop_string = detokenizer.update(token_ids, completion.finish_reason == FinishReason.STOP)
                 if stop_string is not None:
                     del token_ids[detokenizer.num_output_tokens() - before :]
+                    if completion.logprobs is not None:  # one entry per token: cut alike
+                        completion.logprobs = completion.logprobs[: len(token_ids)]
                     completion.finish_reason, completion.stop_reason = FinishReason.STOP, stop_string
                     output.finished = True
                 completion.token_ids = token_ids
@@ -276,34 +244,3 @@ class Continuation:
                 yield output
                 if output.finished:
                     return  # closing the engine's generator aborts a request a stop string ended
-
-    async def _regenerate(self, engine: AsyncLLM, request_id: str) -> AsyncIterator[RequestOutput]:
-        """Generate the whole answer again and pass on only what follows the part
-        already sent; stop (without a finished output) if the tokens differ from it."""
-        skip_tokens, skip_chars = list(self._generated), len(self._sent_text)
-        async with contextlib.aclosing(
-            engine.generate(
-                request_id=request_id,
-                prompt=TokensPrompt(prompt_token_ids=self._prompt_ids),
-                sampling_params=self._params,
-            )
-        ) as outputs:
-            async for output in outputs:
-                completion = output.outputs[0]
-                token_ids = list(completion.token_ids)
-                if skip_tokens:
-                    overlap = min(len(skip_tokens), len(token_ids))
-                    if token_ids[:overlap] != skip_tokens[:overlap]:
-                        return
-                    del skip_tokens[:overlap], token_ids[:overlap]
-                    if skip_tokens and output.finished:
-                        return
-                text = completion.text
-                if skip_chars:
-                    dropped = min(skip_chars, len(text))
-                    skip_chars -= dropped
-                    text = text[dropped:]
-                if skip_tokens or (not token_ids and not text and not output.finished):
-                    continue
-                completion.token_ids, completion.text = token_ids, text
-                yield output

@@ -98,10 +98,8 @@ class RequestEvents:
         finish_reasons: list[str | None],
         prompt_tokens: int,
         completion_tokens: int,
-        *,
-        approximate: bool = False,
     ) -> None:
-        """Publish the event that ends a completed request (``approximate``: see ``FinalEvent``)."""
+        """Publish the event that ends a completed request."""
         for reason in finish_reasons:
             metrics.COMPLETIONS_FINISHED.labels(finish_reason=str(reason)).inc()
         event = FinalEvent(
@@ -111,7 +109,6 @@ class RequestEvents:
             finish_reasons=finish_reasons,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
-            approximate=approximate,
         )
         self._publish(event)
         self.closed = True

@@ -277,10 +277,6 @@ class FinalEvent(_Event, tag="final", kw_only=True):
     finish_reasons: list[str | None]
     prompt_tokens: int
     completion_tokens: int
-    approximate: bool = False
-    """True when a worker failure interrupted the request and its continuation may differ
-    from an undisturbed run (sampling without a seed under presence or frequency
-    penalties, or a regeneration that did not reproduce the tokens already sent)."""
 
 
 class ErrorEvent(_Event, tag="error", kw_only=True):
