@@ -1,4 +1,5 @@
-"""A request taken over mid-stream sends what an undisturbed run would have sent.
+"""A request taken over mid-stream sends what an undisturbed run would have sent, or
+ends with ``worker_lost`` saying why it cannot.
 
 The engine tests crash a real second worker (SIGKILL, engine processes too) while it
 streams, with the session worker paused until then, so the session worker takes the
@@ -14,6 +15,7 @@ import asyncio
 import json
 import time
 import uuid
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -39,11 +41,34 @@ from tests.test_reliability import paused, second_worker
 NEVER = "@@ no such words in the answer @@"
 """A stop string the tiny model never writes: vLLM holds back its length - 1 characters."""
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "enum": ["ann", "bob", "eve"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+"""A schema the tiny model's greedy answer to ``PERSON_PROMPT`` ends in about 270 tokens
+(most of them whitespace the grammar allows), well inside ``max_tokens``."""
+PERSON_PROMPT = "The key to happiness is"
+
 
 async def logged_events(raw_redis: aioredis.Redis, request_id: str) -> list[dict[str, Any]]:
     """Every event of a finished request as published (the replay log's copy)."""
     await job_result(raw_redis, request_id, timeout_s=120)
     return [json.loads(raw) for raw in await ReplayLog(raw_redis).read(request_id)]
+
+
+def answers(events: list[dict[str, Any]]) -> tuple[dict[int, tuple[str, list[int]]], list[Any] | None]:
+    """Per completion index, the text and token ids a subscriber assembles; and the
+    finish reasons."""
+    per_index: dict[int, tuple[str, list[int]]] = {}
+    for chunk in (e for e in events if e["type"] == "chunk"):
+        text, tokens = per_index.get(chunk["index"], ("", []))
+        per_index[chunk["index"]] = (text + chunk["text"], tokens + chunk["token_ids"])
+    return per_index, events[-1].get("finish_reasons")
 
 
 def answer(events: list[dict[str, Any]]) -> tuple[str, list[int], list[Any]]:
@@ -111,6 +136,12 @@ async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
         },
         # A seeded sampler's random state cannot be carried to another worker.
         "seeded": {"prompt": "The future of artificial intelligence is", "temperature": 1.0, "seed": 7, **long},
+        # Several completions share one engine request (vLLM allows n > 1 only when sampling).
+        "n2-seeded": {"prompt": "Once upon a time", "n": 2, "temperature": 1.0, "seed": 11, **long},
+        # No seed given: the worker assigns one at the first attempt, the same on every worker.
+        "n2-assigned-seed": {"prompt": "A queue of requests", "n": 2, "temperature": 1.0, **long},
+        # The grammar's state cannot be carried over to a continued prompt.
+        "json": {"prompt": PERSON_PROMPT, "temperature": 0, "max_tokens": 400, "structured_outputs": {"json": PERSON}},
     }
     doomed = second_worker(worker, tiny_model, tmp_path)
     ids = {f"resume-{name}-{uuid.uuid4().hex}": name for name in requests}
@@ -122,9 +153,18 @@ async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
         name = ids[request_id]
         assert_well_formed(events, request_id)
         assert {e["attempt"] for e in events} == {1, 2}, f"{name}: not interrupted mid-stream"
-        expected = answer(await undisturbed(client, raw_redis, **requests[name]))
-        assert answer(events) == expected, name
-        assert events[-1]["completion_tokens"] == len(expected[1])
+        calm = dict(requests[name])
+        if name == "n2-assigned-seed":  # the seed every attempt of this request id drew with
+            calm["seed"] = _assigned_seed(request_id)
+        expected = answers(await undisturbed(client, raw_redis, **calm))
+        assert answers(events) == expected, name
+        assert len(expected[0]) == calm.get("n", 1), name
+        assert events[-1]["completion_tokens"] == sum(len(tokens) for _, tokens in expected[0].values())
+    (json_events,) = [events for request_id, events in resumed.items() if ids[request_id] == "json"]
+    (text, _), finish_reasons = answers(json_events)[0][0], answers(json_events)[1]
+    assert finish_reasons == ["stop"]
+    person = json.loads(text)
+    assert person["name"] in ("ann", "bob", "eve") and 0 <= person["age"] <= 99
 
 
 @pytest.mark.engine
@@ -163,13 +203,7 @@ async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
         sent.append({**event, "request_id": request_id})
     assert all(e["type"] == "chunk" for e in sent)
     assert "".join(e["text"] for e in sent) != free_text[: offsets[cut]], "text is held back at the crash"
-    await ReplayLog(raw_redis).append([LogEvent(request_id, e["seq"], 1, json.dumps(e).encode()) for e in sent])
-    await raw_redis.set(RETRY_KEY_PREFIX + request_id, 1, ex=600)  # one try used: this one is attempt 2
-    job = {"t": 1, "f": "generate", "a": [{"request_id": request_id, **_as_request(request)}], "k": {}}
-    await raw_redis.set(JOB_KEY_PREFIX + request_id, serialize_job({**job, "et": int(time.time() * 1000)}), px=60_000)
-    await raw_redis.zadd(DEFAULT_QUEUE, {request_id: int(time.time() * 1000)})
-    await raw_redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
-    events = await logged_events(raw_redis, request_id)
+    events = await as_attempt_two(raw_redis, request_id, request, sent)
 
     assert_well_formed(events, request_id)
     assert {e["attempt"] for e in events} == {1, 2}
@@ -177,6 +211,86 @@ async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
     assert (text, finish_reasons) == (free_text[:start], ["stop"])
     assert (text, tokens, finish_reasons) == answer(stopped)
     assert tokens == free_tokens[: len(tokens)]
+
+
+async def as_attempt_two(
+    raw_redis: aioredis.Redis, request_id: str, request: dict[str, Any], sent: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Run ``request`` (``submit`` arguments) as attempt 2 after a first attempt that
+    published the events ``sent`` (logged here, as that attempt would have) and died;
+    return every event once the job has ended."""
+    await ReplayLog(raw_redis).append([LogEvent(request_id, e["seq"], 1, json.dumps(e).encode()) for e in sent])
+    await raw_redis.set(RETRY_KEY_PREFIX + request_id, 1, ex=600)  # one try used: this one is attempt 2
+    job = {"t": 1, "f": "generate", "a": [{"request_id": request_id, **_as_request(request)}], "k": {}}
+    await raw_redis.set(JOB_KEY_PREFIX + request_id, serialize_job({**job, "et": int(time.time() * 1000)}), px=60_000)
+    await raw_redis.zadd(DEFAULT_QUEUE, {request_id: int(time.time() * 1000)})
+    await raw_redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
+    return await logged_events(raw_redis, request_id)
+
+
+@pytest.mark.engine
+async def test_a_completion_that_had_finished_is_not_sent_again(
+    client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """An ``n = 2`` request whose first attempt died after one completion had finished
+    (a stop string) and the other had not: the second attempt generates both again and
+    sends only the rest of the unfinished one."""
+    request: dict[str, Any] = {"prompt": "Once upon a time", "n": 2, "temperature": 1.0, "seed": 5}
+    request.update(max_tokens=200, stop=[" "])
+    calm = await undisturbed(client, raw_redis, **request)
+    chunks = [e for e in calm if e["type"] == "chunk"]
+    first_done = next(i for i, e in enumerate(chunks) if e["finish_reason"] is not None)
+    other = 1 - chunks[first_done]["index"]
+    rest = [e for e in chunks[first_done + 1 :] if e["index"] == other]
+    assert len(rest) >= 2, "the other completion must go on for a while after the first finished"
+
+    request_id = f"resume-finished-{uuid.uuid4().hex}"
+    sent = [{**e, "request_id": request_id} for e in calm[: first_done + 1]]
+    events = await as_attempt_two(raw_redis, request_id, request, sent)
+
+    assert_well_formed(events, request_id)
+    assert answers(events) == answers(calm)
+    again = [e for e in events if e["attempt"] == 2 and e["type"] == "chunk"]
+    assert again and {e["index"] for e in again} == {other}
+
+
+@pytest.mark.engine
+async def test_a_regeneration_that_differs_from_what_was_sent_ends_with_worker_lost(
+    client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """The log says completion 1 sent a token the engine does not generate again (as a
+    nondeterministic engine would): nothing more goes out but a ``worker_lost`` error
+    naming the completion and the token."""
+    request: dict[str, Any] = {"prompt": "Once upon a time", "n": 2, "temperature": 1.0, "seed": 9}
+    request.update(max_tokens=40, ignore_eos=True)
+    calm = await undisturbed(client, raw_redis, **request)
+    request_id = f"resume-differs-{uuid.uuid4().hex}"
+    sent = [{**e, "request_id": request_id} for e in calm if e["type"] == "chunk"][:12]
+    of_one = [e for e in sent if e["index"] == 1]
+    assert len(of_one) >= 2
+    forged = of_one[1]
+    position = len(of_one[0]["token_ids"]) + 1  # its first token, counted within completion 1
+    # Completions are generated in lockstep: completion 0 has nothing new to send yet.
+    assert position <= sum(len(e["token_ids"]) for e in sent if e["index"] == 0)
+    forged["token_ids"] = [forged["token_ids"][0] + 1, *forged["token_ids"][1:]]
+    total = sum(len(e["token_ids"]) for e in of_one)
+
+    events = await as_attempt_two(raw_redis, request_id, request, sent)
+
+    assert_well_formed(events, request_id)
+    error = events[-1]
+    assert (error["type"], error["code"], error["attempt"]) == ("error", "worker_lost", 2)
+    assert f"completion 1 had sent: token {position} of the {total} sent differs" in error["message"]
+    assert [e for e in events if e["attempt"] == 2] == [error]  # nothing of the regeneration went out
+
+
+def _assigned_seed(request_id: str) -> int:
+    """The seed workers assign ``request_id`` (importing vLLM raises torch's warnings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from worker.regeneration import assigned_seed
+
+    return assigned_seed(request_id)
 
 
 def _as_request(submitted: dict[str, Any]) -> dict[str, Any]:
