@@ -391,7 +391,8 @@ class _ScriptedEngine:
         from vllm.outputs import CompletionOutput, RequestOutput
         from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-        ids = prompt["prompt_token_ids"]
+        # A plain prompt is tokenized as vLLM's renderer does (with special tokens).
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt["prompt_token_ids"]
         assert ids[: len(self.prompt_ids)] == self.prompt_ids
         done = len(ids) - len(self.prompt_ids)
         assert ids[len(self.prompt_ids) :] == self.script[:done]
