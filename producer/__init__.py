@@ -23,6 +23,7 @@ from streamq.protocol import (
     FinalEvent,
     InvalidRequest,
     SamplingOptions,
+    StructuredOutputs,
     TokenLogprob,
     TopLogprob,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "SamplingOptions",
     "StreamqClient",
     "StreamqError",
+    "StructuredOutputs",
     "TokenLogprob",
     "TopLogprob",
     "UnknownModel",

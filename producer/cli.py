@@ -22,6 +22,7 @@ from rich.text import Text
 
 from producer import batch, keys_cli, status_cli
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
+from producer.structured_args import add_structured_output_arguments, structured_outputs_from_args
 from streamq.broker.connection import add_connection_options, redis_url_from_args
 from streamq.protocol import (
     ChunkEvent,
@@ -39,6 +40,7 @@ _EPILOG = """\
 examples:
   %(prog)s "The key to happiness is" "In a galaxy far, far away"
   %(prog)s --json --max-tokens 32 --request-id req-1 "Hello"
+  %(prog)s --choice yes --choice no "Is the sky blue?"
   %(prog)s tail req-1
   %(prog)s cancel req-1
   %(prog)s status req-1
@@ -106,6 +108,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="leave the generated text out of the callback's summary",
     )
+    add_structured_output_arguments(parser)
 
 
 def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
@@ -242,6 +245,7 @@ async def run_submit(args: argparse.Namespace) -> int:
     sampling = {k: v for k, v in sampling.items() if v is not None}
     ids = args.request_id or [None] * len(args.prompts)
     callback = None if args.callback_url is None else {"url": args.callback_url, "include_text": args.callback_text}
+    structured = structured_outputs_from_args(args)
     if args.max_queue_depth is not None and args.max_queue_depth < 0:
         print("error: --max-queue-depth must be >= 0", file=sys.stderr)
         return 2
@@ -250,7 +254,14 @@ async def run_submit(args: argparse.Namespace) -> int:
     ) as client:
         try:
             handles = [
-                await client.submit(prompt, request_id=rid, model=args.model, callback=callback, **sampling)
+                await client.submit(
+                    prompt,
+                    request_id=rid,
+                    model=args.model,
+                    callback=callback,
+                    structured_outputs=structured,
+                    **sampling,
+                )
                 for prompt, rid in zip(args.prompts, ids, strict=True)
             ]
         except (InvalidRequest, StreamqError) as exc:

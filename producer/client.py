@@ -390,6 +390,12 @@ class StreamqClient:
         so a worker of another model that takes it refuses it. ``callback``
         (``{"url": ..., "include_text": True}``) is POSTed the request's summary when it
         ends, however it ends (see README, "Completion callbacks").
+
+        ``structured_outputs`` (a ``StructuredOutputs``, or its dict) constrains the
+        output to a JSON schema, a regex, one of some strings or a grammar:
+        ``submit(prompt, structured_outputs=StructuredOutputs(json=schema))``. A schema,
+        regex or grammar vLLM cannot compile ends the request with an ``invalid_request``
+        error (``RequestError`` from ``result()``).
         """
         request = parse_request(
             {

@@ -22,6 +22,7 @@ from producer.openai_api.logprobs import (
     chat_sampling,
     completion_sampling,
 )
+from producer.openai_api.structured import STRUCTURED_FIELDS, structured_outputs_of
 from streamq.protocol import InvalidRequest, SamplingOptions
 
 TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
@@ -72,7 +73,6 @@ _UNSUPPORTED_CHAT: Final[dict[str, Callable[[Any], bool]]] = {
     "parallel_tool_calls": lambda v: True,  # meaningless without tools
     "functions": _is_off,
     "function_call": lambda v: v is None or v == "none",
-    "response_format": lambda v: v is None or v == {"type": "text"},
 }
 
 
@@ -86,7 +86,7 @@ def completion_request_to_submit_kwargs(
     """
     body = _require_object(body)
     known = {"prompt", "max_tokens", "stop", *_SAMPLING_FIELDS, *TRANSPORT_FIELDS, *_UNSUPPORTED_COMPLETION}
-    known |= COMPLETION_LOGPROBS_FIELDS
+    known |= COMPLETION_LOGPROBS_FIELDS | STRUCTURED_FIELDS
     _reject_unknown(body, known, "/v1/completions")
     _reject_unsupported(body, _UNSUPPORTED_COMPLETION)
     best_of = body.get("best_of")
@@ -120,6 +120,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         *TRANSPORT_FIELDS,
         *_UNSUPPORTED_CHAT,
         *CHAT_LOGPROBS_FIELDS,
+        *STRUCTURED_FIELDS,
     }
     _reject_unknown(body, known, "/v1/chat/completions")
     _reject_unsupported(body, _UNSUPPORTED_CHAT)
@@ -204,6 +205,8 @@ def _sampling(body: Mapping[str, Any], *, max_tokens: Any) -> dict[str, Any]:
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = [stop] if isinstance(stop, str) else stop
+    if (structured := structured_outputs_of(body)) is not None:
+        fields["structured_outputs"] = structured
     try:
         return msgspec.convert(fields, SamplingOptions).to_dict()
     except msgspec.ValidationError as exc:

@@ -35,6 +35,8 @@ class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True, omit_default
     json: dict[str, Any] | str | None = None
     """A JSON schema (an object, or its JSON text) the output must validate against."""
     regex: str | None = None
+    """A regular expression the whole output must match (the dialect of vLLM's backend,
+    e.g. no look-arounds)."""
     choice: list[str] | None = None
     """The output is exactly one of these strings."""
     grammar: str | None = None
@@ -53,6 +55,11 @@ class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True, omit_default
             raise ValueError("structured_outputs.choice must not be empty")
         if self.json_object is False:
             raise ValueError("structured_outputs.json_object must be true when given")
+        if isinstance(self.json, str):
+            try:
+                msgspec.json.decode(self.json)
+            except msgspec.DecodeError as exc:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
 
 
 class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

@@ -126,7 +126,6 @@ BAD_CHATS: list[tuple[object, str]] = [
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "tool_calls"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "text content parts"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "`logprobs` must be set to true"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": False, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
