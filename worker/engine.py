@@ -15,6 +15,7 @@ same flags give the same engine here as behind ``vllm serve``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shlex
@@ -42,6 +43,25 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_args_from_namespace(namespace: argparse.Namespace) -> AsyncEngineArgs:
     """Build ``AsyncEngineArgs`` from a namespace parsed with ``add_engine_args``."""
     args: AsyncEngineArgs = AsyncEngineArgs.from_cli_args(namespace)
+    return with_structured_outputs_backend(args)
+
+
+DEFAULT_STRUCTURED_OUTPUTS_BACKEND = "guidance"
+"""The structured-outputs backend (llguidance) when the flags leave vLLM's ``auto``.
+
+``auto`` picks a backend per request (xgrammar, else guidance), but the engine compiles
+every request with the backend of the first one it saw, so a schema that fell back to
+guidance can be compiled by xgrammar without its constraint. And xgrammar 0.2.8 lets a
+string with ``maxLength``/``minLength`` hold raw control characters: output that is not
+JSON. One backend, llguidance, gives valid JSON for both; ``--structured-outputs-config.backend
+xgrammar`` (or ``outlines``) chooses another."""
+
+
+def with_structured_outputs_backend(args: AsyncEngineArgs) -> AsyncEngineArgs:
+    """``args`` with ``DEFAULT_STRUCTURED_OUTPUTS_BACKEND`` in place of ``auto``."""
+    config = args.structured_outputs_config
+    if config.backend == "auto":
+        args.structured_outputs_config = dataclasses.replace(config, backend=DEFAULT_STRUCTURED_OUTPUTS_BACKEND)
     return args
 
 
