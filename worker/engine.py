@@ -20,8 +20,10 @@ import logging
 import os
 import shlex
 import time
+from typing import Final
 
 from vllm.config import VllmConfig
+from vllm.config.structured_outputs import StructuredOutputsBackend
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -46,7 +48,7 @@ def engine_args_from_namespace(namespace: argparse.Namespace) -> AsyncEngineArgs
     return with_structured_outputs_backend(args)
 
 
-DEFAULT_STRUCTURED_OUTPUTS_BACKEND = "guidance"
+DEFAULT_STRUCTURED_OUTPUTS_BACKEND: Final[StructuredOutputsBackend] = "guidance"
 """The structured-outputs backend (llguidance) when the flags leave vLLM's ``auto``.
 
 ``auto`` picks a backend per request (xgrammar, else guidance), but the engine compiles
