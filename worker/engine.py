@@ -112,6 +112,7 @@ def start_engine(engine_args: AsyncEngineArgs) -> AsyncLLM:
     started = time.monotonic()
     config = engine_config(engine_args)
     logger.info("scheduler limits: %s", " ".join(f"{k}={v}" for k, v in scheduler_limits(config).items()))
+    logger.info("structured outputs backend: %s", config.structured_outputs_config.backend)
     engine = AsyncLLM.from_vllm_config(
         vllm_config=config,
         usage_context=USAGE_CONTEXT,
