@@ -50,8 +50,9 @@ def model(tiny_model: Path) -> str:
 
 
 @pytest.fixture
-def sdk(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def sdk(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
 
 
 def sse_events(lines: list[str]) -> list[dict[str, str]]:

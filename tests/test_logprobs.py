@@ -153,8 +153,9 @@ def gateway(
 
 
 @pytest.fixture
-def sdk(gateway: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def sdk(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
