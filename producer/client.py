@@ -64,6 +64,7 @@ from streamq.protocol import (
     parse_request,
     serialize_job,
 )
+from streamq.protocol.names import DEFAULT_TENANT
 from streamq.protocol.scripts import register_script
 from streamq.protocol.status import RequestStatus
 
@@ -371,6 +372,9 @@ class StreamqClient:
         timeout_s: float | None = None,
         queue_timeout_s: float | None = None,
         callback: Callback | dict[str, Any] | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
+        defer_s: float = 0,
         **sampling: Any,
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events.
@@ -396,7 +400,14 @@ class StreamqClient:
         ``submit(prompt, structured_outputs=StructuredOutputs(json=schema))``. A schema,
         regex or grammar vLLM cannot compile ends the request with an ``invalid_request``
         error (``RequestError`` from ``result()``).
+
+        ``priority`` (lower runs sooner, as in vLLM) and ``tenant`` (fair share between
+        tenants within a priority) order the queue; ``defer_s`` keeps the job from
+        starting for that many seconds (on Redis's clock).
         """
+        if not (isinstance(defer_s, int | float) and 0 <= defer_s <= JOB_EXPIRY_MS / 1000):
+            limit_s = JOB_EXPIRY_MS // 1000
+            raise InvalidParameter(f"defer_s must be a number from 0 to {limit_s}, got {defer_s!r}", param="defer_s")
         request = parse_request(
             {
                 "request_id": request_id or uuid.uuid4().hex,
@@ -407,6 +418,8 @@ class StreamqClient:
                 "timeout_s": timeout_s,
                 "queue_timeout_s": queue_timeout_s,
                 "callback": msgspec.to_builtins(callback) if callback is not None else None,
+                "priority": priority,
+                "tenant": tenant,
             }
         )
         job = _job_payload(request)
@@ -432,6 +445,9 @@ class StreamqClient:
                 queue,
                 limit,
                 result_key,
+                request.priority,
+                request.tenant or DEFAULT_TENANT,
+                round(defer_s * 1000),
             ]
             if request.callback is not None:  # kept where the paths ending it outside a worker find it
                 args += [

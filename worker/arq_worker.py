@@ -22,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from streamq.broker.job_result import failure_of
 from streamq.broker.pubsub import live_messages
 from streamq.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL, ErrorEvent, is_valid_request_id
+from streamq.protocol.names import CLAIM_SCAN_INTERVAL_MS, TENANT_WEIGHTS_KEY, running_key
 from streamq.protocol.scripts import register_script
 from streamq.tasks import stop_task
 from worker import metrics
@@ -98,7 +99,15 @@ class StreamqWorker(Worker):
             asked_at = timestamp_ms()
             redis_now, *reply = await self._claim(
                 keys=[self.queue_name],
-                args=[free, ttl_ms, self.queue_read_limit, IN_PROGRESS_PREFIX, state.worker_id],
+                args=[
+                    free,
+                    ttl_ms,
+                    self.queue_read_limit,
+                    IN_PROGRESS_PREFIX,
+                    state.worker_id,
+                    TENANT_WEIGHTS_KEY,
+                    CLAIM_SCAN_INTERVAL_MS,
+                ],
             )
             state.clock.observe(int(redis_now), asked_at, timestamp_ms())
             for job_id, score in zip(reply[::2], reply[1::2], strict=True):
@@ -169,6 +178,10 @@ class StreamqWorker(Worker):
         await super().finish_job(
             job_id, finish, result_data, result_timeout_s, keep_result_forever, incr_score, keep_in_progress
         )
+        if not finish:
+            # Handed back (arq's Retry, or a drain that ran out of time): the next claim
+            # looks at it first instead of when its lease would have lapsed.
+            await self.pool.zadd(running_key(self.queue_name), {job_id: 0})
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         """arq gave up on a job without running it (tries exhausted, payload expired or

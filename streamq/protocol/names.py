@@ -94,6 +94,12 @@ TENANT_PATTERN: Final = API_KEY_NAME_PATTERN
 uses as tenants)."""
 DEFAULT_TENANT: Final = "default"
 """The tenant of a request that names none."""
+TENANT_WEIGHTS_KEY: Final = "streamq:tenant-weights"
+"""Hash tenant -> weight (a number > 0; default 1): within a priority, a tenant of weight
+3 is given three jobs for each one of a tenant of weight 1 while both have jobs waiting."""
+CLAIM_SCAN_INTERVAL_MS: Final = 1000
+"""The claim reads arq's queue itself (for jobs nobody indexed) at most this often per
+queue, all workers together; the index and lapsed leases are read at every claim."""
 MAX_CALLBACK_URL_CHARS: Final = 2048
 """A callback URL's length bound."""
 
@@ -163,6 +169,12 @@ def waiting_key(queue: str, priority: int) -> str:
 def callback_key(request_id: str) -> str:
     """Name of the hash holding ``request_id``'s callback and its delivery."""
     return CALLBACK_KEY_PREFIX + request_id
+
+
+def running_key(queue: str) -> str:
+    """The sorted set of jobs claimed from ``queue``, each scored with the Unix ms at
+    which the claim looks at it again (when its lease could have lapsed)."""
+    return f"{queue}:running"
 
 
 def is_valid_request_id(request_id: object) -> bool:

@@ -35,6 +35,7 @@ from streamq.protocol.names import (
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     SUBSCRIBER_CHANNEL_PREFIX,
+    TENANT_WEIGHTS_KEY,
     WAKEUP_CHANNEL,
     WORKERS_KEY,
 )
@@ -111,6 +112,13 @@ WORKER = Role(
         "zadd",
         "hset",
         "xadd",
+        # the claim's index: bands, tenants' passes, FIFOs, tenant weights, lapsed leases
+        "zrange",
+        "zpopmin",
+        "hget",
+        "hdel",
+        "hexists",
+        "pttl",
         "xrange",
         "xrevrange",
         # completion callbacks: schedule, claim and record deliveries
@@ -156,7 +164,7 @@ WORKER = Role(
         CALLBACK_KEY_PREFIX + "*",
         CALLBACKS_KEY,
     ),
-    read_only_keys=(),
+    read_only_keys=(TENANT_WEIGHTS_KEY,),
     channels=(EVENTS_CHANNEL_PREFIX + "*", WAKEUP_CHANNEL, CANCEL_CHANNEL),
 )
 
@@ -175,6 +183,7 @@ PRODUCER = Role(
         "zrangebyscore",
         "hvals",
         "hgetall",
+        "hget",  # cancel: a queued job's priority and tenant in the claim's index
         "xrange",
         "xrevrange",
         # a request's status (request_status, by EVALSHA_RO): its queue entry and rank
@@ -214,6 +223,7 @@ PRODUCER = Role(
         ),
         Writes(("set", "del"), (JOB_KEY_PREFIX + "*",)),  # store a job; drop a cancelled one
         Writes(("zadd", "zrem"), QUEUE_KEY_PATTERNS),  # queue it; take a cancelled one off
+        Writes(("hset", "hdel"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
         # kept power: ending a queued request it cancels (end_request) writes its log
         Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
         Writes(("set",), (OWNER_KEY_PREFIX + "*",)),
@@ -230,7 +240,6 @@ GATEWAY = Role(
         # API keys: read a key's record, admit and finish its requests (the admission
         # scripts), renew its open streams, record and read who owns a named request
         "evalsha",
-        "hget",
         "hmget",
         "hlen",
         "hset",

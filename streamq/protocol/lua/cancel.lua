@@ -1,9 +1,10 @@
 -- KEYS: the job key, then queues to look at first. ARGV: the request id, the cancel channel,
 -- the in-progress key, the models hash (these two only read, so not among KEYS: Redis checks
 -- declared keys as written too). Atomically: a running job is told to stop (every worker
--- hears the channel; the one running it cancels it); a queued one is taken off its queue
--- before any worker can. The queue is looked for among KEYS[2...] (the caller's guesses),
--- then on every queue a model was ever registered on, so a caller need not know which.
+-- hears the channel; the one running it cancels it); a queued one is taken off its queue,
+-- and out of the claim's index (see claim_jobs), before any worker can. The queue is looked
+-- for among KEYS[2...] (the caller's guesses), then on every queue a model was ever
+-- registered on, so a caller need not know which.
 -- Returns 'running', 'queued' or 'unknown'.
 if redis.call('EXISTS', ARGV[3]) == 1 then
   redis.call('PUBLISH', ARGV[2], ARGV[1])
@@ -13,11 +14,22 @@ local queues = {unpack(KEYS, 2)}
 for _, queue in ipairs(redis.call('HVALS', ARGV[4])) do
   queues[#queues + 1] = queue
 end
+local id = ARGV[1]
 for _, queue in ipairs(queues) do
-  if redis.call('ZREM', queue, ARGV[1]) == 1 then
+  if redis.call('ZREM', queue, id) == 1 then
     redis.call('DEL', KEYS[1])
+    local meta = redis.call('HGET', queue .. ':indexed', id)
+    if meta then
+      -- An emptied tenant or band is dropped by the next claim that meets it.
+      local prio, tenant = string.match(meta, '^(%S+) (%S+)$')
+      redis.call('HDEL', queue .. ':indexed', id)
+      redis.call('ZREM', queue .. ':waiting:' .. prio, id)
+      redis.call('ZREM', queue .. ':fifo:' .. prio .. ':' .. tenant, id)
+      redis.call('ZREM', queue .. ':deferred', id)
+    end
+    redis.call('ZREM', queue .. ':running', id)
     -- An attempt whose lease lapsed (Redis was away) may still be running: stop it too.
-    redis.call('PUBLISH', ARGV[2], ARGV[1])
+    redis.call('PUBLISH', ARGV[2], id)
     return 'queued'
   end
 end

@@ -1,11 +1,14 @@
 -- KEYS: the job key, the queue, the replay log. ARGV: the job payload, its expiry (ms), the
 -- request id, the wake-up channel, the queue name, the queue limit (-1: none), the result key
--- (only read, so not among KEYS: Redis checks declared keys as written too), and optionally
--- the request's callback hash, its callback (JSON) and the hash's expiry (ms).
+-- (only read, so not among KEYS: Redis checks declared keys as written too), then optional:
+-- the priority (default 0), the tenant (default 'default'), a delay (ms, default 0), and the
+-- request's callback hash, its callback (JSON) and the hash's expiry (ms).
 -- arq's enqueue and the wake-up in one round trip: refuses an id that is queued, running or
 -- has a result, or whose replay log still exists (a second job would splice its events into
 -- the first's); refuses when the queue holds the limit or more; stores the job and queues it
--- scored with Redis's clock, so a producer's skewed clock cannot defer it.
+-- scored with Redis's clock (plus the delay), so a producer's skewed clock cannot defer it.
+-- The job is indexed for the claim (<queue>:indexed, and its priority's waiting set and
+-- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs).
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
@@ -14,13 +17,24 @@ local limit = tonumber(ARGV[6])
 if limit >= 0 and redis.call('ZCARD', KEYS[2]) >= limit then
   return -1
 end
+local q, id = KEYS[2], ARGV[3]
+local prio, tenant, delay = ARGV[8] or '0', ARGV[9] or 'default', tonumber(ARGV[10] or '0')
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local at = t[1] * 1000 + math.floor(t[2] / 1000) + delay
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[2], now, ARGV[3])
-if ARGV[9] then
-  redis.call('HSET', ARGV[8], 'spec', ARGV[9])
-  redis.call('PEXPIRE', ARGV[8], ARGV[10])
+redis.call('ZADD', q, at, id)
+redis.call('HSET', q .. ':indexed', id, prio .. ' ' .. tenant)
+if delay > 0 then
+  redis.call('ZADD', q .. ':deferred', at, id)
+else
+  redis.call('ZADD', q .. ':waiting:' .. prio, at, id)
+  redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, at, id)
+  redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
+  redis.call('ZADD', q .. ':bands', prio, prio)
+end
+if ARGV[12] then
+  redis.call('HSET', ARGV[11], 'spec', ARGV[12])
+  redis.call('PEXPIRE', ARGV[11], ARGV[13])
 end
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1

@@ -1,0 +1,214 @@
+"""The claim script's order on a real Redis: lapsed leases first, then strict priority,
+stride-scheduled fair share between a band's tenants (by weight), FIFO within a tenant;
+deferred jobs only when due; unindexed jobs by a throttled scan of arq's queue. Jobs
+are queued with the enqueue script, as the library does, and cancelled with cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from streamq.protocol import CANCEL_CHANNEL, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, MODELS_KEY, WAKEUP_CHANNEL
+from streamq.protocol.names import running_key, waiting_key
+from streamq.protocol.scripts import register_script
+
+LEASE_MS = 3000
+
+
+class Queue:
+    """One throw-away queue, with the library's enqueue and the worker's claim."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+        self.name = f"streamq:queue:claim-{uuid.uuid4().hex[:8]}"
+        self.weights = f"streamq:tenant-weights-{uuid.uuid4().hex[:8]}"
+        self._enqueue = register_script(redis, "enqueue")
+        self._claim = register_script(redis, "claim_jobs")
+        self._cancel = register_script(redis, "cancel")
+        self.ids: set[str] = set()
+
+    async def enqueue(self, request_id: str, priority: int = 0, tenant: str = "default", delay_ms: int = 0) -> None:
+        self.ids.add(request_id)
+        keys = [JOB_KEY_PREFIX + request_id, self.name, f"streamq:events:{request_id}"]
+        args = ["{}", 60_000, request_id, WAKEUP_CHANNEL, self.name, -1, f"arq:result:{request_id}"]
+        assert await self._enqueue(keys=keys, args=[*args, priority, tenant, delay_ms]) == 1
+
+    async def claim(self, wanted: int = 1, *, lease_ms: int = LEASE_MS, scan_ms: int = 1000) -> list[str]:
+        args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, "w1", self.weights, scan_ms]
+        _, *reply = await self._claim(keys=[self.name], args=args)
+        return [job_id.decode() for job_id in reply[::2]]
+
+    async def claim_each(self, count: int) -> list[str]:
+        """``count`` claims of one job each, as a worker whose slots free one by one."""
+        return [job_id for _ in range(count) for job_id in await self.claim()]
+
+    async def cancel(self, request_id: str) -> str:
+        keys = [JOB_KEY_PREFIX + request_id, self.name]
+        outcome = await self._cancel(
+            keys=keys, args=[request_id, CANCEL_CHANNEL, IN_PROGRESS_PREFIX + request_id, MODELS_KEY]
+        )
+        return outcome.decode()
+
+    async def keys(self) -> list[str]:
+        return sorted(key.decode() for key in await self.redis.keys(self.name + ":*"))
+
+
+@pytest.fixture
+async def queue(raw_redis: aioredis.Redis) -> AsyncIterator[Queue]:
+    q = Queue(raw_redis)
+    yield q
+    ids = q.ids | {"raw-1", "raw-2"}
+    job_keys = [prefix + job_id for job_id in ids for prefix in (JOB_KEY_PREFIX, IN_PROGRESS_PREFIX)]
+    await raw_redis.delete(*await q.keys(), q.name, q.weights, *job_keys)
+
+
+async def test_the_most_urgent_priority_first_and_fifo_within_it(queue: Queue) -> None:
+    for i in range(3):
+        await queue.enqueue(f"low-{i}", priority=10)
+    await queue.enqueue("urgent", priority=0)
+    await queue.enqueue("very-urgent", priority=-5)
+    await queue.enqueue("urgent-2", priority=0)
+    assert await queue.claim_each(6) == ["very-urgent", "urgent", "urgent-2", "low-0", "low-1", "low-2"]
+    assert await queue.claim() == []
+
+
+async def test_tenants_take_turns_in_a_band(queue: Queue) -> None:
+    for i in range(6):
+        await queue.enqueue(f"a-{i}", tenant="bulk")
+    for i in range(2):
+        await queue.enqueue(f"b-{i}", tenant="interactive")
+    order = await queue.claim_each(8)
+    assert order[:4] == ["a-0", "b-0", "a-1", "b-1"], order
+    assert order[4:] == ["a-2", "a-3", "a-4", "a-5"]
+
+
+async def test_one_claim_of_many_slots_takes_turns_too(queue: Queue) -> None:
+    for i in range(10):
+        await queue.enqueue(f"a-{i}", tenant="a")
+    for i in range(10):
+        await queue.enqueue(f"b-{i}", tenant="b")
+    taken = await queue.claim(6)
+    assert Counter(job_id[0] for job_id in taken) == {"a": 3, "b": 3}
+
+
+async def test_weights_share_a_band_in_proportion(queue: Queue) -> None:
+    await queue.redis.hset(queue.weights, mapping={"heavy": 3, "broken": -1})
+    for i in range(20):
+        await queue.enqueue(f"heavy-{i}", tenant="heavy")
+        await queue.enqueue(f"light-{i}", tenant="light")
+        await queue.enqueue(f"broken-{i}", tenant="broken")  # a weight <= 0 counts as 1
+    counts = Counter(job_id.split("-")[0] for job_id in await queue.claim_each(20))
+    assert counts == {"heavy": 12, "light": 4, "broken": 4}
+
+
+async def test_a_tenant_back_from_idle_banks_no_credit(queue: Queue) -> None:
+    for i in range(20):
+        await queue.enqueue(f"a-{i}", tenant="a")
+    await queue.enqueue("b-0", tenant="b")
+    assert len(await queue.claim_each(12)) == 12  # b runs once among them, then is idle
+    for i in range(1, 9):
+        await queue.enqueue(f"b-{i}", tenant="b")
+    order = await queue.claim_each(8)
+    assert Counter(job_id[0] for job_id in order) == {"a": 4, "b": 4}, order
+
+
+async def test_the_waiting_set_holds_the_waiting_jobs_of_each_priority(queue: Queue) -> None:
+    for i in range(3):
+        await queue.enqueue(f"p5-{i}", priority=5, tenant=f"t{i}")
+    key = waiting_key(queue.name, 5)
+    assert [await queue.redis.zrank(key, f"p5-{i}") for i in range(3)] == [0, 1, 2]
+    assert await queue.claim() == ["p5-0"]
+    assert await queue.redis.zrank(key, "p5-0") is None
+    assert await queue.redis.zrank(key, "p5-2") == 1
+
+
+async def test_a_cancelled_job_leaves_no_index_entry(queue: Queue) -> None:
+    await queue.enqueue("kept", priority=3, tenant="x")
+    await queue.enqueue("gone", priority=3, tenant="y")
+    await queue.enqueue("later", priority=3, tenant="y", delay_ms=60_000)
+    assert await queue.cancel("gone") == "queued"
+    assert await queue.cancel("later") == "queued"
+    for key in await queue.keys():
+        members = await queue.redis.hkeys(key) if key.endswith(":indexed") else await queue.redis.zrange(key, 0, -1)
+        assert b"gone" not in members and b"later" not in members, key
+    assert await queue.claim_each(2) == ["kept"]
+    # The claim dropped the emptied tenant and band: nothing of the index is left.
+    assert all(key.endswith((":running", ":scan")) for key in await queue.keys()), await queue.keys()
+
+
+async def test_a_deferred_job_waits_until_due(queue: Queue) -> None:
+    await queue.enqueue("later", tenant="a", delay_ms=60_000)
+    await queue.enqueue("soon", tenant="a", delay_ms=300)
+    await queue.enqueue("now", tenant="a")
+    assert await queue.redis.zrank(waiting_key(queue.name, 0), "soon") is None
+    assert await queue.claim(5) == ["now"]
+    await asyncio.sleep(0.4)
+    assert await queue.claim(5) == ["soon"]
+    assert await queue.claim(5) == []
+
+
+async def test_a_lapsed_lease_is_taken_before_the_backlog(queue: Queue) -> None:
+    await queue.enqueue("first")
+    assert await queue.claim(lease_ms=200) == ["first"]
+    for i in range(3):
+        await queue.enqueue(f"backlog-{i}", priority=-10)
+    await asyncio.sleep(0.3)  # its worker died: the lease lapsed
+    assert await queue.claim() == ["first"]
+    assert await queue.claim() == ["backlog-0"]
+
+
+async def test_a_renewed_lease_is_left_to_its_holder(queue: Queue) -> None:
+    await queue.enqueue("running")
+    assert await queue.claim(lease_ms=200) == ["running"]
+    await queue.redis.set(IN_PROGRESS_PREFIX + "running", "w1:1", px=10_000)  # renewed
+    await asyncio.sleep(0.3)
+    assert await queue.claim() == []
+    # Looked at again only when the renewed lease could lapse.
+    assert await queue.redis.zscore(running_key(queue.name), "running") > (await queue.redis.time())[0] * 1000 + 5000
+
+
+async def test_a_handed_back_job_is_taken_at_the_next_claim(queue: Queue) -> None:
+    await queue.enqueue("job")
+    assert await queue.claim() == ["job"]
+    # What the worker's finish_job does when it hands a job back.
+    await queue.redis.delete(IN_PROGRESS_PREFIX + "job")
+    await queue.redis.zadd(running_key(queue.name), {"job": 0})
+    await queue.enqueue("other", priority=-1)
+    assert await queue.claim() == ["job"]
+
+
+async def test_a_retry_deferred_by_arq_waits_for_its_score(queue: Queue) -> None:
+    await queue.enqueue("job")
+    assert await queue.claim() == ["job"]
+    await queue.redis.delete(IN_PROGRESS_PREFIX + "job")
+    await queue.redis.zincrby(queue.name, 60_000, "job")  # arq's Retry(defer=60)
+    await queue.redis.zadd(running_key(queue.name), {"job": 0})
+    assert await queue.claim() == []
+    assert await queue.redis.zscore(running_key(queue.name), "job") == await queue.redis.zscore(queue.name, "job")
+
+
+async def test_a_finished_job_leaves_the_running_set(queue: Queue) -> None:
+    await queue.enqueue("job")
+    assert await queue.claim(lease_ms=100) == ["job"]
+    await queue.redis.zrem(queue.name, "job")  # arq's finish_job
+    await queue.redis.delete(IN_PROGRESS_PREFIX + "job")
+    await asyncio.sleep(0.2)
+    assert await queue.claim() == []
+    assert await queue.redis.exists(running_key(queue.name)) == 0
+
+
+async def test_a_bare_zadd_job_is_found_by_the_throttled_scan(queue: Queue) -> None:
+    now_ms = (await queue.redis.time())[0] * 1000
+    await queue.redis.zadd(queue.name, {"raw-1": now_ms})
+    await queue.enqueue("indexed")
+    # The index first; then, with slots left, arq's queue itself.
+    assert await queue.claim(3, scan_ms=400) == ["indexed", "raw-1"]
+    await queue.redis.zadd(queue.name, {"raw-2": now_ms, "raw-future": now_ms + 60_000})
+    assert await queue.claim(3, scan_ms=400) == []  # scanned a moment ago
+    await asyncio.sleep(0.5)
+    assert await queue.claim(3, scan_ms=400) == ["raw-2"]
