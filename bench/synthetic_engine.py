@@ -54,7 +54,7 @@ class SyntheticEngine:
     def __init__(self, tokens_per_s: float, max_num_seqs: int) -> None:
         self.period_s = 1.0 / tokens_per_s
         self.vllm_config = SimpleNamespace(
-            scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+            scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, policy="fcfs"),
             model_config=SimpleNamespace(model="synthetic", max_model_len=1 << 20),
         )
         self._running: dict[str, _Running] = {}

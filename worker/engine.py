@@ -127,7 +127,21 @@ def start_engine(engine_args: AsyncEngineArgs) -> AsyncLLM:
         config.scheduler_config.max_num_seqs,
         time.monotonic() - started,
     )
+    if config.scheduler_config.policy != "priority":
+        logger.info(
+            "scheduling policy %s: request priorities order the queue only (the engine is passed "
+            "priority 0); start the worker with --scheduling-policy priority to let them order "
+            "running requests too",
+            config.scheduler_config.policy,
+        )
     return engine
+
+
+def engine_priority(engine: AsyncLLM, priority: int) -> int:
+    """The priority to pass ``engine.generate``: the request's under vLLM's ``priority``
+    scheduling policy; 0 under ``fcfs``, which refuses any other (the queue has already
+    ordered the request by its priority either way)."""
+    return priority if getattr(engine.vllm_config.scheduler_config, "policy", "fcfs") == "priority" else 0
 
 
 def max_batch_size(engine: AsyncLLM) -> int:

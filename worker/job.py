@@ -33,6 +33,7 @@ from streamq.protocol import (
 )
 from worker import metrics
 from worker.logprobs import LogprobsReader
+from worker.engine import engine_priority
 from worker.presence import Presence
 from worker.progress import Progress, thread_tokenizer
 from worker.publisher import PublishFailed
@@ -235,7 +236,12 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
                 outputs = (
                     resumed.generate(engine, request.request_id)
                     if resumed is not None
-                    else engine.generate(request_id=request.request_id, prompt=prompt, sampling_params=params)
+                    else engine.generate(
+                        request_id=request.request_id,
+                        prompt=prompt,
+                        sampling_params=params,
+                        priority=engine_priority(engine, request.priority),
+                    )
                 )
                 async for output in outputs:
                     if reader is not None:
