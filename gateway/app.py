@@ -44,10 +44,14 @@ from streamq.protocol import (
     is_valid_request_id,
 )
 from streamq.protocol.status import encode_status
+from streamq.protocol.names import TENANT_PATTERN
 
 logger = logging.getLogger("streamq.gateway")
 
 REQUEST_ID_HEADER = "x-streamq-request-id"
+TENANT_HEADER = "x-streamq-tenant"
+"""The tenant of a request whose API key is not one stored in Redis (whose name is its
+tenant): fair share between tenants in the queue (see ``producer.tenants_cli``)."""
 """Names a request (and makes it resumable); the response always carries ``x-request-id``."""
 HEALTH_TIMEOUT_S = 2.0
 
@@ -172,6 +176,17 @@ async def _respond(request: Request, endpoint: Endpoint) -> Response:
     return response
 
 
+def _queue_tenant(request: Request, key: Tenant | None) -> str | None:
+    """The request's tenant in the queue: its API key's name for a key stored in Redis,
+    else the ``X-Streamq-Tenant`` header (checked), else none (the default tenant)."""
+    if key is not None and key.record is not None:
+        return key.name
+    header = request.headers.get(TENANT_HEADER)
+    if header is not None and TENANT_PATTERN.fullmatch(header) is None:
+        raise bad_request(f"{TENANT_HEADER} must match {TENANT_PATTERN.pattern}", param=TENANT_HEADER)
+    return header
+
+
 async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> Response:
     client: StreamqClient = request.app.state.client
     limiter: KeyLimiter = request.app.state.limiter
@@ -194,7 +209,9 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
         handle = resumed
     else:
-        handle = await client.submit(model=params.model, request_id=named, **params.submit_kwargs)
+        handle = await client.submit(
+            model=params.model, request_id=named, tenant=_queue_tenant(request, tenant), **params.submit_kwargs
+        )
         if tenant is not None and (named is not None or tenant.record is not None):
             # A stored key sees only its own requests' status (and resumes only its own).
             await limiter.claim(handle.request_id, tenant)

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from producer import tenants_cli
 from producer.client import Completion, RequestError, StreamqClient, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS
 from producer.openai_api.errors import api_error_for
@@ -49,6 +50,18 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=int, default=64, help="requests queued or running at once (default: %(default)s)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (a summary line still ends)")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="priority of the lines whose body sets none (lower runs sooner; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tenant",
+        type=tenants_cli.tenant_name,
+        default=None,
+        help="the batch's tenant, for fair share with other tenants (default: 'default')",
+    )
     add_max_n_option(parser)
     add_connection_options(parser)
 
@@ -163,9 +176,13 @@ class BatchRun:
         task_id: Any,
         *,
         limits: RequestLimits = DEFAULT_LIMITS,
+        priority: int = 0,
+        tenant: str | None = None,
     ) -> None:
         self.client = client
         self.limits = limits
+        self.priority, self.tenant = priority, tenant
+        """A body's own ``priority`` wins over ``priority``; every line is ``tenant``'s."""
         self.out = out
         self.progress = progress
         self.task_id = task_id
@@ -193,11 +210,13 @@ class BatchRun:
         body = dict(line.body)
         callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
         try:
-            kwargs = endpoint.to_submit_kwargs(body, limits=self.limits)
+            kwargs = {"priority": self.priority, **endpoint.to_submit_kwargs(body, limits=self.limits)}
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest(f"model must be a string, got {model!r}")
             # Routed by model, as the gateway does; a body without one goes to --queue.
-            handle = await self.client.submit(request_id=request_id, model=model, callback=callback, **kwargs)
+            handle = await self.client.submit(
+                request_id=request_id, model=model, tenant=self.tenant, callback=callback, **kwargs
+            )
             handle.cancel_on_close = True  # an interrupted batch stops what it was running
             try:
                 completion: Completion = await handle.result()
@@ -243,7 +262,8 @@ async def run_batch(args: argparse.Namespace) -> int:
     async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
         with args.output.open("a", encoding="utf-8") as out, progress:
             task_id = progress.add_task("batch", total=len(todo), tokens=0)
-            run = BatchRun(client, out, progress, task_id, limits=RequestLimits(max_n=args.max_n))
+            limits = RequestLimits(max_n=args.max_n)
+            run = BatchRun(client, out, progress, task_id, limits=limits, priority=args.priority, tenant=args.tenant)
             slots = asyncio.Semaphore(args.concurrency)
             tasks: set[asyncio.Task[None]] = set()
             try:

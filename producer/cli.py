@@ -1,7 +1,7 @@
 """``python -m producer`` (or ``streamq``): enqueue prompts and print their tokens as they arrive.
 
 Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``tail``, ``cancel``, ``status``,
-``batch``, ``keys``.
+``batch``, ``keys``, ``tenants``.
 A prompt spelled like a subcommand goes after ``submit`` or ``--``. Exit status: 0 when every
 request finished, 1 when any failed (errors on stderr), 2 for bad command-line arguments.
 """
@@ -20,7 +20,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from producer import batch, keys_cli, status_cli
+from producer import batch, keys_cli, status_cli, tenants_cli
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
 from producer.structured_args import add_structured_output_arguments, structured_outputs_from_args
 from streamq.broker.connection import add_connection_options, redis_url_from_args
@@ -33,7 +33,7 @@ from streamq.protocol import (
     is_valid_request_id,
 )
 
-SUBCOMMANDS = ("submit", "tail", "cancel", "status", "batch", "keys")
+SUBCOMMANDS = ("submit", "tail", "cancel", "status", "batch", "keys", "tenants")
 DEFAULT_SUBCOMMAND = "submit"
 
 _EPILOG = """\
@@ -47,6 +47,8 @@ examples:
   %(prog)s --callback-url https://example.com/done "Hello"
   %(prog)s batch requests.jsonl results.jsonl
   %(prog)s keys create team-a --rpm 600 --max-streams 16
+  %(prog)s --priority -1 --tenant team-a "Urgent question"
+  %(prog)s tenants set team-a --weight 3
 
 Arguments that do not start with a subcommand are submit's. A prompt spelled
 like a subcommand goes after submit or --:
@@ -89,6 +91,17 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model", default=None, help="send to the queue of the live workers serving this model (default: --queue)"
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="lower runs sooner, as in vLLM: workers take the most urgent waiting job first (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tenant",
+        default=None,
+        help="whose requests these are: within a priority, workers take turns between tenants (default: 'default')",
     )
     parser.add_argument(
         "--max-queue-depth",
@@ -168,6 +181,13 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
             keys_cli.KEYS_DESCRIPTION,
             keys_cli.add_keys_arguments,
             keys_cli.main,
+        ),
+        (
+            "tenants",
+            "set the weights of fair share between tenants",
+            tenants_cli.TENANTS_DESCRIPTION,
+            tenants_cli.add_tenants_arguments,
+            tenants_cli.main,
         ),
     ]
     for name, summary, description, add_arguments, run in commands:
@@ -258,6 +278,8 @@ async def run_submit(args: argparse.Namespace) -> int:
                     prompt,
                     request_id=rid,
                     model=args.model,
+                    priority=args.priority,
+                    tenant=args.tenant,
                     callback=callback,
                     structured_outputs=structured,
                     **sampling,

@@ -24,6 +24,7 @@ from producer.openai_api.logprobs import (
 )
 from producer.openai_api.structured import STRUCTURED_FIELDS, structured_outputs_of
 from streamq.protocol import InvalidRequest, SamplingOptions
+from streamq.protocol.names import MAX_PRIORITY, MIN_PRIORITY
 
 TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
 """Accepted in a body but not mapped to ``submit`` arguments: they say where and how to deliver."""
@@ -48,6 +49,21 @@ _SAMPLING_FIELDS: Final = frozenset(
         "include_stop_str_in_output",
     }
 )
+
+
+QUEUE_FIELDS: Final = frozenset({"priority"})
+"""vLLM's ``priority`` (lower runs sooner): streamq orders its queue by it, and a worker
+started with ``--scheduling-policy priority`` passes it to the engine too."""
+
+
+def _queue_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``submit``'s ``priority``, checked here (vLLM takes an integer; streamq's is 32-bit)."""
+    priority = body.get("priority")
+    if priority is None:
+        return {}
+    if not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidRequest(f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
+    return {"priority": priority}
 
 
 def _is_off(value: Any) -> bool:
@@ -85,7 +101,15 @@ def completion_request_to_submit_kwargs(
     ``max_tokens`` vLLM's default (16) applies, as OpenAI's does.
     """
     body = _require_object(body)
-    known = {"prompt", "max_tokens", "stop", *_SAMPLING_FIELDS, *TRANSPORT_FIELDS, *_UNSUPPORTED_COMPLETION}
+    known = {
+        "prompt",
+        "max_tokens",
+        "stop",
+        *_SAMPLING_FIELDS,
+        *TRANSPORT_FIELDS,
+        *QUEUE_FIELDS,
+        *_UNSUPPORTED_COMPLETION,
+    }
     known |= COMPLETION_LOGPROBS_FIELDS | STRUCTURED_FIELDS
     _reject_unknown(body, known, "/v1/completions")
     _reject_unsupported(body, _UNSUPPORTED_COMPLETION)
@@ -99,7 +123,7 @@ def completion_request_to_submit_kwargs(
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request; token-id prompts are not supported)")
     sampling = _sampling({**body, **completion_sampling(body)}, max_tokens=body.get("max_tokens"))
-    return {"prompt": prompt, **sampling}
+    return {"prompt": prompt, **sampling, **_queue_fields(body)}
 
 
 def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLimits = DEFAULT_LIMITS) -> dict[str, Any]:
@@ -118,6 +142,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         "stop",
         *_SAMPLING_FIELDS,
         *TRANSPORT_FIELDS,
+        *QUEUE_FIELDS,
         *_UNSUPPORTED_CHAT,
         *CHAT_LOGPROBS_FIELDS,
         *STRUCTURED_FIELDS,
@@ -134,7 +159,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         max_tokens = body.get("max_tokens")
     chat = [_message(m, i) for i, m in enumerate(messages)]
     limits.check_message_lengths(chat)
-    return {"messages": chat, **_sampling({**body, **chat_sampling(body)}, max_tokens=max_tokens)}
+    return {"messages": chat, **_sampling({**body, **chat_sampling(body)}, max_tokens=max_tokens), **_queue_fields(body)}
 
 
 @dataclass(frozen=True)

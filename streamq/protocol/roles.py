@@ -115,6 +115,7 @@ WORKER = Role(
         # the claim's index: bands, tenants' passes, FIFOs, tenant weights, lapsed leases
         "zrange",
         "zpopmin",
+        "incr",
         "hget",
         "hdel",
         "hexists",
@@ -223,7 +224,7 @@ PRODUCER = Role(
         ),
         Writes(("set", "del"), (JOB_KEY_PREFIX + "*",)),  # store a job; drop a cancelled one
         Writes(("zadd", "zrem"), QUEUE_KEY_PATTERNS),  # queue it; take a cancelled one off
-        Writes(("hset", "hdel"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
+        Writes(("hset", "hdel", "incr"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
         # kept power: ending a queued request it cancels (end_request) writes its log
         Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
         Writes(("set",), (OWNER_KEY_PREFIX + "*",)),

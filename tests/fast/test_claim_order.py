@@ -133,12 +133,12 @@ async def test_a_cancelled_job_leaves_no_index_entry(queue: Queue) -> None:
     await queue.enqueue("later", priority=3, tenant="y", delay_ms=60_000)
     assert await queue.cancel("gone") == "queued"
     assert await queue.cancel("later") == "queued"
-    for key in await queue.keys():
+    for key in [key for key in await queue.keys() if not key.endswith(":seq")]:
         members = await queue.redis.hkeys(key) if key.endswith(":indexed") else await queue.redis.zrange(key, 0, -1)
         assert b"gone" not in members and b"later" not in members, key
     assert await queue.claim_each(2) == ["kept"]
     # The claim dropped the emptied tenant and band: nothing of the index is left.
-    assert all(key.endswith((":running", ":scan")) for key in await queue.keys()), await queue.keys()
+    assert all(key.endswith((":running", ":scan", ":seq")) for key in await queue.keys()), await queue.keys()
 
 
 async def test_a_deferred_job_waits_until_due(queue: Queue) -> None:
@@ -212,3 +212,19 @@ async def test_a_bare_zadd_job_is_found_by_the_throttled_scan(queue: Queue) -> N
     assert await queue.claim(3, scan_ms=400) == []  # scanned a moment ago
     await asyncio.sleep(0.5)
     assert await queue.claim(3, scan_ms=400) == ["raw-2"]
+
+
+async def test_jobs_queued_in_one_millisecond_keep_their_order(queue: Queue) -> None:
+    ids = [f"job-{99 - i:02d}" for i in range(40)]  # names in the reverse of their order
+    enqueue = register_script(queue.redis, "enqueue")
+    async with queue.redis.pipeline(transaction=False) as pipe:
+        for request_id in ids:
+            queue.ids.add(request_id)
+            keys = [JOB_KEY_PREFIX + request_id, queue.name, f"streamq:events:{request_id}"]
+            args = ["{}", 60_000, request_id, WAKEUP_CHANNEL, queue.name, -1, f"arq:result:{request_id}", 0, "t"]
+            await enqueue(keys=keys, args=args, client=pipe)
+        await pipe.execute()
+    assert [int(rank) for rank in [await queue.redis.zrank(waiting_key(queue.name, 0), i) for i in ids]] == list(
+        range(40)
+    )
+    assert await queue.claim(40) == ids

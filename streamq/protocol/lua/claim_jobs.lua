@@ -62,8 +62,9 @@ for i = 1, #due, 2 do
   local meta = redis.call('HGET', indexed, id)
   if meta then
     local prio, tenant = string.match(meta, '^(%S+) (%S+)$')
-    redis.call('ZADD', q .. ':waiting:' .. prio, at, id)
-    redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, at, id)
+    local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
+    redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
+    redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
     redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
     redis.call('ZADD', bands, prio, prio)
   end

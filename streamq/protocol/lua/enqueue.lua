@@ -27,8 +27,10 @@ redis.call('HSET', q .. ':indexed', id, prio .. ' ' .. tenant)
 if delay > 0 then
   redis.call('ZADD', q .. ':deferred', at, id)
 else
-  redis.call('ZADD', q .. ':waiting:' .. prio, at, id)
-  redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, at, id)
+  -- The fraction orders the jobs queued in one ms (a Redis sorted set orders ties by name).
+  local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
+  redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
+  redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
   redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
   redis.call('ZADD', q .. ':bands', prio, prio)
 end
