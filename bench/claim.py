@@ -96,24 +96,25 @@ def _fill_waiting(client: redis.Redis, count: int, tenants: int, *, new: bool, n
             job_id = f"waiting-{i}"
             if new:
                 keys = [JOB_KEY_PREFIX + job_id, QUEUE, f"streamq:events:{job_id}"]
-                args = ["{}", 600_000, job_id, WAKEUP_CHANNEL, QUEUE, -1, f"arq:result:{job_id}", 0, f"t{i % tenants}"]
+                args: list[str | int] = ["{}", 600_000, job_id, WAKEUP_CHANNEL, QUEUE, -1, f"arq:result:{job_id}"]
+                args += [0, f"t{i % tenants}"]
                 enqueue(keys=keys, args=args, client=pipe)
             else:
                 pipe.zadd(QUEUE, {job_id: now_ms - 1_000_000 + i})
         pipe.execute()
 
 
-def _measure(server: RedisServer, client: redis.Redis, script: str, args: list[object], claims: int) -> Cost:
-    sha = client.script_load(script)
+def _measure(server: RedisServer, client: redis.Redis, script: str, args: list[str | int], claims: int) -> Cost:
+    sha = client.execute_command("SCRIPT LOAD", script)
     assert server.process is not None
     client.config_resetstat()
     cpu_before = cpu_seconds(server.process.pid)
     jobs = 0
     for _ in range(claims):
-        reply = client.evalsha(sha, 1, QUEUE, *args)
+        reply = client.execute_command("EVALSHA", sha, 1, QUEUE, *args)
         jobs += (len(reply) - 1) // 2
     cpu = cpu_seconds(server.process.pid) - cpu_before
-    stats = client.info("commandstats")["cmdstat_evalsha"]
+    stats = client.execute_command("INFO", "commandstats")["cmdstat_evalsha"]
     return Cost(jobs=jobs, calls=int(stats["calls"]), script_us=float(stats["usec"]), cpu_s=cpu)
 
 
@@ -124,17 +125,17 @@ def measure_case(server: RedisServer, running: int, waiting: int, tenants: int, 
         costs: dict[bool, Cost] = {}
         for new in (False, True):
             client.flushall()
-            now_ms = int(client.time()[0]) * 1000
+            now_ms = int(client.execute_command("TIME")[0]) * 1000
             _fill_running(client, running, new=new, now_ms=now_ms)
             _fill_waiting(client, waiting + claims, tenants, new=new, now_ms=now_ms)
             if new:
                 client.hset(TENANT_WEIGHTS_KEY, mapping={f"t{i}": 1 + i % 3 for i in range(tenants)})
                 script = script_text("claim_jobs")
-                extra: list[object] = [TENANT_WEIGHTS_KEY, CLAIM_SCAN_INTERVAL_MS]
+                extra: list[str | int] = [TENANT_WEIGHTS_KEY, CLAIM_SCAN_INTERVAL_MS]
             else:
                 script = BASELINE.read_text(encoding="utf-8")
                 extra = []
-            args: list[object] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, "bench-worker", *extra]
+            args: list[str | int] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, "bench-worker", *extra]
             costs[new] = _measure(server, client, script, args, claims)
             assert costs[new].jobs == claims, f"claimed {costs[new].jobs} of {claims}"
         return Row(running, waiting, tenants, old=costs[False], new=costs[True])
