@@ -2,7 +2,8 @@
 
 Paths (a) bare ``AsyncLLM``, (b) streamq, (c) ``vllm serve`` and (d) streamq's gateway (both
 driven by ``vllm bench serve``) on the same model, flags and prompts, one path at a time, each
-in its own process; then the scale-out run and the Redis capacity run. Writes
+in its own process; then the scale-out run, the Redis capacity run and the claim run
+(``bench.claim``). Writes
 ``<results>/<run>.json``, ``.md`` and ``.png``.
 """
 
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import claim as bench_claim
 from bench.config import BenchConfig, int_list
 from bench.path_run import read_results
 from bench.redis_capacity import CapacityConfig, CapacityResult, describe, run_redis_capacity
@@ -97,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="rounds of the Redis capacity run (its other settings: bench.redis_capacity's defaults); 0 skips it "
         f"(default {DEFAULTS['capacity_rounds']})",
+    )
+    parser.add_argument(
+        "--claims",
+        type=int,
+        default=None,
+        help="claims per depth of the claim run (bench.claim: the claim script's Redis time per job, against "
+        "the claim it replaced); 0 skips it (default 1000; --quick 100)",
     )
     parser.add_argument(
         "--quick",
@@ -183,13 +192,19 @@ def main() -> None:
     if args.capacity_rounds:
         print("--- Redis capacity", flush=True)
         capacity = run_redis_capacity(capacity_config)
+    claim_table = ""
+    claims = args.claims if args.claims is not None else (100 if args.quick else 1000)
+    if claims:
+        print("--- claim", flush=True)
+        claim_rows = bench_claim.run([64, 256], [0, 1000, 10000], [1, 10], claims)
+        claim_table = "\n\n## Claim: Redis time per claimed job, new claim vs old\n\n" + bench_claim.table(claim_rows)
     header = (
         f"# streamq benchmark {run_id}\n\nTiny random Llama ({model_dir}), input {config.input_len} tokens, "
         f"output {config.output_len} tokens (ignore_eos, temperature 0), engine flags "
         f"`{' '.join(config.engine_flags())}`; {os.cpu_count()} CPUs; "
         f"{time.monotonic() - started:.0f} s in all."
     )
-    table = markdown(results, scale_out, header, capacity, describe(capacity_config))
+    table = markdown(results, scale_out, header, capacity, describe(capacity_config)) + claim_table
     base = args.results_dir / run_id
     base.with_suffix(".md").write_text(table)
     settings = vars(args) | {"results_dir": str(args.results_dir), "model_dir": str(model_dir)}
