@@ -17,6 +17,7 @@ from arq.utils import timestamp_ms
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.job_result import failure_of
@@ -181,7 +182,10 @@ class StreamqWorker(Worker):
         if not finish:
             # Handed back (arq's Retry, or a drain that ran out of time): the next claim
             # looks at it first instead of when its lease would have lapsed.
-            await self.pool.zadd(running_key(self.queue_name), {job_id: 0})
+            try:
+                await self.pool.zadd(running_key(self.queue_name), {job_id: 0})
+            except RedisError as exc:  # it is taken again when its lease would have lapsed
+                logger.warning("job %s: handed back, but could not say so (%s)", job_id, exc)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         """arq gave up on a job without running it (tries exhausted, payload expired or
