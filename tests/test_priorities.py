@@ -184,7 +184,11 @@ async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
     doomed = WorkerProcess(two_slot_worker.redis_url, flags, queue=queue, log_path=tmp_path / "doomed.log").start()
     try:
-        doomed.wait_ready()
+        deadline = time.monotonic() + 300
+        while "max_jobs set" not in doomed.log_tail(200):  # its engine is up (the queue's health check is not its own)
+            assert doomed.process is not None and doomed.process.poll() is None, doomed.log_tail()
+            assert time.monotonic() < deadline, doomed.log_tail()
+            await asyncio.sleep(0.2)
         target = new_id("target")
         backlog: list[str] = []
         with paused(two_slot_worker):
