@@ -3,9 +3,11 @@ against the claim it replaced, side by side, in one run.
 
 For each depth (jobs running, jobs waiting, tenants) a fresh database is filled the way
 each claim finds it in service, then ``--claims`` claims of one job each (a worker whose
-slot just freed: the common case) run back to back, and Redis's own accounting of them
-is read: ``INFO commandstats`` (the microseconds spent in ``EVALSHA``, and the calls, one
-round trip each) and the server's CPU time from ``/proc`` (coarser: 10 ms ticks).
+slot just freed: the common case) run back to back, each claimed job finishing at once
+(so the running jobs stay as many), and Redis's own accounting of the claims is read:
+``INFO commandstats`` (the microseconds spent in ``EVALSHA``, and the calls, one round
+trip each) and the server's CPU time from ``/proc`` (coarser: 10 ms ticks, and it counts
+the finishing commands too, the same on both sides).
 
 - The old claim (``bench/baseline_claim_jobs.lua``, a verbatim copy) reads arq's queue
   from its head, where the running jobs are (they stay queued until they finish), and
@@ -104,7 +106,13 @@ def _fill_waiting(client: redis.Redis, count: int, tenants: int, *, new: bool, n
         pipe.execute()
 
 
-def _measure(server: RedisServer, client: redis.Redis, script: str, args: list[str | int], claims: int) -> Cost:
+def _measure(
+    server: RedisServer, client: redis.Redis, script: str, args: list[str | int], claims: int, *, new: bool
+) -> Cost:
+    """``claims`` claims of one job each; each job claimed then finishes at once (arq's
+    ``ZREM`` and ``DEL``), so the running jobs stay as many as the depth says. For the new
+    claim its entry in ``<queue>:running`` is left due for a look, so the claims pay for
+    clearing it as in service."""
     sha = client.execute_command("SCRIPT LOAD", script)
     assert server.process is not None
     client.config_resetstat()
@@ -112,7 +120,15 @@ def _measure(server: RedisServer, client: redis.Redis, script: str, args: list[s
     jobs = 0
     for _ in range(claims):
         reply = client.execute_command("EVALSHA", sha, 1, QUEUE, *args)
-        jobs += (len(reply) - 1) // 2
+        claimed = [job_id.decode() for job_id in reply[1::2]]
+        jobs += len(claimed)
+        pipe = client.pipeline(transaction=False)
+        for job_id in claimed:
+            pipe.zrem(QUEUE, job_id)
+            pipe.delete(IN_PROGRESS_PREFIX + job_id)
+            if new:
+                pipe.zadd(running_key(QUEUE), {job_id: 0})
+        pipe.execute()
     cpu = cpu_seconds(server.process.pid) - cpu_before
     stats = client.execute_command("INFO", "commandstats")["cmdstat_evalsha"]
     return Cost(jobs=jobs, calls=int(stats["calls"]), script_us=float(stats["usec"]), cpu_s=cpu)
@@ -136,7 +152,7 @@ def measure_case(server: RedisServer, running: int, waiting: int, tenants: int, 
                 script = BASELINE.read_text(encoding="utf-8")
                 extra = []
             args: list[str | int] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, "bench-worker", *extra]
-            costs[new] = _measure(server, client, script, args, claims)
+            costs[new] = _measure(server, client, script, args, claims, new=new)
             assert costs[new].jobs == claims, f"claimed {costs[new].jobs} of {claims}"
         return Row(running, waiting, tenants, old=costs[False], new=costs[True])
     finally:
