@@ -49,10 +49,10 @@ from streamq.protocol.names import TENANT_PATTERN
 logger = logging.getLogger("streamq.gateway")
 
 REQUEST_ID_HEADER = "x-streamq-request-id"
+"""Names a request (and makes it resumable); the response always carries ``x-request-id``."""
 TENANT_HEADER = "x-streamq-tenant"
 """The tenant of a request whose API key is not one stored in Redis (whose name is its
 tenant): fair share between tenants in the queue (see ``producer.tenants_cli``)."""
-"""Names a request (and makes it resumable); the response always carries ``x-request-id``."""
 HEALTH_TIMEOUT_S = 2.0
 
 
