@@ -43,8 +43,8 @@ from streamq.protocol import (
     decode_event,
     is_valid_request_id,
 )
-from streamq.protocol.status import encode_status
 from streamq.protocol.names import TENANT_PATTERN
+from streamq.protocol.status import encode_status
 
 logger = logging.getLogger("streamq.gateway")
 

@@ -387,7 +387,7 @@ class _ScriptedEngine:
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
-    async def generate(self, request_id: str, prompt: Any, sampling_params: Any) -> Any:
+    async def generate(self, request_id: str, prompt: Any, sampling_params: Any, priority: int = 0) -> Any:
         from vllm.outputs import CompletionOutput, RequestOutput
         from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 

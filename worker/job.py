@@ -32,8 +32,8 @@ from streamq.protocol import (
     parse_request,
 )
 from worker import metrics
-from worker.logprobs import LogprobsReader
 from worker.engine import engine_priority
+from worker.logprobs import LogprobsReader
 from worker.presence import Presence
 from worker.progress import Progress, thread_tokenizer
 from worker.publisher import PublishFailed
@@ -233,14 +233,12 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
         this_attempt = (request.request_id, events.attempt)
         with cancels.registered(*this_attempt), state.leases.held(*this_attempt):
             async with asyncio.timeout(time_left):
+                priority = engine_priority(engine, request.priority)
                 outputs = (
-                    resumed.generate(engine, request.request_id)
+                    resumed.generate(engine, request.request_id, priority)
                     if resumed is not None
                     else engine.generate(
-                        request_id=request.request_id,
-                        prompt=prompt,
-                        sampling_params=params,
-                        priority=engine_priority(engine, request.priority),
+                        request_id=request.request_id, prompt=prompt, sampling_params=params, priority=priority
                     )
                 )
                 async for output in outputs:

@@ -177,7 +177,7 @@ class Regeneration:
         ]
         self.reason = reason
 
-    async def generate(self, engine: AsyncLLM, request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, engine: AsyncLLM, request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for the rest of the answer, ending with a finished one;
         raises ``NotResumable`` as soon as a completion differs from what it delivered."""
         logger.info(
@@ -187,7 +187,7 @@ class Regeneration:
             sum(len(d.token_ids) for d in self._delivered),
         )
         async with contextlib.aclosing(
-            engine.generate(request_id=request_id, prompt=self._prompt, sampling_params=self._params)
+            engine.generate(request_id=request_id, prompt=self._prompt, sampling_params=self._params, priority=priority)
         ) as outputs:
             async for output in outputs:
                 output.outputs = [c for c in output.outputs if self._delivered[c.index].rest(c)]

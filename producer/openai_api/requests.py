@@ -159,7 +159,11 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         max_tokens = body.get("max_tokens")
     chat = [_message(m, i) for i, m in enumerate(messages)]
     limits.check_message_lengths(chat)
-    return {"messages": chat, **_sampling({**body, **chat_sampling(body)}, max_tokens=max_tokens), **_queue_fields(body)}
+    return {
+        "messages": chat,
+        **_sampling({**body, **chat_sampling(body)}, max_tokens=max_tokens),
+        **_queue_fields(body),
+    }
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,7 @@ WORKER = Role(
         "pttl",
         "xrange",
         "xrevrange",
-        # completion callbacks: schedule, claim and record deliveries
-        "hexists",
+        # completion callbacks: schedule, claim and record deliveries (and hexists above)
         "hmget",
         # arq's own bookkeeping: read a job, count its tries, store its result, finish it
         "get",

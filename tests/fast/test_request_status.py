@@ -65,7 +65,9 @@ async def test_queued_requests_have_their_position_and_wait(client: StreamqClien
     first, second, third = [await submit(client) for _ in range(3)]
     now_ms = int(time.time() * 1000)
     await admin.zadd(client.queue, {first: now_ms - 3000, second: now_ms - 2000, third: now_ms - 1000})  # one per ms
-    await admin.set(IN_PROGRESS_PREFIX + first, "some-worker:1")  # running jobs stay in arq's queue
+    # Claimed as the claim script does: out of the waiting set, leased, still in arq's queue.
+    await admin.zrem(waiting_key(client.queue, 0), first)
+    await admin.set(IN_PROGRESS_PREFIX + first, "some-worker:1")
     status = await client.status(third)
     assert (status.state, status.position, status.queue, status.priority) == ("queued", 2, client.queue, 0)
     assert status.waited_s is not None and status.waited_s >= 0.9

@@ -49,7 +49,7 @@ class _Engine:
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
-    async def generate(self, request_id: str, prompt: Any, sampling_params: SamplingParams) -> Any:
+    async def generate(self, request_id: str, prompt: Any, sampling_params: SamplingParams, priority: int = 0) -> Any:
         self.asked.append((prompt if isinstance(prompt, str) else list(prompt["prompt_token_ids"]), sampling_params))
         for i, token in enumerate(self.script):
             last = i + 1 == len(self.script)
@@ -242,7 +242,7 @@ class _ParallelEngine:
         self.scripts = scripts
         self.asked: list[tuple[Any, SamplingParams]] = []
 
-    async def generate(self, request_id: str, prompt: Any, sampling_params: SamplingParams) -> Any:
+    async def generate(self, request_id: str, prompt: Any, sampling_params: SamplingParams, priority: int = 0) -> Any:
         self.asked.append((prompt, sampling_params))
         for step in range(max(map(len, self.scripts))):
             completions = [
@@ -312,7 +312,9 @@ async def test_a_delta_spanning_the_part_already_sent_is_cut_there() -> None:
     progress = _delivered(2, (0, [10, 11], None))
 
     class _Wide:
-        async def generate(self, request_id: str, prompt: Any, sampling_params: SamplingParams) -> Any:
+        async def generate(
+            self, request_id: str, prompt: Any, sampling_params: SamplingParams, priority: int = 0
+        ) -> Any:
             logprobs = [{t: -1.0 * t} for t in (10, 11, 12)]
             first = CompletionOutput(0, "<10><11><12>", [10, 11, 12], None, logprobs, finish_reason="length")
             second = CompletionOutput(1, "<40>", [40], None, None, finish_reason="length")
