@@ -11,9 +11,11 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import openai
 import pytest
 import redis.asyncio as aioredis
 
+from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
@@ -114,3 +116,27 @@ async def parked_model(raw_redis: aioredis.Redis) -> AsyncIterator[WorkerRegistr
     yield registration
     await registry.unregister(registration)
     await raw_redis.delete(registration.queue)
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway as the gateway role, in front of the session worker (one per test module
+    that asks: modules that need another gateway define their own)."""
+    process = GatewayProcess(gateway_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
+    yield process
+    assert process.stop() == 0, process.log_tail()
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Path) -> str:
+    """The session worker's served model name: ``--model`` (no ``--served-model-name``)."""
+    return str(tiny_model)
+
+
+@pytest.fixture
+def sdk(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
+    """The official OpenAI SDK on ``gateway``."""
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,28 +30,6 @@ from streamq.protocol import WorkerRegistration
 pytestmark = pytest.mark.engine
 
 PROMPT = "The key to happiness is"
-
-
-@pytest.fixture(scope="module")
-def gateway(
-    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    """A gateway as the gateway role."""
-    process = GatewayProcess(gateway_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
-    yield process
-    assert process.stop() == 0, process.log_tail()
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model: Path) -> str:
-    """The worker's served model name: ``--model`` (no ``--served-model-name``)."""
-    return str(tiny_model)
-
-
-@pytest.fixture
-def sdk(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
-        yield client
 
 
 def sse_events(lines: list[str]) -> list[dict[str, str]]:

@@ -15,7 +15,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,26 +143,6 @@ def test_the_cli_refuses_negative_logprobs(worker: WorkerProcess, producer_url: 
 
 
 # --- the gateway -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def gateway(
-    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    process = GatewayProcess(gateway_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
-    yield process
-    assert process.stop() == 0, process.log_tail()
-
-
-@pytest.fixture
-def sdk(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model: Path) -> str:
-    return str(tiny_model)
-
-
 def check_top(top: dict[str, float] | list[Any], size: int) -> None:
     logprobs = list(top.values()) if isinstance(top, dict) else [t.logprob for t in top]
     assert 0 < len(logprobs) <= size and all(lp <= 0 for lp in logprobs)

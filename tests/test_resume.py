@@ -36,23 +36,15 @@ from streamq.protocol import (
     serialize_job,
 )
 from tests.events import assert_well_formed, job_result
+from tests.schemas import PERSON
 from tests.test_reliability import paused, second_worker
 
 NEVER = "@@ no such words in the answer @@"
 """A stop string the tiny model never writes: vLLM holds back its length - 1 characters."""
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "enum": ["ann", "bob", "eve"]},
-        "age": {"type": "integer", "minimum": 0, "maximum": 99},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
-"""A schema the tiny model's greedy answer to ``PERSON_PROMPT`` ends in about 270 tokens
-(most of them whitespace the grammar allows), well inside ``max_tokens``."""
 PERSON_PROMPT = "The key to happiness is"
+"""The tiny model's greedy answer to it under ``PERSON`` ends in about 270 tokens (most of
+them whitespace the grammar allows), well inside ``max_tokens``."""
 
 
 async def logged_events(raw_redis: aioredis.Redis, request_id: str) -> list[dict[str, Any]]:

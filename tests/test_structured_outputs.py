@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,14 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
-from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, StreamqClient
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL, StructuredOutputs
 from tests.events import assert_well_formed, capture_events
+from tests.schemas import PERSON
 
 pytestmark = pytest.mark.engine
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "enum": ["ann", "bob", "eve"]},
-        "age": {"type": "integer", "minimum": 0, "maximum": 99},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "type": "object",
     "properties": {
@@ -60,26 +50,6 @@ JSON_OBJECT_SEED = 1
 
 def assert_valid_json(text: str, schema: dict[str, Any]) -> None:
     jsonschema.validate(json.loads(text), schema)
-
-
-@pytest.fixture(scope="module")
-def gateway(
-    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    process = GatewayProcess(gateway_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
-    yield process
-    assert process.stop() == 0, process.log_tail()
-
-
-@pytest.fixture
-def sdk(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model: Path) -> str:
-    return str(tiny_model)
 
 
 # --- The library -------------------------------------------------------------------
