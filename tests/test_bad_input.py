@@ -57,7 +57,7 @@ BAD_JOBS = [
         lambda rid: arq_job(good_request(rid, prompt="hello " * (MAX_MODEL_LEN + 10))),
         "maximum context length",
     ),
-    ("unknown top-level field", lambda rid: arq_job(good_request(rid, priority=3)), "priority"),
+    ("unknown top-level field", lambda rid: arq_job(good_request(rid, priorty=3)), "priorty"),
     ("unknown sampling field", lambda rid: arq_job(good_request(rid, sampling={"temprature": 0.5})), "temprature"),
     ("wrong type", lambda rid: arq_job(good_request(rid, sampling={"max_tokens": "many"})), "max_tokens"),
     (

@@ -20,7 +20,7 @@ MODEL = "synthetic"  # what the scripted engine serves
 @pytest.fixture(scope="module")
 def scripted(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     worker = scripted_worker(
-        redis_url, tmp_path_factory.mktemp("worker") / "worker.log", tokens_per_s=1000, queue="streamq:logs-test"
+        redis_url, tmp_path_factory.mktemp("worker") / "worker.log", tokens_per_s=1000, queue="streamq:queue:logs-test"
     )
     worker.start().wait_ready(timeout_s=120)
     yield worker
