@@ -180,7 +180,7 @@ def run(running: list[int], waiting: list[int], tenants: list[int], claims: int)
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.claim", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--running", type=int_list, default=[64, 256], help="jobs running (default: 64,256)")
+    parser.add_argument("--running", type=int_list, default=[0, 8, 64, 256], help="jobs running (default: 0,8,64,256)")
     parser.add_argument("--waiting", type=int_list, default=[0, 1000, 10000], help="default: 0,1000,10000")
     parser.add_argument("--tenants", type=int_list, default=[1, 10], help="default: 1,10")
     parser.add_argument("--claims", type=int, default=1000, help="claims measured per depth (default: %(default)s)")
