@@ -45,13 +45,6 @@ async def connect(server: RedisServer, role: Role) -> aioredis.Redis:
     return aioredis.Redis.from_url(server.url_for(role))
 
 
-@pytest.fixture
-async def admin(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
-
-
 @pytest.fixture(params=[PRODUCER, GATEWAY], ids=lambda role: role.name)
 async def producer(request: pytest.FixtureRequest, redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     """A connection as the producer's user, and as the gateway's (the same rules)."""

@@ -41,13 +41,6 @@ def queue() -> str:
     return f"streamq:queue:status-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-async def admin(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
-
-
 @pytest.fixture(params=[PRODUCER, GATEWAY], ids=lambda role: role.name)
 async def client(request: pytest.FixtureRequest, redis_server: RedisServer, queue: str) -> AsyncIterator[StreamqClient]:
     role: Role = request.param
