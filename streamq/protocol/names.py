@@ -59,6 +59,23 @@ a model whose workers are all gone (503) is told apart from one never served (40
 WORKER_TTL_MS: Final = 10_000
 WORKER_RENEW_S: Final = 3.0
 
+# --- what the dashboard reads ---------------------------------------------------------
+WORKER_STATS_KEY: Final = "streamq:worker-stats"
+"""Hash worker id -> ``WorkerStats`` JSON (``streamq.protocol.worker_stats``): each worker
+rewrites its own every ``WORKER_STATS_INTERVAL_S`` (counters and in-flight requests, read
+from memory: nothing per token), and once more when it stops, saying why."""
+WORKER_STATS_SEEN_KEY: Final = "streamq:worker-stats:seen"
+"""Sorted set worker id -> Unix ms (Redis's clock) of its last stats report; reports
+older than ``WORKER_STATS_KEEP_MS`` are dropped from both keys by the next report."""
+WORKER_STATS_INTERVAL_S: Final = 1.0
+WORKER_STATS_KEEP_MS: Final = 900_000
+"""A worker that stopped (or vanished) stays on the dashboard this long, with its reason."""
+RECENT_ENDS_KEY: Final = "streamq:recent-ends"
+"""List, newest first, of the last ``RECENT_ENDS_MAX`` requests to end, each
+``<request_id> <ended_ms> <terminal event JSON>``: pushed by the scripts that write a
+terminal event (``append_and_publish``, ``end_request``), once per request."""
+RECENT_ENDS_MAX: Final = 200
+
 # --- API keys (the gateway's tenants) ------------------------------------------------
 API_KEYS_KEY: Final = "streamq:api-keys"
 """Hash: SHA-256 (hex) of a key's secret -> its record (JSON: name and limits). The

@@ -1,0 +1,76 @@
+"""Workers' self-reports in Redis (``WORKER_STATS_KEY``) and the list of requests that
+ended lately (``RECENT_ENDS_KEY``): what the gateway's dashboard reads.
+
+Both are written at a bounded rate (a report a second per worker, one entry per ended
+request), never per token. Formats: ``streamq.protocol.worker_stats`` and PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from redis.asyncio import Redis
+
+from streamq.broker.replies import as_text
+from streamq.protocol.names import (
+    RECENT_ENDS_KEY,
+    RECENT_ENDS_MAX,
+    WORKER_STATS_KEEP_MS,
+    WORKER_STATS_KEY,
+    WORKER_STATS_SEEN_KEY,
+)
+from streamq.protocol.scripts import register_script
+from streamq.protocol.worker_stats import (
+    RecentEnd,
+    WorkerStats,
+    decode_recent_end,
+    decode_worker_stats,
+    encode_worker_stats,
+)
+
+logger = logging.getLogger("streamq.stats")
+
+
+class WorkerStatsStore:
+    """Stores a worker's reports; reads every worker's, and the recent ends."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._report = register_script(redis, "report_worker_stats")
+
+    async def report(self, stats: WorkerStats, keep_ms: int = WORKER_STATS_KEEP_MS) -> None:
+        """Replace this worker's report (and drop reports older than ``keep_ms``)."""
+        await self._report(
+            keys=[WORKER_STATS_KEY, WORKER_STATS_SEEN_KEY],
+            args=[stats.worker_id, encode_worker_stats(stats), keep_ms],
+        )
+
+    async def read(self) -> list[WorkerStats]:
+        """Every stored report, each with ``reported_ms`` set, oldest report first."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(WORKER_STATS_KEY)
+            pipe.zrange(WORKER_STATS_SEEN_KEY, 0, -1, withscores=True)
+            reports, seen = await pipe.execute()
+        stamps = {as_text(member): int(score) for member, score in seen}
+        found = []
+        for worker_id, raw in reports.items():
+            try:
+                stats = decode_worker_stats(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # a newer protocol, or by hand
+                logger.warning("ignoring a malformed worker report %r: %s", raw[:200], exc)
+                continue
+            stats.reported_ms = stamps.get(as_text(worker_id), 0)
+            found.append(stats)
+        return sorted(found, key=lambda stats: stats.reported_ms)
+
+    async def recent_ends(self, limit: int = RECENT_ENDS_MAX) -> list[RecentEnd]:
+        """The last ``limit`` requests to end, newest first."""
+        entries = await self._redis.lrange(RECENT_ENDS_KEY, 0, limit - 1)  # type: ignore[misc]
+        ends = []
+        for entry in entries:
+            try:
+                ends.append(decode_recent_end(entry))
+            except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                logger.warning("ignoring a malformed recent-ends entry %r: %s", entry[:200], exc)
+        return ends
