@@ -32,7 +32,7 @@ from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import RequestHandle, StreamqClient
 from streamq.broker.replay_log import ReplayLog
-from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
+from streamq.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
 from tests.conftest import MAX_MODEL_LEN
 
 SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "120"))
@@ -442,11 +442,10 @@ def summarize(
 
 async def settled_leftovers(raw: aioredis.Redis) -> tuple[int, list[bytes]]:
     """Jobs still queued and leases still held once every request has ended, after at
-    most one lease period: an attempt that stalled past its lease while another took its
-    request over and finished it may renew its lease once more on waking (the key had
-    gone) before it sees it was superseded; nobody renews that key again, so it lapses.
-    A lease kept alive past that is a leak."""
-    deadline = time.monotonic() + LEASE_TTL_MS / 1000 + 2
+    most a moment: arq's bookkeeping (the job off its queue, its lease deleted) follows
+    the final event. An attempt that stalled past its lease while another took its request
+    over and ended it must not take the vanished lease back on waking (``renew_leases``)."""
+    deadline = time.monotonic() + 2
     while True:
         leftovers = await raw.zcard(QUEUE), [k async for k in raw.scan_iter(IN_PROGRESS_PREFIX + "*")]
         if leftovers == (0, []) or time.monotonic() > deadline:

@@ -33,6 +33,8 @@ class Leases:
     """Keeps the in-progress keys of this worker's running jobs alive.
 
     :param worker_id: this worker's id, the value its claims write.
+    :param queue: the queue its jobs come from: a lapsed lease is taken back only while
+        its job is still there (else another attempt took the request over and ended it).
     :param on_lost: called with ``(job_id, attempt)`` when another holder has the lease.
     """
 
@@ -41,11 +43,13 @@ class Leases:
         redis: Redis,
         *,
         worker_id: str,
+        queue: str,
         on_lost: Callable[[str, int], None],
         ttl_ms: int = LEASE_TTL_MS,
     ) -> None:
         self.ttl_ms = ttl_ms
         self.worker_id = worker_id
+        self.queue = queue
         self._redis = redis
         self._on_lost = on_lost
         self._held: dict[str, int] = {}
@@ -78,8 +82,10 @@ class Leases:
         if not held:
             return
         keys = [IN_PROGRESS_PREFIX + job_id for job_id, _ in held]
-        holders = [lease_holder(self.worker_id, attempt) for _, attempt in held]
-        replies = await self._renew(keys=keys, args=[self.ttl_ms, self.worker_id, *holders])
+        args: list[str | int] = [self.ttl_ms, self.worker_id, self.queue]
+        for job_id, attempt in held:
+            args += [lease_holder(self.worker_id, attempt), job_id]
+        replies = await self._renew(keys=keys, args=args)
         for (job_id, attempt), kept in zip(held, replies, strict=True):
             if not kept and self._held.get(job_id) == attempt:
                 logger.warning("job %s: lease lost to another worker (attempt %d stops)", job_id, attempt)

@@ -34,7 +34,7 @@ from streamq.protocol import (
     encode_registration,
     events_channel,
 )
-from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY
+from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY, DEFAULT_QUEUE
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
 from streamq.protocol.scripts import register_script
 
@@ -91,7 +91,7 @@ async def test_a_producer_cannot_renew_or_take_a_lease(producer: aioredis.Redis,
     await admin.set(lease, "worker-1:1", px=60_000)
     renew = register_script(producer, "renew_leases")
     with pytest.raises(NoPermissionError):  # its KEYS must be writable
-        await renew(keys=[lease], args=[LEASE_TTL_MS, "intruder", "intruder:1"])
+        await renew(keys=[lease], args=[LEASE_TTL_MS, "intruder", DEFAULT_QUEUE, "intruder:1", lease])
     with pytest.raises(NoPermissionError):
         await producer.set(lease, "intruder:1", px=LEASE_TTL_MS)
     with pytest.raises(NoPermissionError):
@@ -163,7 +163,8 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
     _, claimed, _ = await claim(keys=[queue], args=[1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, name])
     assert claimed == request_id.encode()
     renew = register_script(worker, "renew_leases")
-    assert await renew(keys=[IN_PROGRESS_PREFIX + request_id], args=[LEASE_TTL_MS, name, f"{name}:1"]) == [1]
+    renewal = [LEASE_TTL_MS, name, queue, f"{name}:1", request_id]
+    assert await renew(keys=[IN_PROGRESS_PREFIX + request_id], args=renewal) == [1]
     log = ReplayLog(worker)
     assert await log.take_over(request_id, 1) == []
     chunk = ChunkEvent(request_id=request_id, seq=0, index=0, text="a", token_ids=[1], attempt=1)
