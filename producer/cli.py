@@ -23,14 +23,13 @@ from rich.text import Text
 from producer import batch, keys_cli, status_cli, tenants_cli
 from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
 from producer.structured_args import add_structured_output_arguments, structured_outputs_from_args
-from streamq.broker.connection import add_connection_options, redis_url_from_args
+from streamq.broker.connection import add_connection_options, redis_url_from_args, request_id_argument
 from streamq.protocol import (
     ChunkEvent,
     ErrorEvent,
     FinalEvent,
     InvalidRequest,
     encode_event,
-    is_valid_request_id,
 )
 
 SUBCOMMANDS = ("submit", "tail", "cancel", "status", "batch", "keys", "tenants")
@@ -125,13 +124,13 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("request_id")
+    parser.add_argument("request_id", type=request_id_argument)
     parser.add_argument("--from-seq", type=int, default=0, help="first event to print (default: %(default)s)")
     _common_options(parser)
 
 
 def add_cancel_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("request_id")
+    parser.add_argument("request_id", type=request_id_argument)
     _common_options(parser)
 
 
@@ -302,9 +301,6 @@ async def run_submit(args: argparse.Namespace) -> int:
 
 
 async def run_tail(args: argparse.Namespace) -> int:
-    if not is_valid_request_id(args.request_id):
-        print(f"error: {args.request_id!r} is not a valid request id", file=sys.stderr)
-        return 2
     async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
         handle = await client.follow(args.request_id, from_seq=args.from_seq)
         with ResponsePrinter([args.request_id], as_json=args.json) as printer:
@@ -313,9 +309,6 @@ async def run_tail(args: argparse.Namespace) -> int:
 
 
 async def run_cancel(args: argparse.Namespace) -> int:
-    if not is_valid_request_id(args.request_id):
-        print(f"error: {args.request_id!r} is not a valid request id", file=sys.stderr)
-        return 2
     async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
         outcome = await client.cancel(args.request_id)
     messages = {

@@ -13,8 +13,7 @@ import time
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from producer.client import StreamqClient
-from streamq.broker.connection import add_connection_options, redis_url_from_args
-from streamq.protocol import is_valid_request_id
+from streamq.broker.connection import add_connection_options, redis_url_from_args, request_id_argument
 from streamq.protocol.status import RequestStatus, encode_status
 
 STATUS_DESCRIPTION = (
@@ -24,7 +23,7 @@ STATUS_DESCRIPTION = (
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("request_id")
+    parser.add_argument("request_id", type=request_id_argument)
     add_connection_options(parser)
     parser.add_argument("--json", action="store_true", help="print the status as one JSON object")
 
@@ -65,9 +64,6 @@ def _when(ms: int) -> str:
 
 
 async def run_status(args: argparse.Namespace) -> int:
-    if not is_valid_request_id(args.request_id):
-        print(f"error: {args.request_id!r} is not a valid request id", file=sys.stderr)
-        return 2
     async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
         status = await client.status(args.request_id)
     print(encode_status(status).decode() if args.json else describe(status))

@@ -31,7 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from streamq.broker.tls import apply_tls_query, certificate_refusal, insecure_url, refusal_error
 from streamq.environment import queue_from_env, redis_url_from_env
 from streamq.protocol import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL  # re-exported: the default URL of every command
-from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV
+from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV, REQUEST_ID_PATTERN, is_valid_request_id
 from streamq.redaction import MASK, redact_url
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -119,6 +119,16 @@ class StreamqRedisSettings(RedisSettings):
     def __repr__(self) -> str:
         shown = {name: MASK if name == "password" and value else value for name, value in vars(self).items()}
         return f"{type(self).__name__}({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+
+
+def request_id_argument(value: str) -> str:
+    """An argparse ``type`` for a request id: a bad one is a usage error (exit 2) before
+    any connection is made."""
+    if not is_valid_request_id(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a valid request id (it must match {REQUEST_ID_PATTERN.pattern})"
+        )
+    return value
 
 
 def add_connection_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -46,7 +46,18 @@ def test_help_names_every_subcommand_and_exits_zero() -> None:
     assert "-- tail" in result.stdout
 
 
-@pytest.mark.parametrize("argv", [(), ("tail",), ("--max-tokens", "many", "Hello"), ("batch", "in.jsonl")])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        (),
+        ("tail",),
+        ("--max-tokens", "many", "Hello"),
+        ("batch", "in.jsonl"),
+        ("tail", "bad id!"),
+        ("cancel", "a/b"),
+        ("status", "x" * 200),
+    ],
+)
 def test_bad_arguments_exit_2_before_reaching_redis(argv: tuple[str, ...]) -> None:
     result = run_cli(*argv, "--redis-url", "redis://127.0.0.1:1") if argv else run_cli()
     assert result.returncode == 2, result.stdout + result.stderr
