@@ -24,6 +24,7 @@ from worker.presence import Presence, served_model_name
 from worker.publisher import EventPublisher, coalesce_from_env
 from worker.scheduling import cpu_nice_from_env, lower_cpu_weight
 from worker.state import STATE_KEY, WorkerState, new_worker_id
+from worker.stats_report import StatsReporter
 
 logger = logging.getLogger("streamq.worker")
 
@@ -74,7 +75,7 @@ def _callback_policy(options: WorkerOptions) -> CallbackPolicy:
 
 async def on_startup(ctx: dict[str, Any]) -> None:
     """Start the engine inside arq's loop, and beside it the publisher, the cancel
-    listener and the leases; store them in ``ctx`` as one ``WorkerState``.
+    listener, the leases and the stats report; store them in ``ctx`` as one ``WorkerState``.
 
     A part that fails to start closes those started before it (the engine too).
     """
@@ -124,6 +125,13 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             closing.callback(metrics_server.shutdown)
         queue_depth_sampler = asyncio.create_task(metrics.sample_queue_depth(redis, queue), name="queue-depth-sampler")
         closing.push_async_callback(stop_task, queue_depth_sampler)
+        # Closed after the registration is withdrawn, and (as every part) after the jobs
+        # drained: its last report says the worker stopped, with nothing in flight.
+        reporter = StatsReporter(
+            redis, registration=presence.registration, running=state.running, engine_dead=lambda: state.engine_dead
+        )
+        reporter.start()
+        closing.push_async_callback(reporter.close)
         # Last: once registered, producers route this model's requests here.
         await presence.start()
         closing.push_async_callback(presence.close)

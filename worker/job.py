@@ -40,6 +40,7 @@ from worker.publisher import PublishFailed
 from worker.regeneration import NotResumable, with_take_over_seed
 from worker.request_events import RequestEvents
 from worker.state import state_of
+from worker.stats_report import RunningRequest
 
 logger = logging.getLogger("streamq.worker")
 
@@ -184,6 +185,14 @@ def _render_chat(engine_tokenizer: Any, messages: list[Any]) -> list[int]:
 
 
 async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents) -> dict[str, Any]:
+    """Run the request, listed among the worker's running requests (its stats report) meanwhile."""
+    with state_of(ctx).running.track(request, events.attempt) as running:
+        return await _run(ctx, request, events, running)
+
+
+async def _run(
+    ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents, running: RunningRequest
+) -> dict[str, Any]:
     state = state_of(ctx)
     engine: AsyncLLM = state.engine
     cancels = state.cancels
@@ -202,6 +211,7 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
             events.attempt,
             progress.completion_tokens,
         )
+    running.progress = progress
 
     waited = state.clock.seconds_since(ctx["score"])
     if request.queue_timeout_s is not None and events.attempt == 1 and waited > request.queue_timeout_s:

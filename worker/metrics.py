@@ -53,6 +53,10 @@ COMPLETIONS_FINISHED = Counter(
     "Completions ended, by finish reason (a request with n=2 counts twice, as in vLLM)",
     ["finish_reason"],
 )
+REQUESTS_FINISHED = Counter(
+    "streamq_requests_finished",
+    "Requests this worker ended with a final event (cancelled and timed out too)",
+)
 REQUEST_ERRORS = Counter("streamq_request_errors", "Requests that ended with an error event, by error code", ["code"])
 PUBLISH_SECONDS = Histogram(
     "streamq_publish_seconds",

@@ -102,6 +102,7 @@ class RequestEvents:
         """Publish the event that ends a completed request."""
         for reason in finish_reasons:
             metrics.COMPLETIONS_FINISHED.labels(finish_reason=str(reason)).inc()
+        metrics.REQUESTS_FINISHED.inc()
         event = FinalEvent(
             request_id=self.request_id,
             seq=self._take_seq(),

@@ -20,6 +20,7 @@ from worker.cancel import CancelListener
 from worker.lease import Leases
 from worker.presence import Presence
 from worker.publisher import EventPublisher
+from worker.stats_report import RunningRequests
 
 logger = logging.getLogger("streamq.worker")
 
@@ -73,6 +74,8 @@ class WorkerState:
     """Stops the parts started with this state, last started first (the start-up hook fills it)."""
     clock: RedisClock = field(default_factory=RedisClock)
     engine_dead: bool = False
+    running: RunningRequests = field(default_factory=RunningRequests)
+    """The requests running here now, with their progress, for the stats report."""
     superseded_jobs: set[str] = field(default_factory=set)
     """Jobs stopped because another worker took them over: their arq keys and
     result belong to that worker, so ``StreamqWorker`` leaves them alone."""

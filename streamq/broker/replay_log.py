@@ -3,7 +3,9 @@
 Pub/sub keeps nothing, so late or reconnecting subscribers, and a worker taking over a
 crashed request, read the log instead: entry ids are ``0-<seq + 1>``, written before the
 channel by one Lua script per batch (``append_and_publish``), which also drops events
-already logged or from a superseded attempt.
+already logged or from a superseded attempt. Both scripts that write a terminal event
+(``append_and_publish``, ``end_request``) also push it to ``RECENT_ENDS_KEY``, in the
+same call, for the dashboard.
 
 A batch's command is packed here in one pass: redis-py's asyncio packer copies its
 buffer again for every argument, which made packing the worker's largest cost per event.
@@ -35,6 +37,7 @@ from streamq.protocol import (
     encode_event,
     events_channel,
 )
+from streamq.protocol.names import RECENT_ENDS_KEY, RECENT_ENDS_MAX
 from streamq.protocol.scripts import register_script
 
 
@@ -85,12 +88,23 @@ class ReplayLog:
         """How long a log outlives its last event."""
         return self._ttl_ms
 
-    def __init__(self, redis: Redis, *, maxlen: int | None = None, ttl_ms: int | None = None) -> None:
-        """``maxlen`` and ``ttl_ms`` default to ``log_limits_from_env()``."""
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        maxlen: int | None = None,
+        ttl_ms: int | None = None,
+        recent_ends_max: int = RECENT_ENDS_MAX,
+    ) -> None:
+        """``maxlen`` and ``ttl_ms`` default to ``log_limits_from_env()``; ``recent_ends_max``
+        caps ``RECENT_ENDS_KEY``, where every terminal event written here is pushed."""
         env_maxlen, env_ttl_ms = log_limits_from_env() if maxlen is None or ttl_ms is None else (0, 0)
         self._redis = redis
         self._maxlen = maxlen if maxlen is not None else env_maxlen
         self._ttl_ms = ttl_ms if ttl_ms is not None else env_ttl_ms
+        if recent_ends_max < 1:
+            raise ValueError(f"recent_ends_max must be >= 1, got {recent_ends_max}")
+        self._recent_ends_max = recent_ends_max
         self._append_script = register_script(redis, "append_and_publish")
         self._take_over_script = register_script(redis, "take_over")
         self._end_script = register_script(redis, "end_request")
@@ -104,9 +118,10 @@ class ReplayLog:
             for event in events:
                 keys += [events_channel(event.request_id), OWNER_KEY_PREFIX + event.request_id]
                 args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
+            args += [RECENT_ENDS_KEY, self._recent_ends_max, EVENTS_CHANNEL_PREFIX]
             reply = await script(keys=keys, args=args)
         else:
-            command = pack_append(script.sha, self._maxlen, self._ttl_ms, events)
+            command = pack_append(script.sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max)
             try:
                 reply = await _execute_packed(self._redis.connection_pool, command)
             except NoScriptError:  # a restarted Redis has forgotten it
@@ -121,8 +136,8 @@ class ReplayLog:
         """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
         log holds (computed in Redis), unless the request already ended. For the paths
         that end a request outside the attempt running it (a cancel while queued, a job
-        arq gave up on). A callback stored at enqueue is made due in the same script.
-        Returns the seq given, or ``None`` if it had already ended."""
+        arq gave up on). A callback stored at enqueue is made due, and the event pushed to
+        ``RECENT_ENDS_KEY``, in the same script. Returns the seq given, or ``None`` if it had already ended."""
         keys = [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
         args: list[bytes | str | int] = [
             encode_event(event),
@@ -131,6 +146,8 @@ class ReplayLog:
             callback_key(request_id),
             CALLBACKS_KEY,
             request_id,
+            RECENT_ENDS_KEY,
+            self._recent_ends_max,
         ]
         seq = int(await self._end_script(keys=keys, args=args))
         return None if seq < 0 else seq
@@ -157,10 +174,13 @@ _EVENTS_PREFIX = EVENTS_CHANNEL_PREFIX.encode()
 _OWNER_PREFIX = OWNER_KEY_PREFIX.encode()
 
 
-def pack_append(sha: str | bytes, maxlen: int, ttl_ms: int, events: Sequence[LogEvent]) -> bytes:
+def pack_append(
+    sha: str | bytes, maxlen: int, ttl_ms: int, events: Sequence[LogEvent], recent_ends_max: int = RECENT_ENDS_MAX
+) -> bytes:
     """The RESP bytes of ``EVALSHA`` of ``append_and_publish`` for ``events``: per event
     its log and owner keys, then maxlen and ttl, then per event its entry id, attempt,
-    terminal flag and payload (the script's KEYS and ARGV)."""
+    terminal flag and payload, then the recent-ends list, its cap and the log keys' prefix
+    (the script's KEYS and ARGV)."""
     keys: list[bytes] = []
     args: list[bytes] = []
     events_prefix, owner_prefix = len(_EVENTS_PREFIX), len(_OWNER_PREFIX)
@@ -181,14 +201,27 @@ def pack_append(sha: str | bytes, maxlen: int, ttl_ms: int, events: Sequence[Log
     sha_bytes = sha.encode() if isinstance(sha, str) else sha
     numkeys, maxlen_bytes, ttl_bytes = b"%d" % (2 * len(events)), b"%d" % maxlen, b"%d" % ttl_ms
     head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-        5 + 6 * len(events),
+        8 + 6 * len(events),
         len(sha_bytes),
         sha_bytes,
         len(numkeys),
         numkeys,
     )
     limits = b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(maxlen_bytes), maxlen_bytes, len(ttl_bytes), ttl_bytes)
-    return b"".join((head, *keys, limits, *args))
+    return b"".join((head, *keys, limits, *args, _pack_recent_ends(recent_ends_max)))
+
+
+def _pack_recent_ends(recent_ends_max: int) -> bytes:
+    """The RESP bytes of ``append_and_publish``'s last three arguments."""
+    key, cap = RECENT_ENDS_KEY.encode(), b"%d" % recent_ends_max
+    return b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+        len(key),
+        key,
+        len(cap),
+        cap,
+        len(_EVENTS_PREFIX),
+        _EVENTS_PREFIX,
+    )
 
 
 async def _pooled_connection(pool: ConnectionPool) -> AbstractConnection:

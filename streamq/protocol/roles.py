@@ -31,12 +31,15 @@ from streamq.protocol.names import (
     KEY_WINDOW_PREFIX,
     MODELS_KEY,
     OWNER_KEY_PREFIX,
+    RECENT_ENDS_KEY,
     REQUEST_KEY_PREFIX,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     SUBSCRIBER_CHANNEL_PREFIX,
     TENANT_WEIGHTS_KEY,
     WAKEUP_CHANNEL,
+    WORKER_STATS_KEY,
+    WORKER_STATS_SEEN_KEY,
     WORKERS_KEY,
 )
 
@@ -149,6 +152,9 @@ WORKER = Role(
         "publish",
         "subscribe",
         "unsubscribe",
+        # the dashboard's data: the ends of requests (append_and_publish, end_request)
+        "lpush",
+        "ltrim",
     ),
     keys=(
         *QUEUE_KEY_PATTERNS,
@@ -163,6 +169,9 @@ WORKER = Role(
         MODELS_KEY,
         CALLBACK_KEY_PREFIX + "*",
         CALLBACKS_KEY,
+        WORKER_STATS_KEY,
+        WORKER_STATS_SEEN_KEY,
+        RECENT_ENDS_KEY,
     ),
     read_only_keys=(TENANT_WEIGHTS_KEY,),
     channels=(EVENTS_CHANNEL_PREFIX + "*", WAKEUP_CHANNEL, CANCEL_CHANNEL),
@@ -230,6 +239,8 @@ PRODUCER = Role(
         # a request's callback, stored at enqueue; made due when it cancels a queued one
         Writes(("hset", "pexpire"), (CALLBACK_KEY_PREFIX + "*",)),
         Writes(("zadd",), (CALLBACKS_KEY,)),
+        # the cancelled request's end, pushed to the dashboard's list (end_request)
+        Writes(("lpush", "ltrim"), (RECENT_ENDS_KEY,)),
     ),
 )
 
@@ -249,14 +260,24 @@ GATEWAY = Role(
         "zremrangebyscore",
         "pexpire",
         "set",
+        # the dashboard: workers' reports (hgetall, zrange above) and the recent ends
+        "lrange",
     ),
     keys=(KEY_WINDOW_PREFIX + "*", KEY_STREAMS_PREFIX + "*", KEY_USAGE_PREFIX + "*", REQUEST_KEY_PREFIX + "*"),
-    read_only_keys=(*PRODUCER.read_only_keys, API_KEYS_KEY, API_KEY_NAMES_KEY),
+    read_only_keys=(
+        *PRODUCER.read_only_keys,
+        API_KEYS_KEY,
+        API_KEY_NAMES_KEY,
+        WORKER_STATS_KEY,
+        WORKER_STATS_SEEN_KEY,
+        RECENT_ENDS_KEY,
+    ),
     channels=PRODUCER.channels,
     writes=PRODUCER.writes,
 )
 """The gateway is a producer (the library) behind HTTP, plus its API keys' windows, open
 streams, usage and request owners; it only reads the keys themselves (``streamq keys``
-writes them, as an administrator)."""
+writes them, as an administrator), and the workers' reports and recent ends its
+dashboard shows."""
 
 ROLES = (WORKER, PRODUCER, GATEWAY)

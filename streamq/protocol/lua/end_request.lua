@@ -1,6 +1,7 @@
 -- KEYS: the log, the owner key. ARGV: the terminal event as JSON without its seq,
 -- maxlen, ttl_ms, and optionally the request's callback hash, the callbacks set and the
--- request id. Logs and publishes the event with the next sequence number (and, for
+-- request id, then the recent-ends list and its cap (the event is pushed there as
+-- `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time). Logs and publishes the event with the next sequence number (and, for
 -- a final event, the completion tokens the log holds), unless the request already ended;
 -- a callback stored at enqueue is made due (as `schedule_callback` does).
 -- Returns the seq given, or -1 when it had already ended.
@@ -30,10 +31,14 @@ redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '0-' .. (seq + 1), 'event', 
 redis.call('PUBLISH', KEYS[1], payload)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], 'ended', 'PX', ARGV[3])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if ARGV[7] then
+  redis.call('LPUSH', ARGV[7], ARGV[6] .. ' ' .. now .. ' ' .. payload)
+  redis.call('LTRIM', ARGV[7], 0, tonumber(ARGV[8]) - 1)
+end
 local callback = ARGV[4]
 if callback and redis.call('HEXISTS', callback, 'spec') == 1 and redis.call('HEXISTS', callback, 'state') == 0 then
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   redis.call('HSET', callback, 'state', 'pending', 'attempts', 0, 'ended_ms', now)
   redis.call('PEXPIRE', callback, ARGV[3])
   redis.call('ZADD', ARGV[5], now, ARGV[6])
