@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, ResponseError
@@ -20,6 +21,7 @@ from producer.openai_api.errors import ApiError
 from streamq.broker.api_keys import ApiKeyStore, KeyRecord, secret_hash, usage_key
 from streamq.broker.registry import WorkerRegistry
 from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import (
     HEALTH_CHECK_SUFFIX,
     IN_PROGRESS_PREFIX,
@@ -29,14 +31,23 @@ from streamq.protocol import (
     RESULT_KEY_PREFIX,
     WORKERS_KEY,
     ChunkEvent,
+    FinalEvent,
     WorkerRegistration,
     encode_event,
     encode_registration,
     events_channel,
 )
-from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY, DEFAULT_QUEUE
+from streamq.protocol.names import (
+    API_KEY_NAMES_KEY,
+    API_KEYS_KEY,
+    DEFAULT_QUEUE,
+    RECENT_ENDS_KEY,
+    WORKER_STATS_KEY,
+    WORKER_STATS_SEEN_KEY,
+)
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
 from streamq.protocol.scripts import register_script
+from streamq.protocol.worker_stats import WorkerStats
 
 SCRIPT_DENIED = "ACL failure in script: No permissions to access a key"
 
@@ -209,3 +220,50 @@ async def test_a_gateway_applies_stored_keys_but_cannot_create_them(
     finally:
         await gateway.aclose()
         await admin.delete(API_KEYS_KEY, API_KEY_NAMES_KEY)  # later gateways on this Redis start open
+
+
+async def test_a_producer_s_end_of_a_queued_request_reaches_the_recent_ends(
+    producer: aioredis.Redis, admin: aioredis.Redis, queue: str, queued_id: str
+) -> None:
+    """Cancelling a queued request ends it from outside any worker (``end_request``), which
+    pushes the end to the dashboard's list: allowed to the producer and the gateway."""
+    final = FinalEvent(request_id=queued_id, seq=0, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0)
+    assert await ReplayLog(producer).end(queued_id, final) is not None
+    [end] = [e for e in await WorkerStatsStore(admin).recent_ends() if e.request_id == queued_id]
+    assert isinstance(end.event, FinalEvent) and end.event.finish_reasons == ["cancelled"]
+    await admin.delete(queue, JOB_KEY_PREFIX + queued_id)
+
+
+async def test_only_workers_write_stats_reports_and_only_the_gateway_reads_them(
+    redis_server: RedisServer, producer: aioredis.Redis, worker: aioredis.Redis, admin: aioredis.Redis
+) -> None:
+    name = f"roles-{uuid.uuid4().hex[:8]}"
+    stats = WorkerStats(worker_id=name, model=name, queue="streamq:queue", host="h", pid=1, started_ms=1)
+    await WorkerStatsStore(worker).report(stats)
+    with pytest.raises(NoPermissionError):  # its KEYS must be writable
+        await WorkerStatsStore(producer).report(msgspec.structs.replace(stats, worker_id=f"{name}-forged"))
+    denied = [
+        lambda: producer.hset(WORKER_STATS_KEY, name, "{}"),
+        lambda: producer.hdel(WORKER_STATS_KEY, name),
+        lambda: producer.zadd(WORKER_STATS_SEEN_KEY, {name: 0}),
+        lambda: producer.delete(RECENT_ENDS_KEY),
+    ]
+    for command in denied:
+        with pytest.raises(NoPermissionError):
+            await command()
+    gateway = await connect(redis_server, GATEWAY)
+    plain_producer = await connect(redis_server, PRODUCER)
+    try:
+        assert name in [s.worker_id for s in await WorkerStatsStore(gateway).read()]
+        assert isinstance(await WorkerStatsStore(gateway).recent_ends(), list)
+        for command in (
+            lambda: WorkerStatsStore(plain_producer).read(),
+            lambda: WorkerStatsStore(plain_producer).recent_ends(),
+        ):
+            with pytest.raises(NoPermissionError):
+                await command()
+    finally:
+        await gateway.aclose()
+        await plain_producer.aclose()
+        await admin.hdel(WORKER_STATS_KEY, name)
+        await admin.zrem(WORKER_STATS_SEEN_KEY, name)
