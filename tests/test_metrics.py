@@ -87,6 +87,7 @@ async def test_request_metrics_move_by_what_the_requests_did(client: StreamqClie
     assert delta("streamq_completions_finished_total", finish_reason="length") == 3
     assert delta("streamq_completions_finished_total", finish_reason="stop") == 0
     assert delta("streamq_request_errors_total", code="invalid_request") == 1
+    assert delta("streamq_requests_finished_total") == 2  # per request, not per completion
     assert delta("streamq_queue_wait_seconds_count") == 3
     assert delta("streamq_time_to_first_token_seconds_count") == 2  # the two requests that made tokens
     assert delta("streamq_time_to_first_token_seconds_sum") > 0
