@@ -93,9 +93,6 @@ class RunningRequests:
         finally:
             self._running.pop(key, None)
 
-    def __len__(self) -> int:
-        return len(self._running)
-
     def in_flight(self) -> list[InFlightRequest]:
         """The running requests as a report lists them, longest-running first."""
         return sorted((entry.in_flight() for entry in self._running.values()), key=lambda r: r.started_ms)
