@@ -21,14 +21,17 @@ from fastapi.responses import JSONResponse, Response
 from gateway import http_metrics
 from gateway.auth import TENANT_STATE, ApiKeyAuth, ApiKeyMiddleware, Tenant, unauthorized
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from gateway.dashboard import routes as dashboard_routes
+from gateway.dashboard.sampler import DashboardSampler
 from gateway.disconnect import ClientGone, until_disconnected
 from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from gateway.key_metrics import key_usage_exposition
+from gateway.request_status import error_response, status_response
 from gateway.sse import DONE, SseEncoder, SseResponse
 from producer.client import RequestError, RequestHandle, StreamqClient
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
-from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, bad_request
+from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.requests import parse_openai_body
 from producer.openai_api.responses import ResponseMeta, model_list
@@ -44,7 +47,6 @@ from streamq.protocol import (
     is_valid_request_id,
 )
 from streamq.protocol.names import TENANT_PATTERN
-from streamq.protocol.status import encode_status
 
 logger = logging.getLogger("streamq.gateway")
 
@@ -76,11 +78,13 @@ def create_app(
         app.state.client = client = await StreamqClient.connect(redis_url, max_queue_depth=max_queue_depth)
         app.state.auth = auth
         app.state.limiter = limiter = KeyLimiter(client.redis)
+        app.state.dashboard = dashboard = DashboardSampler(client)
         try:
             await auth.start(client.redis)
             limiter.start()
             yield
         finally:
+            await dashboard.stop()
             await limiter.stop()
             await auth.stop()
             await client.close()
@@ -90,6 +94,7 @@ def create_app(
     # Added last, so it runs first: a request without a valid key is refused before its body is read.
     app.add_middleware(ApiKeyMiddleware, auth=auth, protect_metrics=protect_metrics)
     app.state.limits = limits
+    dashboard_routes.install(app)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -97,7 +102,7 @@ def create_app(
         try:
             await asyncio.wait_for(request.app.state.client.redis.ping(), HEALTH_TIMEOUT_S)
         except Exception as exc:
-            return _error_response(ConnectionError(str(exc) or type(exc).__name__))
+            return error_response(ConnectionError(str(exc) or type(exc).__name__))
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
@@ -105,7 +110,7 @@ def create_app(
         try:
             routes = await request.app.state.client.routes()
         except Exception as exc:
-            return _error_response(exc)
+            return error_response(exc)
         tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
         workers = routes.workers
         if tenant is not None and tenant.record is not None:
@@ -127,9 +132,9 @@ def create_app(
         """Where a request is (``StreamqClient.status``); 404 when unknown. A key stored in
         Redis sees only the requests it created."""
         try:
-            return await _status(request, request_id)
+            return await status_response(request, request_id)
         except Exception as exc:
-            return _error_response(exc)
+            return error_response(exc)
 
     @app.post(COMPLETIONS.path)
     async def completions(request: Request) -> Response:
@@ -163,9 +168,9 @@ async def _respond(request: Request, endpoint: Endpoint) -> Response:
     except KeyRevoked:
         assert account.tenant is not None
         request.app.state.auth.forget(account.tenant.digest)
-        response = _error_response(unauthorized("incorrect API key provided"))
+        response = error_response(unauthorized("incorrect API key provided"))
     except Exception as exc:
-        response = _error_response(exc)
+        response = error_response(exc)
     finally:
         if not isinstance(response, SseResponse):
             http_metrics.IN_PROGRESS.dec()
@@ -285,27 +290,6 @@ async def _resume(
         if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
             return None
     return await client.follow(named, from_seq=last_seq + 1)
-
-
-async def _status(request: Request, request_id: str) -> Response:
-    client: StreamqClient = request.app.state.client
-    if not is_valid_request_id(request_id):
-        raise bad_request(f"a request id must match {REQUEST_ID_PATTERN.pattern}", param="request_id")
-    tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
-    not_found = ApiError(404, f"no request {request_id!r} (unknown, or expired)", code=ApiErrorCode.REQUEST_NOT_FOUND)
-    if tenant is not None and tenant.record is not None:
-        limiter: KeyLimiter = request.app.state.limiter
-        if not await limiter.created(request_id, tenant):
-            raise not_found  # another key's requests are as unknown as those never made
-    status = await client.status(request_id)
-    if status.state == "unknown":
-        raise not_found
-    return Response(encode_status(status), media_type="application/json")
-
-
-def _error_response(exc: BaseException) -> JSONResponse:
-    error = api_error_for(exc)
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 async def _next(events: AsyncIterator[Event]) -> Event:

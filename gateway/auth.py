@@ -166,9 +166,24 @@ class ApiKeyAuth:
         return tenant
 
 
+DASHBOARD_API_PREFIX = "/dashboard/api/"
+"""The dashboard's data: every queue's requests and workers, for operators only."""
+
+
+def dashboard_forbidden() -> ApiError:
+    return ApiError(
+        403,
+        "the dashboard needs an operator key: one given on the gateway's command line "
+        "(--api-key, --api-key-file or $STREAMQ_API_KEYS), not a key stored in Redis",
+        code=ApiErrorCode.DASHBOARD_FORBIDDEN,
+    )
+
+
 class ApiKeyMiddleware:
     """Checks the key of every ``/v1/*`` request (and ``/metrics`` when protected) before
-    any route runs, and leaves the tenant in ``request.state.tenant``."""
+    any route runs, and leaves the tenant in ``request.state.tenant``. The dashboard's
+    data (``/dashboard/api/*``) takes only command-line keys: a tenant's key stored in
+    Redis gets 403."""
 
     def __init__(self, app: ASGIApp, auth: ApiKeyAuth, protect_metrics: bool = False) -> None:
         self.app = app
@@ -176,7 +191,11 @@ class ApiKeyMiddleware:
         self.protect_metrics = protect_metrics
 
     def _guarded(self, path: str) -> bool:
-        return path.startswith("/v1/") or (self.protect_metrics and path == "/metrics")
+        return (
+            path.startswith(("/v1/", DASHBOARD_API_PREFIX))
+            or path == DASHBOARD_API_PREFIX.rstrip("/")
+            or (self.protect_metrics and path == "/metrics")
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._guarded(scope["path"]):
@@ -188,6 +207,8 @@ class ApiKeyMiddleware:
                 authorization = value.decode("latin-1")
         try:
             tenant = await self.auth.authenticate(authorization)
+            if tenant is not None and tenant.record is not None and scope["path"].startswith("/dashboard/"):
+                raise dashboard_forbidden()
         except Exception as exc:
             error = api_error_for(exc)
             await JSONResponse(error.body(), status_code=error.status, headers=error.headers)(scope, receive, send)

@@ -37,6 +37,7 @@ class ApiErrorCode(enum.StrEnum):
     DUPLICATE_REQUEST = "duplicate_request"
     QUEUE_FULL = "queue_full"
     INVALID_API_KEY = "invalid_api_key"
+    DASHBOARD_FORBIDDEN = "dashboard_forbidden"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     NO_LIVE_WORKER = "no_live_worker"
     REDIS_UNAVAILABLE = "redis_unavailable"

@@ -1,0 +1,143 @@
+"""What the dashboard remembers between samples, in the gateway's memory: each worker's
+recent reports (rates and window totals come from differences between two of them) and
+each model's points for the charts.
+
+Workers report totals since they started; a window's ``finished``, ``errors`` and
+histograms are the increase from the oldest report inside the window (from zero for a
+worker that started inside it) to the newest.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.dashboard.percentiles import Histogram
+from streamq.protocol.worker_stats import WorkerStats
+
+WINDOW_S = 300
+"""The window of ``finished``, ``errors``, the percentiles and the chart points."""
+RATE_S = 5.0
+"""``tokens_per_s`` is the rate over about this many seconds."""
+STALE_S = 5.0
+"""A worker whose newest report is older than this generates nothing now, as far as a
+rate can tell."""
+POINT_EVERY_MS = 2000
+"""One chart point per model every this many ms."""
+
+
+@dataclass
+class WindowTotals:
+    """A worker's (or a model's) increases over the window."""
+
+    finished: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+
+    def add(self, other: WindowTotals) -> None:
+        self.finished += other.finished
+        for code, n in other.errors.items():
+            self.errors[code] = self.errors.get(code, 0) + n
+        self.ttft.add(other.ttft)
+        self.itl.add(other.itl)
+
+
+def _increase(new: int, old: int) -> int:
+    """A counter's increase; a counter that went down restarted (all of it is new)."""
+    return new - old if new >= old else new
+
+
+class WorkerHistory:
+    """One worker's reports over the window (distinct by ``reported_ms``), oldest first."""
+
+    def __init__(self) -> None:
+        self.reports: deque[WorkerStats] = deque()
+
+    @property
+    def latest(self) -> WorkerStats:
+        return self.reports[-1]
+
+    def add(self, report: WorkerStats, now_ms: int, window_s: float = WINDOW_S) -> None:
+        """Keep ``report`` if it is new, and forget reports the window no longer needs
+        (the newest one outside it stays: the base of a rate across the window's edge)."""
+        if not self.reports or report.reported_ms > self.latest.reported_ms:
+            self.reports.append(report)
+        start = now_ms - window_s * 1000
+        while len(self.reports) > 1 and self.reports[1].reported_ms <= start:
+            self.reports.popleft()
+
+    def tokens_per_s(self, now_ms: int) -> float:
+        """Tokens a second over the last ``RATE_S`` or so (two reports needed)."""
+        latest = self.latest
+        if now_ms - latest.reported_ms > STALE_S * 1000 or len(self.reports) < 2:
+            return 0.0
+        since = latest.reported_ms - RATE_S * 1000
+        earlier = [r for r in list(self.reports)[:-1] if r.reported_ms >= since]
+        base = earlier[0] if earlier else self.reports[-2]
+        elapsed_s = (latest.reported_ms - base.reported_ms) / 1000
+        if elapsed_s <= 0:
+            return 0.0
+        return _increase(latest.generated_tokens, base.generated_tokens) / elapsed_s
+
+    def window_totals(self, now_ms: int, window_s: float = WINDOW_S) -> WindowTotals:
+        """Increases over the window, from the oldest report inside it, or from zero
+        when the worker started inside it."""
+        latest = self.latest
+        start = now_ms - window_s * 1000
+        if latest.reported_ms < start:
+            return WindowTotals()
+        inside = (r for r in self.reports if r.reported_ms >= start)
+        base = None if latest.started_ms >= start else next(inside, latest)
+        errors = {
+            code: n
+            for code, total in latest.errors.items()
+            if (n := _increase(total, base.errors.get(code, 0) if base else 0))
+        }
+        return WindowTotals(
+            finished=_increase(latest.requests_finished, base.requests_finished if base else 0),
+            errors=errors,
+            ttft=Histogram.of(latest.ttft_buckets, latest.ttft_count).increase_since(
+                Histogram.of(base.ttft_buckets, base.ttft_count) if base else None
+            ),
+            itl=Histogram.of(latest.itl_buckets, latest.itl_count).increase_since(
+                Histogram.of(base.itl_buckets, base.itl_count) if base else None
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Point:
+    """One chart point of a model."""
+
+    t_ms: int
+    waiting: int
+    running: int
+    tokens_per_s: float
+
+
+class ModelPoints:
+    """Each model's chart points, one every ``POINT_EVERY_MS``, over the window."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._points: dict[str, deque[Point]] = {}
+
+    def add(self, model: str, point: Point) -> None:
+        points = self._points.setdefault(model, deque())
+        if points and point.t_ms // POINT_EVERY_MS == points[-1].t_ms // POINT_EVERY_MS:
+            return  # this step has its point already
+        points.append(point)
+
+    def prune(self, now_ms: int) -> None:
+        start = now_ms - self.window_s * 1000
+        for model in list(self._points):
+            points = self._points[model]
+            while points and points[0].t_ms < start:
+                points.popleft()
+            if not points:
+                del self._points[model]
+
+    def of(self, model: str) -> list[Point]:
+        """The model's points, oldest first."""
+        return list(self._points.get(model, ()))

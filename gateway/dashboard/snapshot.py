@@ -1,0 +1,326 @@
+"""The dashboard's Snapshot: what the queue is doing now, per model, per worker and per
+request, as one JSON document (the ``/dashboard/api/snapshot`` and ``/live`` payload).
+
+``SnapshotBuilder`` turns one reading of Redis (``Reading``: the registry, the workers'
+reports, each queue's depth, the recent ends) into a Snapshot, remembering what rates and
+windows need between readings (``history``). It does no I/O: ``sampler`` reads Redis.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from gateway.dashboard.history import WINDOW_S, ModelPoints, Point, WindowTotals, WorkerHistory
+from gateway.dashboard.percentiles import summary_ms
+from streamq.broker.registry import Routes
+from streamq.protocol.messages import ErrorEvent
+from streamq.protocol.names import DEFAULT_TENANT
+from streamq.protocol.worker_stats import RecentEnd, WorkerStats
+
+RECENT_ROWS = 50
+"""Rows of ``recent``: the newest ends."""
+REMEMBERED_MODELS = 10_000
+"""Request ids whose model the builder remembers (seen running, or looked up once)."""
+LOST_REASON = "stopped reporting"
+
+WorkerState = Literal["live", "stopped", "lost"]
+
+
+class Percentiles(msgspec.Struct):
+    p50: float
+    p90: float
+    p99: float
+
+
+class HistoryPoint(msgspec.Struct):
+    t_ms: int
+    waiting: int
+    running: int
+    tokens_per_s: float
+
+
+class ModelRow(msgspec.Struct):
+    model: str
+    queue: str
+    live_workers: int
+    waiting: int
+    """Jobs in the queue (``ZCARD``) less those its live workers report running."""
+    running: int
+    tokens_per_s: float
+    ttft_ms: Percentiles | None
+    itl_ms: Percentiles | None
+    finished: int
+    errors: dict[str, int]
+    history: list[HistoryPoint]
+
+
+class WorkerRow(msgspec.Struct):
+    worker_id: str
+    model: str
+    queue: str
+    host: str | None
+    """``None`` (and ``pid``, ``started_ms``, ``reported_ms`` too) for a registered
+    worker that has not reported yet."""
+    pid: int | None
+    started_ms: int | None
+    reported_ms: int | None
+    state: WorkerState
+    stop_reason: str | None
+    in_flight: int
+    tokens_per_s: float
+    generated_tokens: int
+    requests_finished: int
+    errors: int
+
+
+class RunningRow(msgspec.Struct):
+    request_id: str
+    model: str
+    worker_id: str
+    tenant: str
+    priority: int
+    attempt: int
+    completion_tokens: int
+    started_ms: int
+    age_s: float
+
+
+class RecentRow(msgspec.Struct):
+    request_id: str
+    model: str | None
+    state: Literal["finished", "failed"]
+    finish_reasons: list[str | None] | None
+    error_code: str | None
+    error_message: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ended_ms: int
+
+
+class Snapshot(msgspec.Struct):
+    now_ms: int
+    window_s: int
+    models: list[ModelRow]
+    workers: list[WorkerRow]
+    running: list[RunningRow]
+    recent: list[RecentRow]
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    return _encoder.encode(snapshot)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at Redis."""
+
+    now_ms: int
+    """Redis's clock."""
+    routes: Routes
+    reports: list[WorkerStats]
+    depths: dict[str, int]
+    """Queue -> ``ZCARD``."""
+    ends: list[RecentEnd]
+    """Newest first."""
+
+
+def queues_to_count(routes: Routes) -> list[str]:
+    """The queues whose depth a reading needs: every model's, live or known."""
+    return sorted({*routes.known_models.values(), *(w.queue for w in routes.workers)})
+
+
+class SnapshotBuilder:
+    """Builds Snapshots from successive readings, keeping the history they need."""
+
+    def __init__(self, window_s: int = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._workers: dict[str, WorkerHistory] = {}
+        self._points = ModelPoints(window_s)
+        self._models: OrderedDict[str, str] = OrderedDict()
+
+    # --- the model of a request -----------------------------------------------------
+    def remember_model(self, request_id: str, model: str) -> None:
+        """Remember which model ran ``request_id``."""
+        self._models[request_id] = model
+        self._models.move_to_end(request_id)
+        while len(self._models) > REMEMBERED_MODELS:
+            self._models.popitem(last=False)
+
+    def unresolved(self, ends: Iterable[RecentEnd]) -> list[str]:
+        """Ended requests whose model is not known."""
+        return [end.request_id for end in ends if end.request_id not in self._models]
+
+    # --- the snapshot ---------------------------------------------------------------
+    def build(self, reading: Reading) -> Snapshot:
+        now_ms = reading.now_ms
+        live_ids = {w.worker_id for w in reading.routes.workers}
+        reported = {r.worker_id for r in reading.reports}
+        for report in reading.reports:
+            self._workers.setdefault(report.worker_id, WorkerHistory()).add(report, now_ms, self.window_s)
+            if report.worker_id in live_ids:
+                for request in report.in_flight:
+                    self.remember_model(request.request_id, report.model)
+        for gone in set(self._workers) - reported:  # its report expired from Redis
+            del self._workers[gone]
+
+        workers = self._worker_rows(reading, live_ids)
+        running = self._running_rows(reading, live_ids)
+        models = self._model_rows(reading, live_ids)
+        recent = [self._recent_row(end) for end in reading.ends[:RECENT_ROWS]]
+        return Snapshot(now_ms, self.window_s, models, workers, running, recent)
+
+    def _worker_rows(self, reading: Reading, live_ids: set[str]) -> list[WorkerRow]:
+        rows = []
+        for report in reading.reports:
+            history = self._workers[report.worker_id]
+            live = report.worker_id in live_ids
+            state: WorkerState = "live" if live else "stopped" if report.stopped_ms is not None else "lost"
+            reason = None if live else report.stop_reason or (LOST_REASON if state == "lost" else None)
+            rows.append(
+                WorkerRow(
+                    worker_id=report.worker_id,
+                    model=report.model,
+                    queue=report.queue,
+                    host=report.host,
+                    pid=report.pid,
+                    started_ms=report.started_ms,
+                    reported_ms=report.reported_ms,
+                    state=state,
+                    stop_reason=reason,
+                    in_flight=len(report.in_flight) if live else 0,
+                    tokens_per_s=round(history.tokens_per_s(reading.now_ms), 2) if live else 0.0,
+                    generated_tokens=report.generated_tokens,
+                    requests_finished=report.requests_finished,
+                    errors=sum(report.errors.values()),
+                )
+            )
+        reported = {r.worker_id for r in reading.reports}
+        for registration in reading.routes.workers:
+            if registration.worker_id not in reported:  # registered, first report still to come
+                rows.append(
+                    WorkerRow(
+                        worker_id=registration.worker_id,
+                        model=registration.model,
+                        queue=registration.queue,
+                        host=None,
+                        pid=None,
+                        started_ms=None,
+                        reported_ms=None,
+                        state="live",
+                        stop_reason=None,
+                        in_flight=0,
+                        tokens_per_s=0.0,
+                        generated_tokens=0,
+                        requests_finished=0,
+                        errors=0,
+                    )
+                )
+        order = {"live": 0, "stopped": 1, "lost": 1}
+        # live ones by model and id; those gone, the most recently heard from first
+        return sorted(
+            rows,
+            key=lambda r: (
+                order[r.state],
+                (r.model, r.worker_id) if r.state == "live" else (-(r.reported_ms or 0), ""),
+            ),
+        )
+
+    def _running_rows(self, reading: Reading, live_ids: set[str]) -> list[RunningRow]:
+        rows = [
+            RunningRow(
+                request_id=request.request_id,
+                model=report.model,
+                worker_id=report.worker_id,
+                tenant=request.tenant or DEFAULT_TENANT,
+                priority=request.priority or 0,
+                attempt=request.attempt,
+                completion_tokens=request.completion_tokens,
+                started_ms=request.started_ms,
+                age_s=round(max(0, reading.now_ms - request.started_ms) / 1000, 1),
+            )
+            for report in reading.reports
+            if report.worker_id in live_ids
+            for request in report.in_flight
+        ]
+        return sorted(rows, key=lambda row: (row.started_ms, row.request_id))
+
+    def _model_rows(self, reading: Reading, live_ids: set[str]) -> list[ModelRow]:
+        now_ms = reading.now_ms
+        routes = reading.routes
+        queues = dict(routes.known_models)
+        queues.update(routes.live_models())
+        live_workers: dict[str, int] = {}
+        for registration in routes.workers:
+            live_workers[registration.model] = live_workers.get(registration.model, 0) + 1
+        shown = sorted(m for m, q in queues.items() if m in live_workers or reading.depths.get(q, 0) > 0)
+
+        running_by_model: dict[str, int] = {}
+        running_by_queue: dict[str, int] = {}
+        rate: dict[str, float] = {}
+        totals: dict[str, WindowTotals] = {}
+        for report in reading.reports:
+            history = self._workers[report.worker_id]
+            totals.setdefault(report.model, WindowTotals()).add(history.window_totals(now_ms, self.window_s))
+            if report.worker_id in live_ids:
+                n = len(report.in_flight)
+                running_by_model[report.model] = running_by_model.get(report.model, 0) + n
+                running_by_queue[report.queue] = running_by_queue.get(report.queue, 0) + n
+                rate[report.model] = rate.get(report.model, 0.0) + history.tokens_per_s(now_ms)
+
+        rows = []
+        for model in shown:
+            queue = queues[model]
+            running = running_by_model.get(model, 0)
+            waiting = max(0, reading.depths.get(queue, 0) - running_by_queue.get(queue, 0))
+            tokens_per_s = round(rate.get(model, 0.0), 2)
+            self._points.add(model, Point(now_ms, waiting, running, tokens_per_s))
+            window = totals.get(model, WindowTotals())
+            rows.append(
+                ModelRow(
+                    model=model,
+                    queue=queue,
+                    live_workers=live_workers.get(model, 0),
+                    waiting=waiting,
+                    running=running,
+                    tokens_per_s=tokens_per_s,
+                    ttft_ms=_percentiles(window, "ttft"),
+                    itl_ms=_percentiles(window, "itl"),
+                    finished=window.finished,
+                    errors=dict(sorted(window.errors.items())),
+                    history=[
+                        HistoryPoint(p.t_ms, p.waiting, p.running, p.tokens_per_s) for p in self._points.of(model)
+                    ],
+                )
+            )
+        self._points.prune(now_ms)
+        return rows
+
+    def _recent_row(self, end: RecentEnd) -> RecentRow:
+        event = end.event
+        model = self._models.get(end.request_id)
+        if isinstance(event, ErrorEvent):
+            return RecentRow(end.request_id, model, "failed", None, event.code, event.message, None, None, end.ended_ms)
+        return RecentRow(
+            end.request_id,
+            model,
+            "finished",
+            list(event.finish_reasons),
+            None,
+            None,
+            event.prompt_tokens,
+            event.completion_tokens,
+            end.ended_ms,
+        )
+
+
+def _percentiles(window: WindowTotals, which: Literal["ttft", "itl"]) -> Percentiles | None:
+    summary = summary_ms(window.ttft if which == "ttft" else window.itl)
+    return None if summary is None else Percentiles(summary["p50"], summary["p90"], summary["p99"])
