@@ -19,6 +19,8 @@ from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from streamq.redaction import redact_url
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+DASHBOARD_URL = "http://127.0.0.1:8000/dashboard"
+"""Where ``make dashboard`` serves the dashboard (unless port 8000 is taken)."""
 PROMPTS = [
     "The future of artificial intelligence is",
     "In a galaxy far, far away",
@@ -43,15 +45,15 @@ def hub_model_available(model: str) -> bool:
         return False
 
 
-def choose_engine_flags() -> tuple[list[str], dict[str, str]]:
-    """Engine flags and environment for the demo's worker."""
+def choose_engine_flags(say: str = "demo") -> tuple[list[str], dict[str, str]]:
+    """Engine flags and environment for the demo's worker (``say`` prefixes what it prints)."""
     model = os.environ.get("STREAMQ_DEMO_MODEL", DEFAULT_MODEL)
     if hub_model_available(model):
-        print(f"demo: model {model}", flush=True)
+        print(f"{say}: model {model}", flush=True)
         return ["--model", model, "--max-model-len", "2048", "--enforce-eager"], worker_env(HF_HUB_OFFLINE="0")
     print(
-        f"demo: the Hugging Face hub is not reachable and {model} is not cached;\n"
-        f"demo: using a tiny local model with random weights instead (the text is noise, the pipeline is real)",
+        f"{say}: the Hugging Face hub is not reachable and {model} is not cached;\n"
+        f"{say}: using a tiny local model with random weights instead (the text is noise, the pipeline is real)",
         flush=True,
     )
     return tiny_engine_flags(build_tiny_model(DEFAULT_DIR)), worker_env()
@@ -72,6 +74,7 @@ def run_demo(redis_url: str) -> int:
     finally:
         code = worker.stop()
         print(f"\ndemo: worker stopped (exit code {code})", flush=True)
+    print(f"demo: see it live: make dashboard (opens {DASHBOARD_URL})", flush=True)
     return status
 
 

@@ -16,10 +16,17 @@ from devkit.worker_process import tail
 
 
 class GatewayProcess:
-    """One gateway on a free loopback port, stopped with SIGTERM."""
+    """One gateway on a loopback port (a free one unless given), stopped with SIGTERM."""
 
-    def __init__(self, redis_url: str, log_path: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        redis_url: str,
+        log_path: Path,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         command = [sys.executable, "-m", "gateway", "--redis-url", redis_url, "--port", str(self.port)]

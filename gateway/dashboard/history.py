@@ -24,6 +24,9 @@ STALE_S = 5.0
 rate can tell."""
 POINT_EVERY_MS = 2000
 """One chart point per model every this many ms."""
+POINT_SLACK_MS = 500
+"""A reading this much early still makes the next point: readings come about once a
+second, and a little late or early."""
 
 
 @dataclass
@@ -59,12 +62,12 @@ class WorkerHistory:
         return self.reports[-1]
 
     def add(self, report: WorkerStats, now_ms: int, window_s: float = WINDOW_S) -> None:
-        """Keep ``report`` if it is new, and forget reports the window no longer needs
-        (the newest one outside it stays: the base of a rate across the window's edge)."""
+        """Keep ``report`` if it is new, and forget reports older than the window (the
+        newest report stays, whatever its age: the worker's state)."""
         if not self.reports or report.reported_ms > self.latest.reported_ms:
             self.reports.append(report)
         start = now_ms - window_s * 1000
-        while len(self.reports) > 1 and self.reports[1].reported_ms <= start:
+        while len(self.reports) > 1 and self.reports[0].reported_ms < start:
             self.reports.popleft()
 
     def tokens_per_s(self, now_ms: int) -> float:
@@ -125,8 +128,8 @@ class ModelPoints:
 
     def add(self, model: str, point: Point) -> None:
         points = self._points.setdefault(model, deque())
-        if points and point.t_ms // POINT_EVERY_MS == points[-1].t_ms // POINT_EVERY_MS:
-            return  # this step has its point already
+        if points and point.t_ms - points[-1].t_ms < POINT_EVERY_MS - POINT_SLACK_MS:
+            return  # too soon after the last one
         points.append(point)
 
     def prune(self, now_ms: int) -> None:
