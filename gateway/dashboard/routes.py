@@ -1,9 +1,20 @@
 """The dashboard's HTTP routes: the page and its static files (public: they carry no
 data), and ``/dashboard/api/*`` (an operator's key when the gateway has keys; see
-``gateway.auth``): the live Snapshot, one request's status, events and cancel.
+``gateway.auth``):
 
-Every stream here ends when its client leaves (``gateway.sse.SseResponse``): a closed
-tab leaves no subscription behind.
+- ``GET /dashboard/api/snapshot``: the Snapshot (``gateway.dashboard.snapshot``) as JSON;
+- ``GET /dashboard/api/live``: ``event: snapshot`` with the same JSON at once and then
+  every second, until the client leaves;
+- ``GET /dashboard/api/requests/{id}``: the request's ``RequestStatus`` (as
+  ``GET /v1/requests/{id}``);
+- ``GET /dashboard/api/requests/{id}/events``: its protocol events from the first (replay
+  log, then live), each ``event: <chunk|final|error>`` + ``data: <the event's JSON>``,
+  ending after the terminal event;
+- ``POST /dashboard/api/requests/{id}/cancel``: ``{"request_id", "cancelled"}``.
+
+Unknown requests get 404 (``request_not_found``), malformed ids 400, in OpenAI's error
+shape. Every stream here ends when its client leaves (``gateway.sse.SseResponse``): a
+closed tab leaves no subscription behind.
 """
 
 from __future__ import annotations

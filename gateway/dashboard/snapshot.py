@@ -51,12 +51,19 @@ class ModelRow(msgspec.Struct):
     waiting: int
     """Jobs in the queue (``ZCARD``) less those its live workers report running."""
     running: int
+    """Requests its live workers report in flight."""
     tokens_per_s: float
+    """Its live workers' rates, each over the last ``history.RATE_S`` or so."""
     ttft_ms: Percentiles | None
+    """Time to first token over the window; ``None`` when nothing was observed."""
     itl_ms: Percentiles | None
+    """Inter-token latency over the window; ``None`` when nothing was observed."""
     finished: int
+    """Requests that ended with a final event in the window (cancelled, timed out too)."""
     errors: dict[str, int]
+    """Requests that ended with an error event in the window, by code."""
     history: list[HistoryPoint]
+    """A point every 2 s over the window, oldest first."""
 
 
 class WorkerRow(msgspec.Struct):
@@ -104,7 +111,10 @@ class RecentRow(msgspec.Struct):
 
 class Snapshot(msgspec.Struct):
     now_ms: int
+    """Redis's clock when it was read."""
     window_s: int
+    """The window of ``finished``, ``errors``, the percentiles and ``history``; it starts
+    no earlier than the gateway began watching (the sampler's first reading)."""
     models: list[ModelRow]
     workers: list[WorkerRow]
     running: list[RunningRow]
