@@ -12,24 +12,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from devkit.redis_server import RedisServer, free_port
+from devkit.redis_server import free_port
 from gateway.app import create_app
-from streamq.protocol.names import RECENT_ENDS_KEY, WORKER_STATS_KEY, WORKER_STATS_SEEN_KEY
-from streamq.protocol.roles import GATEWAY
-
-GATEWAY_READS_DASHBOARD = "lrange" in GATEWAY.commands and {
-    WORKER_STATS_KEY,
-    WORKER_STATS_SEEN_KEY,
-    RECENT_ENDS_KEY,
-} <= set(GATEWAY.read_only_keys)
-"""Whether the gateway's Redis role grants what its dashboard reads (the workers' reports
-and the recent ends)."""
-
-
-def dashboard_redis_url(server: RedisServer) -> str:
-    """The gateway role's URL where it may read the dashboard's keys, else the harness's
-    own (granted everything)."""
-    return server.url_for(GATEWAY) if GATEWAY_READS_DASHBOARD else server.url
 
 
 @asynccontextmanager

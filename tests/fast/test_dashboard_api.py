@@ -23,14 +23,15 @@ from streamq.broker.api_keys import ApiKeyStore, KeyRecord
 from streamq.broker.replay_log import LogEvent, ReplayLog
 from streamq.protocol import ChunkEvent, Event, FinalEvent, WorkerRegistration, encode_event, events_channel
 from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY
-from tests.gateway_in_process import dashboard_redis_url, gateway_client
+from streamq.protocol.roles import GATEWAY
+from tests.gateway_in_process import gateway_client
 
 OPERATOR_KEY = "operator-secret"
 
 
 @pytest.fixture
 async def gateway(redis_server: RedisServer) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    async with gateway_client(dashboard_redis_url(redis_server)) as served:
+    async with gateway_client(redis_server.url_for(GATEWAY)) as served:
         yield served
 
 
@@ -200,7 +201,7 @@ async def test_the_page_and_its_files_are_served_from_the_static_folder(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(routes, "STATIC_DIR", tmp_path / "static")
-    async with gateway_client(dashboard_redis_url(redis_server), api_keys=[OPERATOR_KEY]) as (_, http):
+    async with gateway_client(redis_server.url_for(GATEWAY), api_keys=[OPERATOR_KEY]) as (_, http):
         # not installed: 404, and the gateway runs
         assert (await http.get("/dashboard")).status_code == 404
         assert (await http.get("/dashboard/static/dashboard.js")).status_code == 404
@@ -231,7 +232,7 @@ async def test_an_open_gateway_opens_the_dashboard_to_everyone(http: httpx.Async
 
 
 async def test_only_an_operator_key_reads_the_dashboards_data(redis_server: RedisServer, stored_key: str) -> None:
-    async with gateway_client(dashboard_redis_url(redis_server), api_keys=[OPERATOR_KEY]) as (_, http):
+    async with gateway_client(redis_server.url_for(GATEWAY), api_keys=[OPERATOR_KEY]) as (_, http):
 
         def bearer(key: str) -> dict[str, str]:
             return {"Authorization": f"Bearer {key}"}

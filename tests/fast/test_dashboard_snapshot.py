@@ -22,14 +22,14 @@ from streamq.protocol import RESULT_KEY_PREFIX, ErrorEvent, FinalEvent, WorkerRe
 from streamq.protocol.names import RECENT_ENDS_KEY, WORKER_STATS_KEY, WORKER_STATS_SEEN_KEY
 from streamq.protocol.roles import GATEWAY
 from streamq.protocol.worker_stats import InFlightRequest, WorkerStats
-from tests.gateway_in_process import GATEWAY_READS_DASHBOARD, dashboard_redis_url, gateway_client
+from tests.gateway_in_process import gateway_client
 
 HOUR_MS = 3_600_000
 
 
 @pytest.fixture
 async def http(redis_server: RedisServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with gateway_client(dashboard_redis_url(redis_server)) as (_, client):
+    async with gateway_client(redis_server.url_for(GATEWAY)) as (_, client):
         yield client
 
 
@@ -297,30 +297,3 @@ async def test_recent_ends_newest_first_with_their_model_where_known(
         "ended_ms": t + 1,
     }
     assert all(r["request_id"].startswith(filler) for r in recent[4:])
-
-
-@pytest.mark.xfail(
-    not GATEWAY_READS_DASHBOARD,
-    strict=True,
-    reason="the gateway role (streamq.protocol.roles) does not yet grant LRANGE and read access "
-    "to streamq:worker-stats, streamq:worker-stats:seen and streamq:recent-ends",
-)
-async def test_the_gateway_role_reads_the_dashboards_data(
-    redis_server: RedisServer, fleet: Fleet, admin: aioredis.Redis
-) -> None:
-    t = now_ms()
-    await fleet.register("a")
-    await fleet.report(fleet.stats("a", started_ms=t, in_flight=[InFlightRequest(f"{fleet.tag}-r", started_ms=t)]))
-    await admin.set(RESULT_KEY_PREFIX + f"{fleet.tag}-r", json.dumps({"a": [{"model": fleet.model}]}))
-    entry = f"{fleet.tag}-r {t} ".encode() + encode_event(
-        FinalEvent(request_id=f"{fleet.tag}-r", seq=0, finish_reasons=["stop"], prompt_tokens=1, completion_tokens=0)
-    )
-    await admin.lpush(RECENT_ENDS_KEY, entry)  # type: ignore[misc]
-    try:
-        async with gateway_client(redis_server.url_for(GATEWAY)) as (_, http):
-            got = await snapshot(http)
-    finally:
-        await admin.lrem(RECENT_ENDS_KEY, 1, entry)  # type: ignore[misc]
-        await admin.delete(RESULT_KEY_PREFIX + f"{fleet.tag}-r")
-    assert [w["state"] for w in got["workers"] if w["model"] == fleet.model] == ["live"]
-    assert [r["model"] for r in got["recent"] if r["request_id"] == f"{fleet.tag}-r"] == [fleet.model]
