@@ -69,7 +69,8 @@ def create_app(
 ) -> FastAPI:
     """The gateway application, with one ``StreamqClient`` (one Redis pool, one pub/sub
     connection) shared by all requests. ``api_keys`` (and keys stored in Redis) are
-    required on every ``/v1/*`` route, and on ``/metrics`` with ``protect_metrics``;
+    required on every ``/v1/*`` route, and on ``/metrics`` with ``protect_metrics``; the
+    dashboard's data (``/dashboard/api/*``, ``gateway.dashboard``) takes ``api_keys`` only;
     bodies over ``max_body_bytes`` get 413, requests past ``limits`` 400."""
     auth = ApiKeyAuth(api_keys)
 
