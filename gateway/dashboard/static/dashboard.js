@@ -1004,6 +1004,7 @@ function playgroundView() {
   const promptLabel = h("span");
   const maxTokens = h("input", { type: "number", min: 1, value: 64, testid: "pg-max-tokens" });
   const temperature = h("input", { type: "number", min: 0, max: 2, step: 0.1, value: 0.7, testid: "pg-temperature" });
+  const ignoreEos = h("input", { type: "checkbox", testid: "pg-ignore-eos" });
   const send = h("button", { type: "submit", testid: "pg-send" }, "Send");
   const stop = h("button", { type: "button", class: "secondary", testid: "pg-stop", disabled: true }, "Stop");
   const output = h("pre", { class: "stream-text", testid: "pg-output" });
@@ -1043,6 +1044,7 @@ function playgroundView() {
       stream: true,
       stream_options: { include_usage: true },
     };
+    if (ignoreEos.checked) body.ignore_eos = true; // vLLM's extension: generate max tokens
     if (mode() === "chat") {
       const text = prompt.value.trim();
       if (text.startsWith("[")) {
@@ -1175,6 +1177,7 @@ function playgroundView() {
       ),
       h("label", {}, "Max tokens", maxTokens),
       h("label", {}, "Temperature", temperature),
+      h("label", { class: "check", title: "vLLM's ignore_eos: generate max tokens whatever the model says" }, h("span", {}, ignoreEos, " Ignore EOS")),
     ),
     h("div", { class: "form-row" }, h("label", { style: "flex: 1 1 100%" }, promptLabel, prompt)),
     h("div", { class: "form-row" }, send, stop),
