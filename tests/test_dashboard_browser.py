@@ -165,21 +165,36 @@ def text_of(page: Page, selector: str) -> str:
     return found.first.inner_text() if found.count() else ""
 
 
-def testid(name: str) -> str:
+def tid(name: str) -> str:
     return f'[data-testid="{name}"]'
 
 
 def card(model: str) -> str:
-    return f'{testid("model-card")}[data-model="{model}"]'
+    return f'{tid("model-card")}[data-model="{model}"]'
 
 
 def number(text: str) -> int:
-    return int(text.replace(",", "").strip() or "0")
+    """A count as the page writes it ("1,234"); 0 for none ("", "–")."""
+    digits = text.replace(",", "").strip()
+    return int(digits) if digits.isdigit() else 0
+
+
+def decimal(text: str) -> float:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def chart_last(page: Page, model: str, chart: str, series: str) -> float:
+    """The value at the newest point of a series in one of a model's charts (0 without points)."""
+    line = page.locator(f'{card(model)} {tid(chart)} polyline[data-series="{series}"]')
+    return float(line.first.get_attribute("data-last") or 0) if line.count() else 0.0
 
 
 def open_dashboard(page: Page, gateway: GatewayProcess, view: str) -> None:
     page.goto(f"{gateway.url}/dashboard#/{view}")
-    wait_until(page, "the live snapshot stream connected", lambda: text_of(page, testid("live-status")) == "live")
+    wait_until(page, "the live snapshot stream connected", lambda: text_of(page, tid("live-status")) == "live")
 
 
 @pytest.fixture
@@ -192,45 +207,6 @@ def parked(producer: Producer) -> Iterator[WorkerRegistration]:
     yield registration
     producer.call(registry.unregister(registration))
     producer.call(producer.admin.delete(registration.queue))
-
-
-def test_the_overview_shows_the_worker_and_the_queue_filling(
-    page: Page,
-    gateway: GatewayProcess,
-    producer: Producer,
-    worker: WorkerProcess,
-    model: str,
-    parked: WorkerRegistration,
-    screenshots: Path,
-) -> None:
-    open_dashboard(page, gateway, "overview")
-    live_workers = f"{card(model)} {testid('model-live-workers')}"
-    wait_until(page, f"a card for {model} with a live worker", lambda: number(text_of(page, live_workers)) >= 1)
-    waiting = f"{card(parked.model)} {testid('model-waiting')}"
-    before = number(text_of(page, waiting))  # no card yet: nothing waits
-
-    queued = 5
-    handles = [producer.submit(f"Wait {i}", model=parked.model, max_tokens=4) for i in range(queued)]
-    try:
-        wait_until(
-            page,
-            f"{before + queued} requests waiting for {parked.model} (from {before})",
-            lambda: number(text_of(page, waiting)) == before + queued,
-        )
-        page.screenshot(path=screenshots / "overview.png", full_page=True)
-
-        page.get_by_test_id("nav-workers").click()
-        assert worker.process is not None
-        row = f'{testid("worker-row")}:has-text("{model}"):has-text("{worker.process.pid}")'
-        wait_until(
-            page,
-            f"the session worker (pid {worker.process.pid}) listed as live",
-            lambda: text_of(page, f"{row} {testid('worker-state')}") == "live",
-        )
-        page.screenshot(path=screenshots / "workers.png", full_page=True)
-    finally:
-        for handle in handles:
-            producer.end(handle)
 
 
 def test_a_prompt_from_the_playground_streams_into_the_page(
@@ -263,9 +239,7 @@ def test_a_prompt_from_the_playground_streams_into_the_page(
     status = producer.call(producer.client.status(request_id))
     assert status.state == "finished" and status.completion_tokens == 48, status
     page.get_by_test_id("pg-request-link").click()
-    wait_until(
-        page, "the request's final in its view", lambda: text_of(page, testid("final-finish-reasons")) == "length"
-    )
+    wait_until(page, "the request's final in its view", lambda: text_of(page, tid("final-finish-reasons")) == "length")
     assert page.get_by_test_id("request-text").inner_text() == shown, page_text(page)
 
 
@@ -275,16 +249,16 @@ def test_a_running_request_clicked_shows_its_tokens_arriving(
     handle = producer.submit("Tell me everything", **LONG)
     try:
         open_dashboard(page, gateway, "requests")
-        row = f'{testid("running-row")}[data-key="{handle.request_id}"]'
+        row = f'{tid("running-row")}[data-key="{handle.request_id}"]'
         wait_until(page, f"{handle.request_id} among the running requests", lambda: page.locator(row).count())
-        page.screenshot(path=screenshots / "requests.png", full_page=True)
+        page.screenshot(path=screenshots / "requests-one.png", full_page=True)
         page.locator(f"{row} td:nth-child(2)").click()  # the row, not its link
 
-        wait_until(page, "the request's view", lambda: text_of(page, testid("request-id")) == handle.request_id)
+        wait_until(page, "the request's view", lambda: text_of(page, tid("request-id")) == handle.request_id)
         text = page.get_by_test_id("request-text")
         seen = wait_until(page, "tokens in the request's view", lambda: len(text.inner_text()))
         wait_until(page, "more tokens arriving while it runs", lambda: len(text.inner_text()) > seen)
-        assert text_of(page, testid("request-state")) == "running", page_text(page)
+        assert text_of(page, tid("request-state")) == "running", page_text(page)
         assert page.get_by_test_id("cancel-button").is_visible(), page_text(page)
         page.screenshot(path=screenshots / "request.png", full_page=True)
     finally:
@@ -300,8 +274,8 @@ def test_cancel_on_the_page_ends_the_request_cancelled(
         wait_until(page, "tokens streaming", lambda: page.get_by_test_id("request-text").inner_text())
         page.get_by_test_id("cancel-button").click()
 
-        wait_until(page, "the cancelled final", lambda: text_of(page, testid("final-finish-reasons")) == "cancelled")
-        wait_until(page, "the status ended", lambda: text_of(page, testid("request-state")) == "finished")
+        wait_until(page, "the cancelled final", lambda: text_of(page, tid("final-finish-reasons")) == "cancelled")
+        wait_until(page, "the status ended", lambda: text_of(page, tid("request-state")) == "finished")
         assert "Cancel sent" in page.get_by_test_id("cancel-result").inner_text(), page_text(page)
         assert page.get_by_test_id("cancel-button").is_hidden(), page_text(page)
         page.screenshot(path=screenshots / "request-cancelled.png", full_page=True)
@@ -310,10 +284,78 @@ def test_cancel_on_the_page_ends_the_request_cancelled(
         assert status.state == "finished" and status.finish_reasons == ["cancelled"], status
         completion = producer.call(handle.result())
         assert completion.finish_reasons == ["cancelled"], completion
-        shown = number(text_of(page, testid("final-completion-tokens")))
+        shown = number(text_of(page, tid("final-completion-tokens")))
         assert shown == completion.completion_tokens < LONG["max_tokens"], page_text(page)
     finally:
         producer.end(handle)
+
+
+def test_the_overview_shows_the_worker_busy_and_the_queue_filling(
+    page: Page,
+    gateway: GatewayProcess,
+    producer: Producer,
+    worker: WorkerProcess,
+    model: str,
+    parked: WorkerRegistration,
+    screenshots: Path,
+) -> None:
+    open_dashboard(page, gateway, "overview")
+    live_workers = f"{card(model)} {tid('model-live-workers')}"
+    wait_until(page, f"a card for {model} with a live worker", lambda: number(text_of(page, live_workers)) >= 1)
+    waiting = f"{card(parked.model)} {tid('model-waiting')}"
+    before = number(text_of(page, waiting))  # no card yet: nothing waits
+
+    busy = [producer.submit(f"Keep going {i}", **LONG) for i in range(3)]
+    queued = [producer.submit(f"Wait {i}", model=parked.model, max_tokens=4) for i in range(5)]
+    try:
+        wait_until(
+            page,
+            f"{before + len(queued)} requests waiting for {parked.model} (from {before})",
+            lambda: number(text_of(page, waiting)) == before + len(queued),
+        )
+        running = f"{card(model)} {tid('model-running')}"
+        wait_until(
+            page, f"{len(busy)} requests running on {model}", lambda: number(text_of(page, running)) >= len(busy)
+        )
+        rate = f"{card(model)} {tid('model-tokens-per-s')}"
+        wait_until(page, "tokens per second above 0", lambda: decimal(text_of(page, rate)) > 0)
+        # The charts' newest points show the same: the queue filled, the worker busy.
+        wait_until(
+            page,
+            f"{len(queued)} waiting at the newest point of {parked.model}'s queue chart",
+            lambda: chart_last(page, parked.model, "queue-chart", "waiting") >= before + len(queued),
+        )
+        wait_until(
+            page,
+            f"{len(busy)} running at the newest point of {model}'s queue chart",
+            lambda: chart_last(page, model, "queue-chart", "running") >= len(busy),
+        )
+        page.screenshot(path=screenshots / "overview.png", full_page=True)
+
+        page.get_by_test_id("nav-requests").click()
+        rows = [f'{tid("running-row")}[data-key="{handle.request_id}"] {tid("running-tokens")}' for handle in busy]
+        wait_until(
+            page,
+            "each busy request running with tokens so far",
+            lambda: all(number(text_of(page, row)) > 0 for row in rows),
+        )
+        page.screenshot(path=screenshots / "requests.png", full_page=True)
+
+        page.get_by_test_id("nav-workers").click()
+        assert worker.process is not None
+        row = f'{tid("worker-row")}:has-text("{model}"):has-text("{worker.process.pid}")'
+        wait_until(
+            page,
+            f"the session worker (pid {worker.process.pid}) live with {len(busy)} requests in flight",
+            lambda: (
+                text_of(page, f"{row} {tid('worker-state')}") == "live"
+                and number(text_of(page, f"{row} {tid('worker-in-flight')}")) >= len(busy)
+            ),
+        )
+        page.screenshot(path=screenshots / "workers.png", full_page=True)
+    finally:
+        for handle in busy + queued:
+            producer.end(handle)
 
 
 def test_the_overview_fits_a_phone(browser: Browser, gateway: GatewayProcess, model: str, screenshots: Path) -> None:

@@ -366,9 +366,12 @@ function fillCell(td, value) {
   if (cell.testid) td.dataset.testid = cell.testid;
   if (cell.title) td.title = cell.title;
   else td.removeAttribute("title");
-  if (cell.cls !== undefined) td.dataset.cls = cell.cls;
-  for (const c of [...td.classList]) if (c.startsWith("state") || c === "bad") td.classList.remove(c);
-  if (cell.cls) td.classList.add(...cell.cls.split(" "));
+  // Classes a value brought (state colours) replace those of the previous value; the column's stay.
+  const previous = td.dataset.valueClasses ? td.dataset.valueClasses.split(" ") : [];
+  if (previous.length) td.classList.remove(...previous);
+  const next = cell.cls ? cell.cls.split(" ").filter(Boolean) : [];
+  if (next.length) td.classList.add(...next);
+  td.dataset.valueClasses = next.join(" ");
 }
 
 function requestHref(id) {
@@ -432,7 +435,16 @@ function lineChart({ series, nowMs, windowMs, label, testid, format = fmtNumber,
     if (!points.length) continue;
     const coords = points.map((p) => `${x(Math.min(p.t, nowMs)).toFixed(1)},${y(p.v).toFixed(1)}`);
     if (points.length === 1) coords.push(`${x(nowMs).toFixed(1)},${y(points[0].v).toFixed(1)}`);
-    svg.append(s("polyline", { class: sr.cls, points: coords.join(" ") }, s("title", {}, sr.name)));
+    const last = points[points.length - 1].v;
+    const [lastX, lastY] = coords[coords.length - 1].split(",");
+    svg.append(s("circle", { class: `dot ${sr.cls}`, cx: lastX, cy: lastY, r: 2.5 }));
+    svg.append(
+      s(
+        "polyline",
+        { class: sr.cls, points: coords.join(" "), "data-series": sr.name, "data-last": last, "data-count": points.length },
+        s("title", {}, `${sr.name}: ${format(last)} at the last point`),
+      ),
+    );
   }
   return svg;
 }
@@ -581,14 +593,13 @@ function workersView() {
     [
       { title: "Worker", cls: "id" },
       { title: "State" },
-      { title: "Model" },
-      { title: "Queue" },
+      { title: "Model", cls: "wrap" },
+      { title: "Queue", cls: "wrap" },
       { title: "Host" },
       { title: "PID", num: true },
       { title: "Up since" },
       { title: "In flight", num: true },
       { title: "Tokens/s", num: true },
-      { title: "Tokens", num: true },
       { title: "Finished", num: true },
       { title: "Errors", num: true },
     ],
@@ -615,18 +626,30 @@ function workersView() {
           const live = w.state === "live";
           const stateText = live
             ? "live"
-            : `${w.state}${w.stop_reason ? `: ${w.stop_reason}` : ""} (${fmtAgo(w.reported_ms, snap.now_ms)})`;
+            : `${w.state}${w.stop_reason ? `: ${w.stop_reason}` : ""}${
+                w.reported_ms ? ` (${fmtAgo(w.reported_ms, snap.now_ms)})` : ""
+              }`;
           return [
-            { text: shortId(w.worker_id, 18), title: w.worker_id },
-            { text: stateText, cls: `state ${w.state}`, title: `last report ${fmtClock(w.reported_ms)}`, testid: "worker-state" },
+            { text: shortId(w.worker_id, 16), title: w.worker_id },
+            {
+              text: stateText,
+              cls: `state ${w.state}`,
+              title: w.reported_ms ? `last report ${fmtClock(w.reported_ms)}` : "no report yet",
+              testid: "worker-state",
+            },
             w.model,
             w.queue,
             w.host,
-            String(w.pid),
-            { text: live ? fmtDuration((snap.now_ms - w.started_ms) / 1000) : "–", title: fmtClock(w.started_ms) },
-            live ? fmtNumber(w.in_flight) : "–",
-            live ? fmtRate(w.tokens_per_s) : "–",
-            fmtNumber(w.generated_tokens),
+            w.pid ?? "–",
+            {
+              text: live && w.started_ms ? fmtDuration((snap.now_ms - w.started_ms) / 1000) : "–",
+              title: w.started_ms ? `started ${fmtClock(w.started_ms)}` : "",
+            },
+            { text: live ? fmtNumber(w.in_flight) : "–", testid: "worker-in-flight" },
+            {
+              text: live ? fmtRate(w.tokens_per_s) : "–",
+              title: `${fmtNumber(w.generated_tokens)} tokens generated since it started`,
+            },
             fmtNumber(w.requests_finished),
             { text: fmtNumber(w.errors), cls: w.errors ? "bad" : "" },
           ];
@@ -643,7 +666,7 @@ function requestsView() {
   const running = keyedTable(
     [
       { title: "Request", cls: "id" },
-      { title: "Model" },
+      { title: "Model", cls: "wrap" },
       { title: "Tenant" },
       { title: "Priority", num: true },
       { title: "Attempt", num: true },
@@ -655,7 +678,7 @@ function requestsView() {
   const recent = keyedTable(
     [
       { title: "Request", cls: "id" },
-      { title: "Model" },
+      { title: "Model", cls: "wrap" },
       { title: "State" },
       { title: "Reason / code" },
       { title: "Tokens", num: true },
@@ -686,7 +709,7 @@ function requestsView() {
           r.tenant ?? "default",
           fmtNumber(r.priority),
           fmtNumber(r.attempt),
-          fmtNumber(r.completion_tokens),
+          { text: fmtNumber(r.completion_tokens), testid: "running-tokens" },
           fmtDuration(r.age_s),
         ],
       );
@@ -697,7 +720,10 @@ function requestsView() {
           const reason =
             r.state === "failed"
               ? { text: r.error_code ?? "error", title: r.error_message ?? "", cls: "bad" }
-              : { text: (r.finish_reasons || []).map((x) => x ?? "–").join(", ") || "–" };
+              : {
+                  text: (r.finish_reasons || []).map((x) => x ?? "–").join(", ") || "–",
+                  cls: (r.finish_reasons || []).some((x) => x === "cancelled" || x === "timeout") ? "warn" : "",
+                };
           return [
             { text: r.request_id, href: requestHref(r.request_id), title: r.request_id },
             r.model ?? "–",
@@ -798,9 +824,9 @@ function requestView(requestId) {
   function renderStatus(status) {
     const rows = [
       ["State", h("span", { class: `state ${status.state}`, testid: "request-state" }, status.state)],
-      ["Queue", status.queue],
-      ["Priority", status.priority === undefined ? null : fmtNumber(status.priority)],
     ];
+    if (status.queue) rows.push(["Queue", status.queue]);
+    if (status.priority !== undefined && status.priority !== null) rows.push(["Priority", fmtNumber(status.priority)]);
     if (status.position !== undefined) rows.push(["Position in queue", fmtNumber(status.position)]);
     if (status.waited_s !== undefined) rows.push(["Since enqueued", fmtDuration(status.waited_s)]);
     if (status.worker_id) rows.push(["Worker", status.worker_id]);
@@ -847,7 +873,7 @@ function requestView(requestId) {
     if (ev.type === "chunk") content = JSON.stringify(ev.text) + (ev.finish_reason ? `  (finish: ${ev.finish_reason})` : "");
     else if (ev.type === "final") content = `finish reasons: ${(ev.finish_reasons || []).join(", ")}`;
     else if (ev.type === "error") content = `${ev.code}: ${ev.message}`;
-    eventsBody.append(
+    eventsBody.prepend(
       h(
         "tr",
         { testid: "event-row", "data-type": ev.type },
@@ -858,10 +884,12 @@ function requestView(requestId) {
         h("td", { class: "mono" }, content.length > 120 ? `${content.slice(0, 120)}…` : content),
       ),
     );
-    while (eventsBody.children.length > MAX_EVENT_ROWS) eventsBody.firstElementChild.remove();
+    while (eventsBody.children.length > MAX_EVENT_ROWS) eventsBody.lastElementChild.remove();
     setText(
       eventsNote,
-      eventCount > MAX_EVENT_ROWS ? `The newest ${MAX_EVENT_ROWS} of ${eventCount} events.` : `${eventCount} events.`,
+      eventCount > MAX_EVENT_ROWS
+        ? `${eventCount} events, newest first (the newest ${MAX_EVENT_ROWS} shown).`
+        : `${eventCount} events, newest first.`,
     );
   }
 
