@@ -371,3 +371,38 @@ def test_the_overview_fits_a_phone(browser: Browser, gateway: GatewayProcess, mo
         page.screenshot(path=screenshots / "overview-phone.png", full_page=True)
     finally:
         context.close()
+
+
+OPERATOR_KEY = "sk-dashboard-operator-test"
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(
+    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway that needs a key: the operator's, from its command line."""
+    log_path = tmp_path_factory.mktemp("keyed-gateway") / "gateway.log"
+    process = GatewayProcess(gateway_url, log_path, "--api-key", OPERATOR_KEY).wait_ready()
+    yield process
+    assert process.stop() == 0, process.log_tail()
+
+
+def test_a_gateway_with_keys_asks_for_the_operator_key(page: Page, keyed_gateway: GatewayProcess, model: str) -> None:
+    page.goto(f"{keyed_gateway.url}/dashboard#/overview")
+    form = page.get_by_test_id("key-panel")
+    wait_until(page, "the key form", form.is_visible)
+    assert page.get_by_test_id("key-message").inner_text().strip(), page_text(page)  # the gateway's reason
+
+    page.get_by_test_id("key-input").fill("sk-not-this-one")
+    page.get_by_test_id("key-save").click()
+    wait_until(page, "the key form again for a wrong key", form.is_visible)
+
+    page.get_by_test_id("key-input").fill(OPERATOR_KEY)
+    page.get_by_test_id("key-save").click()
+    wait_until(page, f"the card of {model} with the key", lambda: page.locator(card(model)).count())
+    assert form.is_hidden(), page_text(page)
+
+    # The key stays for this tab's session: a reload needs no form.
+    page.reload()
+    wait_until(page, "the live snapshot after a reload", lambda: text_of(page, tid("live-status")) == "live")
+    assert form.is_hidden(), page_text(page)
