@@ -478,7 +478,12 @@ function latencyRow(name, quantiles, testid) {
 function modelCard(model, snap) {
   const windowMs = snap.window_s * 1000;
   const windowText = fmtWindow(snap.window_s);
-  const history = model.history || [];
+  // The chart ends at the values shown above it: the snapshot's own, at its time.
+  const history = [...(model.history || [])];
+  const newest = history[history.length - 1];
+  if (!newest || newest.t_ms < snap.now_ms) {
+    history.push({ t_ms: snap.now_ms, waiting: model.waiting, running: model.running, tokens_per_s: model.tokens_per_s });
+  }
   const errorCodes = Object.entries(model.errors || {}).filter(([, n]) => n > 0);
   const errorTotal = errorCodes.reduce((sum, [, n]) => sum + n, 0);
   return h(
