@@ -9,6 +9,9 @@ const BASE = location.pathname.replace(/\/dashboard(\/.*)?$/, "");
 const LIVE_STALE_MS = 6000; // no snapshot for this long (they come every second): reconnect
 const BACKOFF_MS = [500, 1000, 2000, 4000, 5000];
 const MAX_EVENT_ROWS = 300; // the request view's events list keeps the newest rows only
+// The replay log arrives in a burst when a stream (re)connects: the observed rate counts
+// only chunks that arrive after this long, when they come as the worker makes them.
+const REPLAY_SETTLE_MS = 1000;
 
 const state = {
   key: sessionStorage.getItem(KEY_STORAGE) || "",
@@ -759,10 +762,11 @@ function requestView(requestId) {
   let controller = null;
   let lastSeq = -1;
   let firstEventAt = null;
-  let firstChunkAt = null;
   let lastChunkAt = null;
   let tokensReceived = 0;
-  let tokensAfterFirst = 0;
+  let connectedAt = null; // when the current events stream answered
+  let liveFirstAt = null; // the first chunk after the replay settled
+  let liveTokens = 0; // tokens of later chunks
   let eventCount = 0;
   let statusTimer = null;
 
@@ -811,7 +815,7 @@ function requestView(requestId) {
 
   function renderTimings() {
     const seconds = (t) => (t === null ? "–" : `${((t - opened) / 1000).toFixed(2)} s`);
-    const span = lastChunkAt !== null && firstChunkAt !== null ? (lastChunkAt - firstChunkAt) / 1000 : 0;
+    const span = liveFirstAt !== null ? (lastChunkAt - liveFirstAt) / 1000 : 0;
     timings.replaceChildren(
       kvList([
         ["First event after opening", seconds(firstEventAt), "timing-first-event"],
@@ -819,7 +823,7 @@ function requestView(requestId) {
         ["Tokens received", fmtNumber(tokensReceived), "timing-tokens"],
         [
           "Tokens/s, as observed",
-          span > 0 ? fmtRate(tokensAfterFirst / span) : "–",
+          span >= 0.5 ? fmtRate(liveTokens / span) : ended ? "– (replayed at once)" : "–",
           "timing-tokens-per-s",
         ],
       ]),
@@ -840,7 +844,12 @@ function requestView(requestId) {
       rows.push(["Completion tokens", fmtNumber(status.completion_tokens), "status-completion-tokens"]);
     if (status.prompt_tokens !== undefined) rows.push(["Prompt tokens", fmtNumber(status.prompt_tokens)]);
     if (status.finish_reasons) rows.push(["Finish reasons", status.finish_reasons.join(", "), "status-finish-reasons"]);
-    if (status.ended_ms) rows.push(["Ended", `${fmtClock(status.ended_ms)}`]);
+    if (status.started_ms) rows.push(["Started", fmtClock(status.started_ms)]);
+    if (status.ended_ms) rows.push(["Ended", fmtClock(status.ended_ms)]);
+    if (status.started_ms && status.ended_ms > status.started_ms && status.completion_tokens) {
+      const seconds = (status.ended_ms - status.started_ms) / 1000;
+      rows.push(["Tokens/s, start to end", fmtRate(status.completion_tokens / seconds)]);
+    }
     if (status.error_code) rows.push(["Error", `${status.error_code}: ${status.error_message ?? ""}`]);
     if (status.callback) rows.push(["Callback", `${status.callback.state} (${status.callback.url})`]);
     statusBox.replaceChildren(kvList(rows));
@@ -911,8 +920,10 @@ function requestView(requestId) {
     if (data.type === "chunk") {
       const tokens = (data.token_ids || []).length;
       tokensReceived += tokens;
-      if (firstChunkAt === null) firstChunkAt = at;
-      else if (at - firstChunkAt > 50) tokensAfterFirst += tokens; // not the replayed burst
+      if (connectedAt !== null && at - connectedAt >= REPLAY_SETTLE_MS) {
+        if (liveFirstAt === null) liveFirstAt = at;
+        else liveTokens += tokens;
+      }
       lastChunkAt = at;
       if (data.text) textFor(data.index ?? 0).append(data.text);
     } else if (data.type === "final") {
@@ -954,6 +965,9 @@ function requestView(requestId) {
         }
         if (!response.ok) throw new Error(await errorMessage(response));
         setText(streamNote, "Streaming live: the replay log first, then new events as they arrive.");
+        connectedAt = performance.now();
+        liveFirstAt = null;
+        liveTokens = 0;
         for await (const ev of sseEvents(response)) {
           retry = 0;
           handleEvent(ev);
