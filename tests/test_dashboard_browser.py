@@ -31,7 +31,7 @@ from playwright.sync_api import Error as PlaywrightError
 
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
-from producer.client import RequestHandle, StreamqClient
+from producer.client import RequestError, RequestHandle, StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
 from tests.conftest import MAX_MODEL_LEN
@@ -125,6 +125,7 @@ def screenshots() -> Path:
 def page(browser: Browser) -> Iterator[Page]:
     """A fresh tab at laptop size; any uncaught script error on it fails the test."""
     context = browser.new_context(viewport=LAPTOP)
+    context.set_default_timeout(10_000)  # an element that is not there yet fails one poll of wait_until, not the test
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -290,6 +291,30 @@ def test_cancel_on_the_page_ends_the_request_cancelled(
         producer.end(handle)
 
 
+def test_a_request_view_shows_each_completion_and_an_error(
+    page: Page, gateway: GatewayProcess, producer: Producer
+) -> None:
+    two = producer.submit("Twice", n=2, max_tokens=8, temperature=1.0, seed=3, ignore_eos=True)
+    both = producer.call(two.result())
+    open_dashboard(page, gateway, f"requests/{two.request_id}")
+    wait_until(page, "the final of the request with n=2", lambda: text_of(page, tid("final-finish-reasons")))
+    assert text_of(page, tid("final-finish-reasons")) == "length, length", page_text(page)
+    boxes = page.get_by_test_id("request-text")
+    assert boxes.count() == 2, page_text(page)
+    for index, text in enumerate(both.texts):
+        box = page.locator(f'{tid("request-text")}[data-index="{index}"]')
+        assert box.text_content() == text, (index, text, page_text(page))
+
+    refused = producer.submit("Nope", max_tokens=8, structured_outputs={"regex": "(unclosed"})
+    with pytest.raises(RequestError) as failure:
+        producer.call(refused.result())
+    open_dashboard(page, gateway, f"requests/{refused.request_id}")
+    wait_until(page, "the error of the refused request", lambda: text_of(page, tid("final-error-code")))
+    assert text_of(page, tid("final-error-code")) == failure.value.code, page_text(page)
+    assert text_of(page, tid("request-state")) == "failed", page_text(page)
+    assert page.get_by_test_id("cancel-button").is_hidden(), page_text(page)
+
+
 def test_the_overview_shows_the_worker_busy_and_the_queue_filling(
     page: Page,
     gateway: GatewayProcess,
@@ -362,6 +387,8 @@ def test_the_overview_fits_a_phone(browser: Browser, gateway: GatewayProcess, mo
     context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
     try:
         page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
         open_dashboard(page, gateway, "overview")
         wait_until(page, f"the card of {model}", lambda: page.locator(card(model)).count())
         widths = page.evaluate(
@@ -369,6 +396,7 @@ def test_the_overview_fits_a_phone(browser: Browser, gateway: GatewayProcess, mo
         )
         assert widths["page"] <= widths["screen"] and widths["body"] <= widths["screen"], (widths, page_text(page))
         page.screenshot(path=screenshots / "overview-phone.png", full_page=True)
+        assert not errors, f"script errors on the page: {errors}"
     finally:
         context.close()
 
