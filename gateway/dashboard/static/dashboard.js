@@ -1256,11 +1256,13 @@ function playgroundView() {
     ),
     update(snap) {
       const names = snap.models.filter((m) => m.live_workers > 0).map((m) => m.model);
+      const want = names.length ? names : [""]; // "": the placeholder saying there is none
       const have = [...modelSelect.options].map((o) => o.value);
-      if (names.join("\n") === have.join("\n")) return;
+      if (want.length === have.length && want.every((name, i) => name === have[i])) return;
       const chosen = modelSelect.value;
-      modelSelect.replaceChildren(...names.map((name) => h("option", { value: name }, name)));
-      if (!names.length) modelSelect.append(h("option", { value: "" }, "no model has a live worker"));
+      modelSelect.replaceChildren(
+        ...want.map((name) => h("option", { value: name }, name || "no model has a live worker")),
+      );
       if (names.includes(chosen)) modelSelect.value = chosen;
     },
   };
