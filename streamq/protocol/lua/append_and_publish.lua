@@ -2,8 +2,9 @@
 -- per event its entry id, attempt (0: not fenced), 1 if it is terminal (final/error) else
 -- 0, and payload; then, optionally, the recent-ends list, its cap and the log keys' prefix:
 -- each terminal event logged is pushed there as `<request_id> <ended_ms> <event JSON>`
--- (the request id is its log key without the prefix; ended_ms is Redis's time). An event is skipped when its sequence number is already logged, when a
--- newer attempt owns the request (a worker that lost its lease but still runs must not
+-- (the request id is its log key without the prefix; ended_ms is Redis's time).
+-- An event is skipped when its sequence number is already logged, when a newer attempt
+-- owns the request (a worker that lost its lease but still runs must not
 -- write over the one that took over), or when the request already ended. A terminal event
 -- ends the request for everyone. Returns how many were skipped, then the request ids (their
 -- log keys) whose events were refused because another attempt owns or ended it, each once.

@@ -1,9 +1,10 @@
 -- KEYS: the log, the owner key. ARGV: the terminal event as JSON without its seq,
 -- maxlen, ttl_ms, and optionally the request's callback hash, the callbacks set and the
 -- request id, then the recent-ends list and its cap (the event is pushed there as
--- `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time). Logs and publishes the event with the next sequence number (and, for
--- a final event, the completion tokens the log holds), unless the request already ended;
--- a callback stored at enqueue is made due (as `schedule_callback` does).
+-- `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time). Logs and publishes the
+-- event with the next sequence number (and, for a final event, the completion tokens the
+-- log holds), unless the request already ended; a callback stored at enqueue is made due
+-- (as `schedule_callback` does).
 -- Returns the seq given, or -1 when it had already ended.
 if redis.call('GET', KEYS[2]) == 'ended' then
   return -1
