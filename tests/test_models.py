@@ -79,7 +79,9 @@ async def test_requests_reach_the_worker_of_their_model(
         model=MODEL_B, prompt="Hello", max_tokens=4, extra_headers={"x-streamq-request-id": for_b}
     )
     await sdk.close()
-    direct = await (await client.submit("Hello", model=str(tiny_model), request_id=for_a, max_tokens=4)).result()
+    direct = await (
+        await client.submit("Hello", model=str(tiny_model), request_id=for_a, max_tokens=4, ignore_eos=True)
+    ).result()
     assert through_gateway.model == MODEL_B and through_gateway.usage is not None
     assert direct.completion_tokens == 4
     assert for_b in worker_b.log_path.read_text() and for_b not in worker.log_path.read_text()

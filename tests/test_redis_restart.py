@@ -62,7 +62,7 @@ async def test_requests_in_flight_survive_a_redis_restart(
                 assert sum(len(e.token_ids) for e in events if isinstance(e, ChunkEvent)) == tokens
                 assert {e.attempt for e in events} == {1}  # the worker kept its own jobs
             # ...and the worker still takes new work.
-            after = await (await client.submit("after the restart", max_tokens=5)).result()
+            after = await (await client.submit("after the restart", max_tokens=5, ignore_eos=True)).result()
             assert after.completion_tokens == 5
         assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
     finally:

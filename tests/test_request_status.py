@@ -208,7 +208,7 @@ async def test_a_finished_request_calls_back_signed_with_its_text(
 async def test_a_callback_without_text_leaves_the_text_out(client: StreamqClient, receiver: CallbackReceiver) -> None:
     path = f"/no-text-{uuid.uuid4().hex}"
     callback = {"url": receiver.url(path), "include_text": False}
-    handle = await client.submit(PROMPT, max_tokens=4, callback=callback)
+    handle = await client.submit(PROMPT, max_tokens=4, ignore_eos=True, callback=callback)
     await handle.result()
     (delivery,) = await asyncio.to_thread(receiver.wait, path)
     body = checked_body(delivery.headers, delivery.body)

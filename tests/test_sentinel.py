@@ -70,7 +70,7 @@ async def test_worker_and_producer_find_redis_through_sentinel(
     worker.start().wait_ready(timeout_s=120)
     try:
         async with await StreamqClient.connect(url) as client:
-            completion = await (await client.submit("Hello", max_tokens=5)).result()
+            completion = await (await client.submit("Hello", max_tokens=5, ignore_eos=True)).result()
         gc.collect()  # a connection the client failed to close fails this test, not a later one
         assert completion.completion_tokens == 5 and completion.finish_reasons == ["length"]
         assert redis.Redis.from_url(master.url).exists(RESULT_KEY_PREFIX + completion.request_id)
