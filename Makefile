@@ -1,4 +1,4 @@
-# streamq: `make demo` runs the demo prompts through the queue; `make dashboard` serves the live dashboard; `make test` runs the suite, `make test-fast` its fast tier.
+# streamq: `make demo` runs the demo prompts through the queue; `make dashboard` serves the live dashboard (`make dashboard-pictures` redraws its pictures in docs/); `make test` runs the suite, `make test-fast` its fast tier.
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -11,7 +11,7 @@ EXTRAS ?= cpu,local-redis,test
 # is ignored; pip's still fails the pipeline through pipefail.)
 PIP_QUIET := { grep -v "^WARNING: Location 'file://" || true; }
 
-.PHONY: install demo dashboard test test-fast lint clean
+.PHONY: install demo dashboard dashboard-pictures test test-fast lint clean
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -30,6 +30,10 @@ demo: install
 # Redis, a worker and a gateway serving http://127.0.0.1:8000/dashboard, until Ctrl-C.
 dashboard: install
 	$(PY) -m devkit.dashboard
+
+# docs/dashboard-*.png again: three minutes of traffic on the tiny model, then the pictures.
+dashboard-pictures: install
+	$(PY) -m devkit.dashboard_pictures
 
 # Both tiers: tests/fast and the real-engine tests around it.
 test: install

@@ -6,7 +6,7 @@ prompt sent from the playground streams its tokens into the page and shows its f
 running request clicked in the Requests view shows its tokens arriving; Cancel on the page
 ends a request as ``cancelled`` (the page says so, and so do the request's status and final
 event); the overview fits a phone's width. Each test writes screenshots of what it saw to
-``.cache/screenshots/`` (the pictures in docs/ are chosen from those).
+``.cache/screenshots/`` (docs/'s pictures come from ``make dashboard-pictures``).
 
 Playwright's sync API cannot run inside a running event loop, so these tests are plain
 functions and the producer side (submitting, status, cancel) runs a ``StreamqClient`` on an

@@ -605,7 +605,7 @@ function workersView() {
       { title: "Queue", cls: "wrap" },
       { title: "Host" },
       { title: "PID", num: true },
-      { title: "Up since" },
+      { title: "Up for" },
       { title: "In flight", num: true },
       { title: "Tokens/s", num: true },
       { title: "Finished", num: true },

@@ -1,0 +1,214 @@
+"""``make dashboard-pictures``: the dashboard's pictures in docs/, made again.
+
+A throwaway Redis, one worker on the tiny random model (served as ``tiny-llama``, a few
+slots) and a gateway; Chromium (Playwright) opens the dashboard first, so the gateway
+samples for the whole run, then bursts of requests of different lengths (a few refused,
+a few cancelled) run for ``--seconds``. Then it writes ``dashboard-overview.png``,
+``-workers.png``, ``-requests.png``, ``-request.png`` (a request streaming) and
+``-playground.png`` (a completion from the playground) at 1280 px wide, and stops
+everything, as it does on Ctrl-C or SIGTERM. The model's text is noise.
+
+    python -m devkit.dashboard_pictures [--seconds 180] [--out docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import random
+import secrets
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Page, expect, sync_playwright
+
+from devkit.gateway_process import GatewayProcess
+from devkit.redis_server import RedisServer
+from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
+from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from producer.client import RequestError, RequestHandle, StreamqClient
+from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
+
+MODEL = "tiny-llama"
+SLOTS = 6
+MAX_MODEL_LEN = 1024
+LOGS = Path(".cache")
+CHROMIUM = "/usr/bin/chromium"
+# As tests/test_dashboard_browser.py: no sandbox, no GPU, nothing that reaches the network.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 60_000
+TOPICS = ["queues", "workers", "streams", "tokens", "latency", "backpressure"]
+
+
+async def _finish(handle: RequestHandle) -> None:
+    """Read a request to its end (so its events do not pile up); an error event is expected."""
+    with contextlib.suppress(RequestError):
+        await handle.result()
+
+
+async def traffic(url: str, stop: threading.Event) -> None:
+    """Bursts that swell and ebb over about 80 s, of requests from 40 to 600 tokens, from
+    three tenants at two priorities; about 1 in 30 is refused (a regex that does not
+    compile) and now and then a running one is cancelled. At ``stop``, what still runs
+    is cancelled and read to its end."""
+    rng = random.Random(7)
+    tasks: dict[str, tuple[RequestHandle, asyncio.Task[None]]] = {}
+    async with await StreamqClient.connect(url) as client:
+        started = time.monotonic()
+        while not stop.is_set():
+            wave = math.sin((time.monotonic() - started) / 80 * 2 * math.pi)
+            for _ in range(1 + round(2.5 * (1 + wave))):
+                sampling: dict[str, Any] = {"max_tokens": rng.choice([40, 120, 250, 400, 600]), "ignore_eos": True}
+                if rng.random() < 1 / 30:
+                    sampling["structured_outputs"] = {"regex": "(unclosed"}
+                handle = await client.submit(
+                    f"Tell me about {rng.choice(TOPICS)}.",
+                    model=MODEL,
+                    request_id=f"req-{uuid.uuid4().hex[:12]}",
+                    tenant=rng.choice(["default", "acme", "globex"]),
+                    priority=rng.choice([0, 0, 0, 5]),
+                    **sampling,
+                )
+                tasks[handle.request_id] = (handle, asyncio.create_task(_finish(handle)))
+            for request_id in [key for key, (_, task) in tasks.items() if task.done()]:
+                del tasks[request_id]
+            if tasks and rng.random() < 0.15:
+                await rng.choice(list(tasks.values()))[0].cancel()
+            await asyncio.sleep(rng.uniform(2.0, 4.0))
+        for handle, _ in tasks.values():
+            await handle.cancel()
+        await asyncio.wait_for(asyncio.gather(*(task for _, task in tasks.values())), timeout=60)
+
+
+def tid(name: str) -> str:
+    return f'[data-testid="{name}"]'
+
+
+def show(page: Page, url: str) -> None:
+    """Go to one of the dashboard's views and wait for its live snapshot."""
+    page.goto(url)
+    expect(page.get_by_test_id("live-status")).to_have_text("live", timeout=WAIT_MS)
+    page.wait_for_timeout(1500)  # a snapshot or two drawn
+
+
+def shoot(page: Page, gateway: GatewayProcess, out: Path) -> None:
+    """The pictures, while the traffic still runs (all but the playground's)."""
+    base = f"{gateway.url}/dashboard#/"
+    show(page, base + "overview")
+    page.screenshot(path=out / "dashboard-overview.png", full_page=True)
+
+    show(page, base + "workers")
+    expect(page.locator(f"{tid('worker-row')} {tid('worker-state')}").first).to_have_text("live")
+    page.screenshot(path=out / "dashboard-workers.png", full_page=True)
+
+    show(page, base + "requests")
+    rows = page.locator(tid("running-row"))
+    expect(rows.first).to_be_visible(timeout=WAIT_MS)
+    page.screenshot(path=out / "dashboard-requests.png")  # the recent ends run far below
+
+    # The running request with the fewest tokens so far: the likeliest to stream on a while.
+    tokens = [int(text.replace(",", "") or 0) for text in rows.locator(tid("running-tokens")).all_inner_texts()]
+    rows.nth(tokens.index(min(tokens))).locator("td").nth(1).click()  # the row, not its link
+    expect(page.get_by_test_id("request-text").first).not_to_be_empty(timeout=WAIT_MS)
+    page.wait_for_timeout(2500)  # enough live tokens for the page's own tokens/s
+    page.screenshot(path=out / "dashboard-request.png", full_page=True)
+
+
+def shoot_playground(page: Page, gateway: GatewayProcess, out: Path) -> None:
+    show(page, f"{gateway.url}/dashboard#/playground")
+    expect(page.get_by_test_id("pg-model")).to_contain_text(MODEL, timeout=WAIT_MS)
+    page.get_by_test_id("pg-model").select_option(MODEL)
+    page.get_by_test_id("pg-mode-completion").check()
+    page.get_by_test_id("pg-prompt").fill("Once upon a time")
+    page.get_by_test_id("pg-max-tokens").fill("64")
+    page.get_by_test_id("pg-ignore-eos").check()  # the random model may end early otherwise
+    page.get_by_test_id("pg-send").click()
+    expect(page.get_by_test_id("pg-finish")).to_have_text("length", timeout=WAIT_MS)
+    page.screenshot(path=out / "dashboard-playground.png", full_page=True)
+
+
+def run(redis: RedisServer, seconds: float, out: Path) -> None:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    flags = tiny_engine_flags(build_tiny_model(DEFAULT_DIR), max_model_len=MAX_MODEL_LEN)
+    flags += ["--served-model-name", MODEL, "--max-jobs", str(SLOTS)]
+    worker = WorkerProcess(redis.url_for(WORKER), flags, log_path=LOGS / "dashboard-pictures-worker.log")
+    gateway = GatewayProcess(redis.url_for(GATEWAY), LOGS / "dashboard-pictures-gateway.log")
+    stop = threading.Event()
+    producer = threading.Thread(target=lambda: asyncio.run(traffic(redis.url_for(PRODUCER), stop)), name="traffic")
+    try:
+        gateway.wait_ready()
+        print(f"dashboard-pictures: starting a worker (log: {worker.log_path}) ...", flush=True)
+        worker.start().wait_ready()
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            show(page, f"{gateway.url}/dashboard#/overview")  # from now on the gateway samples
+            producer.start()
+            print(f"dashboard-pictures: {seconds:.0f} s of traffic; watching {gateway.url}/dashboard", flush=True)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                if not producer.is_alive():
+                    raise RuntimeError("the traffic stopped early (see above)")
+                page.wait_for_timeout(1000)
+            shoot(page, gateway, out)
+            stop.set()
+            producer.join()
+            shoot_playground(page, gateway, out)
+            browser.close()
+        print(f"dashboard-pictures: wrote {out}/dashboard-{{overview,workers,requests,request,playground}}.png")
+    finally:
+        # A second Ctrl-C must not leave processes behind while these stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop.set()
+        if producer.is_alive():
+            producer.join(timeout=90)  # it cancels what still runs, while the worker is up
+        print(f"dashboard-pictures: gateway stopped (exit code {gateway.stop()})", flush=True)
+        print(f"dashboard-pictures: worker stopped (exit code {worker.stop()})", flush=True)
+
+
+def _stop_as_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devkit.dashboard_pictures", description="The dashboard's pictures in docs/, made again."
+    )
+    parser.add_argument("--seconds", type=float, default=180, help="how long the traffic runs first (default 180)")
+    parser.add_argument("--out", type=Path, default=Path("docs"), help="where the pictures go (default docs)")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0:
+        parser.error("--seconds must be above 0")
+    if not Path(CHROMIUM).exists():
+        parser.error(f"no {CHROMIUM}: install Debian's chromium package")
+    args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _stop_as_ctrl_c)
+    started = time.monotonic()
+    try:
+        with RedisServer(user="streamq", password=secrets.token_hex(16)) as redis:
+            run(redis, args.seconds, args.out)
+    except KeyboardInterrupt:
+        print("\ndashboard-pictures: interrupted; stopped everything", flush=True)
+        return 130
+    print(f"dashboard-pictures: done in {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
