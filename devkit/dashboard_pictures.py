@@ -100,38 +100,51 @@ def tid(name: str) -> str:
     return f'[data-testid="{name}"]'
 
 
-def show(page: Page, url: str) -> None:
-    """Go to one of the dashboard's views and wait for its live snapshot."""
-    page.goto(url)
+def open_view(page: Page, view: str) -> None:
+    """Click a view in the page's menu and wait until its live snapshot is drawn."""
+    page.get_by_test_id(f"nav-{view}").click()
     expect(page.get_by_test_id("live-status")).to_have_text("live", timeout=WAIT_MS)
     page.wait_for_timeout(1500)  # a snapshot or two drawn
 
 
-def shoot(page: Page, gateway: GatewayProcess, out: Path) -> None:
+def open_streaming_request(page: Page) -> bool:
+    """From the Requests view, open the running request with the fewest tokens so far (the
+    likeliest to stream on a while); True if it still runs after a few seconds of tokens."""
+    rows = page.locator(tid("running-row"))
+    expect(rows.first).to_be_visible(timeout=WAIT_MS)
+    keyed = rows.evaluate_all(
+        "rows => rows.map(row => [row.dataset.key,"
+        " Number(row.querySelector('[data-testid=running-tokens]').textContent.replace(/\\D/g, ''))])"
+    )
+    key = min(keyed, key=lambda pair: pair[1])[0]
+    page.locator(f'{tid("running-row")}[data-key="{key}"] td:nth-child(2)').click()  # the row, not its link
+    expect(page.get_by_test_id("request-text").first).not_to_be_empty(timeout=WAIT_MS)
+    page.wait_for_timeout(2500)  # enough live tokens for the page's own tokens/s
+    return bool(page.get_by_test_id("request-state").inner_text() == "running")
+
+
+def shoot(page: Page, out: Path) -> None:
     """The pictures, while the traffic still runs (all but the playground's)."""
-    base = f"{gateway.url}/dashboard#/"
-    show(page, base + "overview")
+    open_view(page, "overview")
     page.screenshot(path=out / "dashboard-overview.png", full_page=True)
 
-    show(page, base + "workers")
+    open_view(page, "workers")
     expect(page.locator(f"{tid('worker-row')} {tid('worker-state')}").first).to_have_text("live")
     page.screenshot(path=out / "dashboard-workers.png", full_page=True)
 
-    show(page, base + "requests")
-    rows = page.locator(tid("running-row"))
-    expect(rows.first).to_be_visible(timeout=WAIT_MS)
+    open_view(page, "requests")
+    expect(page.locator(tid("running-row")).first).to_be_visible(timeout=WAIT_MS)
     page.screenshot(path=out / "dashboard-requests.png")  # the recent ends run far below
 
-    # The running request with the fewest tokens so far: the likeliest to stream on a while.
-    tokens = [int(text.replace(",", "") or 0) for text in rows.locator(tid("running-tokens")).all_inner_texts()]
-    rows.nth(tokens.index(min(tokens))).locator("td").nth(1).click()  # the row, not its link
-    expect(page.get_by_test_id("request-text").first).not_to_be_empty(timeout=WAIT_MS)
-    page.wait_for_timeout(2500)  # enough live tokens for the page's own tokens/s
+    for _ in range(5):
+        if open_streaming_request(page):
+            break
+        open_view(page, "requests")
     page.screenshot(path=out / "dashboard-request.png", full_page=True)
 
 
-def shoot_playground(page: Page, gateway: GatewayProcess, out: Path) -> None:
-    show(page, f"{gateway.url}/dashboard#/playground")
+def shoot_playground(page: Page, out: Path) -> None:
+    open_view(page, "playground")
     expect(page.get_by_test_id("pg-model")).to_contain_text(MODEL, timeout=WAIT_MS)
     page.get_by_test_id("pg-model").select_option(MODEL)
     page.get_by_test_id("pg-mode-completion").check()
@@ -158,7 +171,8 @@ def run(redis: RedisServer, seconds: float, out: Path) -> None:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 860})
-            show(page, f"{gateway.url}/dashboard#/overview")  # from now on the gateway samples
+            page.goto(f"{gateway.url}/dashboard#/overview")  # from now on the gateway samples
+            expect(page.get_by_test_id("live-status")).to_have_text("live", timeout=WAIT_MS)
             producer.start()
             print(f"dashboard-pictures: {seconds:.0f} s of traffic; watching {gateway.url}/dashboard", flush=True)
             deadline = time.monotonic() + seconds
@@ -166,10 +180,10 @@ def run(redis: RedisServer, seconds: float, out: Path) -> None:
                 if not producer.is_alive():
                     raise RuntimeError("the traffic stopped early (see above)")
                 page.wait_for_timeout(1000)
-            shoot(page, gateway, out)
+            shoot(page, out)
             stop.set()
             producer.join()
-            shoot_playground(page, gateway, out)
+            shoot_playground(page, out)
             browser.close()
         print(f"dashboard-pictures: wrote {out}/dashboard-{{overview,workers,requests,request,playground}}.png")
     finally:
