@@ -52,6 +52,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+WIDTH = 1280
 WAIT_MS = 60_000
 TOPICS = ["queues", "workers", "streams", "tokens", "latency", "backpressure"]
 
@@ -100,6 +101,13 @@ def tid(name: str) -> str:
     return f'[data-testid="{name}"]'
 
 
+def picture(page: Page, path: Path, max_height: int | None = None) -> None:
+    """A screenshot of the page as tall as its content (no empty band below), at most ``max_height``."""
+    bottom = int(page.evaluate("Math.ceil(document.querySelector('main').getBoundingClientRect().bottom + scrollY)"))
+    height = min(bottom, max_height) if max_height else bottom
+    page.screenshot(path=path, full_page=True, clip={"x": 0, "y": 0, "width": WIDTH, "height": height})
+
+
 def open_view(page: Page, view: str) -> None:
     """Click a view in the page's menu and wait until its live snapshot is drawn."""
     page.get_by_test_id(f"nav-{view}").click()
@@ -126,21 +134,21 @@ def open_streaming_request(page: Page) -> bool:
 def shoot(page: Page, out: Path) -> None:
     """The pictures, while the traffic still runs (all but the playground's)."""
     open_view(page, "overview")
-    page.screenshot(path=out / "dashboard-overview.png", full_page=True)
+    picture(page, out / "dashboard-overview.png")
 
     open_view(page, "workers")
     expect(page.locator(f"{tid('worker-row')} {tid('worker-state')}").first).to_have_text("live")
-    page.screenshot(path=out / "dashboard-workers.png", full_page=True)
+    picture(page, out / "dashboard-workers.png")
 
     open_view(page, "requests")
     expect(page.locator(tid("running-row")).first).to_be_visible(timeout=WAIT_MS)
-    page.screenshot(path=out / "dashboard-requests.png")  # the recent ends run far below
+    picture(page, out / "dashboard-requests.png", max_height=860)  # the recent ends run far below
 
     for _ in range(5):
         if open_streaming_request(page):
             break
         open_view(page, "requests")
-    page.screenshot(path=out / "dashboard-request.png", full_page=True)
+    picture(page, out / "dashboard-request.png")
 
 
 def shoot_playground(page: Page, out: Path) -> None:
@@ -153,11 +161,13 @@ def shoot_playground(page: Page, out: Path) -> None:
     page.get_by_test_id("pg-ignore-eos").check()  # the random model may end early otherwise
     page.get_by_test_id("pg-send").click()
     expect(page.get_by_test_id("pg-finish")).to_have_text("length", timeout=WAIT_MS)
-    page.screenshot(path=out / "dashboard-playground.png", full_page=True)
+    picture(page, out / "dashboard-playground.png")
 
 
 def run(redis: RedisServer, seconds: float, out: Path) -> None:
     LOGS.mkdir(parents=True, exist_ok=True)
+    for log in ("worker", "gateway"):
+        (LOGS / f"dashboard-pictures-{log}.log").write_text("")
     flags = tiny_engine_flags(build_tiny_model(DEFAULT_DIR), max_model_len=MAX_MODEL_LEN)
     flags += ["--served-model-name", MODEL, "--max-jobs", str(SLOTS)]
     worker = WorkerProcess(redis.url_for(WORKER), flags, log_path=LOGS / "dashboard-pictures-worker.log")
@@ -170,7 +180,7 @@ def run(redis: RedisServer, seconds: float, out: Path) -> None:
         worker.start().wait_ready()
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page = browser.new_page(viewport={"width": WIDTH, "height": 860})
             page.goto(f"{gateway.url}/dashboard#/overview")  # from now on the gateway samples
             expect(page.get_by_test_id("live-status")).to_have_text("live", timeout=WAIT_MS)
             producer.start()
