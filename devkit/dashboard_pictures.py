@@ -115,23 +115,27 @@ def open_view(page: Page, view: str) -> None:
     page.wait_for_timeout(1500)  # a snapshot or two drawn
 
 
-def open_streaming_request(page: Page) -> bool:
-    """From the Requests view, open the running request with the fewest tokens so far (the
-    likeliest to stream on a while); True if it still runs after a few seconds of tokens."""
-    rows = page.locator(tid("running-row"))
-    expect(rows.first).to_be_visible(timeout=WAIT_MS)
-    keyed = rows.evaluate_all(
-        "rows => rows.map(row => [row.dataset.key,"
-        " Number(row.querySelector('[data-testid=running-tokens]').textContent.replace(/\\D/g, ''))])"
-    )
-    key = min(keyed, key=lambda pair: pair[1])[0]
-    page.locator(f'{tid("running-row")}[data-key="{key}"] td:nth-child(2)').click()  # the row, not its link
+async def submit_long(url: str) -> str:
+    """One request that streams for many seconds (ahead of the queue: lower runs sooner), left running; its id."""
+    async with await StreamqClient.connect(url) as client:
+        handle = await client.submit(
+            "Tell me a long story.", model=MODEL, max_tokens=MAX_MODEL_LEN - 32, ignore_eos=True, priority=-1
+        )
+        await handle.close()
+        return handle.request_id
+
+
+def open_request(page: Page, request_id: str) -> None:
+    """Click the request's row in the Requests view, once it runs, and let its tokens stream in."""
+    row = page.locator(f'{tid("running-row")}[data-key="{request_id}"] td:nth-child(2)')  # the row, not its link
+    expect(row).to_be_visible(timeout=WAIT_MS)
+    row.dispatch_event("click")  # the table is redrawn every second: no waiting for it to hold still
+    expect(page.get_by_test_id("request-id")).to_have_text(request_id, timeout=WAIT_MS)
     expect(page.get_by_test_id("request-text").first).not_to_be_empty(timeout=WAIT_MS)
-    page.wait_for_timeout(2500)  # enough live tokens for the page's own tokens/s
-    return bool(page.get_by_test_id("request-state").inner_text() == "running")
+    page.wait_for_timeout(3000)  # enough live tokens for the page's own tokens/s
 
 
-def shoot(page: Page, out: Path) -> None:
+def shoot(page: Page, out: Path, producer_url: str) -> None:
     """The pictures, while the traffic still runs (all but the playground's)."""
     open_view(page, "overview")
     picture(page, out / "dashboard-overview.png")
@@ -144,11 +148,10 @@ def shoot(page: Page, out: Path) -> None:
     expect(page.locator(tid("running-row")).first).to_be_visible(timeout=WAIT_MS)
     picture(page, out / "dashboard-requests.png", max_height=860)  # the recent ends run far below
 
-    for _ in range(5):
-        if open_streaming_request(page):
-            break
-        open_view(page, "requests")
+    open_request(page, asyncio.run(submit_long(producer_url)))
     picture(page, out / "dashboard-request.png")
+    page.get_by_test_id("cancel-button").click()
+    expect(page.get_by_test_id("request-state")).to_have_text("finished", timeout=WAIT_MS)
 
 
 def shoot_playground(page: Page, out: Path) -> None:
@@ -190,7 +193,7 @@ def run(redis: RedisServer, seconds: float, out: Path) -> None:
                 if not producer.is_alive():
                     raise RuntimeError("the traffic stopped early (see above)")
                 page.wait_for_timeout(1000)
-            shoot(page, out)
+            shoot(page, out, redis.url_for(PRODUCER))
             stop.set()
             producer.join()
             shoot_playground(page, out)
