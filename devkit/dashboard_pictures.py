@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,9 @@ def shoot(page: Page, out: Path, producer_url: str) -> None:
     expect(page.locator(tid("running-row")).first).to_be_visible(timeout=WAIT_MS)
     picture(page, out / "dashboard-requests.png", max_height=860)  # the recent ends run far below
 
-    open_request(page, asyncio.run(submit_long(producer_url)))
+    with ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's event loop
+        request_id = pool.submit(asyncio.run, submit_long(producer_url)).result()
+    open_request(page, request_id)
     picture(page, out / "dashboard-request.png")
     page.get_by_test_id("cancel-button").click()
     expect(page.get_by_test_id("request-state")).to_have_text("finished", timeout=WAIT_MS)
