@@ -120,7 +120,12 @@ async def submit_long(url: str) -> str:
     """One request that streams for many seconds (ahead of the queue: lower runs sooner), left running; its id."""
     async with await StreamqClient.connect(url) as client:
         handle = await client.submit(
-            "Tell me a long story.", model=MODEL, max_tokens=MAX_MODEL_LEN - 32, ignore_eos=True, priority=-1
+            "Tell me a long story.",
+            model=MODEL,
+            request_id=f"req-{uuid.uuid4().hex[:12]}",
+            max_tokens=MAX_MODEL_LEN - 32,
+            ignore_eos=True,
+            priority=-1,
         )
         await handle.close()
         return handle.request_id
