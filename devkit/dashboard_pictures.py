@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect, sync_playwright
 
 from devkit.gateway_process import GatewayProcess
@@ -218,7 +219,13 @@ def run(redis: RedisServer, seconds: float, out: Path) -> None:
         print(f"dashboard-pictures: worker stopped (exit code {worker.stop()})", flush=True)
 
 
-def _stop_as_ctrl_c(signum: int, frame: object) -> None:
+_interrupted = threading.Event()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM. A terminal's Ctrl-C reaches Chromium too, so Playwright may
+    report its browser gone rather than the interrupt: the flag tells the two apart."""
+    _interrupted.set()
     raise KeyboardInterrupt
 
 
@@ -234,12 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(CHROMIUM).exists():
         parser.error(f"no {CHROMIUM}: install Debian's chromium package")
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _stop_as_ctrl_c)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     started = time.monotonic()
     try:
         with RedisServer(user="streamq", password=secrets.token_hex(16)) as redis:
             run(redis, args.seconds, args.out)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, PlaywrightError):
+        if not _interrupted.is_set():
+            raise
         print("\ndashboard-pictures: interrupted; stopped everything", flush=True)
         return 130
     print(f"dashboard-pictures: done in {time.monotonic() - started:.0f} s", flush=True)
