@@ -17,11 +17,10 @@ import time
 import webbrowser
 from pathlib import Path
 
-from devkit.demo import choose_engine_flags
+from devkit.demo import choose_engine_flags, redis_url_or_throwaway
 from devkit.gateway_process import GatewayProcess
-from devkit.redis_server import RedisServer, free_port
+from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess
-from streamq.redaction import redact_url
 
 DEFAULT_PORT = 8000
 PORT_ENV = "STREAMQ_DASHBOARD_PORT"
@@ -91,12 +90,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _stop_as_ctrl_c)
     signal.signal(signal.SIGHUP, _stop_as_ctrl_c)
     with contextlib.ExitStack() as stack:
-        redis_url = os.environ.get("REDIS_URL")
-        if not redis_url:
-            server = stack.enter_context(RedisServer())
-            redis_url = server.url
-            print(f"dashboard: started a throwaway Redis at {redact_url(redis_url)}", flush=True)
-        return serve(redis_url)
+        return serve(redis_url_or_throwaway(stack, say="dashboard"))
 
 
 if __name__ == "__main__":

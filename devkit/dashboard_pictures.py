@@ -32,6 +32,7 @@ from typing import Any
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect, sync_playwright
 
+from devkit.browser import CHROMIUM, launch_chromium
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
@@ -43,18 +44,6 @@ MODEL = "tiny-llama"
 SLOTS = 6
 MAX_MODEL_LEN = 1024
 LOGS = Path(".cache")
-CHROMIUM = "/usr/bin/chromium"
-# As tests/test_dashboard_browser.py: no sandbox, no GPU, nothing that reaches the network.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WIDTH = 1280
 WAIT_MS = 60_000
 TOPICS = ["queues", "workers", "streams", "tokens", "latency", "backpressure"]
@@ -192,7 +181,7 @@ def run(redis: RedisServer, seconds: float, out: Path) -> None:
         print(f"dashboard-pictures: starting a worker (log: {worker.log_path}) ...", flush=True)
         worker.start().wait_ready()
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            browser = launch_chromium(playwright)
             page = browser.new_page(viewport={"width": WIDTH, "height": 860})
             page.goto(f"{gateway.url}/dashboard#/overview")  # from now on the gateway samples
             expect(page.get_by_test_id("live-status")).to_have_text("live", timeout=WAIT_MS)

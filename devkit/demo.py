@@ -78,14 +78,19 @@ def run_demo(redis_url: str) -> int:
     return status
 
 
+def redis_url_or_throwaway(stack: contextlib.ExitStack, say: str) -> str:
+    """``$REDIS_URL``, else the URL of a throwaway Redis that ``stack`` stops (``say``
+    prefixes what it prints)."""
+    redis_url = os.environ.get("REDIS_URL")
+    if not redis_url:
+        redis_url = stack.enter_context(RedisServer()).url
+        print(f"{say}: started a throwaway Redis at {redact_url(redis_url)}", flush=True)
+    return redis_url
+
+
 def main() -> int:
     with contextlib.ExitStack() as stack:
-        redis_url = os.environ.get("REDIS_URL")
-        if not redis_url:
-            server = stack.enter_context(RedisServer())
-            redis_url = server.url
-            print(f"demo: started a throwaway Redis at {redact_url(redis_url)}", flush=True)
-        return run_demo(redis_url)
+        return run_demo(redis_url_or_throwaway(stack, say="demo"))
 
 
 if __name__ == "__main__":

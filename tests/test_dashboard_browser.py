@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from playwright.sync_api import Browser, Page, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
+from devkit.browser import CHROMIUM, launch_chromium
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, RequestHandle, StreamqClient
@@ -40,18 +41,6 @@ pytestmark = pytest.mark.engine
 
 T = TypeVar("T")
 
-CHROMIUM = "/usr/bin/chromium"
-# No sandbox (containers, root in CI), no GPU, and nothing that reaches out to the network.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOTS = Path(__file__).resolve().parents[1] / ".cache" / "screenshots"
 LAPTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 375, "height": 800}
@@ -110,7 +99,7 @@ def browser() -> Iterator[Browser]:
             pytest.fail(f"{CHROMIUM} is not installed; .ci/run installs Debian's chromium")
         pytest.skip(f"no {CHROMIUM} (Debian's chromium package)")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         yield browser
         browser.close()
 
