@@ -129,6 +129,23 @@ def gateway(
     assert process.stop() == 0, process.log_tail()
 
 
+OPERATOR_KEY = "sq-operator-test-key"
+"""``keyed_gateway``'s key, given on its command line (an operator's key). A constant:
+test modules import it from ``tests.conftest``, which can be a second copy of this module."""
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(
+    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway that needs a key (``OPERATOR_KEY``, from its command line), as the gateway
+    role, in front of the session worker."""
+    log_path = tmp_path_factory.mktemp("keyed-gateway") / "gateway.log"
+    process = GatewayProcess(gateway_url, log_path, "--api-key", OPERATOR_KEY).wait_ready()
+    yield process
+    assert process.stop() == 0, process.log_tail()
+
+
 @pytest.fixture(scope="module")
 def model(tiny_model: Path) -> str:
     """The session worker's served model name: ``--model`` (no ``--served-model-name``)."""

@@ -35,7 +35,7 @@ from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, RequestHandle, StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
-from tests.conftest import MAX_MODEL_LEN
+from tests.conftest import MAX_MODEL_LEN, OPERATOR_KEY
 
 pytestmark = pytest.mark.engine
 
@@ -388,20 +388,6 @@ def test_the_overview_fits_a_phone(browser: Browser, gateway: GatewayProcess, mo
         assert not errors, f"script errors on the page: {errors}"
     finally:
         context.close()
-
-
-OPERATOR_KEY = "sk-dashboard-operator-test"
-
-
-@pytest.fixture(scope="module")
-def keyed_gateway(
-    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    """A gateway that needs a key: the operator's, from its command line."""
-    log_path = tmp_path_factory.mktemp("keyed-gateway") / "gateway.log"
-    process = GatewayProcess(gateway_url, log_path, "--api-key", OPERATOR_KEY).wait_ready()
-    yield process
-    assert process.stop() == 0, process.log_tail()
 
 
 def test_a_gateway_with_keys_asks_for_the_operator_key(page: Page, keyed_gateway: GatewayProcess, model: str) -> None:

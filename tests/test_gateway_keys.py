@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, scripted_worker, worker_env
+from tests.conftest import OPERATOR_KEY
 
 MODEL = "synthetic"  # what the scripted engine registers
 PROMPT = "The key to happiness is"
@@ -312,41 +313,28 @@ async def test_only_the_creating_key_resumes_a_named_request(gateway: GatewayPro
     assert mine.status_code == 200 and mine.text.count(" tok") == 50
 
 
-@pytest.fixture(scope="module")
-def keyed_engine_gateway(
-    worker: WorkerProcess, gateway_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    """A gateway (as the gateway's Redis user) with a key, in front of the session's real engine worker."""
-    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    process = GatewayProcess(gateway_url, log, "--api-key", STATIC_KEY).wait_ready()
-    yield process
-    assert process.stop() == 0, process.log_tail()
-
-
 @pytest.mark.engine
-def test_the_real_engine_behind_a_keyed_gateway(keyed_engine_gateway: GatewayProcess, tiny_model: Path) -> None:
+def test_the_real_engine_behind_a_keyed_gateway(keyed_gateway: GatewayProcess, tiny_model: Path) -> None:
     with pytest.raises(openai.AuthenticationError):
-        sdk(keyed_engine_gateway, "sq-wrong").completions.create(model=str(tiny_model), prompt=PROMPT, max_tokens=4)
-    whole = sdk(keyed_engine_gateway, STATIC_KEY).completions.create(
+        sdk(keyed_gateway, "sq-wrong").completions.create(model=str(tiny_model), prompt=PROMPT, max_tokens=4)
+    whole = sdk(keyed_gateway, OPERATOR_KEY).completions.create(
         model=str(tiny_model), prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True}
     )
     assert whole.usage is not None and whole.usage.completion_tokens == 4
 
 
 @pytest.mark.engine
-def test_vllm_bench_serve_with_its_api_key(
-    keyed_engine_gateway: GatewayProcess, tiny_model: Path, tmp_path: Path
-) -> None:
+def test_vllm_bench_serve_with_its_api_key(keyed_gateway: GatewayProcess, tiny_model: Path, tmp_path: Path) -> None:
     """``vllm bench serve`` sends ``$OPENAI_API_KEY`` as its bearer token."""
     script = f"""
 from bench.config import BenchConfig
 from bench.path_serve import bench_serve
 config = BenchConfig(model_dir={str(tiny_model)!r}, input_len=16, output_len=8, concurrencies=(4,), num_prompts=8,
                      seed=0, results_dir={str(tmp_path)!r}, run_id="keyed")
-result = bench_serve(config, {keyed_engine_gateway.port}, concurrency=4)
+result = bench_serve(config, {keyed_gateway.port}, concurrency=4)
 print("RESULT", result.num_prompts, result.output_tokens)
 """
-    env = worker_env(OPENAI_API_KEY=STATIC_KEY)
+    env = worker_env(OPENAI_API_KEY=OPERATOR_KEY)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))

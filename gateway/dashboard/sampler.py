@@ -13,13 +13,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
-
-import msgspec
 
 from gateway.dashboard.history import WINDOW_S
 from gateway.dashboard.snapshot import RECENT_ROWS, Reading, SnapshotBuilder, encode_snapshot, queues_to_count
 from producer.client import StreamqClient
+from streamq.broker.job_result import request_model_and_queue
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import RESULT_KEY_PREFIX
 
@@ -32,14 +30,6 @@ IDLE_STOP_S = 300.0
 MODEL_RETRY_MS = 10_000
 """A request that ended this recently and whose model was not found is looked up again
 at the next readings: its job's result may not be stored yet when its end is."""
-
-
-class _JobResult(msgspec.Struct):
-    """The part of arq's stored result that names the request's model: the job's
-    arguments (the request) and its queue."""
-
-    a: list[Any] = []
-    q: str | None = None
 
 
 class DashboardSampler:
@@ -162,14 +152,7 @@ class DashboardSampler:
 def _model_of(raw: bytes | None, by_queue: dict[str, list[str]]) -> str | None:
     """The model a job's stored result names: its request's ``model``, else the one model
     registered on its queue."""
-    if raw is None:
-        return None
-    try:
-        result = msgspec.json.decode(raw, type=_JobResult)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    if result.a and isinstance(result.a[0], dict) and isinstance(model := result.a[0].get("model"), str):
-        return model
-    if result.q is not None and len(by_queue.get(result.q, ())) == 1:
-        return by_queue[result.q][0]
-    return None
+    model, queue = request_model_and_queue(raw)
+    if model is None and queue is not None and len(by_queue.get(queue, ())) == 1:
+        return by_queue[queue][0]
+    return model

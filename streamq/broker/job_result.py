@@ -1,5 +1,6 @@
-"""arq's stored result of a job (`arq:result:<id>`) and the error code its requester sees
-when the job failed: the worker ends such a request with it, `status` reports it."""
+"""arq's stored result of a job (`arq:result:<id>`): the error code its requester sees
+when the job failed (the worker ends such a request with it, `status` reports it), and
+which model and queue the job served (the dashboard's recent ends)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,28 @@ class _JobOutcome(msgspec.Struct):
 
     s: bool = False
     r: Any = None
+
+
+class _JobRecord(msgspec.Struct):
+    """The part of arq's stored result that says what the job ran: its arguments (the
+    request) and its queue."""
+
+    a: list[Any] = []
+    q: str | None = None
+
+
+def request_model_and_queue(result_data: bytes | None) -> tuple[str | None, str | None]:
+    """The ``model`` of the request a job ran and the job's queue, from its stored result;
+    ``None`` for what it does not hold (or an unreadable result)."""
+    if result_data is None:
+        return None, None
+    try:
+        record = msgspec.json.decode(result_data, type=_JobRecord)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None, None
+    request = record.a[0] if record.a and isinstance(record.a[0], dict) else {}
+    model = request.get("model")
+    return (model if isinstance(model, str) else None), record.q
 
 
 def failure_of(result_data: bytes | None) -> tuple[ErrorCode | None, str]:
