@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from gateway.dashboard.percentiles import Histogram
 from streamq.protocol.worker_stats import WorkerStats
 
@@ -62,10 +64,12 @@ class WorkerHistory:
         return self.reports[-1]
 
     def add(self, report: WorkerStats, now_ms: int, window_s: float = WINDOW_S) -> None:
-        """Keep ``report`` if it is new, and forget reports older than the window (the
-        newest report stays, whatever its age: the worker's state)."""
+        """Keep ``report`` if it is new, without its in-flight list (only totals are
+        compared; a busy worker's list runs to tens of kB a report, 300 reports a
+        window), and forget reports older than the window (the newest report stays,
+        whatever its age: the worker's state)."""
         if not self.reports or report.reported_ms > self.latest.reported_ms:
-            self.reports.append(report)
+            self.reports.append(msgspec.structs.replace(report, in_flight=[]))
         start = now_ms - window_s * 1000
         while len(self.reports) > 1 and self.reports[0].reported_ms < start:
             self.reports.popleft()
