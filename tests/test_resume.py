@@ -37,6 +37,7 @@ from streamq.protocol import (
 )
 from tests.events import assert_well_formed, job_result
 from tests.schemas import PERSON
+from tests.scripted_engine import ScriptedEngine
 from tests.test_reliability import paused, second_worker
 
 NEVER = "@@ no such words in the answer @@"
@@ -369,40 +370,6 @@ async def test_resuming_a_plain_prompt_does_not_stall_the_event_loop(tiny_model:
     assert await _longest_loop_stall(work) < 0.2
 
 
-class _ScriptedEngine:
-    """An engine whose model always writes ``script``, one token per output, with
-    text and stop strings as vLLM's output processor makes them (its detokenizer)."""
-
-    def __init__(self, tokenizer: Any, prompt_ids: list[int], script: list[int]) -> None:
-        self.tokenizer, self.prompt_ids, self.script = tokenizer, prompt_ids, script
-
-    def get_tokenizer(self) -> Any:
-        return self.tokenizer
-
-    async def generate(self, request_id: str, prompt: Any, sampling_params: Any, priority: int = 0) -> Any:
-        from vllm.outputs import CompletionOutput, RequestOutput
-        from vllm.v1.engine.detokenizer import IncrementalDetokenizer
-
-        # A plain prompt is tokenized as vLLM's renderer does (with special tokens).
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt["prompt_token_ids"]
-        assert ids[: len(self.prompt_ids)] == self.prompt_ids
-        done = len(ids) - len(self.prompt_ids)
-        assert ids[len(self.prompt_ids) :] == self.script[:done]
-        request = SimpleNamespace(request_id=request_id, prompt_token_ids=ids, prompt_embeds=None)
-        request.sampling_params = sampling_params
-        tokenizer = self.tokenizer if sampling_params.detokenize else None
-        detokenizer = IncrementalDetokenizer.from_new_request(tokenizer, request)
-        for i, token in enumerate(self.script[done : done + sampling_params.max_tokens]):
-            finish = "length" if i + 1 == sampling_params.max_tokens else None
-            stop = detokenizer.update([token], False)
-            finish = "stop" if stop else finish
-            text = detokenizer.get_next_output_text(finish is not None, delta=True)
-            completion = CompletionOutput(0, text, [token], None, None, finish_reason=finish, stop_reason=stop)
-            yield RequestOutput(request_id, None, ids, None, [completion], finish is not None)
-            if finish:
-                return
-
-
 async def _collect(outputs: Any) -> list[tuple[str, list[int], str | None]]:
     return [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason) async for o in outputs]
 
@@ -436,7 +403,7 @@ async def test_every_resume_point_gives_the_undisturbed_text(tiny_model: Path, s
     script = tokenizer.encode(
         "Once a naïve café — 東京 at night, a naïve café — 東京 by day.", add_special_tokens=False
     )
-    engine = _ScriptedEngine(tokenizer, prompt_ids, script)
+    engine = ScriptedEngine(tokenizer, prompt_ids, script)
 
     def params() -> SamplingParams:
         return SamplingParams(max_tokens=len(script), output_kind=RequestOutputKind.DELTA, **sampling)

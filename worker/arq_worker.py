@@ -17,17 +17,27 @@ from arq.utils import timestamp_ms
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.job_result import failure_of
 from streamq.broker.pubsub import live_messages
-from streamq.protocol import IN_PROGRESS_PREFIX, WAKEUP_CHANNEL, ErrorEvent, is_valid_request_id
+from streamq.protocol import (
+    ABORT_KEY,
+    IN_PROGRESS_PREFIX,
+    JOB_KEY_PREFIX,
+    RESULT_KEY_PREFIX,
+    RETRY_KEY_PREFIX,
+    WAKEUP_CHANNEL,
+    ErrorEvent,
+    is_valid_request_id,
+    owner_key,
+)
 from streamq.protocol.names import CLAIM_SCAN_INTERVAL_MS, TENANT_WEIGHTS_KEY, running_key
 from streamq.protocol.scripts import register_script
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.engine import max_batch_size
+from worker.lease import lease_holder
 from worker.state import state_of
 
 logger = logging.getLogger("streamq.worker")
@@ -50,24 +60,7 @@ class StreamqWorker(Worker):
 
     async def main(self) -> None:
         """arq's ``Worker.main`` with the fixed-interval poll replaced by wake-ups."""
-        if self._pool is None:
-            from streamq.broker.connection import create_pool
-
-            self._pool = await create_pool(
-                self.redis_settings,
-                job_deserializer=self.job_deserializer,
-                job_serializer=self.job_serializer,
-                default_queue_name=self.queue_name,
-                expires_extra_ms=self.expires_extra_ms,
-            )
-        logger.info("worker listening on queue %s", self.queue_name)
-        self.ctx["redis"] = self.pool
-        self._claim = register_script(self.pool, "claim_jobs")
-        if self.on_startup:
-            await self.on_startup(self.ctx)
-        if self._max_jobs_from_engine:
-            self._resize(max_batch_size(state_of(self.ctx).engine))
-
+        await self.start_up()
         wakeups = self.pool.pubsub()
         await wakeups.subscribe(WAKEUP_CHANNEL)
         listener = asyncio.create_task(self._listen(wakeups), name="wakeup-listener")
@@ -75,7 +68,7 @@ class StreamqWorker(Worker):
             while True:
                 self._wake.clear()
                 try:
-                    await self._poll_iteration()
+                    await self.poll()
                 except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                     # Redis is restarting or failing over: wait for it instead of exiting
                     # (running jobs go on; their publisher and lease retry on their own).
@@ -90,9 +83,31 @@ class StreamqWorker(Worker):
             await stop_task(listener)
             await wakeups.aclose()
 
-    async def _poll_iteration(self) -> None:
-        """Claim due jobs for the free slots in one round trip and start them; then
-        arq's housekeeping (aborts, finished tasks, health check)."""
+    async def start_up(self) -> None:
+        """Connect, start the engine and the parts beside it (``on_startup``), and size
+        ``max_jobs`` to the engine: everything before the first poll."""
+        if self._pool is None:
+            from streamq.broker.connection import create_pool
+
+            self._pool = await create_pool(
+                self.redis_settings,
+                job_deserializer=self.job_deserializer,
+                job_serializer=self.job_serializer,
+                default_queue_name=self.queue_name,
+                expires_extra_ms=self.expires_extra_ms,
+            )
+        logger.info("worker listening on queue %s", self.queue_name)
+        self.ctx["redis"] = self.pool
+        self._claim = register_script(self.pool, "claim_jobs")
+        self._finish_script = register_script(self.pool, "finish_job")
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        if self._max_jobs_from_engine:
+            self._resize(max_batch_size(state_of(self.ctx).engine))
+
+    async def poll(self) -> None:
+        """One round of the loop: claim due jobs for the free slots in one round trip and
+        start them; then arq's housekeeping (aborts, finished tasks, health check)."""
         free = self.max_jobs - self.job_counter
         if self.allow_pick_jobs and free > 0:
             state = state_of(self.ctx)
@@ -165,44 +180,76 @@ class StreamqWorker(Worker):
         incr_score: int | None,
         keep_in_progress: float | None,
     ) -> None:
-        """arq's bookkeeping at the end of a job, after making sure a failed job's
-        request has its terminal event. Skipped for a job this worker was running when
-        another worker took it over (its lease had lapsed): the job's keys and result
-        now belong to the attempt that took over, which may still run."""
+        """arq's bookkeeping at the end of an attempt, in one script fenced by the
+        request's owner key (``finish_job.lua``): an attempt that a newer one superseded
+        releases its lease and leaves the job, its result and its end to the owner. A
+        failed job's request first gets its terminal event, if it has none."""
         state = state_of(self.ctx)
+        attempt = state.attempts.pop(job_id, 0)
         if job_id in state.superseded_jobs:
             state.superseded_jobs.discard(job_id)
-            logger.info("job %s: superseded; leaving its keys to the attempt that took it over", job_id)
+            logger.info("job %s: superseded; its keys are the owning attempt's", job_id)
+            await self._finish(job_id, attempt, "release")
             return
         if finish:
-            await self._end_failed_request(job_id, result_data)
-        await super().finish_job(
-            job_id, finish, result_data, result_timeout_s, keep_result_forever, incr_score, keep_in_progress
-        )
-        if not finish:
-            # Handed back (arq's Retry, or a drain that ran out of time): the next claim
-            # looks at it first instead of when its lease would have lapsed.
-            try:
-                await self.pool.zadd(running_key(self.queue_name), {job_id: 0})
-            except RedisError as exc:  # it is taken again when its lease would have lapsed
-                logger.warning("job %s: handed back, but could not say so (%s)", job_id, exc)
+            await self._end_failed_request(job_id, result_data, attempt)
+        expiry_s = None if keep_result_forever else result_timeout_s
+        action = "finish" if finish else "retry"
+        if not await self._finish(job_id, attempt, action, result_data, expiry_s, incr_score):
+            logger.info("job %s: attempt %d was superseded; its keys are the owning attempt's", job_id, attempt)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         """arq gave up on a job without running it (tries exhausted, payload expired or
-        undecodable): end its request with an error event, then arq's bookkeeping."""
+        undecodable): end its request with an error event, then arq's bookkeeping (a
+        result already stored, by the attempt that ended the request, is kept)."""
         await self._end_failed_request(job_id, result_data)
-        await super().finish_failed_job(job_id, result_data)
+        expiry_s = None if self.keep_result_forever else self.keep_result_s
+        await self._finish(job_id, 0, "failed", result_data, expiry_s)
 
-    async def _end_failed_request(self, job_id: str, result_data: bytes | None) -> None:
+    async def _finish(
+        self,
+        job_id: str,
+        attempt: int,
+        action: str,
+        result_data: bytes | None = None,
+        expiry_s: float | None = None,
+        incr_score: int | None = None,
+    ) -> bool:
+        """Run ``finish_job.lua``; False when a newer attempt owns the request."""
+        state = state_of(self.ctx)
+        keys = [
+            IN_PROGRESS_PREFIX + job_id,
+            JOB_KEY_PREFIX + job_id,
+            RETRY_KEY_PREFIX + job_id,
+            RESULT_KEY_PREFIX + job_id,
+            self.queue_name,
+            ABORT_KEY,
+            running_key(self.queue_name),
+            owner_key(job_id),
+        ]
+        args: list[str | int | bytes] = [
+            job_id,
+            state.worker_id,
+            lease_holder(state.worker_id, attempt),
+            attempt,
+            action,
+            result_data or b"",
+            0 if expiry_s is None else round(expiry_s * 1000),
+            incr_score or "",
+        ]
+        return bool(await self._finish_script(keys=keys, args=args))
+
+    async def _end_failed_request(self, job_id: str, result_data: bytes | None, attempt: int | None = None) -> None:
         """Publish an error event for a job that failed, unless its request already
-        ended (it usually has: the job function reports its own failures)."""
+        ended (it usually has: the job function reports its own failures) or, for an
+        ``attempt``, a newer attempt owns it."""
         code, message = failure_of(result_data)
         if code is None or not is_valid_request_id(job_id):
             return
         state = state_of(self.ctx)
         event = ErrorEvent(request_id=job_id, seq=0, code=code, message=message)
         try:
-            seq = await state.replay_log.end(job_id, event)
+            seq = await state.replay_log.end(job_id, event, attempt=attempt or None)
         except Exception as exc:  # Redis away: the job stays queued and runs again later
             logger.error("request %s: could not publish its error event (%s): %s", job_id, code, exc)
             return
@@ -232,5 +279,5 @@ class StreamqWorker(Worker):
         await self.pool.delete(self.health_check_key)
         if self.on_shutdown:
             await self.on_shutdown(self.ctx)
-        await self.pool.close(close_connection_pool=True)
+        await self.pool.aclose(close_connection_pool=True)
         self._pool = None

@@ -34,6 +34,7 @@ from streamq.protocol import (
     FinalEvent,
     callback_key,
     decode_event,
+    owner_key,
 )
 from streamq.protocol.callbacks import CallbackBody, CallbackError, signature
 from streamq.protocol.names import CALLBACK_SECRET_ENV, CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP_HEADER
@@ -111,9 +112,10 @@ class CallbackSender:
 
     async def schedule(self, request_id: str, callback: Callback | None) -> None:
         """Make ``request_id``'s callback due now (once per request, whichever end path
-        gets there first); ``callback`` from the job, else the one stored at enqueue."""
+        gets there first, and only once it ended); ``callback`` from the job, else the one
+        stored at enqueue."""
         spec = msgspec.json.encode(callback) if callback is not None else b""
-        keys = [CALLBACKS_KEY, callback_key(request_id)]
+        keys = [CALLBACKS_KEY, callback_key(request_id), owner_key(request_id)]
         if await self._schedule(keys=keys, args=[request_id, spec, self._log.ttl_ms]):
             self._wake.set()
 

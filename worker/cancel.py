@@ -2,7 +2,8 @@
 
 Cancelling the task that iterates ``engine.generate()`` aborts the request inside vLLM and
 frees its KV cache. A cancel may arrive just before the job registers, so requests are
-remembered for a while. The same path stops an attempt another worker has taken over.
+remembered for a while. The same path stops an attempt that must not go on (``stop``):
+another attempt owns its request, or the log lost what it wrote.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from streamq.broker.pubsub import live_messages
 from streamq.broker.replies import as_text
 from streamq.protocol import CANCEL_CHANNEL
 from streamq.tasks import stop_task
+from worker.publisher import Refusal
 
 logger = logging.getLogger("streamq.worker")
 
@@ -33,9 +35,8 @@ class CancelListener:
         self._running: dict[str, tuple[int, asyncio.Task[object]]] = {}
         """request id -> (attempt, task) of the attempt running here."""
         self._requested: dict[str, float] = {}
-        self._superseded: set[tuple[str, int]] = set()
-        self._refused: set[str] = set()
-        """Requests whose events were refused after their generation ended here."""
+        self._stopped: dict[tuple[str, int], Refusal] = {}
+        """(request id, attempt) -> why ``stop`` cancelled that attempt's task."""
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -50,38 +51,21 @@ class CancelListener:
         """True if a cancel for ``request_id`` has been heard (recently)."""
         return request_id in self._requested
 
-    def take_refused(self, request_id: str) -> bool:
-        """True (once) if events of ``request_id`` were refused after its generation
-        ended here: another attempt owns the request."""
-        try:
-            self._refused.remove(request_id)
-        except KeyError:
-            return False
-        return True
+    def take_stop(self, request_id: str, attempt: int) -> Refusal | None:
+        """Why ``stop`` cancelled ``attempt`` at ``request_id``, if it did (once)."""
+        return self._stopped.pop((request_id, attempt), None)
 
-    def take_superseded(self, request_id: str, attempt: int) -> bool:
-        """True (once) if ``attempt`` at ``request_id`` was stopped by ``supersede``."""
-        try:
-            self._superseded.remove((request_id, attempt))
-        except KeyError:
-            return False
-        return True
-
-    def supersede(self, request_id: str, attempt: int | None = None) -> None:
-        """Stop this worker's attempt at ``request_id`` (only if it is ``attempt``, when
-        given): another worker owns the request now, or it already ended."""
+    def stop(self, request_id: str, attempt: int, reason: Refusal) -> None:
+        """Stop this worker's ``attempt`` at ``request_id`` if it still generates (the job
+        finds out why from ``take_stop``); an attempt whose generation is over learns it from
+        its own events' delivery instead."""
         running = self._running.get(request_id)
-        if running is None:
-            # Its generation is over, but its events were refused: when the job ends it
-            # must leave arq's keys to the attempt that owns the request now.
-            self._refused.add(request_id)
+        if running is None or running[0] != attempt:
             return
-        if attempt is not None and running[0] != attempt:
-            return
-        key = (request_id, running[0])
-        if key not in self._superseded:
-            logger.warning("request %s: taken over elsewhere or ended; stopping attempt %d", request_id, running[0])
-            self._superseded.add(key)
+        key = (request_id, attempt)
+        if key not in self._stopped:
+            logger.warning("request %s: stopping attempt %d (%s)", request_id, attempt, reason.value)
+            self._stopped[key] = reason
             running[1].cancel()
 
     @contextmanager
@@ -90,7 +74,6 @@ class CancelListener:
         task = asyncio.current_task()
         assert task is not None
         self._running[request_id] = (attempt, task)
-        self._refused.discard(request_id)
         try:
             if self.was_cancelled(request_id):
                 task.cancel()

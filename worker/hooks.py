@@ -21,7 +21,7 @@ from worker.lease import Leases
 from worker.logs import quiet_request_failures
 from worker.options import WorkerOptions, options_of
 from worker.presence import Presence, served_model_name
-from worker.publisher import EventPublisher, coalesce_from_env
+from worker.publisher import EventPublisher, Refusal, coalesce_from_env
 from worker.scheduling import cpu_nice_from_env, lower_cpu_weight
 from worker.state import STATE_KEY, WorkerState, new_worker_id
 from worker.stats_report import StatsReporter
@@ -95,11 +95,15 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         await cancels.start()
         closing.push_async_callback(cancels.close)
         coalesce = options.coalesce if options.coalesce is not None else coalesce_from_env()
-        publisher = EventPublisher(replay_log, on_superseded=cancels.supersede, coalesce=coalesce)
+        publisher = EventPublisher(replay_log, on_refused=cancels.stop, coalesce=coalesce)
         publisher.start()
         closing.push_async_callback(publisher.close)
         queue = options.queue_name or queue_from_env()
-        leases = Leases(redis, worker_id=worker_id, queue=queue, on_lost=cancels.supersede)
+        leases = Leases(
+            redis,
+            worker_id=worker_id,
+            on_lost=lambda job_id, attempt: cancels.stop(job_id, attempt, Refusal.SUPERSEDED),
+        )
         leases.start()
         closing.push_async_callback(leases.close)
         model, max_model_len = served_model_name(engine)

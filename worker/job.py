@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, NoReturn
+from typing import Any
 
 import msgspec
 from arq import Retry
@@ -36,10 +36,10 @@ from worker.engine import engine_priority
 from worker.logprobs import LogprobsReader
 from worker.presence import Presence
 from worker.progress import Progress, thread_tokenizer
-from worker.publisher import PublishFailed
+from worker.publisher import PublishFailed, Refusal
 from worker.regeneration import NotResumable, with_take_over_seed
 from worker.request_events import RequestEvents
-from worker.state import state_of
+from worker.state import WorkerState, state_of
 from worker.stats_report import RunningRequest
 
 logger = logging.getLogger("streamq.worker")
@@ -48,6 +48,11 @@ logger = logging.getLogger("streamq.worker")
 class RequestFailed(Exception):
     """Ends a job as failed after its error event went out; arq records it and
     does not retry it (only ``arq.Retry`` is retried)."""
+
+
+class OutOfStep(Exception):
+    """The log lost events this attempt had written (a Redis that lost acknowledged
+    writes): the job is handed back, and the next attempt goes on from what the log holds."""
 
 
 async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -70,18 +75,19 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     claimed_id = raw.get("request_id") if isinstance(raw, dict) else None
     reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
     events = RequestEvents(state_of(ctx).publisher, reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
+    state_of(ctx).attempts[job_id] = ctx["job_try"]  # arq's bookkeeping is fenced by attempt
 
     request: GenerateRequest | None = None
     try:
         request = _validate(ctx, args, kwargs)
         assert events is not None, "a valid request always has a channel"
         result = await _serve(ctx, request, events)
-        if not result.get("superseded"):  # else the attempt that took it over ends it
+        if not result.get("superseded"):  # else the attempt that owns it ends it
             await _schedule_callback(ctx, reply_to, request)
         return result
     except (InvalidRequest, VLLMValidationError) as exc:
         code, message = ErrorCode.INVALID_REQUEST, str(exc)
-    except PublishFailed as exc:
+    except (PublishFailed, OutOfStep) as exc:
         # Redis lost or refused this attempt's events: hand the job back; the next
         # attempt goes on from what the log holds (or ends it, when tries run out).
         logger.warning("request %s: %s; handing the job back", job_id, exc)
@@ -96,16 +102,21 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     except Exception as exc:
         logger.exception("request %s: unexpected error", job_id)
         code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-    await _fail_and_call_back(ctx, events, request, code, message)
+    try:
+        return await _fail_and_call_back(ctx, events, request, code, message)
+    except OutOfStep as exc:
+        logger.warning("request %s: %s; handing the job back", job_id, exc)
+        raise Retry(defer=0) from None
 
 
 async def _fail_and_call_back(
     ctx: dict[str, Any], events: RequestEvents | None, request: GenerateRequest | None, code: str, message: str
-) -> NoReturn:
-    """``_fail``, with the request's callback made due once its error event is out."""
+) -> dict[str, Any]:
+    """``_fail``, with the request's callback made due once its error event is out.
+    Returns only when another attempt owns the request (its end is that attempt's)."""
     job_id: str = ctx["job_id"]
     try:
-        await _fail(events, job_id, code, message)
+        return await _fail(ctx, events, job_id, code, message)
     except RequestFailed:
         if events is not None:
             await _schedule_callback(ctx, events.request_id, request)
@@ -204,6 +215,8 @@ async def _run(
         progress = await Progress.take_over(state.replay_log, request.request_id, events.attempt, params.n)
         if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
             return progress.summary(request.request_id)
+        if progress.superseded:  # a newer attempt took it over first
+            return _superseded(state, request.request_id, events.attempt)
         events.next_seq = progress.next_seq
         logger.info(
             "request %s: attempt %d resumes after %d tokens",
@@ -215,10 +228,10 @@ async def _run(
 
     waited = state.clock.seconds_since(ctx["score"])
     if request.queue_timeout_s is not None and events.attempt == 1 and waited > request.queue_timeout_s:
-        return await _end(events, request, progress, FinishReason.QUEUE_TIMEOUT)
+        return await _end(ctx, events, request, progress, FinishReason.QUEUE_TIMEOUT)
     time_left = None if request.timeout_s is None else request.timeout_s - waited
     if time_left is not None and time_left <= 0:
-        return await _end(events, request, progress, FinishReason.TIMEOUT)
+        return await _end(ctx, events, request, progress, FinishReason.TIMEOUT)
 
     prompt: str | TokensPrompt
     if chat_ids is not None:
@@ -230,7 +243,7 @@ async def _run(
     if progress.completion_tokens:
         resumed = await progress.continuation(engine, request, chat_ids, params)
         if resumed is None:  # finished (or out of budget) before the final event went out
-            return await _end(events, request, progress, FinishReason.LENGTH)
+            return await _end(ctx, events, request, progress, FinishReason.LENGTH)
 
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
@@ -264,21 +277,19 @@ async def _run(
                         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
                         events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
     except asyncio.CancelledError:
-        if cancels.take_superseded(request.request_id, events.attempt):
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            state.superseded_jobs.add(request.request_id)  # arq's bookkeeping is the new owner's
-            return {"request_id": request.request_id, "superseded": True}
-        if not cancels.was_cancelled(request.request_id):
+        stop = cancels.take_stop(request.request_id, events.attempt)
+        if stop is None and not cancels.was_cancelled(request.request_id):
             raise  # worker shutdown: arq hands the job back, another worker resumes it
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        return await _end(events, request, progress, FinishReason.CANCELLED)
+        if stop is None:
+            return await _end(ctx, events, request, progress, FinishReason.CANCELLED)
+        if await _settled(ctx, events, stop) is not None:
+            return _superseded(state, request.request_id, events.attempt)
     except TimeoutError:
-        return await _end(events, request, progress, FinishReason.TIMEOUT)
-    await events.delivered()
-    if cancels.take_refused(request.request_id):  # taken over while its last events were in flight
-        state.superseded_jobs.add(request.request_id)
-        logger.info("request %s: attempt %d was taken over; its end is the new owner's", *this_attempt)
-        return {"request_id": request.request_id, "superseded": True}
+        return await _end(ctx, events, request, progress, FinishReason.TIMEOUT)
+    else:
+        if await _settled(ctx, events) is not None:
+            return _superseded(state, request.request_id, events.attempt)
     logger.info(
         "request %s finished: %s, %d prompt + %d completion tokens in %.2fs",
         request.request_id,
@@ -288,6 +299,29 @@ async def _run(
         time.monotonic() - started,
     )
     return progress.summary(request.request_id)
+
+
+async def _settled(ctx: dict[str, Any], events: RequestEvents, stop: Refusal | None = None) -> Refusal | None:
+    """Wait until every event of this attempt has reached Redis, then say whether it still
+    owns the request: ``None`` if its events were logged (its end too, if it wrote one),
+    ``SUPERSEDED`` if another attempt owns the request or ended it. An attempt ``stop``ped
+    before it wrote its end leaves that end to the owner. Raises ``OutOfStep`` when the log
+    lost events it had written."""
+    await events.delivered()
+    refusal = state_of(ctx).publisher.take_refusal(events.request_id, events.attempt)
+    if refusal is None and not events.closed:
+        refusal = stop
+    if refusal is Refusal.OUT_OF_STEP:
+        raise OutOfStep(f"the log lost events attempt {events.attempt} had written")
+    return refusal
+
+
+def _superseded(state: WorkerState, request_id: str, attempt: int) -> dict[str, Any]:
+    """The result of an attempt that stopped because another attempt owns its request
+    (or ended it): the end, arq's bookkeeping and the callback are that attempt's."""
+    state.superseded_jobs.add(request_id)
+    logger.info("request %s: attempt %d stopped; the attempt that owns the request ends it", request_id, attempt)
+    return {"request_id": request_id, "superseded": True}
 
 
 def _chunks_with_logprobs(events: RequestEvents, output: RequestOutput, reader: LogprobsReader) -> None:
@@ -302,21 +336,26 @@ def _chunks_with_logprobs(events: RequestEvents, output: RequestOutput, reader: 
 
 
 async def _end(
-    events: RequestEvents, request: GenerateRequest, progress: Progress, reason: FinishReason
+    ctx: dict[str, Any], events: RequestEvents, request: GenerateRequest, progress: Progress, reason: FinishReason
 ) -> dict[str, Any]:
     """End the request early: unfinished completions get ``reason``."""
     progress.end_unfinished(reason)
     events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
-    await events.delivered()
+    if await _settled(ctx, events) is not None:
+        return _superseded(state_of(ctx), request.request_id, events.attempt)
     logger.info("request %s ended: %s after %d tokens", request.request_id, reason, progress.completion_tokens)
     return progress.summary(request.request_id)
 
 
-async def _fail(events: RequestEvents | None, job_id: str, code: str, message: str) -> NoReturn:
-    """Tell the requester why their request failed, then fail the job."""
+async def _fail(
+    ctx: dict[str, Any], events: RequestEvents | None, job_id: str, code: str, message: str
+) -> dict[str, Any]:
+    """Tell the requester why their request failed, then fail the job; unless another
+    attempt owns the request, whose end it is (then this attempt's result says so)."""
     logger.warning("request %s failed (%s): %s", job_id, code, message)
     metrics.REQUEST_ERRORS.labels(code=code).inc()
     if events is not None and not events.closed:
         events.error(code, message)
-        await events.delivered()
+        if await _settled(ctx, events) is not None:
+            return _superseded(state_of(ctx), events.request_id, events.attempt)
     raise RequestFailed(f"{code}: {message}")

@@ -2,8 +2,10 @@
 
 arq's in-progress key expires job_timeout + 10 s after the claim (an hour here); ``Leases``
 keeps it ``ttl_ms`` ahead instead, renewing all in one script call every ``ttl_ms / 3``.
-A lease names its holder (``lease_holder``) and renewal is a compare-and-set, so an
-attempt whose lapsed lease another worker claimed learns it at once and stops.
+A lease names its holder (``lease_holder``). The lease only says that an attempt is alive;
+who owns the request is its owner key's to say, and renewal reads it in the same script:
+an attempt keeps (or takes back) its lease while no newer attempt owns the request, and
+learns at once when one does, or when the request ended, and stops.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
+from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS, owner_key
 from streamq.protocol.scripts import register_script
 from streamq.tasks import stop_task
 from worker import metrics
@@ -33,9 +35,8 @@ class Leases:
     """Keeps the in-progress keys of this worker's running jobs alive.
 
     :param worker_id: this worker's id, the value its claims write.
-    :param queue: the queue its jobs come from: a lapsed lease is taken back only while
-        its job is still there (else another attempt took the request over and ended it).
-    :param on_lost: called with ``(job_id, attempt)`` when another holder has the lease.
+    :param on_lost: called with ``(job_id, attempt)`` when a newer attempt owns the request
+        or it ended: that attempt stops without writing the end.
     """
 
     def __init__(
@@ -43,13 +44,11 @@ class Leases:
         redis: Redis,
         *,
         worker_id: str,
-        queue: str,
         on_lost: Callable[[str, int], None],
         ttl_ms: int = LEASE_TTL_MS,
     ) -> None:
         self.ttl_ms = ttl_ms
         self.worker_id = worker_id
-        self.queue = queue
         self._redis = redis
         self._on_lost = on_lost
         self._held: dict[str, int] = {}
@@ -77,18 +76,20 @@ class Leases:
                 del self._held[job_id]
 
     async def renew(self) -> None:
-        """Renew every held lease once; report those another holder has taken."""
+        """Renew every held lease once; report those whose request a newer attempt owns
+        or that ended."""
         held = list(self._held.items())
         if not held:
             return
-        keys = [IN_PROGRESS_PREFIX + job_id for job_id, _ in held]
-        args: list[str | int] = [self.ttl_ms, self.worker_id, self.queue]
+        keys: list[str] = []
+        args: list[str | int] = [self.ttl_ms]
         for job_id, attempt in held:
-            args += [lease_holder(self.worker_id, attempt), job_id]
+            keys += [IN_PROGRESS_PREFIX + job_id, owner_key(job_id)]
+            args += [lease_holder(self.worker_id, attempt), attempt]
         replies = await self._renew(keys=keys, args=args)
         for (job_id, attempt), kept in zip(held, replies, strict=True):
             if not kept and self._held.get(job_id) == attempt:
-                logger.warning("job %s: lease lost to another worker (attempt %d stops)", job_id, attempt)
+                logger.warning("job %s: owned by a newer attempt, or ended (attempt %d stops)", job_id, attempt)
                 metrics.LEASES_LOST.inc()
                 del self._held[job_id]
                 self._on_lost(job_id, attempt)

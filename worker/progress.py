@@ -62,6 +62,8 @@ class Progress:
         self.prompt_tokens = 0
         self.next_seq = 0
         self.ended = False
+        self.superseded = False
+        """A newer attempt owned the request when this one took it over."""
 
     @property
     def completion_tokens(self) -> int:
@@ -93,7 +95,8 @@ class Progress:
     async def take_over(cls, log: ReplayLog, request_id: str, attempt: int, n: int) -> Progress:
         """Fence off earlier attempts of ``request_id`` and rebuild what they published."""
         progress = cls(n)
-        for raw in await log.take_over(request_id, attempt):
+        taken = await log.take_over(request_id, attempt)
+        for raw in taken.entries:
             try:
                 event = decode_event(raw)
             except msgspec.DecodeError:
@@ -108,6 +111,7 @@ class Progress:
                 progress.prompt_tokens = event.prompt_tokens
             elif isinstance(event, ErrorEvent):
                 progress.ended = True
+        progress.superseded = not taken.owns and not progress.ended
         return progress
 
     async def continuation(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
 from streamq.protocol import ChunkEvent, TokenLogprob, encode_event
 from streamq.protocol.names import COALESCE_ENV
 from streamq.tasks import stop_task
@@ -45,6 +46,16 @@ def coalesce_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(COALESCE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+class Refusal(enum.Enum):
+    """Why the log refused an attempt's events (``append_and_publish``)."""
+
+    SUPERSEDED = "superseded"
+    """Another attempt owns the request, or it ended: this attempt stops, writing nothing more."""
+    OUT_OF_STEP = "out of step"
+    """The log lost events this attempt had written (a Redis that lost acknowledged writes):
+    this attempt hands its job back, and the next one goes on from what the log holds."""
+
+
 class PublishFailed(RuntimeError):
     """Events could not be logged: Redis stayed unreachable for longer than the retry
     budget, or refused them for good (a permission, a wrong key type)."""
@@ -60,8 +71,10 @@ def is_transient(exc: BaseException) -> bool:
 class EventPublisher:
     """Buffers events and flushes them in batches.
 
-    ``on_superseded`` is called with each request whose events the log refused
-    because another attempt owns it or it already ended: that attempt's job should stop.
+    ``on_refused`` is called with ``(request_id, attempt, refusal)`` for each attempt
+    whose events the log refused, as soon as the reply says so: that attempt's job should
+    stop. The refusal is also kept until the job asks (``take_refusal``): a refusal of
+    an event published before ``flushed()`` was asked is known once it resolves.
     ``coalesce=False`` makes ``extendable`` always false: one event per DELTA.
     """
 
@@ -69,13 +82,14 @@ class EventPublisher:
         self,
         log: ReplayLog,
         *,
-        on_superseded: Callable[[str], None] | None = None,
+        on_refused: Callable[[str, int, Refusal], None] | None = None,
         retry_for_s: float = DEFAULT_RETRY_FOR_S,
         retry_delay_s: float = 0.2,
         coalesce: bool = True,
     ) -> None:
         self._log = log
-        self._on_superseded = on_superseded
+        self._on_refused = on_refused
+        self._refusals: dict[tuple[str, int], Refusal] = {}
         self.coalesce = coalesce
         self._pending: list[LogEvent | ChunkEvent] = []
         self._generation = 0
@@ -85,6 +99,9 @@ class EventPublisher:
         self._deltas = 0
         """DELTAs buffered since the flusher last took the buffer, merged ones included."""
         self._pending_waiters: list[asyncio.Future[None]] = []
+        self._sending_waiters: list[asyncio.Future[None]] = []
+        """Waiters of the batch in flight: resolved when it is done, as the pending ones are
+        when the batch that takes them is."""
         self._has_pending = asyncio.Event()
         self._retry_for_s = retry_for_s
         self._retry_delay_s = retry_delay_s
@@ -138,14 +155,20 @@ class EventPublisher:
         self._deltas += 1
 
     def flushed(self) -> asyncio.Future[None]:
-        """A future that resolves once everything published so far has reached Redis,
-        or fails with ``PublishFailed`` if it could not."""
+        """A future that resolves once everything published so far has reached Redis
+        (the batch in flight too), or fails with ``PublishFailed`` if it could not."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self._pending:
-            waiter.set_result(None)
-        else:
+        if self._pending:
             self._pending_waiters.append(waiter)
+        elif self._in_flight:
+            self._sending_waiters.append(waiter)
+        else:
+            waiter.set_result(None)
         return waiter
+
+    def take_refusal(self, request_id: str, attempt: int) -> Refusal | None:
+        """Why the log refused events of ``attempt`` at ``request_id``, if it did (once)."""
+        return self._refusals.pop((request_id, attempt), None)
 
     async def _flush_forever(self) -> None:
         while True:
@@ -153,6 +176,7 @@ class EventPublisher:
             self._has_pending.clear()
             taken, self._pending = self._pending, []
             waiters, self._pending_waiters = self._pending_waiters, []
+            self._sending_waiters = waiters
             deltas, self._deltas = self._deltas, 0
             self._generation += 1
             batch, chunks, tokens = _encoded(taken)
@@ -197,10 +221,22 @@ class EventPublisher:
                 logger.warning("publish of %d events failed (attempt %d), retrying: %s", len(batch), attempt, exc)
                 await asyncio.sleep(min(self._retry_delay_s * attempt, 2.0))
                 continue
-            if self._on_superseded is not None:
-                for request_id in appended.superseded:
-                    self._on_superseded(request_id)
+            if appended.superseded or appended.out_of_step:
+                self._refused(batch, appended)
             return
+
+    def _refused(self, batch: list[LogEvent], appended: Appended) -> None:
+        """Record (and report) each attempt whose events ``appended`` says were refused."""
+        refused = dict.fromkeys(appended.out_of_step, Refusal.OUT_OF_STEP)
+        refused.update(dict.fromkeys(appended.superseded, Refusal.SUPERSEDED))
+        attempts = {(event.request_id, event.attempt) for event in batch if event.request_id in refused}
+        for request_id, attempt in attempts:
+            refusal = refused[request_id]
+            logger.warning("request %s: the log refused events of attempt %d: %s", request_id, attempt, refusal.value)
+            if self._refusals.get((request_id, attempt)) is not Refusal.SUPERSEDED:
+                self._refusals[request_id, attempt] = refusal
+            if self._on_refused is not None:
+                self._on_refused(request_id, attempt, refusal)
 
 
 def _encoded(taken: list[LogEvent | ChunkEvent]) -> tuple[list[LogEvent], int, int]:

@@ -76,9 +76,11 @@ class WorkerState:
     engine_dead: bool = False
     running: RunningRequests = field(default_factory=RunningRequests)
     """The requests running here now, with their progress, for the stats report."""
+    attempts: dict[str, int] = field(default_factory=dict)
+    """Job id -> the attempt that runs it here: arq's bookkeeping at its end is fenced by it."""
     superseded_jobs: set[str] = field(default_factory=set)
-    """Jobs stopped because another worker took them over: their arq keys and
-    result belong to that worker, so ``StreamqWorker`` leaves them alone."""
+    """Jobs stopped because another attempt owns their request (or ended it): their arq
+    keys and result belong to that attempt, so ``StreamqWorker`` only releases the lease."""
 
     def engine_died(self) -> None:
         """Hand every running job back and stop this worker (exit code 3): it can

@@ -36,6 +36,7 @@ from streamq.protocol import (
     callback_key,
     encode_event,
     events_channel,
+    owner_key,
 )
 from streamq.protocol.names import RECENT_ENDS_KEY, RECENT_ENDS_MAX
 from streamq.protocol.scripts import register_script
@@ -69,10 +70,24 @@ class Appended:
     """What became of a batch given to ``ReplayLog.append``."""
 
     skipped: int
-    """Events not logged: already there, from a superseded attempt, or after the end."""
-    superseded: frozenset[str]
-    """Requests whose new events were refused because another attempt owns the request,
-    or because it already ended: the attempt that sent them should stop."""
+    """Events not logged: already there, refused, or out of step."""
+    superseded: frozenset[str] = frozenset()
+    """Requests whose events were refused because another attempt owns the request, wrote
+    the same entry, or ended it: the attempt that sent them should stop."""
+    out_of_step: frozenset[str] = frozenset()
+    """Requests whose events would have left a gap in their log (it lost entries that were
+    written: a Redis that lost acknowledged writes): the attempt that sent them should hand
+    its job back, so that the next one goes on from what the log holds."""
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """What ``ReplayLog.take_over`` found."""
+
+    owns: bool
+    """The attempt owns the request now; else it ended, or a newer attempt owns it."""
+    entries: list[bytes]
+    """The events logged so far, in order."""
 
 
 def entry_id(seq: int) -> str:
@@ -116,7 +131,7 @@ class ReplayLog:
             keys: list[str] = []
             args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
             for event in events:
-                keys += [events_channel(event.request_id), OWNER_KEY_PREFIX + event.request_id]
+                keys += [events_channel(event.request_id), owner_key(event.request_id)]
                 args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
             args += [RECENT_ENDS_KEY, self._recent_ends_max, EVENTS_CHANNEL_PREFIX]
             reply = await script(keys=keys, args=args)
@@ -127,18 +142,18 @@ class ReplayLog:
             except NoScriptError:  # a restarted Redis has forgotten it
                 await self._redis.script_load(script.script)
                 reply = await _execute_packed(self._redis.connection_pool, command)
-        skipped, *superseded = reply
-        prefix = len(EVENTS_CHANNEL_PREFIX)
-        keys_out = (as_text(key) for key in superseded)
-        return Appended(int(skipped), frozenset(key[prefix:] for key in keys_out))
+        skipped, superseded, out_of_step = reply
+        return Appended(int(skipped), _request_ids(superseded), _request_ids(out_of_step))
 
-    async def end(self, request_id: str, event: FinalEvent | ErrorEvent) -> int | None:
+    async def end(self, request_id: str, event: FinalEvent | ErrorEvent, *, attempt: int | None = None) -> int | None:
         """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
         log holds (computed in Redis), unless the request already ended. For the paths
         that end a request outside the attempt running it (a cancel while queued, a job
-        arq gave up on). A callback stored at enqueue is made due, and the event pushed to
-        ``RECENT_ENDS_KEY``, in the same script. Returns the seq given, or ``None`` if it had already ended."""
-        keys = [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
+        arq gave up on); ``attempt``, when given, is the attempt on whose behalf it is
+        written: nothing is written while a newer attempt owns the request. A callback
+        stored at enqueue is made due, and the event pushed to ``RECENT_ENDS_KEY``, in the
+        same script. Returns the seq given, or ``None`` if nothing was written."""
+        keys = [events_channel(request_id), owner_key(request_id)]
         args: list[bytes | str | int] = [
             encode_event(event),
             self._maxlen,
@@ -149,15 +164,18 @@ class ReplayLog:
             RECENT_ENDS_KEY,
             self._recent_ends_max,
         ]
+        if attempt is not None:
+            args.append(attempt)
         seq = int(await self._end_script(keys=keys, args=args))
         return None if seq < 0 else seq
 
-    async def take_over(self, request_id: str, attempt: int) -> list[bytes]:
+    async def take_over(self, request_id: str, attempt: int) -> TakeOver:
         """Make ``attempt`` the request's owner, so that older attempts still running
-        can no longer write, and return everything logged so far."""
-        keys = [events_channel(request_id), OWNER_KEY_PREFIX + request_id]
-        entries = await self._take_over_script(keys=keys, args=[attempt, self._ttl_ms])
-        return [_field(fields, b"event") for _, fields in entries]
+        can no longer write (unless it ended, or a newer attempt owns it), and read
+        everything logged so far, in one step."""
+        keys = [events_channel(request_id), owner_key(request_id)]
+        owns, entries = await self._take_over_script(keys=keys, args=[attempt, self._ttl_ms])
+        return TakeOver(bool(owns), [_field(fields, b"event") for _, fields in entries])
 
     async def read(self, request_id: str, from_seq: int = 0) -> list[bytes]:
         """The logged events of ``request_id`` with ``seq >= from_seq``, in order."""
@@ -247,6 +265,12 @@ async def _execute_packed(pool: ConnectionPool, command: bytes) -> Any:
         raise
     finally:
         await pool.release(connection)
+
+
+def _request_ids(log_keys: list[bytes | str]) -> frozenset[str]:
+    """The request ids of ``log_keys`` (their names without ``EVENTS_CHANNEL_PREFIX``)."""
+    prefix = len(EVENTS_CHANNEL_PREFIX)
+    return frozenset(as_text(key)[prefix:] for key in log_keys)
 
 
 def _field(flat: list[bytes], name: bytes) -> bytes:

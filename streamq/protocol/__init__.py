@@ -77,6 +77,7 @@ from streamq.protocol.names import (
     callback_key,
     events_channel,
     is_valid_request_id,
+    owner_key,
 )
 
 __all__ = [
@@ -144,6 +145,7 @@ __all__ = [
     "deserialize_job",
     "callback_key",
     "events_channel",
+    "owner_key",
     "is_valid_request_id",
     "parse_request",
     "serialize_job",

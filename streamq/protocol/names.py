@@ -38,7 +38,8 @@ EVENTS_CHANNEL_PREFIX: Final = "streamq:events:"
 """Pub/sub channel of one request's events (``streamq:events:<request_id>``), and the
 Redis Stream of its replay log."""
 OWNER_KEY_PREFIX: Final = "streamq:owner:"
-"""``streamq:owner:<request_id>``: the newest attempt that wrote to (or took over) the log."""
+"""``streamq:owner:<request_id>``: the attempt that owns the request (it alone may write its
+events, renew its lease and remove its job), or ``ENDED``."""
 ENDED: Final = "ended"
 """The owner key's value once a request has its terminal event: no attempt may write again."""
 WAKEUP_CHANNEL: Final = "streamq:wakeup"
@@ -174,6 +175,11 @@ COALESCE_ENV: Final = "STREAMQ_COALESCE"
 def events_channel(request_id: str) -> str:
     """Name of the pub/sub channel that carries ``request_id``'s events."""
     return EVENTS_CHANNEL_PREFIX + request_id
+
+
+def owner_key(request_id: str) -> str:
+    """Name of the key naming the attempt that owns ``request_id`` (or ``ENDED``)."""
+    return OWNER_KEY_PREFIX + request_id
 
 
 def waiting_key(queue: str, priority: int) -> str:

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
+from streamq.broker.replay_log import Appended, LogEvent, ReplayLog, TakeOver
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
-from worker.publisher import EventPublisher, PublishFailed
+from worker.publisher import EventPublisher, PublishFailed, Refusal
 
 
 @pytest.fixture
@@ -74,10 +74,10 @@ async def test_an_event_already_logged_is_not_published_again(redis: aioredis.Re
     await pubsub.get_message(timeout=5)
 
     assert await log.append([LogEvent(request_id, 0, 1, b"first"), LogEvent(request_id, 1, 1, b"second")]) == Appended(
-        0, frozenset()
+        0
     )
-    again = await log.append([LogEvent(request_id, 1, 1, b"second again"), LogEvent(request_id, 2, 1, b"third")])
-    assert again == Appended(1, frozenset())  # a duplicate, not a superseded attempt
+    again = await log.append([LogEvent(request_id, 1, 1, b"second"), LogEvent(request_id, 2, 1, b"third")])
+    assert again == Appended(1)  # a duplicate, not a superseded attempt
 
     published = []
     while (message := await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)) is not None:
@@ -96,12 +96,50 @@ async def test_a_superseded_attempt_can_no_longer_write(redis: aioredis.Redis) -
     log = ReplayLog(redis)
     await log.append([LogEvent(request_id, 0, 1, b"a1-0"), LogEvent(request_id, 1, 1, b"a1-1")])
 
-    assert await log.take_over(request_id, 2) == [b"a1-0", b"a1-1"]
+    assert await log.take_over(request_id, 2) == TakeOver(True, [b"a1-0", b"a1-1"])
     assert await log.append([LogEvent(request_id, 2, 1, b"a1-2 (stale)")]) == Appended(1, frozenset({request_id}))
     mixed = await log.append([LogEvent(request_id, 2, 2, b"a2-2"), LogEvent(request_id, 3, 1, b"a1-3 (stale)")])
     assert mixed == Appended(1, frozenset({request_id}))
-    assert await log.append([LogEvent(request_id, 3, 0, b"producer's own event")]) == Appended(0, frozenset())
+    assert await log.append([LogEvent(request_id, 3, 0, b"producer's own event")]) == Appended(0)
     assert await log.read(request_id) == [b"a1-0", b"a1-1", b"a2-2", b"producer's own event"]
+    assert await log.take_over(request_id, 1) == TakeOver(False, [b"a1-0", b"a1-1", b"a2-2", b"producer's own event"])
+
+
+async def test_an_entry_written_by_another_attempt_is_refused_not_counted_as_delivered(redis: aioredis.Redis) -> None:
+    """The stale attempt's events take numbers the attempt that took over has already
+    written: they are not duplicates of its own (their payload differs), so the stale
+    attempt is told it was superseded rather than that its events are logged."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    await log.append([LogEvent(request_id, 0, 1, b"a1-0")])
+    await log.take_over(request_id, 2)
+    await log.append([LogEvent(request_id, 1, 2, b"a2-1"), LogEvent(request_id, 2, 2, b"a2-2")])
+    stale = [LogEvent(request_id, 1, 1, b"a1-1"), LogEvent(request_id, 2, 1, b"a1-final", terminal=True)]
+    assert await log.append(stale) == Appended(2, frozenset({request_id}))
+    assert await log.read(request_id) == [b"a1-0", b"a2-1", b"a2-2"]
+
+
+async def test_an_event_that_would_leave_a_gap_is_refused_as_out_of_step(redis: aioredis.Redis) -> None:
+    """A Redis that lost acknowledged writes (a crash without fsync, a failover to a replica
+    that lagged) no longer holds events an attempt wrote: its next events would leave a hole
+    in the log, so none is logged and its request is reported out of step."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    await log.append([LogEvent(request_id, seq, 1, b"e%d" % seq) for seq in range(4)])
+    await lose_writes(redis, request_id, keep=2)
+    assert await log.append([LogEvent(request_id, 4, 1, b"e4"), LogEvent(request_id, 5, 1, b"e5")]) == Appended(
+        2, out_of_step=frozenset({request_id})
+    )
+    assert await log.read(request_id) == [b"e0", b"e1"]
+
+
+async def lose_writes(redis: aioredis.Redis, request_id: str, *, keep: int) -> None:
+    """Make the log what a Redis that lost its latest writes holds: its first ``keep`` entries."""
+    key = events_channel(request_id)
+    kept = (await redis.xrange(key))[:keep]
+    await redis.delete(key)
+    for entry_id, fields in kept:
+        await redis.xadd(key, fields, id=entry_id)
 
 
 async def test_nothing_is_logged_after_a_terminal_event(redis: aioredis.Redis) -> None:
@@ -110,8 +148,8 @@ async def test_nothing_is_logged_after_a_terminal_event(redis: aioredis.Redis) -
     request_id = f"pub-{uuid.uuid4().hex}"
     log = ReplayLog(redis)
     ended = [LogEvent(request_id, 0, 1, b"a1-0"), LogEvent(request_id, 1, 1, b"a1-final", terminal=True)]
-    assert await log.append(ended) == Appended(0, frozenset())
-    assert await log.append(ended) == Appended(2, frozenset())  # retried: duplicates only
+    assert await log.append(ended) == Appended(0)
+    assert await log.append(ended) == Appended(2)  # retried: duplicates only
     assert await log.append([LogEvent(request_id, 2, 1, b"late")]) == Appended(1, frozenset({request_id}))
     assert await log.append([LogEvent(request_id, 2, 3, b"newer attempt")]) == Appended(1, frozenset({request_id}))
     assert await log.read(request_id) == [b"a1-0", b"a1-final"]
@@ -171,10 +209,10 @@ async def test_a_redis_that_forgot_its_scripts_still_takes_the_batch(redis: aior
     """A restarted Redis has no scripts loaded: the batch loads it and goes through once."""
     request_id = f"pub-{uuid.uuid4().hex}"
     log = ReplayLog(redis)
-    assert await log.append([LogEvent(request_id, 0, 1, b"before")]) == Appended(0, frozenset())
+    assert await log.append([LogEvent(request_id, 0, 1, b"before")]) == Appended(0)
     await redis.script_flush()
     payload = "après".encode()
-    assert await log.append([LogEvent(request_id, 1, 1, payload)]) == Appended(0, frozenset())
+    assert await log.append([LogEvent(request_id, 1, 1, payload)]) == Appended(0)
     assert await log.read(request_id) == [b"before", payload]
 
 
@@ -183,7 +221,27 @@ async def test_a_single_connection_client_logs_the_same(redis_url: str) -> None:
     client = aioredis.Redis.from_url(redis_url, single_connection_client=True)
     log = ReplayLog(client)
     events = [LogEvent(request_id, 0, 1, b"a"), LogEvent(request_id, 1, 1, b"b", terminal=True)]
-    assert await log.append(events) == Appended(0, frozenset())
+    assert await log.append(events) == Appended(0)
     assert await log.append([LogEvent(request_id, 2, 1, b"late")]) == Appended(1, frozenset({request_id}))
     assert await log.read(request_id) == [b"a", b"b"]
     await client.aclose()
+
+
+async def test_flushed_waits_for_the_batch_already_in_flight(redis: aioredis.Redis) -> None:
+    """An attempt asks whether its last events reached Redis after the flusher took them:
+    the answer must wait for that batch, and a refusal in its reply is known by then."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    await log.append([LogEvent(request_id, 0, 1, b"a1-0")])
+    await log.take_over(request_id, 2)
+    reported: list[tuple[str, int, Refusal]] = []
+    publisher = EventPublisher(log, on_refused=lambda *refused: reported.append(refused))
+    publisher.start()
+    publisher.publish(request_id, 1, 1, b"a1-final", terminal=True)
+    await asyncio.sleep(0)  # the flusher takes the batch and sends it
+    assert not publisher._pending and publisher._in_flight
+    await publisher.flushed()
+    assert reported == [(request_id, 1, Refusal.SUPERSEDED)]
+    assert publisher.take_refusal(request_id, 1) is Refusal.SUPERSEDED
+    assert publisher.take_refusal(request_id, 1) is None  # told once
+    await publisher.close()

@@ -20,15 +20,17 @@ from producer.client import StreamqClient
 from producer.openai_api.errors import ApiError
 from streamq.broker.api_keys import ApiKeyStore, KeyRecord, secret_hash, usage_key
 from streamq.broker.registry import WorkerRegistry
-from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.broker.replay_log import LogEvent, ReplayLog, TakeOver
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import (
+    ABORT_KEY,
     HEALTH_CHECK_SUFFIX,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
     LEASE_TTL_MS,
     MODELS_KEY,
     RESULT_KEY_PREFIX,
+    RETRY_KEY_PREFIX,
     WORKERS_KEY,
     ChunkEvent,
     FinalEvent,
@@ -36,6 +38,7 @@ from streamq.protocol import (
     encode_event,
     encode_registration,
     events_channel,
+    owner_key,
 )
 from streamq.protocol.names import (
     API_KEY_NAMES_KEY,
@@ -44,10 +47,12 @@ from streamq.protocol.names import (
     RECENT_ENDS_KEY,
     WORKER_STATS_KEY,
     WORKER_STATS_SEEN_KEY,
+    running_key,
 )
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
 from streamq.protocol.scripts import register_script
 from streamq.protocol.worker_stats import WorkerStats
+from worker.lease import Leases
 
 SCRIPT_DENIED = "ACL failure in script: No permissions to access a key"
 
@@ -162,7 +167,7 @@ async def test_a_producer_does_its_own_work(redis_server: RedisServer, admin: ai
 
 
 async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredis.Redis, queue: str) -> None:
-    """Register, claim, renew, take over and publish, as the worker's user."""
+    """Register, claim, renew, take over, publish and finish the job, as the worker's user."""
     name = f"roles-{uuid.uuid4().hex[:8]}"
     registration = WorkerRegistration(worker_id=name, model=name, queue=queue)
     registry = WorkerRegistry(worker)
@@ -173,15 +178,29 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
     claim = register_script(worker, "claim_jobs")
     _, claimed, _ = await claim(keys=[queue], args=[1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, name])
     assert claimed == request_id.encode()
-    renew = register_script(worker, "renew_leases")
-    renewal = [LEASE_TTL_MS, name, queue, f"{name}:1", request_id]
-    assert await renew(keys=[IN_PROGRESS_PREFIX + request_id], args=renewal) == [1]
+    lost: list[tuple[str, int]] = []
+    leases = Leases(worker, worker_id=name, on_lost=lambda *job: lost.append(job))
+    with leases.held(request_id, 1):
+        await leases.renew()
+    assert not lost and await admin.get(IN_PROGRESS_PREFIX + request_id) == f"{name}:1".encode()
     log = ReplayLog(worker)
-    assert await log.take_over(request_id, 1) == []
+    assert await log.take_over(request_id, 1) == TakeOver(True, [])
     chunk = ChunkEvent(request_id=request_id, seq=0, index=0, text="a", token_ids=[1], attempt=1)
     await log.append([LogEvent(request_id, 0, 1, encode_event(chunk))])
     assert await log.read(request_id) == [encode_event(chunk)]
-    await admin.delete(queue, IN_PROGRESS_PREFIX + request_id, JOB_KEY_PREFIX + request_id)
+    finish = register_script(worker, "finish_job")
+    keys = [
+        IN_PROGRESS_PREFIX + request_id,
+        JOB_KEY_PREFIX + request_id,
+        RETRY_KEY_PREFIX + request_id,
+        RESULT_KEY_PREFIX + request_id,
+        queue,
+        ABORT_KEY,
+        running_key(queue),
+        owner_key(request_id),
+    ]
+    assert await finish(keys=keys, args=[request_id, name, f"{name}:1", 1, "finish", b"{}", 60_000, ""]) == 1
+    assert await admin.zcard(queue) == 0 and not await admin.exists(IN_PROGRESS_PREFIX + request_id)
     await admin.hdel(MODELS_KEY, name)
 
 

@@ -20,6 +20,7 @@ from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
     CALLBACK_KEY_PREFIX,
     CALLBACKS_KEY,
+    ENDED,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
     RESULT_KEY_PREFIX,
@@ -28,6 +29,7 @@ from streamq.protocol import (
     callback_key,
     encode_event,
     events_channel,
+    owner_key,
     serialize_job,
 )
 from streamq.protocol.callbacks import CallbackBody, signature, verify
@@ -186,8 +188,11 @@ async def test_a_claimed_delivery_is_due_again_when_its_lease_passes(own_redis: 
         record = register_script(worker, "record_callback")
         keys = [CALLBACKS_KEY, callback_key(request_id)]
         spec = b'{"url":"http://127.0.0.1:9/x"}'
-        assert await schedule(keys=keys, args=[request_id, spec, 60_000]) == 1
-        assert await schedule(keys=keys, args=[request_id, spec, 60_000]) == 0  # once per request
+        scheduling = [*keys, owner_key(request_id)]
+        assert await schedule(keys=scheduling, args=[request_id, spec, 60_000]) == 0  # not ended yet
+        await worker.set(owner_key(request_id), ENDED)
+        assert await schedule(keys=scheduling, args=[request_id, spec, 60_000]) == 1
+        assert await schedule(keys=scheduling, args=[request_id, spec, 60_000]) == 0  # once per request
 
         async def claimed() -> list[bytes]:
             _, *reply = await claim(keys=[CALLBACKS_KEY], args=[1000, 300, CALLBACK_KEY_PREFIX])

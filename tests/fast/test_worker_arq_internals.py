@@ -26,7 +26,6 @@ RECORDED: dict[str, str] = {
     # Overridden by StreamqWorker.
     "Worker.__init__": "d6a9394abdb57cc4",
     "Worker.main": "0ecb21ce3368eccd",
-    "Worker._poll_iteration": "489ccd5a28868742",
     "Worker._release_sem_dec_counter_on_complete": "4a26f100774efecc",
     "Worker.finish_job": "93bb5bdcf65892e5",
     "Worker.finish_failed_job": "103418320f3ae56c",

@@ -1,14 +1,15 @@
-"""A worker's lease on a job is renewed only by its holder."""
+"""A lease is renewed while its attempt owns the request: the owner key decides, not the lease."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
-from streamq.protocol import IN_PROGRESS_PREFIX
+from streamq.protocol import ENDED, IN_PROGRESS_PREFIX, owner_key
 from worker.lease import Leases, lease_holder
 
 
@@ -19,26 +20,32 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
-async def test_a_lease_is_renewed_only_by_its_holder(redis: aioredis.Redis) -> None:
-    """Claimed by this worker: renewed and named after the attempt. Lapsed with nobody
-    else holding it and the job still queued: taken back. Lapsed after the job left its
-    queue (another attempt took it over and ended it): lost, and not recreated. Held by
-    another worker: reported lost, not renewed."""
-    queue = f"streamq:queue:lease-{uuid.uuid4().hex}"
-    ours, lapsed, ended, stolen = (f"lease-{uuid.uuid4().hex}" for _ in range(4))
-    await redis.zadd(queue, {ours: 1, lapsed: 1, stolen: 1})  # `ended` has left the queue
+async def test_a_lease_is_kept_by_the_attempt_that_owns_the_request(redis: aioredis.Redis) -> None:
+    """Claimed and owned by this attempt: renewed and named after it. Lapsed (Redis was
+    away), or claimed by another worker whose attempt has not taken the request over yet:
+    taken back, since this attempt still owns the request; whether its job is still in a
+    queue does not matter. Owned by a newer attempt, or ended: lost, and left alone."""
+    ours, lapsed, claimed, newer, ended = (f"lease-{uuid.uuid4().hex}" for _ in range(5))
     lost: list[tuple[str, int]] = []
-    leases = Leases(redis, worker_id="worker-a", queue=queue, on_lost=lambda job, attempt: lost.append((job, attempt)))
+    leases = Leases(redis, worker_id="worker-a", on_lost=lambda job, attempt: lost.append((job, attempt)))
     await redis.set(IN_PROGRESS_PREFIX + ours, "worker-a", px=60_000)
-    await redis.set(IN_PROGRESS_PREFIX + stolen, lease_holder("worker-b", 2), px=60_000)
-    with leases.held(ours, 1), leases.held(lapsed, 1), leases.held(ended, 1), leases.held(stolen, 1):
+    await redis.set(owner_key(ours), 2)
+    await redis.set(IN_PROGRESS_PREFIX + claimed, "worker-b", px=60_000)
+    await redis.set(owner_key(claimed), 2)
+    await redis.set(IN_PROGRESS_PREFIX + newer, lease_holder("worker-b", 3), px=60_000)
+    await redis.set(owner_key(newer), 3)
+    await redis.set(owner_key(ended), ENDED)
+    with contextlib.ExitStack() as held:
+        for job in (ours, lapsed, claimed, newer, ended):
+            held.enter_context(leases.held(job, 2))
         await leases.renew()
-        assert await redis.get(IN_PROGRESS_PREFIX + ours) == b"worker-a:1"
-        assert 0 < await redis.pttl(IN_PROGRESS_PREFIX + ours) <= leases.ttl_ms
-        assert await redis.get(IN_PROGRESS_PREFIX + lapsed) == b"worker-a:1"
+        for job in (ours, lapsed, claimed):
+            assert await redis.get(IN_PROGRESS_PREFIX + job) == b"worker-a:2", job
+            assert 0 < await redis.pttl(IN_PROGRESS_PREFIX + job) <= leases.ttl_ms
+        assert await redis.get(IN_PROGRESS_PREFIX + newer) == lease_holder("worker-b", 3).encode()
         assert not await redis.exists(IN_PROGRESS_PREFIX + ended)
-        assert await redis.get(IN_PROGRESS_PREFIX + stolen) == b"worker-b:2"
-        assert sorted(lost) == sorted([(ended, 1), (stolen, 1)])
+        assert sorted(lost) == sorted([(newer, 2), (ended, 2)])
         await leases.renew()  # a lost lease is not reported (or renewed) again
-        assert sorted(lost) == sorted([(ended, 1), (stolen, 1)])
-    await redis.delete(queue, *(IN_PROGRESS_PREFIX + job for job in (ours, lapsed, stolen)))
+        assert sorted(lost) == sorted([(newer, 2), (ended, 2)])
+    await redis.delete(*(IN_PROGRESS_PREFIX + job for job in (ours, lapsed, claimed, newer)))
+    await redis.delete(*(owner_key(job) for job in (ours, claimed, newer, ended)))

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from streamq.broker.replay_log import TakeOver
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, encode_event, parse_request
 
 with warnings.catch_warnings():
@@ -30,13 +31,14 @@ ANSWER = "The key to happiness is a quiet mind and good friends."
 class _Log:
     """A replay log holding ``entries``, as ``Progress.take_over`` reads it."""
 
-    def __init__(self, *entries: bytes) -> None:
+    def __init__(self, *entries: bytes, owns: bool = True) -> None:
         self.entries = list(entries)
+        self.owns = owns
         self.taken_over_by: tuple[str, int] | None = None
 
-    async def take_over(self, request_id: str, attempt: int) -> list[bytes]:
+    async def take_over(self, request_id: str, attempt: int) -> TakeOver:
         self.taken_over_by = (request_id, attempt)
-        return self.entries
+        return TakeOver(self.owns, self.entries)
 
 
 class _Engine:
@@ -105,7 +107,15 @@ async def test_a_take_over_rebuilds_what_earlier_attempts_published() -> None:
     assert log.taken_over_by == ("r1", 3)
     assert (progress.token_ids, progress.texts) == ([[5, 6, 8], [7]], [["He", "llo"], ["Hi"]])
     assert progress.finish_reasons == [None, "stop"]
-    assert (progress.next_seq, progress.ended) == (3, False)
+    assert (progress.next_seq, progress.ended, progress.superseded) == (3, False, False)
+
+
+async def test_a_take_over_that_finds_a_newer_owner_is_superseded() -> None:
+    """Two workers claimed the job one after the other: the older attempt's take-over,
+    coming second, must not generate."""
+    log = _Log(encode_event(ChunkEvent(request_id="r1", seq=0, text="a", token_ids=[1])), owns=False)
+    progress = await Progress.take_over(log, "r1", 2, 1)  # type: ignore[arg-type]
+    assert (progress.superseded, progress.ended) == (True, False)
 
 
 @pytest.mark.parametrize(
@@ -116,9 +126,10 @@ async def test_a_take_over_rebuilds_what_earlier_attempts_published() -> None:
     ],
 )
 async def test_a_take_over_of_an_ended_request_knows_it_ended(last: FinalEvent | ErrorEvent) -> None:
-    log = _Log(encode_event(ChunkEvent(request_id="r1", seq=0, text="a", token_ids=[1])), encode_event(last))
+    chunk = encode_event(ChunkEvent(request_id="r1", seq=0, text="a", token_ids=[1]))
+    log = _Log(chunk, encode_event(last), owns=False)
     progress = await Progress.take_over(log, "r1", 2, 1)  # type: ignore[arg-type]
-    assert (progress.ended, progress.next_seq) == (True, 2)
+    assert (progress.ended, progress.next_seq, progress.superseded) == (True, 2, False)
     if isinstance(last, FinalEvent):
         assert (progress.finish_reasons, progress.prompt_tokens) == (["length"], 9)
 

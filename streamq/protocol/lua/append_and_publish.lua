@@ -3,15 +3,19 @@
 -- 0, and payload; then, optionally, the recent-ends list, its cap and the log keys' prefix:
 -- each terminal event logged is pushed there as `<request_id> <ended_ms> <event JSON>`
 -- (the request id is its log key without the prefix; ended_ms is Redis's time).
--- An event is skipped when its sequence number is already logged, when a newer attempt
--- owns the request (a worker that lost its lease but still runs must not
--- write over the one that took over), or when the request already ended. A terminal event
--- ends the request for everyone. Returns how many were skipped, then the request ids (their
--- log keys) whose events were refused because another attempt owns or ended it, each once.
--- Any error other than a duplicate id fails the whole call: the caller retries or fails
--- loudly, nothing is dropped in silence (events already written are skipped on retry).
+-- An event is logged and published only as the next entry of its request's log. Otherwise:
+-- - its entry already holds this very payload: a duplicate (a retried batch), skipped;
+-- - its entry holds another payload, a newer attempt owns the request, or the request
+--   already ended: refused, and its request reported as superseded (that attempt stops);
+-- - it would leave a gap (entries this attempt wrote are gone: a Redis that lost
+--   acknowledged writes): refused, and its request reported out of step (that attempt hands
+--   its job back; the next one goes on from what the log holds).
+-- A terminal event ends the request for everyone. Returns {skipped, {log keys superseded},
+-- {log keys out of step}}, each key once.
+-- Any other error fails the whole call: the caller retries or fails loudly, nothing is
+-- dropped in silence (events already written are duplicates on retry).
 local maxlen, ttl = ARGV[1], ARGV[2]
-local skipped, touched, owners, superseded, last_seqs = 0, {}, {}, {}, {}
+local skipped, touched, owners, lasts, superseded, out_of_step = 0, {}, {}, {}, {}, {}
 local tail = 2 + 2 * #KEYS
 local recent_key, recent_max, prefix = ARGV[tail + 1], tonumber(ARGV[tail + 2]), ARGV[tail + 3]
 local ended_ms, pushed = nil, false
@@ -19,54 +23,59 @@ for i = 1, #KEYS, 2 do
   local key, owner_key = KEYS[i], KEYS[i + 1]
   local base = 4 * (i - 1) / 2 + 2
   local id, attempt, terminal, payload = ARGV[base + 1], tonumber(ARGV[base + 2]), ARGV[base + 3], ARGV[base + 4]
-  if owners[owner_key] == nil then
-    owners[owner_key] = redis.call('GET', owner_key) or '0'
+  local entry = tonumber(string.match(id, '%-(%d+)$'))
+  if owners[key] == nil then
+    owners[key] = redis.call('GET', owner_key) or '0'
+    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+    lasts[key] = #last > 0 and tonumber(string.match(last[1][1], '%-(%d+)$')) or 0
   end
-  local owner = owners[owner_key]
-  if owner == 'ended' or (attempt > 0 and attempt < tonumber(owner)) then
+  local owner = owners[key]
+  if entry <= lasts[key] then
     skipped = skipped + 1
-    if last_seqs[key] == nil then
-      local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-      last_seqs[key] = #last > 0 and tonumber(string.match(last[1][1], '%-(%d+)$')) or 0
-    end
-    if tonumber(string.match(id, '%-(%d+)$')) > last_seqs[key] then
-      superseded[key] = true  -- a new event, not a retried one: its attempt must stop
-    end
+    local logged = redis.call('XRANGE', key, id, id)
+    if #logged > 0 and logged[1][2][2] ~= payload then
+      superseded[key] = true -- another attempt wrote this entry
+    end -- else ours already (or trimmed away by MAXLEN long ago)
+  elseif owner == 'ended' or (attempt > 0 and attempt < tonumber(owner)) then
+    skipped = skipped + 1
+    superseded[key] = true
+  elseif entry > lasts[key] + 1 then
+    skipped = skipped + 1
+    out_of_step[key] = true
   else
-    local added = redis.pcall('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
-    if type(added) == 'table' and added.err then
-      if not string.find(added.err, 'equal or smaller', 1, true) then
-        return redis.error_reply(added.err)
-      end
-      skipped = skipped + 1
-    else
-      redis.call('PUBLISH', key, payload)
-      touched[key] = owner_key
-      if terminal == '1' then
-        owners[owner_key] = 'ended'
-        if recent_key then
-          if ended_ms == nil then
-            local t = redis.call('TIME')
-            ended_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-          end
-          redis.call('LPUSH', recent_key, string.sub(key, #prefix + 1) .. ' ' .. ended_ms .. ' ' .. payload)
-          pushed = true
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
+    redis.call('PUBLISH', key, payload)
+    lasts[key] = entry
+    touched[key] = owner_key
+    if terminal == '1' then
+      owners[key] = 'ended'
+      if recent_key then
+        if ended_ms == nil then
+          local t = redis.call('TIME')
+          ended_ms = t[1] * 1000 + math.floor(t[2] / 1000)
         end
-      elseif attempt > tonumber(owner) then
-        owners[owner_key] = tostring(attempt)
+        redis.call('LPUSH', recent_key, string.sub(key, #prefix + 1) .. ' ' .. ended_ms .. ' ' .. payload)
+        pushed = true
       end
+    elseif attempt > tonumber(owner) then
+      owners[key] = tostring(attempt)
     end
   end
 end
 for key, owner_key in pairs(touched) do
   redis.call('PEXPIRE', key, ttl)
-  redis.call('SET', owner_key, owners[owner_key], 'PX', ttl)
+  redis.call('SET', owner_key, owners[key], 'PX', ttl)
 end
 if pushed then
   redis.call('LTRIM', recent_key, 0, recent_max - 1)
 end
-local reply = {skipped}
+local refused, stepped = {}, {}
 for key in pairs(superseded) do
-  reply[#reply + 1] = key
+  refused[#refused + 1] = key
 end
-return reply
+for key in pairs(out_of_step) do
+  if not superseded[key] then
+    stepped[#stepped + 1] = key
+  end
+end
+return {skipped, refused, stepped}

@@ -4,10 +4,15 @@
 -- `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time). Logs and publishes the
 -- event with the next sequence number (and, for a final event, the completion tokens the
 -- log holds), unless the request already ended; a callback stored at enqueue is made due
--- (as `schedule_callback` does).
--- Returns the seq given, or -1 when it had already ended.
-if redis.call('GET', KEYS[2]) == 'ended' then
+-- (as `schedule_callback` does). With ARGV[9], the attempt that ends it (a worker ending
+-- its own job that arq failed), nothing is written while a newer attempt owns the request.
+-- Returns the seq given, -1 when it had already ended, -2 when a newer attempt owns it.
+local owner = redis.call('GET', KEYS[2])
+if owner == 'ended' then
   return -1
+end
+if ARGV[9] and owner and tonumber(owner) > tonumber(ARGV[9]) then
+  return -2
 end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local seq = 0

@@ -1,9 +1,11 @@
--- KEYS: the callbacks set, the request's callback hash. ARGV: the request id, its callback
--- as JSON ('' to use the one stored at enqueue), ttl_ms.
--- Makes the request's callback due now (Redis's clock), once: a request already scheduled
+-- KEYS: the callbacks set, the request's callback hash, its owner key. ARGV: the request
+-- id, its callback as JSON ('' to use the one stored at enqueue), ttl_ms.
+-- Makes the request's callback due now (Redis's clock), once, and only once the request
+-- has ended (its owner key says `ended`): an attempt that believes it finished but was
+-- superseded cannot send a summary of a request still running. A request already scheduled
 -- (by another end path, or an earlier attempt of its job) is left alone, as is one with no
 -- callback. Returns 1 when scheduled, else 0.
-if redis.call('HEXISTS', KEYS[2], 'state') == 1 then
+if redis.call('HEXISTS', KEYS[2], 'state') == 1 or redis.call('GET', KEYS[3]) ~= 'ended' then
   return 0
 end
 if ARGV[2] ~= '' then
