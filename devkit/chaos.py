@@ -2,8 +2,8 @@
 Redis to restart, and a witness that records every event published.
 
 Everything here acts on real processes (``WorkerProcess``, ``RedisServer``), as an
-operator's outage would: SIGKILL to a worker's whole process group, a Redis stopped
-and started again on the same port with its data on disk.
+operator's outage would: SIGKILL to a worker's whole process group, a Redis stopped (or
+killed) and started again on the same port with its data on disk.
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ class WorkerFleet:
             worker.kill()
 
 
-async def restart_redis(server: RedisServer, down_s: float) -> tuple[float, float]:
-    """Stop Redis, keep it down ``down_s`` seconds, start it on the same port (its
-    data persists when the server is ``persistent``). Returns the monotonic times it
-    was gone and it answered again."""
-    await asyncio.to_thread(server.stop)
+async def restart_redis(server: RedisServer, down_s: float, *, crash: bool = False) -> tuple[float, float]:
+    """Stop Redis (SIGTERM; ``crash``: SIGKILL, with no chance to write anything more),
+    keep it down ``down_s`` seconds, start it on the same port (its data persists when the
+    server is ``persistent``). Returns the monotonic times it was gone and it answered again."""
+    await asyncio.to_thread(server.kill if crash else server.stop)
     down_at = time.monotonic()
     await asyncio.sleep(down_s)
     await asyncio.to_thread(server.start, 30.0)

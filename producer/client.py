@@ -108,7 +108,10 @@ class DuplicateRequest(StreamqError):
 
 
 class MissingEvents(StreamqError):
-    """Events went missing and the replay log no longer holds them."""
+    """Events went missing and the replay log no longer holds them, or holds others in
+    their place: Redis lost writes it had acknowledged (a crash without fsync, a failover
+    to a replica that lagged) and the request went on from what it kept. The events this
+    handle delivered can no longer be continued exactly."""
 
 
 class QueueFull(StreamqError):
@@ -151,7 +154,9 @@ class RequestHandle:
     """The events of one request, in order, ending with its final or error event.
 
     Live events come from pub/sub; whatever is missing (joining late, or a gap) is
-    read from the replay log. Duplicates (by sequence number) are dropped.
+    read from the replay log. Duplicates (by sequence number) are dropped, once checked
+    against what was delivered: an event numbered like one delivered but not the same
+    means the log was rewritten (``MissingEvents``).
     """
 
     def __init__(
@@ -170,6 +175,9 @@ class RequestHandle:
         self._queue = queue
         self._backlog: deque[bytes] = deque()
         self._next_seq = next_seq
+        self._first_seq = next_seq
+        self._delivered: list[int] = []
+        """A hash of each event delivered, from ``_first_seq`` on."""
         self._done = False
         self._closed = False
         self.cancel_on_close = False
@@ -226,16 +234,30 @@ class RequestHandle:
         return True
 
     async def _replay(self) -> bool:
-        """Queue logged events from the next expected one; False if there are none."""
-        logged = await self._client.log.read(self.request_id, self._next_seq)
+        """Queue logged events from the next expected one (and the last one delivered, to
+        check that the log still holds it); False if there are none to deliver."""
+        from_seq = self._next_seq - 1 if self._delivered else self._next_seq
+        logged = await self._client.log.read(self.request_id, from_seq)
         self._backlog.extendleft(reversed(logged))
-        return bool(logged)
+        return len(logged) > self._next_seq - from_seq
+
+    def _check_delivered(self, event: Event, raw: bytes) -> None:
+        """``event`` repeats one already delivered: it must be that very event."""
+        index = event.seq - self._first_seq
+        if 0 <= index < len(self._delivered) and self._delivered[index] != hash(raw):
+            raise MissingEvents(
+                f"request {self.request_id}: event {event.seq} is no longer the one delivered: Redis lost writes "
+                "it had acknowledged (a crash without fsync, or a failover to a replica that lagged) and the "
+                "request went on from what it kept"
+            )
 
     async def _events(self) -> AsyncIterator[Event]:
         try:
             while not self._done:
-                event = decode_event(await self._next_raw())
+                raw = await self._next_raw()
+                event = decode_event(raw)
                 if event.seq < self._next_seq:
+                    self._check_delivered(event, raw)
                     continue
                 if event.seq > self._next_seq:
                     if not await self._fill_gap():
@@ -244,6 +266,7 @@ class RequestHandle:
                         )
                     continue
                 self._next_seq += 1
+                self._delivered.append(hash(raw))
                 self._done = isinstance(event, TERMINAL_EVENTS)
                 yield event
         finally:

@@ -57,3 +57,13 @@ async def job_result(redis: aioredis.Redis, job_id: str, timeout_s: float = 30.0
             await asyncio.sleep(0.05)
     decoded: dict[str, Any] = json.loads(result)
     return decoded
+
+
+async def lose_writes(redis: aioredis.Redis, request_id: str, *, keep: int) -> None:
+    """Make ``request_id``'s log what a Redis that lost its latest writes (a crash without
+    fsync, a failover to a replica that lagged) holds: its first ``keep`` entries."""
+    key = events_channel(request_id)
+    kept = (await redis.xrange(key))[:keep]
+    await redis.delete(key)
+    for entry_id, fields in kept:
+        await redis.xadd(key, fields, id=entry_id)

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from devkit.redis_server import FreezingProxy, RedisServer
-from producer.client import StreamqClient
+from producer.client import MissingEvents, RequestHandle, StreamqClient
 from streamq.broker.connection import redis_settings_for
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
@@ -39,7 +39,7 @@ from streamq.protocol import (
     decode_event,
     owner_key,
 )
-from tests.events import job_result
+from tests.events import job_result, lose_writes
 from tests.scripted_engine import ScriptedEngine
 
 with warnings.catch_warnings():
@@ -212,3 +212,68 @@ async def _undisturbed(tokenizer: Any, script: list[int]) -> str:
     engine = ScriptedEngine(tokenizer, list(tokenizer.encode(PROMPT)), script)
     params = SamplingParams(max_tokens=len(script), output_kind=RequestOutputKind.DELTA)
     return "".join([output.outputs[0].text async for output in engine.generate("calm", PROMPT, params)])
+
+
+async def test_an_attempt_whose_events_redis_lost_hands_its_job_back_to_go_on_from_the_log(
+    tiny_model: Path, redis_and_proxy: tuple[RedisServer, FreezingProxy]
+) -> None:
+    """Redis loses the latest writes it acknowledged (as a crash without fsync, or a
+    failover to a replica that lagged, would) while attempt 1 streams: its next events would
+    leave a gap, so the log refuses them and attempt 1 hands its job back. Attempt 2 goes on
+    from what the log kept and ends the request once; a follower from the start gets the
+    whole answer, and the handle that had delivered the lost events says it cannot go on
+    rather than mix the two versions."""
+    from transformers import AutoTokenizer
+
+    server, _ = redis_and_proxy
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    prompt_ids = list(tokenizer.encode(PROMPT))
+    script = list(tokenizer.encode(ANSWER, add_special_tokens=False))[:30]
+    queue = f"streamq:queue:ownership-{uuid.uuid4().hex[:8]}"
+    request_id = f"rewound-{uuid.uuid4().hex}"
+    a = InProcessWorker(server.url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    b = InProcessWorker(server.url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    raw = aioredis.Redis.from_url(server.url)
+    await a.arq.start_up()
+    await b.arq.start_up()
+    try:
+        async with await StreamqClient.connect(server.url, queue=queue) as client:
+            handle = await client.submit(
+                PROMPT, request_id=request_id, max_tokens=len(script), ignore_eos=True, temperature=0
+            )
+            followed = asyncio.ensure_future(_events_of(handle))
+            a.engine.release(10)
+            a_job = await a.claim(request_id)
+            await until(lambda: _has_tokens(raw, request_id, 10), "attempt 1 logged 10 tokens")
+            kept = (await logged(raw, request_id))[:4]
+            await lose_writes(raw, request_id, keep=len(kept))
+
+            a.engine.release(1)  # its next event would follow one the log no longer holds
+            assert await asyncio.wait_for(a_job, 30) is None
+            assert await raw.zscore(queue, request_id) is not None  # handed back, not finished
+            assert not await raw.exists(IN_PROGRESS_PREFIX + request_id, RESULT_KEY_PREFIX + request_id)
+
+            b_job = await b.claim(request_id)
+            b.engine.release(len(script))
+            await asyncio.wait_for(b_job, 30)
+            with pytest.raises(MissingEvents, match="is no longer the one delivered"):
+                await asyncio.wait_for(followed, 30)
+            events = await _events_of(await client.follow(request_id))
+
+        assert events == await logged(raw, request_id)
+        assert events[: len(kept)] == kept
+        assert [event.seq for event in events] == list(range(len(events)))
+        assert isinstance(events[-1], FinalEvent) and events[-1].attempt == 2
+        assert [e for e in events if isinstance(e, FinalEvent)] == [events[-1]]
+        assert [t for e in events if isinstance(e, ChunkEvent) for t in e.token_ids] == script
+        assert "".join(e.text for e in events if isinstance(e, ChunkEvent)) == await _undisturbed(tokenizer, script)
+        assert (await job_result(raw, request_id))["t"] == 2
+        assert await raw.zcard(queue) == 0
+    finally:
+        await a.arq.close()
+        await b.arq.close()
+        await raw.aclose()
+
+
+async def _events_of(handle: RequestHandle) -> list[Event]:
+    return [event async for event in handle]

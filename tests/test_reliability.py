@@ -198,7 +198,7 @@ async def test_an_attempt_taken_over_elsewhere_stops_and_the_request_resumes(
     assert final["type"] == "final" and final["finish_reasons"] == ["length"]
     assert sum(len(c["token_ids"]) for c in chunks) == final["completion_tokens"] == LONG
     assert {e["attempt"] for e in events} == {1, 2}  # the job ran again after the old attempt stopped
-    assert f"request {request_id}: taken over elsewhere or ended; stopping attempt 1" in worker.log_tail(400)
+    assert f"request {request_id}: stopping attempt 1 (superseded)" in worker.log_tail(400)
     result = await job_result(raw_redis, request_id)
     assert result["t"] == 2 and result["r"]["finish_reasons"] == ["length"]
 

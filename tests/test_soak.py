@@ -5,8 +5,8 @@ Its own persistent Redis (ACL user, AOF) and two real workers on a queue of thei
 a producer keeps a few requests in flight (plain prompts, chat, stop strings, all at
 temperature 0) and follows each with its ``RequestHandle``, while a witness records
 every event that crosses the wire. A driver with a seeded RNG SIGKILLs a worker (a
-replacement starts, so two run again), restarts Redis (down ``REDIS_DOWN_S``, data kept)
-and the producer cancels some requests. References come first, from an undisturbed run
+replacement starts, so two run again), restarts Redis or SIGKILLs it (down ``REDIS_DOWN_S``,
+data kept), and the producer cancels some requests. References come first, from an undisturbed run
 of each distinct request through the same workers. The run lasts ``STREAMQ_SOAK_SECONDS``
 (default 120) and writes its figures to ``STREAMQ_SOAK_REPORT`` (default
 ``bench/results/soak.json``); ``STREAMQ_SOAK_SEED`` repeats its random choices.
@@ -42,6 +42,14 @@ QUEUE = "streamq:queue:soak"
 CONCURRENCY = 5
 CANCEL_PROBABILITY = 0.12
 REDIS_DOWN_S = 8.0
+REDIS_FAULTS = ("redis_restart", "redis_crash")
+"""Redis stopped (SIGTERM: it writes what it holds and exits) or killed (SIGKILL). Its
+append-only file is fsynced at every write (``appendfsync always``), so either way it comes
+back with every write it acknowledged (see README, "Reliability")."""
+FAULTS = tuple((os.environ.get("STREAMQ_SOAK_FAULTS") or ",".join(("kill", *REDIS_FAULTS))).split(","))
+"""A worker SIGKILLed (engine processes too), and the Redis faults; each happens at least
+once. ``STREAMQ_SOAK_FAULTS`` (comma-separated) runs a subset, in this order: with a seed,
+``kill,redis_restart`` repeats the schedule of a run from before Redis was also SIGKILLed."""
 FAULT_GAP_S = (15.0, 30.0)
 """Seconds between two faults (uniform). A kill needs two workers serving: the first
 waits for them, a later one becomes a Redis restart while a replacement still starts."""
@@ -275,11 +283,11 @@ class Soak:
 
     async def chaos(self) -> None:
         rng = random.Random(f"{SEED}-chaos")
-        pending = ["kill", "redis_restart"]
+        pending = list(FAULTS)
         rng.shuffle(pending)
         due = rng.uniform(8.0, 15.0)
         while pending or due < SOAK_SECONDS - 20:
-            kind = pending.pop(0) if pending else rng.choice(["kill", "redis_restart"])
+            kind = pending.pop(0) if pending else rng.choice(FAULTS)
             await asyncio.sleep(max(0.0, self.started + due - time.monotonic()))
             if kind == "kill" and not pending and len(self.fleet.serving()) < 2:
                 kind = "redis_restart"  # a replacement engine can take minutes to start under load
@@ -293,7 +301,8 @@ class Soak:
                 at = time.monotonic()
                 fault = Fault(kind, at, self.in_flight(at))
                 try:
-                    fault.down_at, fault.back_at = await restart_redis(self.server, REDIS_DOWN_S)
+                    crash = kind == "redis_crash"
+                    fault.down_at, fault.back_at = await restart_redis(self.server, REDIS_DOWN_S, crash=crash)
                 finally:
                     self.gate.open()
             self.faults.append(fault)
@@ -384,9 +393,9 @@ def summarize(
 
     finals = [run.events[-1][1] for run in soak.runs if run.events and isinstance(run.events[-1][1], FinalEvent)]
     cancelled = [run for run in soak.runs if run.cancel_at is not None]
-    recovery = {kind: recovery_times(soak.faults, kind) for kind in ("kill", "redis_restart")}
+    recovery = {kind: recovery_times(soak.faults, kind) for kind in ("kill", *REDIS_FAULTS)}
     resumed_after_kill = recovery_times(soak.faults, "kill", interrupted=True)
-    after_redis_back = recovery_times(soak.faults, "redis_restart", from_back=True)
+    after_redis_back = [t for kind in REDIS_FAULTS for t in recovery_times(soak.faults, kind, from_back=True)]
     report = {
         "seed": SEED,
         "soak_s": SOAK_SECONDS,
@@ -398,16 +407,18 @@ def summarize(
         "faults": {
             "kill": sum(1 for f in soak.faults if f.kind == "kill"),
             "redis_restart": sum(1 for f in soak.faults if f.kind == "redis_restart"),
+            "redis_crash": sum(1 for f in soak.faults if f.kind == "redis_crash"),
             "cancel": len(cancelled),
         },
         "lost": lost,
         "duplicated": duplicated,
         "failed": len(failures),
         "recovery_s": {
-            "all": seconds(recovery["kill"] + recovery["redis_restart"]),
+            "all": seconds([t for times in recovery.values() for t in times]),
             "kill": seconds(recovery["kill"]),
             "kill_resumed_requests": seconds(resumed_after_kill),
             "redis_restart": seconds(recovery["redis_restart"]),
+            "redis_crash": seconds(recovery["redis_crash"]),
             "redis_restart_from_back": seconds(after_redis_back),
         },
         "redis_down_s": REDIS_DOWN_S,
@@ -428,12 +439,14 @@ def summarize(
     line = (
         f"soak: seed {SEED}, {SOAK_SECONDS:.0f}s, {report['requests']} requests ({report['completed']} completed, "
         f"{report['cancelled']} cancelled, {report['resumed']} resumed), faults: {report['faults']['kill']} worker "
-        f"SIGKILLs, {report['faults']['redis_restart']} Redis restarts ({REDIS_DOWN_S:.0f}s down), "
+        f"SIGKILLs, {report['faults']['redis_restart']} Redis restarts and {report['faults']['redis_crash']} Redis "
+        f"SIGKILLs ({REDIS_DOWN_S:.0f}s down), "
         f"{report['faults']['cancel']} cancels; lost {lost}, duplicated {duplicated}, failed {len(failures)}; "
         f"recovery p50 {rec['all']['p50']}s max {rec['all']['max']}s (SIGKILL p50 {rec['kill']['p50']}s max "
         f"{rec['kill']['max']}s, of the requests it interrupted p50 {rec['kill_resumed_requests']['p50']}s max "
         f"{rec['kill_resumed_requests']['max']}s; Redis restart p50 {rec['redis_restart']['p50']}s max "
-        f"{rec['redis_restart']['max']}s, from Redis back p50 {rec['redis_restart_from_back']['p50']}s max "
+        f"{rec['redis_restart']['max']}s, Redis SIGKILL p50 {rec['redis_crash']['p50']}s max "
+        f"{rec['redis_crash']['max']}s, from Redis back p50 {rec['redis_restart_from_back']['p50']}s max "
         f"{rec['redis_restart_from_back']['max']}s)"
     )
     report["line"] = line
@@ -460,6 +473,7 @@ async def settled_leftovers(raw: aioredis.Redis) -> tuple[int, list[bytes]]:
 # client library, not a delivery fault: this test is about delivery; it is tracked apart.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_every_request_ends_exactly_once_with_its_tokens_under_chaos(tiny_model: Path, tmp_path: Path) -> None:
+    assert set(FAULTS) <= {"kill", *REDIS_FAULTS}, f"unknown faults in $STREAMQ_SOAK_FAULTS: {FAULTS}"
     print(f"soak seed {SEED} (STREAMQ_SOAK_SEED={SEED} replays the schedule), {SOAK_SECONDS:.0f}s", flush=True)
     server = RedisServer(persistent=True, user="soak", password=uuid.uuid4().hex)
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
@@ -503,7 +517,7 @@ async def test_every_request_ends_exactly_once_with_its_tokens_under_chaos(tiny_
 
     assert not failures, f"{len(failures)} of {len(soak.runs)} requests went wrong:\n" + "\n".join(failures[:15])
     assert report["lost"] == 0 and report["duplicated"] == 0
-    assert all(count >= 1 for count in report["faults"].values()), report["faults"]
+    assert all(report["faults"][kind] >= 1 for kind in (*FAULTS, "cancel")), report["faults"]
     assert leftovers == (0, []), f"left queued / in progress: {leftovers}"
     assert not unexpected, f"workers exited by themselves: {unexpected}"
     assert all(code == 0 for code in exits.values()), exits

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from streamq.broker.replay_log import Appended, LogEvent, ReplayLog, TakeOver
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
+from tests.events import lose_writes
 from worker.publisher import EventPublisher, PublishFailed, Refusal
 
 
@@ -131,15 +132,6 @@ async def test_an_event_that_would_leave_a_gap_is_refused_as_out_of_step(redis: 
         2, out_of_step=frozenset({request_id})
     )
     assert await log.read(request_id) == [b"e0", b"e1"]
-
-
-async def lose_writes(redis: aioredis.Redis, request_id: str, *, keep: int) -> None:
-    """Make the log what a Redis that lost its latest writes holds: its first ``keep`` entries."""
-    key = events_channel(request_id)
-    kept = (await redis.xrange(key))[:keep]
-    await redis.delete(key)
-    for entry_id, fields in kept:
-        await redis.xadd(key, fields, id=entry_id)
 
 
 async def test_nothing_is_logged_after_a_terminal_event(redis: aioredis.Redis) -> None:
