@@ -435,7 +435,9 @@ def summarize(
             for w in fleet.live + fleet.killed
         },
     }
-    rec = report["recovery_s"]
+    rec = {
+        kind: {k: "-" if v is None else v for k, v in figures.items()} for kind, figures in report["recovery_s"].items()
+    }
     line = (
         f"soak: seed {SEED}, {SOAK_SECONDS:.0f}s, {report['requests']} requests ({report['completed']} completed, "
         f"{report['cancelled']} cancelled, {report['resumed']} resumed), faults: {report['faults']['kill']} worker "

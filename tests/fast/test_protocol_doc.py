@@ -99,3 +99,21 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
 def test_redis_roles_are_documented_as_the_code_grants_them() -> None:
     documented = [line for line in DOC.splitlines() if line.startswith("ACL SETUSER ")]
     assert documented == [role.setuser() for role in ROLES]
+
+
+def test_every_test_the_ownership_rules_name_exists() -> None:
+    """Each rule of "Ownership" names the test that holds it: a renamed or deleted test
+    must not leave the rule unproven on paper."""
+    tests = Path(__file__).resolve().parents[1]
+    defined = {name for path in tests.rglob("*.py") for name in re.findall(r"def (test_\w+)", path.read_text())}
+    cells = [cell for row in table_after("Each pair of writers") for cell in row[2:]]
+    named = [span for cell in cells for span in re.findall(r"`([^`]+)`", cell)]
+    assert named, "the ownership table names no tests"
+    for span in named:
+        name = span.split(" ")[0].split("[")[0]
+        if name.startswith("tests/"):
+            assert (tests.parent / name).exists(), name
+        else:
+            assert name in defined, f"PROTOCOL.md names {name}, which no test defines"
+    for span in re.findall(r"\(`(test_\w+)`\)", " ".join(cells)):
+        assert span in defined, span

@@ -237,3 +237,22 @@ async def test_flushed_waits_for_the_batch_already_in_flight(redis: aioredis.Red
     assert publisher.take_refusal(request_id, 1) is Refusal.SUPERSEDED
     assert publisher.take_refusal(request_id, 1) is None  # told once
     await publisher.close()
+
+
+async def test_end_request_is_fenced_by_attempt(redis: aioredis.Redis) -> None:
+    """A worker ending a job arq failed writes nothing while a newer attempt owns the
+    request; a producer's end (no attempt) ends it whoever runs it."""
+    request_id = f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis)
+    await log.append([LogEvent(request_id, 0, 1, b'{"x":0}')])
+    await log.take_over(request_id, 2)
+    failed = ErrorEvent(request_id=request_id, seq=0, code="timeout", message="job_timeout")
+    assert await log.end(request_id, failed, attempt=1) is None
+    assert await log.end(request_id, failed, attempt=2) == 1
+    cancelled = FinalEvent(
+        request_id=request_id, seq=0, finish_reasons=["cancelled"], prompt_tokens=0, completion_tokens=0
+    )
+    assert await log.end(request_id, cancelled) is None  # already ended
+    other = f"pub-{uuid.uuid4().hex}"
+    await log.take_over(other, 3)
+    assert await log.end(other, cancelled) == 0

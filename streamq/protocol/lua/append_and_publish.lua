@@ -26,8 +26,15 @@ for i = 1, #KEYS, 2 do
   local entry = tonumber(string.match(id, '%-(%d+)$'))
   if owners[key] == nil then
     owners[key] = redis.call('GET', owner_key) or '0'
-    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-    lasts[key] = #last > 0 and tonumber(string.match(last[1][1], '%-(%d+)$')) or 0
+    -- Entries are 0-1, 0-2, ... with no gap, so an untrimmed log's last is its length (O(1));
+    -- MAXLEN ~ trims only a log longer than maxlen.
+    local length = redis.call('XLEN', key)
+    if length < tonumber(maxlen) then
+      lasts[key] = length
+    else
+      local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+      lasts[key] = tonumber(string.match(last[1][1], '%-(%d+)$'))
+    end
   end
   local owner = owners[key]
   if entry <= lasts[key] then
