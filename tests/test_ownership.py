@@ -39,6 +39,7 @@ from streamq.protocol import (
     decode_event,
     owner_key,
 )
+from streamq.protocol.roles import PRODUCER, WORKER
 from tests.events import job_result, lose_writes
 from tests.scripted_engine import ScriptedEngine
 
@@ -92,7 +93,9 @@ class InProcessWorker:
 
 @pytest.fixture
 async def redis_and_proxy() -> AsyncIterator[tuple[RedisServer, FreezingProxy]]:
-    with RedisServer(persistent=True) as server, FreezingProxy(server.port) as proxy:
+    """A Redis of the test's own, with each component logging in as its role's user."""
+    server = RedisServer(persistent=True, user="streamq", password=uuid.uuid4().hex)
+    with server, FreezingProxy(server.port) as proxy:
         yield server, proxy
 
 
@@ -132,13 +135,15 @@ async def test_an_attempt_that_ends_after_its_request_was_taken_over_leaves_the_
     assert len(script) == 30
     queue = f"streamq:queue:ownership-{uuid.uuid4().hex[:8]}"
     request_id = f"owned-{uuid.uuid4().hex}"
-    a = InProcessWorker(proxy.url(server), ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
-    b = InProcessWorker(server.url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    worker_url = server.url_for(WORKER)
+    a_url = worker_url.replace(f":{server.port}", f":{proxy.port}")
+    a = InProcessWorker(a_url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    b = InProcessWorker(worker_url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
     raw = aioredis.Redis.from_url(server.url)
     await a.arq.start_up()
     await b.arq.start_up()
     try:
-        async with await StreamqClient.connect(server.url, queue=queue) as client:
+        async with await StreamqClient.connect(server.url_for(PRODUCER), queue=queue) as client:
             handle = await client.submit(
                 PROMPT, request_id=request_id, max_tokens=len(script), ignore_eos=True, temperature=0
             )
@@ -231,13 +236,13 @@ async def test_an_attempt_whose_events_redis_lost_hands_its_job_back_to_go_on_fr
     script = list(tokenizer.encode(ANSWER, add_special_tokens=False))[:30]
     queue = f"streamq:queue:ownership-{uuid.uuid4().hex[:8]}"
     request_id = f"rewound-{uuid.uuid4().hex}"
-    a = InProcessWorker(server.url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
-    b = InProcessWorker(server.url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    a = InProcessWorker(server.url_for(WORKER), ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    b = InProcessWorker(server.url_for(WORKER), ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
     raw = aioredis.Redis.from_url(server.url)
     await a.arq.start_up()
     await b.arq.start_up()
     try:
-        async with await StreamqClient.connect(server.url, queue=queue) as client:
+        async with await StreamqClient.connect(server.url_for(PRODUCER), queue=queue) as client:
             handle = await client.submit(
                 PROMPT, request_id=request_id, max_tokens=len(script), ignore_eos=True, temperature=0
             )

@@ -125,6 +125,7 @@ WORKER = Role(
         "pttl",
         "xrange",
         "xrevrange",
+        "xlen",  # a log's last entry, when it was never trimmed (append_and_publish)
         # completion callbacks: schedule, claim and record deliveries (and hexists above)
         "hmget",
         # arq's own bookkeeping: read a job, count its tries, store its result, finish it
