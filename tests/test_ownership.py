@@ -13,10 +13,12 @@ publisher, the leases and the Lua scripts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,19 +118,56 @@ def tokens_of(events: list[Event], attempt: int | None = None) -> int:
     )
 
 
-async def test_an_attempt_that_ends_after_its_request_was_taken_over_leaves_the_end_to_the_owner(
-    tiny_model: Path, redis_and_proxy: tuple[RedisServer, FreezingProxy]
-) -> None:
-    """Attempt 1 streams, Redis restarts, and attempt 1 stays cut off longer than its
-    lease; attempt 2 takes the request over from the log and streams on. Then attempt 1
-    reaches Redis again and its generation ends, the rest of its answer and its final
-    event in one flush, numbered as events attempt 2 has already written. Attempt 1 must
-    learn that it no longer owns the request: it leaves the job queued, writes no result,
-    and attempt 2 keeps its lease (renewed after attempt 1 is done) and ends the request,
-    once, with the text of an undisturbed run."""
+@dataclass
+class Scene:
+    """Two workers on one queue (A behind the proxy), a request submitted as the
+    producer's user, and the undisturbed answer its engines script."""
+
+    a: InProcessWorker
+    b: InProcessWorker
+    raw: aioredis.Redis
+    """The harness's own connection, for inspecting what Redis holds."""
+    client: StreamqClient
+    handle: RequestHandle
+    request_id: str
+    queue: str
+    script: list[int]
+    tokenizer: Any
+
+    async def has_tokens(self, count: int) -> bool:
+        return tokens_of(await logged(self.raw, self.request_id)) >= count
+
+    async def assert_ended_once_by_attempt_2(self, events: list[Event]) -> None:
+        """``events`` are the log's: contiguous, one final, from attempt 2, with the
+        script's tokens and the undisturbed text; the job finished once, by attempt 2."""
+        assert events == await logged(self.raw, self.request_id)
+        assert [event.seq for event in events] == list(range(len(events)))
+        assert isinstance(events[-1], FinalEvent) and events[-1].attempt == 2
+        assert [e for e in events if isinstance(e, FinalEvent)] == [events[-1]]
+        assert [t for e in events if isinstance(e, ChunkEvent) for t in e.token_ids] == self.script
+        assert "".join(e.text for e in events if isinstance(e, ChunkEvent)) == await self.undisturbed_text()
+        assert events[-1].completion_tokens == len(self.script)
+        result = await job_result(self.raw, self.request_id)
+        assert result["t"] == 2 and result["r"]["completion_tokens"] == len(self.script)
+        assert await self.raw.zcard(self.queue) == 0
+        assert not await self.raw.exists(IN_PROGRESS_PREFIX + self.request_id)
+
+    async def undisturbed_text(self) -> str:
+        """The text a single attempt sends for the script."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = ScriptedEngine(self.tokenizer, list(self.tokenizer.encode(PROMPT)), self.script)
+        params = SamplingParams(max_tokens=len(self.script), output_kind=RequestOutputKind.DELTA)
+        return "".join([output.outputs[0].text async for output in engine.generate("calm", PROMPT, params)])
+
+
+@contextlib.asynccontextmanager
+async def scene(tiny_model: Path, server: RedisServer, proxy: FreezingProxy) -> AsyncIterator[Scene]:
+    """Start both workers (their engines gated) and submit a request of 30 tokens that
+    nobody has claimed yet."""
     from transformers import AutoTokenizer
 
-    server, proxy = redis_and_proxy
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     prompt_ids = list(tokenizer.encode(PROMPT))
     script = list(tokenizer.encode(ANSWER, add_special_tokens=False))[:30]
@@ -147,76 +186,66 @@ async def test_an_attempt_that_ends_after_its_request_was_taken_over_leaves_the_
             handle = await client.submit(
                 PROMPT, request_id=request_id, max_tokens=len(script), ignore_eos=True, temperature=0
             )
-            # 1. Attempt 1 (worker A) streams 10 tokens.
-            a.engine.release(10)
-            a_job = await a.claim(request_id)
-            await until(lambda: _has_tokens(raw, request_id, 10), "attempt 1 logged 10 tokens")
-
-            # 2. Redis restarts; A stays cut off past its lease. Its next renewal has not come
-            # round when its generation ends (in the incident, 0.4 s after the take-over):
-            # stopping its renewals makes that timing certain.
-            await a.state.leases.close()
-            proxy.cut()
-            await asyncio.to_thread(server.stop)
-            await asyncio.sleep(LEASE_TTL_MS / 1000 + 0.5)
-            await asyncio.to_thread(server.start)
-
-            # 3. Attempt 2 (worker B) claims the lapsed job, takes the request over from the
-            # 10 tokens logged, and streams 5 more.
-            b_job = await b.claim(request_id)
-            await asyncio.wait_for(b.engine.started.wait(), 20)
-            b.engine.release(5)
-            await until(lambda: _has_tokens(raw, request_id, 15), "attempt 2 logged 5 tokens")
-
-            # 4. A is back, and the rest of its answer comes out in one output, with its end.
-            proxy.heal()
-            a.engine.release(20, together=True)
-            assert await asyncio.wait_for(a_job, 30) is None  # arq's run_job, with its bookkeeping
-
-            # A left the request to B: the job is queued, no result, B owns it and its lease.
-            assert await raw.zscore(queue, request_id) is not None
-            assert await raw.exists(JOB_KEY_PREFIX + request_id, RESULT_KEY_PREFIX + request_id) == 1
-            assert await raw.get(owner_key(request_id)) == b"2"
-            await b.state.leases.renew()
-            holder = lease_holder(b.state.worker_id, 2).encode()
-            assert await raw.get(IN_PROGRESS_PREFIX + request_id) == holder
-            assert not b_job.done()
-
-            # 5. B streams the rest and ends the request.
-            b.engine.release(len(script) - 15)
-            events = [event async for event in handle]
-            await asyncio.wait_for(b_job, 30)
-
-        assert events == await logged(raw, request_id)
-        assert [event.seq for event in events] == list(range(len(events)))
-        assert isinstance(events[-1], FinalEvent) and events[-1].attempt == 2
-        assert [e for e in events if isinstance(e, FinalEvent)] == [events[-1]]
-        assert [t for e in events if isinstance(e, ChunkEvent) for t in e.token_ids] == script
-        assert "".join(e.text for e in events if isinstance(e, ChunkEvent)) == await _undisturbed(tokenizer, script)
-        assert events[-1].completion_tokens == len(script)
-        assert tokens_of(events, attempt=1) == 10
-        result = await job_result(raw, request_id)
-        assert result["t"] == 2 and result["r"]["completion_tokens"] == len(script)
-        assert await raw.zcard(queue) == 0
-        assert not await raw.exists(IN_PROGRESS_PREFIX + request_id)
+            yield Scene(a, b, raw, client, handle, request_id, queue, script, tokenizer)
     finally:
         await a.arq.close()
         await b.arq.close()
         await raw.aclose()
 
 
-async def _has_tokens(raw: aioredis.Redis, request_id: str, count: int) -> bool:
-    return tokens_of(await logged(raw, request_id)) >= count
+async def test_an_attempt_that_ends_after_its_request_was_taken_over_leaves_the_end_to_the_owner(
+    tiny_model: Path, redis_and_proxy: tuple[RedisServer, FreezingProxy]
+) -> None:
+    """Attempt 1 streams, Redis restarts, and attempt 1 stays cut off longer than its
+    lease; attempt 2 takes the request over from the log and streams on. Then attempt 1
+    reaches Redis again and its generation ends, the rest of its answer and its final
+    event in one flush, numbered as events attempt 2 has already written. Attempt 1 must
+    learn that it no longer owns the request: it leaves the job queued, writes no result,
+    and attempt 2 keeps its lease (renewed after attempt 1 is done) and ends the request,
+    once, with the text of an undisturbed run."""
+    server, proxy = redis_and_proxy
+    async with scene(tiny_model, server, proxy) as s:
+        # 1. Attempt 1 (worker A) streams 10 tokens.
+        s.a.engine.release(10)
+        a_job = await s.a.claim(s.request_id)
+        await until(lambda: s.has_tokens(10), "attempt 1 logged 10 tokens")
 
+        # 2. Redis restarts; A stays cut off past its lease. Its next renewal has not come
+        # round when its generation ends (in the incident, 0.4 s after the take-over):
+        # stopping its renewals makes that timing certain.
+        await s.a.state.leases.close()
+        proxy.cut()
+        await asyncio.to_thread(server.stop)
+        await asyncio.sleep(LEASE_TTL_MS / 1000 + 0.5)
+        await asyncio.to_thread(server.start)
 
-async def _undisturbed(tokenizer: Any, script: list[int]) -> str:
-    """The text a single attempt sends for ``script``."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+        # 3. Attempt 2 (worker B) claims the lapsed job, takes the request over from the
+        # 10 tokens logged, and streams 5 more.
+        b_job = await s.b.claim(s.request_id)
+        await asyncio.wait_for(s.b.engine.started.wait(), 20)
+        s.b.engine.release(5)
+        await until(lambda: s.has_tokens(15), "attempt 2 logged 5 tokens")
 
-    engine = ScriptedEngine(tokenizer, list(tokenizer.encode(PROMPT)), script)
-    params = SamplingParams(max_tokens=len(script), output_kind=RequestOutputKind.DELTA)
-    return "".join([output.outputs[0].text async for output in engine.generate("calm", PROMPT, params)])
+        # 4. A is back, and the rest of its answer comes out in one output, with its end.
+        proxy.heal()
+        s.a.engine.release(20, together=True)
+        assert await asyncio.wait_for(a_job, 30) is None  # arq's run_job, with its bookkeeping
+
+        # A left the request to B: the job is queued, no result, B owns it and its lease.
+        assert await s.raw.zscore(s.queue, s.request_id) is not None
+        assert await s.raw.exists(JOB_KEY_PREFIX + s.request_id, RESULT_KEY_PREFIX + s.request_id) == 1
+        assert await s.raw.get(owner_key(s.request_id)) == b"2"
+        await s.b.state.leases.renew()
+        holder = lease_holder(s.b.state.worker_id, 2).encode()
+        assert await s.raw.get(IN_PROGRESS_PREFIX + s.request_id) == holder
+        assert not b_job.done()
+
+        # 5. B streams the rest and ends the request.
+        s.b.engine.release(len(s.script) - 15)
+        events = [event async for event in s.handle]
+        await asyncio.wait_for(b_job, 30)
+        await s.assert_ended_once_by_attempt_2(events)
+        assert tokens_of(events, attempt=1) == 10
 
 
 async def test_an_attempt_whose_events_redis_lost_hands_its_job_back_to_go_on_from_the_log(
@@ -228,56 +257,28 @@ async def test_an_attempt_whose_events_redis_lost_hands_its_job_back_to_go_on_fr
     from what the log kept and ends the request once; a follower from the start gets the
     whole answer, and the handle that had delivered the lost events says it cannot go on
     rather than mix the two versions."""
-    from transformers import AutoTokenizer
+    server, proxy = redis_and_proxy
+    async with scene(tiny_model, server, proxy) as s:
+        followed = asyncio.ensure_future(_events_of(s.handle))
+        s.a.engine.release(10)
+        a_job = await s.a.claim(s.request_id)
+        await until(lambda: s.has_tokens(10), "attempt 1 logged 10 tokens")
+        kept = (await logged(s.raw, s.request_id))[:4]
+        await lose_writes(s.raw, s.request_id, keep=len(kept))
 
-    server, _ = redis_and_proxy
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    prompt_ids = list(tokenizer.encode(PROMPT))
-    script = list(tokenizer.encode(ANSWER, add_special_tokens=False))[:30]
-    queue = f"streamq:queue:ownership-{uuid.uuid4().hex[:8]}"
-    request_id = f"rewound-{uuid.uuid4().hex}"
-    a = InProcessWorker(server.url_for(WORKER), ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
-    b = InProcessWorker(server.url_for(WORKER), ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
-    raw = aioredis.Redis.from_url(server.url)
-    await a.arq.start_up()
-    await b.arq.start_up()
-    try:
-        async with await StreamqClient.connect(server.url_for(PRODUCER), queue=queue) as client:
-            handle = await client.submit(
-                PROMPT, request_id=request_id, max_tokens=len(script), ignore_eos=True, temperature=0
-            )
-            followed = asyncio.ensure_future(_events_of(handle))
-            a.engine.release(10)
-            a_job = await a.claim(request_id)
-            await until(lambda: _has_tokens(raw, request_id, 10), "attempt 1 logged 10 tokens")
-            kept = (await logged(raw, request_id))[:4]
-            await lose_writes(raw, request_id, keep=len(kept))
+        s.a.engine.release(1)  # its next event would follow one the log no longer holds
+        assert await asyncio.wait_for(a_job, 30) is None
+        assert await s.raw.zscore(s.queue, s.request_id) is not None  # handed back, not finished
+        assert not await s.raw.exists(IN_PROGRESS_PREFIX + s.request_id, RESULT_KEY_PREFIX + s.request_id)
 
-            a.engine.release(1)  # its next event would follow one the log no longer holds
-            assert await asyncio.wait_for(a_job, 30) is None
-            assert await raw.zscore(queue, request_id) is not None  # handed back, not finished
-            assert not await raw.exists(IN_PROGRESS_PREFIX + request_id, RESULT_KEY_PREFIX + request_id)
-
-            b_job = await b.claim(request_id)
-            b.engine.release(len(script))
-            await asyncio.wait_for(b_job, 30)
-            with pytest.raises(MissingEvents, match="is no longer the one delivered"):
-                await asyncio.wait_for(followed, 30)
-            events = await _events_of(await client.follow(request_id))
-
-        assert events == await logged(raw, request_id)
+        b_job = await s.b.claim(s.request_id)
+        s.b.engine.release(len(s.script))
+        await asyncio.wait_for(b_job, 30)
+        with pytest.raises(MissingEvents, match="is no longer the one delivered"):
+            await asyncio.wait_for(followed, 30)
+        events = await _events_of(await s.client.follow(s.request_id))
         assert events[: len(kept)] == kept
-        assert [event.seq for event in events] == list(range(len(events)))
-        assert isinstance(events[-1], FinalEvent) and events[-1].attempt == 2
-        assert [e for e in events if isinstance(e, FinalEvent)] == [events[-1]]
-        assert [t for e in events if isinstance(e, ChunkEvent) for t in e.token_ids] == script
-        assert "".join(e.text for e in events if isinstance(e, ChunkEvent)) == await _undisturbed(tokenizer, script)
-        assert (await job_result(raw, request_id))["t"] == 2
-        assert await raw.zcard(queue) == 0
-    finally:
-        await a.arq.close()
-        await b.arq.close()
-        await raw.aclose()
+        await s.assert_ended_once_by_attempt_2(events)
 
 
 async def _events_of(handle: RequestHandle) -> list[Event]:
