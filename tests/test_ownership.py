@@ -41,10 +41,10 @@ from streamq.protocol import (
 )
 from streamq.protocol.roles import PRODUCER, WORKER
 from tests.events import job_result, lose_writes
-from tests.scripted_engine import ScriptedEngine
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from devkit.scripted_engine import TokenScriptEngine
     from worker.arq_worker import StreamqWorker
     from worker.lease import lease_holder
     from worker.options import OPTIONS_KEY, WorkerOptions
@@ -60,10 +60,10 @@ class InProcessWorker:
     test's call (``claim``), while its background parts (publisher, leases, cancel
     listener, ...) run as in a worker process."""
 
-    def __init__(self, url: str, engine: ScriptedEngine, queue: str) -> None:
+    def __init__(self, url: str, engine: TokenScriptEngine, queue: str) -> None:
         self.engine = engine
         options = WorkerOptions(
-            engine_factory="tests.scripted_engine:given",
+            engine_factory="devkit.scripted_engine:given",
             engine_args=engine,  # type: ignore[arg-type]
             metrics_port=0,
             cpu_nice=0,
@@ -137,8 +137,8 @@ async def test_an_attempt_that_ends_after_its_request_was_taken_over_leaves_the_
     request_id = f"owned-{uuid.uuid4().hex}"
     worker_url = server.url_for(WORKER)
     a_url = worker_url.replace(f":{server.port}", f":{proxy.port}")
-    a = InProcessWorker(a_url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
-    b = InProcessWorker(worker_url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    a = InProcessWorker(a_url, TokenScriptEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    b = InProcessWorker(worker_url, TokenScriptEngine(tokenizer, prompt_ids, script, gated=True), queue)
     raw = aioredis.Redis.from_url(server.url)
     await a.arq.start_up()
     await b.arq.start_up()
@@ -214,7 +214,7 @@ async def _undisturbed(tokenizer: Any, script: list[int]) -> str:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    engine = ScriptedEngine(tokenizer, list(tokenizer.encode(PROMPT)), script)
+    engine = TokenScriptEngine(tokenizer, list(tokenizer.encode(PROMPT)), script)
     params = SamplingParams(max_tokens=len(script), output_kind=RequestOutputKind.DELTA)
     return "".join([output.outputs[0].text async for output in engine.generate("calm", PROMPT, params)])
 
@@ -236,8 +236,8 @@ async def test_an_attempt_whose_events_redis_lost_hands_its_job_back_to_go_on_fr
     script = list(tokenizer.encode(ANSWER, add_special_tokens=False))[:30]
     queue = f"streamq:queue:ownership-{uuid.uuid4().hex[:8]}"
     request_id = f"rewound-{uuid.uuid4().hex}"
-    a = InProcessWorker(server.url_for(WORKER), ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
-    b = InProcessWorker(server.url_for(WORKER), ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    a = InProcessWorker(server.url_for(WORKER), TokenScriptEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    b = InProcessWorker(server.url_for(WORKER), TokenScriptEngine(tokenizer, prompt_ids, script, gated=True), queue)
     raw = aioredis.Redis.from_url(server.url)
     await a.arq.start_up()
     await b.arq.start_up()

@@ -37,7 +37,6 @@ from streamq.protocol import (
 )
 from tests.events import assert_well_formed, job_result
 from tests.schemas import PERSON
-from tests.scripted_engine import ScriptedEngine
 from tests.test_reliability import paused, second_worker
 
 NEVER = "@@ no such words in the answer @@"
@@ -395,6 +394,7 @@ async def test_every_resume_point_gives_the_undisturbed_text(tiny_model: Path, s
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    from devkit.scripted_engine import TokenScriptEngine
     from worker.progress import Progress
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
@@ -403,7 +403,7 @@ async def test_every_resume_point_gives_the_undisturbed_text(tiny_model: Path, s
     script = tokenizer.encode(
         "Once a naïve café — 東京 at night, a naïve café — 東京 by day.", add_special_tokens=False
     )
-    engine = ScriptedEngine(tokenizer, prompt_ids, script)
+    engine = TokenScriptEngine(tokenizer, prompt_ids, script)
 
     def params() -> SamplingParams:
         return SamplingParams(max_tokens=len(script), output_kind=RequestOutputKind.DELTA, **sampling)
