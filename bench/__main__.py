@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="also run path (b) with a chunk every N tokens (vLLM's stream_interval); 0 to skip (default %(default)s)",
     )
-    group = parser.add_argument_group("scale-out (synthetic engine)")
+    group = parser.add_argument_group("scale-out (scripted engine)")
     group.add_argument(
         "--scale-out-workers",
         help=f"worker counts, comma-separated, '' to skip (default {DEFAULTS['scale_out_workers']})",
@@ -86,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--scale-out-subscribers", type=int, default=2, help="subscriber processes (default %(default)s)"
     )
     group.add_argument(
-        "--synth-tokens-per-s", type=float, default=250.0, help="tokens/s of each request (default %(default)s)"
+        "--scripted-tokens-per-s", type=float, default=250.0, help="tokens/s of each request (default %(default)s)"
     )
     group.add_argument(
-        "--synth-max-num-seqs", type=int, default=256, help="requests per worker at once (default %(default)s)"
+        "--scripted-max-num-seqs", type=int, default=256, help="requests per worker at once (default %(default)s)"
     )
     group.add_argument("--scale-out-output-len", type=int, help="tokens per request (default 1000)")
     group.add_argument("--scale-out-warmup-s", type=float, help="seconds before the window (default 5)")
@@ -175,8 +175,8 @@ def main() -> None:
         scale_out = run_scale_out(
             ScaleOutConfig(
                 workers=int_list(args.scale_out_workers),
-                tokens_per_s=args.synth_tokens_per_s,
-                max_num_seqs=args.synth_max_num_seqs,
+                tokens_per_s=args.scripted_tokens_per_s,
+                max_num_seqs=args.scripted_max_num_seqs,
                 output_len=args.scale_out_output_len,
                 subscribers=args.scale_out_subscribers,
                 warmup_s=args.scale_out_warmup_s,

@@ -14,11 +14,6 @@ from pathlib import Path
 
 from devkit.worker_process import tiny_engine_flags
 
-SYNTH_TOKENS_PER_S_ENV = "STREAMQ_SYNTH_TOKENS_PER_S"
-SYNTH_MAX_NUM_SEQS_ENV = "STREAMQ_SYNTH_MAX_NUM_SEQS"
-"""The synthetic engine's settings (``bench.synthetic_engine``), named here so the
-scale-out driver can set them without importing vLLM."""
-
 ENGINE_FLAGS_ENV = "STREAMQ_BENCH_ENGINE_FLAGS"
 """Engine flags added after the benchmark's own, for every path (the last of a flag wins):
 a GPU run's ``--dtype bfloat16 --no-enforce-eager --load-format dummy``."""

@@ -3,7 +3,7 @@ checkout's (``--base``), on one Redis and one scripted worker, rounds alternatin
 
     .venv/bin/python -m bench.gateway_cpu --base /path/to/other/checkout [--rounds 3] [--seconds 10]
 
-The scripted worker (``bench/synthetic_engine.py``: one token per chunk, no model compute)
+The scripted worker (``devkit/scripted_engine.py``: one token per chunk, no model compute)
 keeps the gateway the busy process. Each arm streams ``--concurrency`` requests of 256
 tokens in a closed loop; reported, not asserted: the gateway's CPU time (user + system,
 from ``/proc``) per streamed token, and tok/s as the clients count them, the median of the
@@ -23,9 +23,9 @@ from bench.gateway_load import Round, measure
 from bench.profiling import PySpyRecording
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
-from devkit.worker_process import scripted_worker
+from devkit.worker_process import SCRIPTED_MODEL, scripted_worker
 
-MODEL = "synthetic"
+MODEL = SCRIPTED_MODEL
 
 
 async def measure_arm(arm: str, gateway: GatewayProcess, *, chat: bool, concurrency: int, seconds: float) -> Round:

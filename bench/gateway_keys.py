@@ -4,7 +4,7 @@ checked, none binding) against the same gateway open, rounds alternating.
 
     .venv/bin/python -m bench.gateway_keys [--rounds 3] [--seconds 15] [--concurrency 16]
 
-Each arm has its own Redis and a scripted worker (``bench/synthetic_engine.py``: no model
+Each arm has its own Redis and a scripted worker (``devkit/scripted_engine.py``: no model
 compute), so the gateway is what is busy. Reported, not asserted: output tok/s as the
 clients count them, and the gateway's CPU time per 1,000 tokens (user + system, from
 ``/proc``), the median of the rounds.
@@ -26,10 +26,10 @@ from pathlib import Path
 from bench.gateway_load import Round, measure
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
-from devkit.worker_process import scripted_worker
+from devkit.worker_process import SCRIPTED_MODEL, scripted_worker
 from producer.keys_cli import run_keys
 
-MODEL = "synthetic"
+MODEL = SCRIPTED_MODEL
 
 
 async def measure_arm(arm: str, gateway: GatewayProcess, key: str | None, concurrency: int, seconds: float) -> Round:

@@ -207,7 +207,7 @@ def markdown(
         if any(r.cpu_us_per_token for r in results):
             parts += ["## CPU per delivered token (us)", CPU_LEGEND, cpu_table(results)]
     if scale_out:
-        parts += ["## Scale-out (synthetic engine)", scale_out_table(scale_out)]
+        parts += ["## Scale-out (scripted engine)", scale_out_table(scale_out)]
     if capacity:
         parts += ["## Redis capacity (project scripts, no engine)", capacity_note, capacity_table(capacity)]
     checks = target_checks(results, scale_out, capacity)
@@ -269,7 +269,7 @@ def write_plot(path: Path, results: Sequence[PathResult], scale_out: Sequence[Sc
         ax.bar([str(r.workers) for r in scale_out], [r.delivered_tokens_s for r in scale_out], color="tab:orange")
         ax.axhline(150_000, color="grey", linestyle="--", label="target, 1 worker")
         ax.legend()
-    ax.set_xlabel("workers (synthetic engine)")
+    ax.set_xlabel("workers (scripted engine)")
     ax.set_title("tokens/s delivered to subscribers")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()

@@ -1,4 +1,4 @@
-"""The scale-out run: 1, 2, 4 workers on one Redis with the synthetic engine.
+"""The scale-out run: 1, 2, 4 workers on one Redis with the scripted engine.
 
 No model compute, so the tokens per second reaching subscribers are what the queue layer can
 carry (a worker may merge several tokens into one chunk event under load: tokens are the
@@ -19,11 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.config import SYNTH_MAX_NUM_SEQS_ENV, SYNTH_TOKENS_PER_S_ENV
 from bench.cpu import CpuWindow
 from bench.profiling import PySpyRecording
 from devkit.redis_server import RedisServer
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import (
+    SCRIPTED_ENGINE,
+    SCRIPTED_MAX_NUM_SEQS_ENV,
+    SCRIPTED_TOKENS_PER_S_ENV,
+    WorkerProcess,
+    worker_env,
+)
 
 READY_LINE = "max_jobs set"
 """Each worker logs this once its engine is up; with several workers on one queue
@@ -83,7 +88,7 @@ def wait_logged(worker: WorkerProcess, line: str, timeout_s: float = 120) -> Non
 def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
     in_flight = workers * config.max_num_seqs
     env = worker_env(
-        **{SYNTH_TOKENS_PER_S_ENV: str(config.tokens_per_s), SYNTH_MAX_NUM_SEQS_ENV: str(config.max_num_seqs)}
+        **{SCRIPTED_TOKENS_PER_S_ENV: str(config.tokens_per_s), SCRIPTED_MAX_NUM_SEQS_ENV: str(config.max_num_seqs)}
     )
     with RedisServer() as redis_server:
         assert redis_server.process is not None
@@ -97,7 +102,7 @@ def run_one(config: ScaleOutConfig, workers: int) -> ScaleOutResult:
                 "--redis-url",
                 redis_server.url,
                 "--engine-factory",
-                "bench.synthetic_engine:create",
+                SCRIPTED_ENGINE,
                 "--model",
                 config.model_dir,
             ]

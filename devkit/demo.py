@@ -2,7 +2,8 @@
 
 A throwaway Redis (unless ``$REDIS_URL`` is set), one worker, then ``python -m producer``
 printing each response token by token. The model is ``$STREAMQ_DEMO_MODEL``; where the hub
-cannot be reached and it is not cached, a tiny local model with random weights stands in.
+cannot be reached and it is not cached, a tiny local model with random weights stands in,
+over a vocabulary of English words so that its random tokens print as words.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 from devkit.redis_server import RedisServer
-from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
+from devkit.tiny_model import WORDS_DIR, build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from streamq.redaction import redact_url
 
@@ -53,10 +54,10 @@ def choose_engine_flags(say: str = "demo") -> tuple[list[str], dict[str, str]]:
         return ["--model", model, "--max-model-len", "2048", "--enforce-eager"], worker_env(HF_HUB_OFFLINE="0")
     print(
         f"{say}: the Hugging Face hub is not reachable and {model} is not cached;\n"
-        f"{say}: using a tiny local model with random weights instead (the text is noise, the pipeline is real)",
+        f"{say}: using a tiny local model with random weights instead (its words are random, the pipeline is real)",
         flush=True,
     )
-    return tiny_engine_flags(build_tiny_model(DEFAULT_DIR)), worker_env()
+    return tiny_engine_flags(build_tiny_model(WORDS_DIR, vocabulary="words")), worker_env()
 
 
 def run_demo(redis_url: str) -> int:

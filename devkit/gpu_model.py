@@ -15,11 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from devkit.tiny_model import CHAT_TEMPLATE
+from devkit.tiny_model import SPECIAL_TOKENS, fast_tokenizer, word_level_tokenizer
 
 DEFAULT_DIR = Path(".cache/llama-1b-dummy")
 VOCAB_SIZE = 128_256
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 LLAMA_3_2_1B_SHAPES: dict[str, Any] = {
     "hidden_size": 2048,
@@ -51,23 +50,13 @@ def build_gpu_model(out_dir: Path = DEFAULT_DIR, *, layers: int | None = None) -
     if marker.exists() and json.loads(marker.read_text()).get("layers") == (layers or 16):
         return out_dir
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, PreTrainedTokenizerFast
+    from transformers import LlamaConfig
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB_SIZE)})
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS[0]))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
+    words = [f"w{i}" for i in range(len(SPECIAL_TOKENS), VOCAB_SIZE)]
+    fast = fast_tokenizer(
+        word_level_tokenizer([*SPECIAL_TOKENS, *words], SPECIAL_TOKENS[0]), unk_token=SPECIAL_TOKENS[0]
     )
-    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
     shapes: dict[str, Any] = dict(LLAMA_3_2_1B_SHAPES)

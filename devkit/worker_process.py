@@ -138,8 +138,15 @@ def tail(log_path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
-SCRIPTED_ENGINE = "bench.synthetic_engine:create"
-"""The scripted engine (``bench/synthetic_engine.py``): the queue layer without a model."""
+SCRIPTED_ENGINE = "devkit.scripted_engine:create"
+"""The scripted engine (``devkit/scripted_engine.py``'s ``ClockedEngine``): the queue layer
+without a model."""
+SCRIPTED_MODEL = "scripted"
+"""The model a scripted engine serves: what requests to its worker name."""
+SCRIPTED_TOKENS_PER_S_ENV = "STREAMQ_SCRIPTED_TOKENS_PER_S"
+"""The scripted engine's steps per second (so each request's tokens per second)."""
+SCRIPTED_MAX_NUM_SEQS_ENV = "STREAMQ_SCRIPTED_MAX_NUM_SEQS"
+"""The scripted engine's requests at once, which sizes its worker's ``max_jobs``."""
 
 
 def scripted_worker(
@@ -155,5 +162,5 @@ def scripted_worker(
     its health check is awaited, when ``redis_url`` is not a plain URL (Sentinels, a proxy)."""
     command = [sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue, "--metrics-port", "0"]
     command += ["--engine-factory", SCRIPTED_ENGINE, *extra_flags]
-    env = worker_env(STREAMQ_SYNTH_TOKENS_PER_S=str(tokens_per_s))
+    env = worker_env(**{SCRIPTED_TOKENS_PER_S_ENV: str(tokens_per_s)})
     return WorkerProcess(ready_url or redis_url, [], queue=queue, log_path=log_path, command=command, env=env)

@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
-from devkit.worker_process import WorkerProcess, scripted_worker, worker_env
+from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker, worker_env
 from tests.conftest import OPERATOR_KEY
 
-MODEL = "synthetic"  # what the scripted engine registers
+MODEL = SCRIPTED_MODEL
 PROMPT = "The key to happiness is"
 STATIC_KEY = "sq-static-" + uuid.uuid4().hex
 SCRIPTED_PROMPT_TOKENS = 4
@@ -41,7 +41,7 @@ def keys_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def synthetic_worker(keys_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def keys_worker(keys_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     worker = scripted_worker(keys_redis.url, tmp_path_factory.mktemp("worker") / "worker.log", tokens_per_s=100)
     worker.start().wait_ready(timeout_s=120)
     yield worker
@@ -49,22 +49,20 @@ def synthetic_worker(keys_redis: RedisServer, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="module")
-def gateway(synthetic_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(keys_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    process = GatewayProcess(synthetic_worker.redis_url, log, "--api-key", STATIC_KEY).wait_ready()
+    process = GatewayProcess(keys_worker.redis_url, log, "--api-key", STATIC_KEY).wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
 
 
 @pytest.fixture(scope="module")
-def second_gateway(
-    synthetic_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
+def second_gateway(keys_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """Another replica on the same Redis, with no key of its own on the command line: the
     keys in Redis close it (created first: an open gateway notices the first one within 5 s)."""
-    create_key(synthetic_worker.redis_url)
+    create_key(keys_worker.redis_url)
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
-    process = GatewayProcess(synthetic_worker.redis_url, log).wait_ready()
+    process = GatewayProcess(keys_worker.redis_url, log).wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
 
@@ -139,9 +137,9 @@ def test_the_right_key_serves_the_openai_sdk(gateway: GatewayProcess) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == " tok" * 3
 
 
-def test_protect_metrics_needs_a_key_on_metrics(synthetic_worker: WorkerProcess, tmp_path: Path) -> None:
+def test_protect_metrics_needs_a_key_on_metrics(keys_worker: WorkerProcess, tmp_path: Path) -> None:
     args = ("--api-key", STATIC_KEY, "--protect-metrics")
-    process = GatewayProcess(synthetic_worker.redis_url, tmp_path / "gateway.log", *args).wait_ready()
+    process = GatewayProcess(keys_worker.redis_url, tmp_path / "gateway.log", *args).wait_ready()
     try:
         assert httpx.get(process.url + "/metrics", timeout=10).status_code == 401
         authorized = {"Authorization": f"Bearer {STATIC_KEY}"}
@@ -151,13 +149,11 @@ def test_protect_metrics_needs_a_key_on_metrics(synthetic_worker: WorkerProcess,
         assert process.stop() == 0, process.log_tail()
 
 
-def test_keys_from_a_file_and_the_environment(synthetic_worker: WorkerProcess, tmp_path: Path) -> None:
+def test_keys_from_a_file_and_the_environment(keys_worker: WorkerProcess, tmp_path: Path) -> None:
     keys_file = tmp_path / "keys"
     keys_file.write_text("# team keys\nsq-from-file\n\n")
     env = {"STREAMQ_API_KEYS": "sq-env-1, sq-env-2"}
-    process = GatewayProcess(
-        synthetic_worker.redis_url, tmp_path / "gateway.log", "--api-key-file", str(keys_file), env=env
-    )
+    process = GatewayProcess(keys_worker.redis_url, tmp_path / "gateway.log", "--api-key-file", str(keys_file), env=env)
     process.wait_ready()
     try:
         for key in ("sq-from-file", "sq-env-1", "sq-env-2"):

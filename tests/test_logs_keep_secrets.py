@@ -12,9 +12,9 @@ import pytest
 
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
-from devkit.worker_process import WorkerProcess, scripted_worker
+from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
 
-MODEL = "synthetic"  # what the scripted engine serves
+MODEL = SCRIPTED_MODEL
 
 
 @pytest.fixture(scope="module")

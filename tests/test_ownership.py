@@ -43,10 +43,10 @@ from streamq.protocol import (
 )
 from streamq.protocol.roles import PRODUCER, WORKER
 from tests.events import job_result, lose_writes
-from tests.scripted_engine import ScriptedEngine
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from devkit.scripted_engine import TokenScriptEngine
     from worker.arq_worker import StreamqWorker
     from worker.lease import lease_holder
     from worker.options import OPTIONS_KEY, WorkerOptions
@@ -62,10 +62,10 @@ class InProcessWorker:
     test's call (``claim``), while its background parts (publisher, leases, cancel
     listener, ...) run as in a worker process."""
 
-    def __init__(self, url: str, engine: ScriptedEngine, queue: str) -> None:
+    def __init__(self, url: str, engine: TokenScriptEngine, queue: str) -> None:
         self.engine = engine
         options = WorkerOptions(
-            engine_factory="tests.scripted_engine:given",
+            engine_factory="devkit.scripted_engine:given",
             engine_args=engine,  # type: ignore[arg-type]
             metrics_port=0,
             cpu_nice=0,
@@ -157,7 +157,7 @@ class Scene:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        engine = ScriptedEngine(self.tokenizer, list(self.tokenizer.encode(PROMPT)), self.script)
+        engine = TokenScriptEngine(self.tokenizer, list(self.tokenizer.encode(PROMPT)), self.script)
         params = SamplingParams(max_tokens=len(self.script), output_kind=RequestOutputKind.DELTA)
         return "".join([output.outputs[0].text async for output in engine.generate("calm", PROMPT, params)])
 
@@ -176,8 +176,8 @@ async def scene(tiny_model: Path, server: RedisServer, proxy: FreezingProxy) -> 
     request_id = f"owned-{uuid.uuid4().hex}"
     worker_url = server.url_for(WORKER)
     a_url = worker_url.replace(f":{server.port}", f":{proxy.port}")
-    a = InProcessWorker(a_url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
-    b = InProcessWorker(worker_url, ScriptedEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    a = InProcessWorker(a_url, TokenScriptEngine(tokenizer, prompt_ids, script, gated=True), queue)
+    b = InProcessWorker(worker_url, TokenScriptEngine(tokenizer, prompt_ids, script, gated=True), queue)
     raw = aioredis.Redis.from_url(server.url)
     await a.arq.start_up()
     await b.arq.start_up()

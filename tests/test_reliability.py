@@ -182,7 +182,7 @@ async def test_an_attempt_taken_over_elsewhere_stops_and_the_request_resumes(
 ) -> None:
     """A worker whose lease lapsed while it still ran (cut off from Redis, or starved)
     loses the request to the attempt that takes it over. Here the test takes it over
-    as a resuming worker would; once the log refuses the old attempt's events, that
+    as another worker would; once the log refuses the old attempt's events, that
     attempt must stop and leave arq's keys alone, so that the job can run again."""
     request_id = f"fenced-{uuid.uuid4().hex}"
 
@@ -203,7 +203,7 @@ async def test_an_attempt_taken_over_elsewhere_stops_and_the_request_resumes(
     assert result["t"] == 2 and result["r"]["finish_reasons"] == ["length"]
 
 
-async def test_sigkill_mid_stream_resumes_on_another_worker(
+async def test_sigkill_mid_stream_is_taken_over_by_another_worker(
     worker: WorkerProcess, client: StreamqClient, tiny_model: Path, tmp_path: Path, redis_url: str
 ) -> None:
     doomed = second_worker(worker, tiny_model, tmp_path)

@@ -3,8 +3,8 @@ ends with ``worker_lost`` saying why it cannot.
 
 The engine tests crash a real second worker (SIGKILL, engine processes too) while it
 streams, with the session worker paused until then, so the session worker takes the
-requests over and resumes them; where the crash must fall on a chosen token, the test
-logs the first attempt's events itself. Each resumed request's events (as the replay log
+requests over; where the crash must fall on a chosen token, the test logs the first
+attempt's events itself. Each taken-over request's events (as the replay log
 holds them, exactly what was published) are compared with an undisturbed run of the
 same request on the session worker. The unit tests at the end need no engine.
 """
@@ -37,7 +37,6 @@ from streamq.protocol import (
 )
 from tests.events import assert_well_formed, job_result
 from tests.schemas import PERSON
-from tests.scripted_engine import ScriptedEngine
 from tests.test_reliability import paused, second_worker
 
 NEVER = "@@ no such words in the answer @@"
@@ -103,7 +102,7 @@ async def crashed(
 
 
 @pytest.mark.engine
-async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
+async def test_taken_over_requests_send_the_text_of_an_undisturbed_run(
     worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, tiny_model: Path, tmp_path: Path
 ) -> None:
     long = {"max_tokens": 240, "ignore_eos": True}
@@ -137,12 +136,12 @@ async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
         "json": {"prompt": PERSON_PROMPT, "temperature": 0, "max_tokens": 400, "structured_outputs": {"json": PERSON}},
     }
     doomed = second_worker(worker, tiny_model, tmp_path)
-    ids = {f"resume-{name}-{uuid.uuid4().hex}": name for name in requests}
-    resumed = await crashed(
+    ids = {f"take-over-{name}-{uuid.uuid4().hex}": name for name in requests}
+    taken_over = await crashed(
         worker, doomed, client, raw_redis, {i: requests[name] for i, name in ids.items()}, after_tokens=25
     )
 
-    for request_id, events in resumed.items():
+    for request_id, events in taken_over.items():
         name = ids[request_id]
         assert_well_formed(events, request_id)
         assert {e["attempt"] for e in events} == {1, 2}, f"{name}: not interrupted mid-stream"
@@ -153,7 +152,7 @@ async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
         assert answers(events) == expected, name
         assert len(expected[0]) == calm.get("n", 1), name
         assert events[-1]["completion_tokens"] == sum(len(tokens) for _, tokens in expected[0].values())
-    (json_events,) = [events for request_id, events in resumed.items() if ids[request_id] == "json"]
+    (json_events,) = [events for request_id, events in taken_over.items() if ids[request_id] == "json"]
     (text, _), finish_reasons = answers(json_events)[0][0], answers(json_events)[1]
     assert finish_reasons == ["stop"]
     person = json.loads(text)
@@ -161,14 +160,14 @@ async def test_resumed_requests_send_the_text_of_an_undisturbed_run(
 
 
 @pytest.mark.engine
-async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
+async def test_a_stop_string_spanning_the_take_over_point_ends_the_answer(
     worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis
 ) -> None:
     """The first attempt died after ``cut`` tokens, inside a stop string it had begun to
     write (its text held back). Up to there its events are those of an undisturbed run of
     the same request, so the test logs exactly those for a request that then runs as
     attempt 2 (a crash at a chosen token, where a SIGKILL would race a fast engine): the
-    resumed answer must stop where the undisturbed one does, with the same text."""
+    answer taken over must stop where the undisturbed one does, with the same text."""
     request: dict[str, Any] = {
         "prompt": "Redis streams carry tokens",
         "temperature": 0,
@@ -188,7 +187,7 @@ async def test_a_stop_string_spanning_the_resume_point_ends_the_answer(
     request["stop"] = [stop]
     stopped = await undisturbed(client, raw_redis, **request)
 
-    request_id = f"resume-span-{uuid.uuid4().hex}"
+    request_id = f"take-over-span-{uuid.uuid4().hex}"
     sent: list[dict[str, Any]] = []
     for event in stopped:
         if sum(len(e["token_ids"]) for e in sent) >= cut:
@@ -237,7 +236,7 @@ async def test_a_completion_that_had_finished_is_not_sent_again(
     rest = [e for e in chunks[first_done + 1 :] if e["index"] == other]
     assert len(rest) >= 2, "the other completion must go on for a while after the first finished"
 
-    request_id = f"resume-finished-{uuid.uuid4().hex}"
+    request_id = f"take-over-finished-{uuid.uuid4().hex}"
     sent = [{**e, "request_id": request_id} for e in calm[: first_done + 1]]
     events = await as_attempt_two(raw_redis, request_id, request, sent)
 
@@ -257,7 +256,7 @@ async def test_a_regeneration_that_differs_from_what_was_sent_ends_with_worker_l
     request: dict[str, Any] = {"prompt": "Once upon a time", "n": 2, "temperature": 1.0, "seed": 9}
     request.update(max_tokens=40, ignore_eos=True)
     calm = await undisturbed(client, raw_redis, **request)
-    request_id = f"resume-differs-{uuid.uuid4().hex}"
+    request_id = f"take-over-differs-{uuid.uuid4().hex}"
     sent = [{**e, "request_id": request_id} for e in calm if e["type"] == "chunk"][:12]
     of_one = [e for e in sent if e["index"] == 1]
     assert len(of_one) >= 2
@@ -358,7 +357,7 @@ async def test_chat_templating_does_not_stall_the_event_loop(tiny_model: Path) -
 
 
 @no_torch_warnings
-async def test_resuming_a_plain_prompt_does_not_stall_the_event_loop(tiny_model: Path) -> None:
+async def test_taking_over_a_plain_prompt_does_not_stall_the_event_loop(tiny_model: Path) -> None:
     from vllm import SamplingParams
 
     from worker.progress import Progress
@@ -379,22 +378,23 @@ async def _collect(outputs: Any) -> list[tuple[str, list[int], str | None]]:
     "sampling",
     [
         {"stop": [NEVER]},  # text held back, never released by a stop
-        {"stop": ["café — 東"]},  # a stop string that every resume point before it may split
+        {"stop": ["café — 東"]},  # a stop string that every take-over point before it may split
         {"stop": ["東京", "naïve"], "include_stop_str_in_output": True},
         {"stop": ["東京"], "min_tokens": 30},
         {"stop": ["café — 東"], "temperature": 0.5, "seed": 3},  # generated again from the start
         {"stop": ["café — 東"], "presence_penalty": 1.0, "temperature": 0},
     ],
 )
-async def test_every_resume_point_gives_the_undisturbed_text(tiny_model: Path, sampling: dict[str, Any]) -> None:
+async def test_every_take_over_point_gives_the_undisturbed_text(tiny_model: Path, sampling: dict[str, Any]) -> None:
     """For each number of tokens an attempt may have sent before it died, the
-    resumed answer equals the undisturbed one (multi-byte characters split across
+    answer taken over equals the undisturbed one (multi-byte characters split across
     tokens included), on an engine that replays a fixed script."""
     from transformers import AutoTokenizer
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
+    from devkit.scripted_engine import TokenScriptEngine
     from worker.progress import Progress
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
@@ -403,7 +403,7 @@ async def test_every_resume_point_gives_the_undisturbed_text(tiny_model: Path, s
     script = tokenizer.encode(
         "Once a naïve café — 東京 at night, a naïve café — 東京 by day.", add_special_tokens=False
     )
-    engine = ScriptedEngine(tokenizer, prompt_ids, script)
+    engine = TokenScriptEngine(tokenizer, prompt_ids, script)
 
     def params() -> SamplingParams:
         return SamplingParams(max_tokens=len(script), output_kind=RequestOutputKind.DELTA, **sampling)
@@ -417,6 +417,6 @@ async def test_every_resume_point_gives_the_undisturbed_text(tiny_model: Path, s
             progress.texts[0].append(text)
         continuation = await progress.continuation(engine, request, None, params())  # type: ignore[arg-type]
         assert continuation is not None
-        rest = calm[:sent] + await _collect(continuation.generate(engine, "resumed"))  # type: ignore[arg-type]
+        rest = calm[:sent] + await _collect(continuation.generate(engine, "taken-over"))  # type: ignore[arg-type]
         got = ("".join(t for t, _, _ in rest), [i for _, ids, _ in rest for i in ids], rest[-1][2])
-        assert got == expected, f"resumed after {sent} tokens"
+        assert got == expected, f"taken over after {sent} tokens"

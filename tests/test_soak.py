@@ -354,9 +354,9 @@ def recovery_times(
         for run in fault.in_flight:
             attempt = max((e.attempt for seen, e in run.events if seen <= fault.at), default=1)
             moved = next((seen for seen, e in run.events if fault.at < seen < horizon and e.attempt > attempt), None)
-            resumed = moved if moved is not None else run.next_event_after(after)
-            if resumed is not None and (moved is not None or not interrupted):
-                times.append(resumed - start)
+            went_on = moved if moved is not None else run.next_event_after(after)
+            if went_on is not None and (moved is not None or not interrupted):
+                times.append(went_on - start)
     return times
 
 
@@ -394,7 +394,7 @@ def summarize(
     finals = [run.events[-1][1] for run in soak.runs if run.events and isinstance(run.events[-1][1], FinalEvent)]
     cancelled = [run for run in soak.runs if run.cancel_at is not None]
     recovery = {kind: recovery_times(soak.faults, kind) for kind in ("kill", *REDIS_FAULTS)}
-    resumed_after_kill = recovery_times(soak.faults, "kill", interrupted=True)
+    taken_over_after_kill = recovery_times(soak.faults, "kill", interrupted=True)
     after_redis_back = [t for kind in REDIS_FAULTS for t in recovery_times(soak.faults, kind, from_back=True)]
     report = {
         "seed": SEED,
@@ -403,7 +403,7 @@ def summarize(
         "completed": sum(1 for e in finals if e.finish_reasons != ["cancelled"]),
         "cancelled": sum(1 for e in finals if e.finish_reasons == ["cancelled"]),
         "tokens": sum(e.completion_tokens for e in finals),
-        "resumed": sum(1 for run in soak.runs if any(event.attempt > 1 for _, event in run.events)),
+        "taken_over": sum(1 for run in soak.runs if any(event.attempt > 1 for _, event in run.events)),
         "faults": {
             "kill": sum(1 for f in soak.faults if f.kind == "kill"),
             "redis_restart": sum(1 for f in soak.faults if f.kind == "redis_restart"),
@@ -416,7 +416,7 @@ def summarize(
         "recovery_s": {
             "all": seconds([t for times in recovery.values() for t in times]),
             "kill": seconds(recovery["kill"]),
-            "kill_resumed_requests": seconds(resumed_after_kill),
+            "kill_taken_over_requests": seconds(taken_over_after_kill),
             "redis_restart": seconds(recovery["redis_restart"]),
             "redis_crash": seconds(recovery["redis_crash"]),
             "redis_restart_from_back": seconds(after_redis_back),
@@ -440,13 +440,14 @@ def summarize(
     }
     line = (
         f"soak: seed {SEED}, {SOAK_SECONDS:.0f}s, {report['requests']} requests ({report['completed']} completed, "
-        f"{report['cancelled']} cancelled, {report['resumed']} resumed), faults: {report['faults']['kill']} worker "
-        f"SIGKILLs, {report['faults']['redis_restart']} Redis restarts and {report['faults']['redis_crash']} Redis "
+        f"{report['cancelled']} cancelled, {report['taken_over']} taken over), "
+        f"faults: {report['faults']['kill']} worker SIGKILLs, {report['faults']['redis_restart']} Redis restarts "
+        f"and {report['faults']['redis_crash']} Redis "
         f"SIGKILLs ({REDIS_DOWN_S:.0f}s down), "
         f"{report['faults']['cancel']} cancels; lost {lost}, duplicated {duplicated}, failed {len(failures)}; "
         f"recovery p50 {rec['all']['p50']}s max {rec['all']['max']}s (SIGKILL p50 {rec['kill']['p50']}s max "
-        f"{rec['kill']['max']}s, of the requests it interrupted p50 {rec['kill_resumed_requests']['p50']}s max "
-        f"{rec['kill_resumed_requests']['max']}s; Redis restart p50 {rec['redis_restart']['p50']}s max "
+        f"{rec['kill']['max']}s, of the requests it interrupted p50 {rec['kill_taken_over_requests']['p50']}s max "
+        f"{rec['kill_taken_over_requests']['max']}s; Redis restart p50 {rec['redis_restart']['p50']}s max "
         f"{rec['redis_restart']['max']}s, Redis SIGKILL p50 {rec['redis_crash']['p50']}s max "
         f"{rec['redis_crash']['max']}s, from Redis back p50 {rec['redis_restart_from_back']['p50']}s max "
         f"{rec['redis_restart_from_back']['max']}s)"

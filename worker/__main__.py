@@ -84,7 +84,7 @@ def build_parser() -> FlexibleArgumentParser:
         type=float,
         default=log_ttl_ms / 1000,
         help=f"how long a request's replay log (its events, for late and reconnecting subscribers and for "
-        f"resuming elsewhere) outlives its last event (default: ${LOG_TTL_ENV} or %(default)g)",
+        f"a take-over elsewhere) outlives its last event (default: ${LOG_TTL_ENV} or %(default)g)",
     )
     group.add_argument(
         "--log-maxlen",

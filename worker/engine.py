@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import shlex
 import time
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from vllm.config import VllmConfig
 from vllm.config.structured_outputs import StructuredOutputsBackend
@@ -38,8 +40,12 @@ USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Add every ``AsyncEngineArgs`` flag, as ``vllm serve`` has them, to ``parser``."""
+    """Add every ``AsyncEngineArgs`` flag, as ``vllm serve`` has them, to ``parser``;
+    ``--structured-outputs-config`` without a backend means the worker's default one."""
     AsyncEngineArgs.add_cli_args(parser)  # type: ignore[arg-type]
+    for action in parser._actions:
+        if action.dest == "structured_outputs_config" and callable(action.type):
+            action.type = _with_default_backend(action.type)
 
 
 def engine_args_from_namespace(namespace: argparse.Namespace) -> AsyncEngineArgs:
@@ -65,6 +71,26 @@ def with_structured_outputs_backend(args: AsyncEngineArgs) -> AsyncEngineArgs:
     if config.backend == "auto":
         args.structured_outputs_config = dataclasses.replace(config, backend=DEFAULT_STRUCTURED_OUTPUTS_BACKEND)
     return args
+
+
+def _with_default_backend(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` (vLLM's ``--structured-outputs-config`` parser), given JSON that names
+    ``DEFAULT_STRUCTURED_OUTPUTS_BACKEND`` where it names none.
+
+    vLLM validates the options against the backend as it parses, so without this
+    ``{"disable_any_whitespace": true}`` would be refused for ``auto``, a backend the
+    worker never runs."""
+
+    def parse_with_default(value: str) -> Any:
+        try:
+            options = json.loads(value)
+        except json.JSONDecodeError:
+            return parse(value)  # vLLM's own parser says what is wrong with it
+        if isinstance(options, dict) and "backend" not in options:
+            value = json.dumps({"backend": DEFAULT_STRUCTURED_OUTPUTS_BACKEND, **options})
+        return parse(value)
+
+    return parse_with_default
 
 
 def engine_args_from_env() -> AsyncEngineArgs:

@@ -37,7 +37,7 @@ from worker.logprobs import LogprobsReader
 from worker.presence import Presence
 from worker.progress import Progress, thread_tokenizer
 from worker.publisher import PublishFailed, Refusal
-from worker.regeneration import NotResumable, with_take_over_seed
+from worker.regeneration import RegenerationDiffers, with_take_over_seed
 from worker.request_events import RequestEvents
 from worker.state import WorkerState, state_of
 from worker.stats_report import RunningRequest
@@ -93,11 +93,11 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
         logger.warning("request %s: %s; handing the job back", job_id, exc)
         raise Retry(defer=0) from None  # keeps its queue score: its enqueue time
     except EngineDeadError:
-        # This worker is useless now: hand the job back (another worker resumes it
+        # This worker is useless now: hand the job back (another worker takes it over
         # from the replay log) and let the worker exit non-zero.
         state_of(ctx).engine_died()
         raise Retry(defer=0) from None
-    except NotResumable as exc:
+    except RegenerationDiffers as exc:
         code, message = ErrorCode.WORKER_LOST, f"the worker running this request died, and {exc}"
     except Exception as exc:
         logger.exception("request %s: unexpected error", job_id)
@@ -219,7 +219,7 @@ async def _run(
             return _superseded(state, request.request_id, events.attempt)
         events.next_seq = progress.next_seq
         logger.info(
-            "request %s: attempt %d resumes after %d tokens",
+            "request %s: attempt %d takes over after %d tokens",
             request.request_id,
             events.attempt,
             progress.completion_tokens,
@@ -239,17 +239,17 @@ async def _run(
     else:
         assert request.prompt is not None, "validated: a request has a prompt or messages"
         prompt = request.prompt
-    resumed = None
+    continuation = None
     if progress.completion_tokens:
-        resumed = await progress.continuation(engine, request, chat_ids, params)
-        if resumed is None:  # finished (or out of budget) before the final event went out
+        continuation = await progress.continuation(engine, request, chat_ids, params)
+        if continuation is None:  # finished (or out of budget) before the final event went out
             return await _end(ctx, events, request, progress, FinishReason.LENGTH)
 
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
     # The prompt's logprobs went out with the request's first chunk, unless this attempt
     # is the first to send one.
-    reader = LogprobsReader.for_request(params, engine, with_prompt=resumed is None)
+    reader = LogprobsReader.for_request(params, engine, with_prompt=continuation is None)
     started = time.monotonic()
     logger.info("request %s started (attempt %d)", request.request_id, events.attempt)
     try:
@@ -258,8 +258,8 @@ async def _run(
             async with asyncio.timeout(time_left):
                 priority = engine_priority(engine, request.priority)
                 outputs = (
-                    resumed.generate(engine, request.request_id, priority)
-                    if resumed is not None
+                    continuation.generate(engine, request.request_id, priority)
+                    if continuation is not None
                     else engine.generate(
                         request_id=request.request_id, prompt=prompt, sampling_params=params, priority=priority
                     )
@@ -279,7 +279,7 @@ async def _run(
     except asyncio.CancelledError:
         stop = cancels.take_stop(request.request_id, events.attempt)
         if stop is None and not cancels.was_cancelled(request.request_id):
-            raise  # worker shutdown: arq hands the job back, another worker resumes it
+            raise  # worker shutdown: arq hands the job back, another worker takes it over
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         if stop is None:
             return await _end(ctx, events, request, progress, FinishReason.CANCELLED)

@@ -199,7 +199,8 @@ class Continuation:
 
     This attempt detokenizes the whole answer itself (vLLM's incremental detokenizer,
     primed with the prompt and fed the tokens already sent), so text held back for a
-    possible stop string is released, and stop strings are found across the resume point.
+    possible stop string is released, and stop strings are found across the point where the
+    earlier attempt stopped.
     """
 
     def __init__(

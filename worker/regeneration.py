@@ -17,7 +17,7 @@ the same seed, and what each completion already delivered is checked token by to
 suppressed: the subscriber gets the rest of exactly the answer an undisturbed run would
 have sent. If the engine does not reproduce it (an engine that is not deterministic, e.g.
 batch-dependent GPU kernels), the request ends with ``worker_lost`` saying which
-completion differed where (``NotResumable``); nothing that might differ is ever sent.
+completion differed where (``RegenerationDiffers``); nothing that might differ is ever sent.
 
 Seeds. Such a request sampled at temperature > 0 without a seed gets one from the worker
 at its first attempt (``with_take_over_seed``): derived from the request id (BLAKE2b), so
@@ -52,8 +52,9 @@ SEED_BITS = 62
 which must stay a signed 64-bit integer for the sampler's generator."""
 
 
-class NotResumable(Exception):
-    """A take-over cannot reproduce what the request already delivered."""
+class RegenerationDiffers(Exception):
+    """A take-over that generates the request again did not reproduce what it had already
+    delivered: the request cannot go on exactly."""
 
 
 def regeneration_reason(params: SamplingParams) -> str | None:
@@ -103,7 +104,7 @@ class _Delivered:
     def rest(self, completion: CompletionOutput) -> bool:
         """Cut ``completion``, one regenerated DELTA of this completion, to what was not
         delivered yet (token ids, logprobs and text alike); whether anything is left to
-        send. Raises ``NotResumable`` where it differs from what was delivered."""
+        send. Raises ``RegenerationDiffers`` where it differs from what was delivered."""
         if self.caught_up and self.finish_reason is None:
             return True  # the common case once the delivered part is behind
         token_ids = list(completion.token_ids)
@@ -144,9 +145,9 @@ class _Delivered:
         completion.text = text[dropped:]
         return bool(completion.token_ids or completion.text or completion.finish_reason is not None)
 
-    def differs(self, what: str) -> NotResumable:
+    def differs(self, what: str) -> RegenerationDiffers:
         """The error saying how this completion's regeneration differs."""
-        return NotResumable(
+        return RegenerationDiffers(
             f"generating the request again from the start did not reproduce what completion {self.index} "
             f"had sent: {what}"
         )
@@ -179,7 +180,7 @@ class Regeneration:
 
     async def generate(self, engine: AsyncLLM, request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for the rest of the answer, ending with a finished one;
-        raises ``NotResumable`` as soon as a completion differs from what it delivered."""
+        raises ``RegenerationDiffers`` as soon as a completion differs from what it delivered."""
         logger.info(
             "request %s: %s: generating it again from the start, sending only what follows the %d tokens sent",
             request_id,

@@ -84,7 +84,7 @@ class WorkerState:
 
     def engine_died(self) -> None:
         """Hand every running job back and stop this worker (exit code 3): it can
-        serve nothing more, and its jobs can resume on another worker."""
+        serve nothing more, and another worker can take its jobs over."""
         if not self.engine_dead:
             self.engine_dead = True
             logger.critical("the engine died: handing running jobs back and stopping")

@@ -1,4 +1,4 @@
-"""Resume arithmetic (``worker/progress.py``, ``worker/regeneration.py``): what a job
+"""Take-over arithmetic (``worker/progress.py``, ``worker/regeneration.py``): what a job
 tallies, what a taken-over job rebuilds from the replay log, and how it goes on
 (continued from its tokens, or generated again from the start with the same seed and
 checked, per completion, against what was sent)."""
@@ -23,7 +23,7 @@ with warnings.catch_warnings():
     from vllm.sampling_params import SamplingType, StructuredOutputsParams
 
     from worker.progress import Continuation, Progress
-    from worker.regeneration import SEED_BITS, NotResumable, Regeneration, assigned_seed, with_take_over_seed
+    from worker.regeneration import SEED_BITS, Regeneration, RegenerationDiffers, assigned_seed, with_take_over_seed
 
 ANSWER = "The key to happiness is a quiet mind and good friends."
 
@@ -367,7 +367,7 @@ async def test_a_regeneration_that_differs_from_what_was_sent_ends_the_request(
     """Nothing that might differ goes out: the take-over fails, saying which completion
     differed where (the job turns that into a ``worker_lost`` error)."""
     engine = _ParallelEngine([10, 11, 12, 13], [20, 21, 22])
-    with pytest.raises(NotResumable) as raised:
+    with pytest.raises(RegenerationDiffers) as raised:
         await _rest(_delivered(2, *sent), engine, 2)
     assert str(raised.value) == f"generating the request again from the start did not reproduce what {reason}"
 
@@ -379,7 +379,7 @@ async def test_a_regeneration_that_differs_sends_nothing_of_the_differing_step()
     regeneration = await progress.continuation(None, request, None, SamplingParams(n=2, temperature=1, seed=1))  # type: ignore[arg-type]
     assert isinstance(regeneration, Regeneration)
     got: list[Any] = []
-    with pytest.raises(NotResumable, match=r"completion 1 had sent: token 2 of the 2 sent differs"):
+    with pytest.raises(RegenerationDiffers, match=r"completion 1 had sent: token 2 of the 2 sent differs"):
         async for output in regeneration.generate(engine, "r1"):  # type: ignore[arg-type]
             got.append(output)
     assert got == []  # the step holding completion 0's next token also held completion 1's mismatch

@@ -18,13 +18,20 @@ pytest.importorskip("vllm")
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
+    from vllm.config.structured_outputs import StructuredOutputsConfig
+
     from worker.__main__ import build_parser
     from worker.engine import DEFAULT_STRUCTURED_OUTPUTS_BACKEND, engine_args_from_namespace, engine_config
 
 
-def backend(tiny_model: Path, *flags: str) -> str:
+def structured_outputs_config(tiny_model: Path, *flags: str) -> StructuredOutputsConfig:
     args = engine_args_from_namespace(build_parser().parse_args([*tiny_engine_flags(tiny_model), *flags]))
-    return str(engine_config(args).structured_outputs_config.backend)
+    config: StructuredOutputsConfig = engine_config(args).structured_outputs_config
+    return config
+
+
+def backend(tiny_model: Path, *flags: str) -> str:
+    return str(structured_outputs_config(tiny_model, *flags).backend)
 
 
 def test_without_a_flag_the_worker_uses_llguidance(tiny_model: Path) -> None:
@@ -41,3 +48,22 @@ def test_without_a_flag_the_worker_uses_llguidance(tiny_model: Path) -> None:
 )
 def test_a_backend_the_flags_choose_is_kept(tiny_model: Path, flags: tuple[str, ...]) -> None:
     assert backend(tiny_model, *flags) == "xgrammar"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--structured-outputs-config", '{"disable_any_whitespace": true}'),
+        ("--structured-outputs-config.disable_any_whitespace", "true"),
+    ],
+)
+def test_an_option_without_a_backend_gets_the_default_backend(tiny_model: Path, flags: tuple[str, ...]) -> None:
+    """vLLM refuses ``disable_any_whitespace`` for ``auto``; the worker never runs ``auto``."""
+    config = structured_outputs_config(tiny_model, *flags)
+    assert config.backend == DEFAULT_STRUCTURED_OUTPUTS_BACKEND
+    assert config.disable_any_whitespace
+
+
+def test_an_option_the_chosen_backend_lacks_is_still_refused(tiny_model: Path) -> None:
+    with pytest.raises(SystemExit):
+        backend(tiny_model, "--structured-outputs-config", '{"backend": "outlines", "disable_any_whitespace": true}')
