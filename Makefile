@@ -45,8 +45,8 @@ test-fast: install
 
 lint: install
 	$(PY) -m pip install -q ruff mypy 2>&1 | $(PIP_QUIET)
-	$(PY) -m ruff check worker producer gateway streamq devkit tests bench
-	$(PY) -m ruff format --check worker producer gateway streamq devkit tests bench
+	$(PY) -m ruff check worker producer gateway streamq devkit tests bench docs/examples
+	$(PY) -m ruff format --check worker producer gateway streamq devkit tests bench docs/examples
 	$(PY) -m mypy worker producer gateway streamq devkit bench
 
 clean:

@@ -32,7 +32,7 @@ MAX_MODEL_LEN = 1024
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """The session's Redis admits only ACL users with passwords: the harness's own
-    (granted everything), and one per role of PROTOCOL.md ("Redis roles"), under which
+    (granted everything), and one per role of docs/internals.md ("Redis roles"), under which
     the session's workers, clients, CLI runs and gateways work."""
     with RedisServer(user="streamq", password=uuid.uuid4().hex) as server:
         yield server

@@ -45,7 +45,7 @@ REDIS_DOWN_S = 8.0
 REDIS_FAULTS = ("redis_restart", "redis_crash")
 """Redis stopped (SIGTERM: it writes what it holds and exits) or killed (SIGKILL). Its
 append-only file is fsynced at every write (``appendfsync always``), so either way it comes
-back with every write it acknowledged (see README, "Reliability")."""
+back with every write it acknowledged (see docs/reliability.md)."""
 FAULTS = tuple((os.environ.get("STREAMQ_SOAK_FAULTS") or ",".join(("kill", *REDIS_FAULTS))).split(","))
 """A worker SIGKILLed (engine processes too), and the Redis faults; each happens at least
 once. ``STREAMQ_SOAK_FAULTS`` (comma-separated) runs a subset, in this order: with a seed,

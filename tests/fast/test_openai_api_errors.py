@@ -1,4 +1,4 @@
-"""Every failure maps to the HTTP status and OpenAI error body that README's table documents."""
+"""Every failure maps to the HTTP status and OpenAI error body that the table in docs/gateway.md documents."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""PROTOCOL.md against the contract in ``streamq.protocol``: every name, limit, code,
-finish reason and script the code defines is documented, with the same value, and
-the tables list nothing the code lacks."""
+"""PROTOCOL.md (the client contract) and docs/internals.md (how workers keep it) against
+the contract in ``streamq.protocol``: every name, limit, code, finish reason and script
+the code defines is documented in one of them, with the same value, and the tables list
+nothing the code lacks."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from streamq.protocol import ErrorCode, FinishReason, envelope, names
 from streamq.protocol.roles import ROLES
 from streamq.protocol.scripts import script_names
 
-DOC = (Path(__file__).resolve().parents[2] / "PROTOCOL.md").read_text(encoding="utf-8")
-CODE_SPANS = re.findall(r"`([^`\n]+)`", DOC)
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "PROTOCOL.md").read_text(encoding="utf-8")
+INTERNALS = (ROOT / "docs" / "internals.md").read_text(encoding="utf-8")
+CODE_SPANS = re.findall(r"`([^`\n]+)`", DOC + "\n" + INTERNALS)
 
 
-def table_after(marker: str) -> list[list[str]]:
+def table_after(marker: str, doc: str = DOC) -> list[list[str]]:
     """The rows (cells stripped, header and rule left out) of the first table after the
-    line containing ``marker``."""
-    lines = DOC.splitlines()
+    line containing ``marker`` in ``doc`` (PROTOCOL.md unless given)."""
+    lines = doc.splitlines()
     start = next(i for i, line in enumerate(lines) if marker in line)
     rows: list[list[str]] = []
     for line in lines[start + 1 :]:
@@ -31,9 +34,9 @@ def table_after(marker: str) -> list[list[str]]:
     return rows[2:]
 
 
-def first_column(marker: str) -> set[str]:
+def first_column(marker: str, doc: str = DOC) -> set[str]:
     """The code spans of the first column of the table after ``marker``."""
-    return {row[0].strip("`") for row in table_after(marker)}
+    return {row[0].strip("`") for row in table_after(marker, doc)}
 
 
 def public_constants(module: object, kind: type) -> dict[str, object]:
@@ -53,11 +56,14 @@ def test_every_finish_reason_is_documented_and_nothing_else() -> None:
 
 
 def test_every_lua_script_is_documented_and_nothing_else() -> None:
-    assert first_column("## Lua scripts") == set(script_names())
+    assert first_column("## Lua scripts", INTERNALS) == set(script_names())
 
 
 def test_every_limit_is_documented_with_its_value() -> None:
-    documented = {row[0].strip("`"): row[1] for row in table_after("## Limits and timings")}
+    contract = {row[0].strip("`"): row[1] for row in table_after("## Limits and timings")}
+    internal = {row[0].strip("`"): row[1] for row in table_after("## Limits and timings", INTERNALS)}
+    assert not contract.keys() & internal.keys(), "a limit documented in both PROTOCOL.md and docs/internals.md"
+    documented = contract | internal
     numbers = {
         **public_constants(names, int),
         **public_constants(names, float),
@@ -71,7 +77,7 @@ def test_every_limit_is_documented_with_its_value() -> None:
 @pytest.mark.parametrize("name", sorted(public_constants(names, str)))
 def test_every_name_appears_in_the_doc(name: str) -> None:
     value = getattr(names, name)
-    assert any(value in span for span in CODE_SPANS), f"{name} = {value!r} is not in PROTOCOL.md"
+    assert any(value in span for span in CODE_SPANS), f"{name} = {value!r} is not in the docs"
 
 
 def test_the_request_id_pattern_is_documented_verbatim() -> None:
@@ -97,7 +103,7 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
 
 
 def test_redis_roles_are_documented_as_the_code_grants_them() -> None:
-    documented = [line for line in DOC.splitlines() if line.startswith("ACL SETUSER ")]
+    documented = [line for line in INTERNALS.splitlines() if line.startswith("ACL SETUSER ")]
     assert documented == [role.setuser() for role in ROLES]
 
 
@@ -106,7 +112,7 @@ def test_every_test_the_ownership_rules_name_exists() -> None:
     must not leave the rule unproven on paper."""
     tests = Path(__file__).resolve().parents[1]
     defined = {name for path in tests.rglob("*.py") for name in re.findall(r"def (test_\w+)", path.read_text())}
-    cells = [cell for row in table_after("Each pair of writers") for cell in row[2:]]
+    cells = [cell for row in table_after("Each pair of writers", INTERNALS) for cell in row[2:]]
     named = [span for cell in cells for span in re.findall(r"`([^`]+)`", cell)]
     assert named, "the ownership table names no tests"
     for span in named:
@@ -114,6 +120,6 @@ def test_every_test_the_ownership_rules_name_exists() -> None:
         if name.startswith("tests/"):
             assert (tests.parent / name).exists(), name
         else:
-            assert name in defined, f"PROTOCOL.md names {name}, which no test defines"
+            assert name in defined, f"docs/internals.md names {name}, which no test defines"
     for span in re.findall(r"\(`(test_\w+)`\)", " ".join(cells)):
         assert span in defined, span

@@ -1,4 +1,4 @@
-"""The Redis roles of PROTOCOL.md on a real Redis, with the real scripts: each role does
+"""The Redis roles of docs/internals.md on a real Redis, with the real scripts: each role does
 its own work, and a producer (or gateway) cannot claim jobs, renew leases, register
 workers or store results. Direct commands are refused with ``NOPERM``; a script's call
 with ``ACL failure in script`` (Redis checks every call of a script against its caller)."""

@@ -1,4 +1,4 @@
-"""README's module table is the map a newcomer reads first: it must match the tree."""
+"""The module table of docs/development.md is the map a newcomer reads first: it must match the tree."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ _PATH = re.compile(r"`([^`]+)`")
 
 
 def _table_paths() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("| module | what it holds |", 1)[1].split("\n\n", 1)[0]
+    page = (ROOT / "docs" / "development.md").read_text()
+    section = page.split("| module | what it holds |", 1)[1].split("\n\n", 1)[0]
     return [path for cell in _FIRST_CELL.findall(section) for path in _PATH.findall(cell)]
 
 
@@ -28,8 +28,8 @@ def _product_modules() -> list[str]:
 
 def test_every_path_in_the_module_table_exists() -> None:
     missing = [path for path in _table_paths() if not (ROOT / path).exists()]
-    assert _table_paths(), "README has no module table"
-    assert not missing, f"README's module table names paths that are not in the tree: {missing}"
+    assert _table_paths(), "docs/development.md has no module table"
+    assert not missing, f"the module table names paths that are not in the tree: {missing}"
 
 
 def test_every_product_module_is_in_the_module_table() -> None:
@@ -39,4 +39,4 @@ def test_every_product_module_is_in_the_module_table() -> None:
         return any(module == path or (path.endswith("/") and module.startswith(path)) for path in listed)
 
     unlisted = [module for module in _product_modules() if not covered(module)]
-    assert not unlisted, f"modules missing from README's module table (a row each, or their folder/): {unlisted}"
+    assert not unlisted, f"modules missing from the module table (a row each, or their folder/): {unlisted}"
