@@ -8,7 +8,7 @@
 
 ``submit`` subscribes to the request's channel before it enqueues the job, so no
 event can be missed; ``follow`` joins a request later and replays its log first.
-Imports neither vllm nor torch.
+Every error is a ``StreamqError``. Imports neither vllm nor torch.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from streamq.protocol import (
     FinishReason,
     GenerateRequest,
     InvalidRequest,
+    StreamqError,
     TokenLogprob,
     callback_key,
     decode_event,
@@ -68,6 +69,24 @@ from streamq.protocol.names import DEFAULT_TENANT
 from streamq.protocol.scripts import register_script
 from streamq.protocol.status import RequestStatus
 
+__all__ = [
+    "CancelOutcome",
+    "Completion",
+    "DuplicateRequest",
+    "InvalidParameter",
+    "InvalidRequest",
+    "JobState",
+    "MissingEvents",
+    "NoLiveWorker",
+    "QueueFull",
+    "RequestError",
+    "RequestHandle",
+    "RequestLost",
+    "StreamqClient",
+    "StreamqError",
+    "UnknownModel",
+]
+
 CancelOutcome = Literal["running", "queued", "unknown"]
 JobState = Literal["running", "queued", "finished", "unknown"]
 DEFAULT_SILENCE_CHECK_S = 15.0
@@ -75,10 +94,6 @@ ROUTES_FRESH_S = 1.0
 """How long ``submit`` reuses a registry read that showed its model live. The registry
 itself keeps a dead worker listed for up to ``WORKER_TTL_MS`` (10 s), so a second more
 hides nothing that matters."""
-
-
-class StreamqError(Exception):
-    """Base of the errors this library raises."""
 
 
 class InvalidParameter(InvalidRequest):

@@ -173,8 +173,14 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
 
 
-class InvalidRequest(ValueError):
-    """A job payload that can never succeed; reported to the requester, never retried."""
+class StreamqError(Exception):
+    """Base of the errors streamq raises to its users. Defined with the wire contract
+    because ``InvalidRequest``, which ``parse_request`` raises, is one of them."""
+
+
+class InvalidRequest(StreamqError, ValueError):
+    """A job payload that can never succeed; reported to the requester, never retried.
+    A ``ValueError`` too: a bad argument, refused before anything is sent."""
 
 
 def parse_request(raw: object) -> GenerateRequest:
