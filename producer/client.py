@@ -242,7 +242,7 @@ class RequestHandle:
     async def _fill_gap(self) -> bool:
         """Replace the backlog with the log from the next expected event on; False if
         the log does not hold that event (it was lost, or trimmed)."""
-        logged = await self._client.log.read(self.request_id, self._next_seq)
+        logged = await self._client._log.read(self.request_id, self._next_seq)
         if not logged or decode_event(logged[0]).seq != self._next_seq:
             return False
         self._backlog = deque(logged)
@@ -252,7 +252,7 @@ class RequestHandle:
         """Queue logged events from the next expected one (and the last one delivered, to
         check that the log still holds it); False if there are none to deliver."""
         from_seq = self._next_seq - 1 if self._delivered else self._next_seq
-        logged = await self._client.log.read(self.request_id, from_seq)
+        logged = await self._client._log.read(self.request_id, from_seq)
         self._backlog.extendleft(reversed(logged))
         return len(logged) > self._next_seq - from_seq
 
@@ -297,7 +297,7 @@ class RequestHandle:
         if self._closed:
             return
         self._closed = True
-        await self._client.subscriber.unsubscribe(events_channel(self.request_id), self._queue)
+        await self._client._subscriber.unsubscribe(events_channel(self.request_id), self._queue)
         if self.cancel_on_close and not self._done:
             await self.cancel()
 
@@ -352,7 +352,7 @@ class StreamqClient:
     ) -> None:
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
-        self.redis = redis
+        self._redis = redis
         self.silence_check_s = silence_check_s
         """After this many seconds without an event, a handle checks that its request is
         still queued or running (one round trip) and fails with ``RequestLost`` if not."""
@@ -360,9 +360,9 @@ class StreamqClient:
         self.max_queue_depth = max_queue_depth
         """``submit`` raises ``QueueFull`` when the queue already holds this many jobs
         (waiting or running); ``None``: no limit."""
-        self.subscriber = EventSubscriber(redis)
-        self.log = ReplayLog(redis)
-        self.registry = WorkerRegistry(redis)
+        self._subscriber = EventSubscriber(redis)
+        self._log = ReplayLog(redis)
+        self._registry = WorkerRegistry(redis)
         self._cancel_script = register_script(redis, "cancel")
         self._enqueue_script = register_script(redis, "enqueue")
         self._status = StatusReader(redis)
@@ -396,9 +396,17 @@ class StreamqClient:
     ) -> None:
         await self.close()
 
+    @property
+    def redis(self) -> ArqRedis:
+        """The Redis pool underneath, for a service that shares it rather than open another
+        (the gateway's key store and dashboard). Commands sent on it bypass this client's
+        checks; closing the client closes it."""
+        return self._redis
+
     async def close(self) -> None:
-        await self.subscriber.close()
-        await close_pool(self.redis)
+        """Stop following every request and close the connections."""
+        await self._subscriber.close()
+        await close_pool(self._redis)
 
     async def submit(
         self,
@@ -517,12 +525,18 @@ class StreamqClient:
         return handle
 
     async def _subscribe(self, request_id: str, *, next_seq: int, job_queue: str | None = None) -> RequestHandle:
-        queue = await self.subscriber.subscribe(events_channel(request_id))
+        queue = await self._subscriber.subscribe(events_channel(request_id))
         return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue)
+
+    async def last_event(self, request_id: str) -> Event | None:
+        """The newest event in the request's replay log, ``None`` if it holds none: a final
+        or error event there means the request has ended, and at which event."""
+        raw = await self._log.last(request_id)
+        return None if raw is None else decode_event(raw)
 
     async def routes(self) -> Routes:
         """The live workers (model, queue) and every model ever registered."""
-        return await self.registry.routes()
+        return await self._registry.routes()
 
     async def _routes_serving(self, model: str) -> Routes:
         """``routes()``, reused for ``ROUTES_FRESH_S`` while they show ``model`` live: one
@@ -541,13 +555,9 @@ class StreamqClient:
         """Model name -> queue, for each model that has a live worker."""
         return (await self.routes()).live_models()
 
-    async def queue_for(self, model: str) -> str:
-        """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``."""
-        return _queue_of(await self.routes(), model)
-
     async def exists(self, request_id: str) -> bool:
         """True if ``request_id`` is queued or has events in the replay log: something to follow."""
-        return bool(await self.redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)))
+        return bool(await self._redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)))
 
     async def cancel(self, request_id: str, *, queue: str | None = None) -> CancelOutcome:
         """Cancel a request: a running one is aborted in the engine, a queued one is
@@ -573,7 +583,7 @@ class StreamqClient:
                 prompt_tokens=0,
                 completion_tokens=0,
             )
-            await self.log.end(request_id, final)
+            await self._log.end(request_id, final)
         return outcome
 
     async def status(self, request_id: str) -> RequestStatus:
@@ -590,7 +600,7 @@ class StreamqClient:
         asks whether anything will still happen): ``running`` (a worker holds its lease),
         ``queued`` (waiting for a worker, or for its lapsed lease to be taken over), ``finished``
         (a result is stored) or ``unknown``."""
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             pipe.exists(IN_PROGRESS_PREFIX + request_id)
             pipe.exists(JOB_KEY_PREFIX + request_id)
             pipe.exists(RESULT_KEY_PREFIX + request_id)
@@ -599,7 +609,7 @@ class StreamqClient:
 
     async def queue_depth(self) -> int:
         """Jobs waiting or running on this client's queue (the autoscaling signal)."""
-        return int(await self.redis.zcard(self.queue))
+        return int(await self._redis.zcard(self.queue))
 
 
 def _queue_of(routes: Routes, model: str) -> str:
