@@ -30,13 +30,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.status import StatusReader
 from producer.subscriber import EventSubscriber, Inbox, Resync
-from streamq.broker.connection import DEFAULT_REDIS_URL, close_pool, create_pool, redis_settings_for
+from streamq.broker.connection import close_pool, create_pool, redis_settings_for
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
+from streamq.environment import queue_from_env, redis_url_from_env
 from streamq.protocol import (
     CANCEL_CHANNEL,
-    DEFAULT_QUEUE,
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
     JOB_FUNCTION,
@@ -340,23 +340,27 @@ class RequestHandle:
 
 
 class StreamqClient:
-    """Submits requests to a streamq queue, follows and cancels them."""
+    """Submits requests to a streamq queue, follows and cancels them.
+
+    ``connect()`` opens one; used as ``async with``, it is closed on exit."""
 
     def __init__(
         self,
         redis: ArqRedis,
         *,
-        queue: str = DEFAULT_QUEUE,
+        queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
     ) -> None:
+        """A client on an open pool (``connect`` opens one); ``queue`` as in ``connect``."""
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
         self._redis = redis
         self.silence_check_s = silence_check_s
         """After this many seconds without an event, a handle checks that its request is
         still queued or running (one round trip) and fails with ``RequestLost`` if not."""
-        self.queue = queue
+        self.queue = queue_from_env() if queue is None else queue
+        """Where requests without a ``model`` go."""
         self.max_queue_depth = max_queue_depth
         """``submit`` raises ``QueueFull`` when the queue already holds this many jobs
         (waiting or running); ``None``: no limit."""
@@ -371,15 +375,21 @@ class StreamqClient:
     @classmethod
     async def connect(
         cls,
-        url: str = DEFAULT_REDIS_URL,
+        url: str | None = None,
         *,
-        queue: str = DEFAULT_QUEUE,
+        queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
     ) -> StreamqClient:
-        """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS;
-        see ``streamq.broker.connection``). ``max_queue_depth`` bounds every queue this
-        client submits to (see ``submit``); ``silence_check_s`` is the handles' watchdog."""
+        """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS; see
+        ``streamq.broker.connection``); requests without a ``model`` go to ``queue``.
+        Either one not given is read from the environment as every command line reads
+        it: ``$REDIS_URL`` and ``$STREAMQ_QUEUE``, else the defaults
+        (``redis://localhost:6379``, ``streamq:queue``). ``max_queue_depth`` bounds every
+        queue this client submits to (see ``submit``); ``silence_check_s`` is the handles'
+        watchdog."""
+        url = redis_url_from_env() if url is None else url
+        queue = queue_from_env() if queue is None else queue
         redis = await create_pool(
             redis_settings_for(url),
             job_serializer=serialize_job,
