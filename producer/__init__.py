@@ -2,8 +2,8 @@
 
     from producer import StreamqClient
 
-    async with await StreamqClient.connect("redis://localhost:6379") as client:
-        completion = await (await client.submit("The key to happiness is", max_tokens=32)).result()
+    async with await StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
+        completion = await client.generate("The key to happiness is", max_tokens=32)
 
 Every error it raises is a ``StreamqError``. Imports neither vllm nor torch, so any
 service can use it.

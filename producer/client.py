@@ -1,10 +1,13 @@
 """The producer library: submit prompts to streamq and follow their tokens.
 
-    async with await StreamqClient.connect("redis://localhost:6379") as client:
-        handle = await client.submit("The key to happiness is", max_tokens=32)
-        async for event in handle:
-            if isinstance(event, ChunkEvent):
-                print(event.text, end="", flush=True)
+    async with await StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
+        completion = await client.generate("The key to happiness is", max_tokens=32)
+        print(completion.text)
+
+        async with await client.submit("Once upon a time", max_tokens=32) as handle:
+            async for event in handle:
+                if isinstance(event, ChunkEvent):
+                    print(event.text, end="", flush=True)
 
 ``submit`` subscribes to the request's channel before it enqueues the job, so no
 event can be missed; ``follow`` joins a request later and replays its log first.
@@ -165,8 +168,62 @@ class Completion:
         return self.texts[0]
 
 
+class _CompletionParts:
+    """What ``RequestHandle.result`` has gathered so far; kept on the handle, so that a
+    call that timed out leaves its part for the next one."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.texts: dict[int, list[str]] = {}
+        self.token_ids: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[TokenLogprob]] | None = None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.prompt_token_ids: list[int] | None = None
+        self.final: FinalEvent | None = None
+
+    def add(self, event: Event) -> None:
+        """Take one event; raises ``RequestError`` for an error event."""
+        if isinstance(event, ChunkEvent):
+            self.texts.setdefault(event.index, []).append(event.text)
+            self.token_ids.setdefault(event.index, []).extend(event.token_ids)
+            if event.logprobs is not UNSET:
+                self.logprobs = {} if self.logprobs is None else self.logprobs
+                self.logprobs.setdefault(event.index, []).extend(event.logprobs)
+            if event.prompt_logprobs is not UNSET:
+                self.prompt_logprobs = event.prompt_logprobs
+                self.prompt_token_ids = event.prompt_token_ids or None
+        elif isinstance(event, ErrorEvent):
+            raise RequestError(self.request_id, event.code, event.message)
+        else:
+            self.final = event
+
+    def completion(self) -> Completion:
+        """The assembled output; a ``StreamqError`` if the final event was never taken
+        (iterating the handle delivered it instead)."""
+        final = self.final
+        if final is None:
+            raise StreamqError(f"request {self.request_id}: its final event was delivered before result() was called")
+        n = len(final.finish_reasons)
+        return Completion(
+            request_id=self.request_id,
+            texts=["".join(self.texts.get(i, ())) for i in range(n)],
+            token_ids=[self.token_ids.get(i, []) for i in range(n)],
+            finish_reasons=final.finish_reasons,
+            prompt_tokens=final.prompt_tokens,
+            completion_tokens=final.completion_tokens,
+            logprobs=None if self.logprobs is None else [self.logprobs.get(i, []) for i in range(n)],
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_token_ids=self.prompt_token_ids,
+        )
+
+
 class RequestHandle:
     """The events of one request, in order, ending with its final or error event.
+
+    Iterate it (``async for event in handle``) for the events, or ``await
+    handle.result()`` for the whole output. As a context manager (``async with await
+    client.submit(...) as handle``) it is closed on exit: it stops following the request,
+    and cancels it too if ``cancel_on_close`` is set and the request has not ended.
 
     Live events come from pub/sub; whatever is missing (joining late, or a gap) is
     read from the replay log. Duplicates (by sequence number) are dropped, once checked
@@ -182,10 +239,14 @@ class RequestHandle:
         next_seq: int,
         *,
         job_queue: str | None = None,
+        cancel_on_close: bool = False,
     ) -> None:
         self.request_id = request_id
         self.job_queue = job_queue or client.queue
         """The arq queue the request was put on (the client's, or its model's)."""
+        self.cancel_on_close = cancel_on_close
+        """If set, closing the handle before the request ended cancels the request: for
+        a caller that will not read the rest, so the engine stops generating it."""
         self._client = client
         self._queue = queue
         self._backlog: deque[bytes] = deque()
@@ -195,11 +256,18 @@ class RequestHandle:
         """A hash of each event delivered, from ``_first_seq`` on."""
         self._done = False
         self._closed = False
-        self.cancel_on_close = False
-        """If set, closing the handle before the request ended cancels the request."""
+        self._parts: _CompletionParts | None = None
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
+
+    async def __aenter__(self) -> RequestHandle:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
     @property
     def done(self) -> bool:
@@ -266,23 +334,29 @@ class RequestHandle:
                 "request went on from what it kept"
             )
 
+    async def _next_event(self) -> Event | None:
+        """The next event in order; ``None`` once the request's last event was delivered."""
+        while not self._done:
+            if self._closed:
+                raise StreamqError(f"request {self.request_id}: this handle is closed")
+            raw = await self._next_raw()
+            event = decode_event(raw)
+            if event.seq < self._next_seq:
+                self._check_delivered(event, raw)
+                continue
+            if event.seq > self._next_seq:
+                if not await self._fill_gap():
+                    raise MissingEvents(f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}")
+                continue
+            self._next_seq += 1
+            self._delivered.append(hash(raw))
+            self._done = isinstance(event, TERMINAL_EVENTS)
+            return event
+        return None
+
     async def _events(self) -> AsyncIterator[Event]:
         try:
-            while not self._done:
-                raw = await self._next_raw()
-                event = decode_event(raw)
-                if event.seq < self._next_seq:
-                    self._check_delivered(event, raw)
-                    continue
-                if event.seq > self._next_seq:
-                    if not await self._fill_gap():
-                        raise MissingEvents(
-                            f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}"
-                        )
-                    continue
-                self._next_seq += 1
-                self._delivered.append(hash(raw))
-                self._done = isinstance(event, TERMINAL_EVENTS)
+            while (event := await self._next_event()) is not None:
                 yield event
         finally:
             await self.close()
@@ -293,7 +367,8 @@ class RequestHandle:
         return await self._client.cancel(self.request_id, queue=self.job_queue)
 
     async def close(self) -> None:
-        """Stop following the request; cancel it too if ``cancel_on_close`` is set."""
+        """Stop following the request; cancel it too if ``cancel_on_close`` is set and it
+        has not ended. Closing twice does nothing."""
         if self._closed:
             return
         self._closed = True
@@ -301,42 +376,28 @@ class RequestHandle:
         if self.cancel_on_close and not self._done:
             await self.cancel()
 
-    async def result(self) -> Completion:
-        """Wait for the request to finish and return its assembled output.
+    async def result(self, timeout: float | None = None) -> Completion:
+        """Wait for the request to end and return its output, assembled from the events
+        not yet delivered by iterating this handle; then close the handle.
 
-        Raises ``RequestError`` if it ended with an error event.
+        Raises ``RequestError`` if it ended with an error event, and the builtin
+        ``TimeoutError`` once ``timeout`` seconds pass first. A timeout does not stop the
+        request: it keeps running and this handle keeps following it (even with
+        ``cancel_on_close``). Call ``result()`` again to wait on, with what was gathered
+        so far kept, or ``cancel()`` to stop the request.
         """
-        texts: dict[int, list[str]] = {}
-        token_ids: dict[int, list[int]] = {}
-        logprobs: dict[int, list[TokenLogprob]] | None = None
-        prompt_logprobs: list[TokenLogprob | None] | None = None
-        prompt_token_ids: list[int] | None = None
-        async for event in self:
-            if isinstance(event, ChunkEvent):
-                texts.setdefault(event.index, []).append(event.text)
-                token_ids.setdefault(event.index, []).extend(event.token_ids)
-                if event.logprobs is not UNSET:
-                    logprobs = {} if logprobs is None else logprobs
-                    logprobs.setdefault(event.index, []).extend(event.logprobs)
-                if event.prompt_logprobs is not UNSET:
-                    prompt_logprobs = event.prompt_logprobs
-                    prompt_token_ids = event.prompt_token_ids or None
-            elif isinstance(event, ErrorEvent):
-                raise RequestError(self.request_id, event.code, event.message)
-            elif isinstance(event, FinalEvent):
-                n = len(event.finish_reasons)
-                return Completion(
-                    request_id=self.request_id,
-                    texts=["".join(texts.get(i, ())) for i in range(n)],
-                    token_ids=[token_ids.get(i, []) for i in range(n)],
-                    finish_reasons=event.finish_reasons,
-                    prompt_tokens=event.prompt_tokens,
-                    completion_tokens=event.completion_tokens,
-                    logprobs=None if logprobs is None else [logprobs.get(i, []) for i in range(n)],
-                    prompt_logprobs=prompt_logprobs,
-                    prompt_token_ids=prompt_token_ids,
-                )
-        raise StreamqError(f"request {self.request_id}: the stream ended without a final event")
+        parts = self._parts = self._parts or _CompletionParts(self.request_id)
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                while (event := await self._next_event()) is not None:
+                    parts.add(event)
+        except BaseException:
+            if not deadline.expired():
+                await self.close()
+            raise
+        await self.close()
+        return parts.completion()
 
 
 class StreamqClient:
@@ -431,23 +492,30 @@ class StreamqClient:
         priority: int = 0,
         tenant: str | None = None,
         defer_s: float = 0,
+        cancel_on_close: bool = False,
         **sampling: Any,
     ) -> RequestHandle:
-        """Enqueue a prompt (or chat ``messages``) and return the handle of its events.
+        """Enqueue a prompt (or chat ``messages``) and return the handle of its events
+        (``RequestHandle``: iterate it, or ``await handle.result()``); ``generate`` does
+        both at once.
 
         ``model`` routes the request to the queue of the workers serving that model
         (see ``routes``); without it, the request goes to this client's queue.
-        ``sampling`` takes ``SamplingOptions`` fields (``max_tokens``, ``temperature``,
-        ...). ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s``
-        the time waiting for a worker. Raises ``InvalidRequest`` (a ``ValueError``)
-        before anything is sent if the request is malformed or its job would pass
-        ``MAX_JOB_BYTES``; ``max_tokens`` above the context (``max_model_len``) of
-        ``model``'s live workers is lowered to it. ``UnknownModel`` or
-        ``NoLiveWorker`` if ``model`` cannot be served, ``QueueFull`` if the queue
-        already holds ``max_queue_depth`` jobs, and ``DuplicateRequest`` if
-        ``request_id`` is in use (queued, running, a stored result, or a replay log:
-        an id is not reused while its events are kept). The request carries ``model``,
-        so a worker of another model that takes it refuses it. ``callback``
+        ``sampling`` takes ``SamplingOptions`` (``max_tokens``, ``temperature``, ...).
+        ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s`` the
+        time waiting for a worker. ``cancel_on_close`` sets the handle's: closing it
+        before the request ended (``async with`` does, on exit) cancels the request.
+
+        Raises ``InvalidRequest`` (a ``ValueError``) before anything is sent if the
+        request is malformed or its job would pass ``MAX_JOB_BYTES``; ``max_tokens``
+        above the context (``max_model_len``) of ``model``'s live workers is lowered to it.
+        ``UnknownModel`` or ``NoLiveWorker`` if ``model`` cannot be served,
+        ``QueueFull`` if the queue already holds ``max_queue_depth`` jobs, and
+        ``DuplicateRequest`` if ``request_id`` is in use (queued, running, a stored
+        result, or a replay log: an id is not reused while its events are kept).
+
+        The request carries ``model``, so a worker of another model that takes it
+        refuses it. ``callback``
         (``{"url": ..., "include_text": True}``) is POSTed the request's summary when it
         ends, however it ends (see README, "Completion callbacks").
 
@@ -488,7 +556,9 @@ class StreamqClient:
         # Subscribe and enqueue at once: the job can start one round trip sooner. What
         # is published before the subscription holds is in the replay log, read right
         # after; the handle merges both without gap or duplicate.
-        subscribing = asyncio.ensure_future(self._subscribe(request.request_id, next_seq=0, job_queue=queue))
+        subscribing = asyncio.ensure_future(
+            self._subscribe(request.request_id, next_seq=0, job_queue=queue, cancel_on_close=cancel_on_close)
+        )
         try:
             keys = [JOB_KEY_PREFIX + request.request_id, queue, events_channel(request.request_id)]
             limit = -1 if self.max_queue_depth is None else self.max_queue_depth
@@ -527,6 +597,47 @@ class StreamqClient:
             raise
         return handle
 
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[ChatMessage | dict[str, str]] | None = None,
+        request_id: str | None = None,
+        model: str | None = None,
+        timeout_s: float | None = None,
+        queue_timeout_s: float | None = None,
+        callback: Callback | dict[str, Any] | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
+        defer_s: float = 0,
+        timeout: float | None = None,
+        **sampling: Any,
+    ) -> Completion:
+        """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
+        and ``RequestHandle.result`` in one call, with ``submit``'s parameters and errors.
+
+        ``timeout`` bounds the wait here: past it, the builtin ``TimeoutError`` is raised
+        and the request is cancelled, since nobody holds its handle to read the rest (so
+        is a request whose waiting task is cancelled). ``timeout_s`` is the request's own
+        deadline, kept by the workers: it ends the request with finish reason ``timeout``.
+        """
+        handle = await self.submit(
+            prompt,
+            messages=messages,
+            request_id=request_id,
+            model=model,
+            timeout_s=timeout_s,
+            queue_timeout_s=queue_timeout_s,
+            callback=callback,
+            priority=priority,
+            tenant=tenant,
+            defer_s=defer_s,
+            cancel_on_close=True,
+            **sampling,
+        )
+        async with handle:
+            return await handle.result(timeout)
+
     async def follow(self, request_id: str, *, from_seq: int = 0) -> RequestHandle:
         """Follow ``request_id`` from event ``from_seq`` on: the replay log first,
         then live events, with no gap and no duplicate."""
@@ -534,9 +645,11 @@ class StreamqClient:
         await handle._replay()
         return handle
 
-    async def _subscribe(self, request_id: str, *, next_seq: int, job_queue: str | None = None) -> RequestHandle:
+    async def _subscribe(
+        self, request_id: str, *, next_seq: int, job_queue: str | None = None, cancel_on_close: bool = False
+    ) -> RequestHandle:
         queue = await self._subscriber.subscribe(events_channel(request_id))
-        return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue)
+        return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue, cancel_on_close=cancel_on_close)
 
     async def last_event(self, request_id: str) -> Event | None:
         """The newest event in the request's replay log, ``None`` if it holds none: a final
