@@ -17,13 +17,14 @@ Every error is a ``StreamqError``. Imports neither vllm nor torch.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, Literal, Unpack, cast
 
 import msgspec
 from arq.connections import ArqRedis
@@ -59,6 +60,7 @@ from streamq.protocol import (
     FinishReason,
     GenerateRequest,
     InvalidRequest,
+    SamplingOptions,
     StreamqError,
     TokenLogprob,
     callback_key,
@@ -85,6 +87,7 @@ __all__ = [
     "RequestError",
     "RequestHandle",
     "RequestLost",
+    "SamplingOptions",
     "StreamqClient",
     "StreamqError",
     "UnknownModel",
@@ -493,7 +496,7 @@ class StreamqClient:
         tenant: str | None = None,
         defer_s: float = 0,
         cancel_on_close: bool = False,
-        **sampling: Any,
+        **sampling: Unpack[SamplingOptions],
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events
         (``RequestHandle``: iterate it, or ``await handle.result()``); ``generate`` does
@@ -507,8 +510,9 @@ class StreamqClient:
         before the request ended (``async with`` does, on exit) cancels the request.
 
         Raises ``InvalidRequest`` (a ``ValueError``) before anything is sent if the
-        request is malformed or its job would pass ``MAX_JOB_BYTES``; ``max_tokens``
-        above the context (``max_model_len``) of ``model``'s live workers is lowered to it.
+        request is malformed (an unknown sampling option: ``InvalidParameter`` naming it)
+        or its job would pass ``MAX_JOB_BYTES``; ``max_tokens`` above the context
+        (``max_model_len``) of ``model``'s live workers is lowered to it.
         ``UnknownModel`` or ``NoLiveWorker`` if ``model`` cannot be served,
         ``QueueFull`` if the queue already holds ``max_queue_depth`` jobs, and
         ``DuplicateRequest`` if ``request_id`` is in use (queued, running, a stored
@@ -529,6 +533,7 @@ class StreamqClient:
         tenants within a priority) order the queue; ``defer_s`` keeps the job from
         starting for that many seconds (on Redis's clock).
         """
+        _check_sampling_names(sampling)
         if not (isinstance(defer_s, int | float) and 0 <= defer_s <= JOB_EXPIRY_MS / 1000):
             limit_s = JOB_EXPIRY_MS // 1000
             raise InvalidParameter(f"defer_s must be a number from 0 to {limit_s}, got {defer_s!r}", param="defer_s")
@@ -611,7 +616,7 @@ class StreamqClient:
         tenant: str | None = None,
         defer_s: float = 0,
         timeout: float | None = None,
-        **sampling: Any,
+        **sampling: Unpack[SamplingOptions],
     ) -> Completion:
         """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
         and ``RequestHandle.result`` in one call, with ``submit``'s parameters and errors.
@@ -744,6 +749,18 @@ def _queue_of(routes: Routes, model: str) -> str:
         raise NoLiveWorker(f"no live worker serves model {model!r} now")
     live = ", ".join(sorted(live_models)) or "none"
     raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
+
+
+def _check_sampling_names(sampling: Mapping[str, object]) -> None:
+    """Refuse a keyword that is no sampling option, before anything is sent: ``submit``
+    takes its other keywords as sampling options, so a typo lands here, and is named
+    with the option it was probably meant to be."""
+    for name in sampling:
+        if name not in SamplingOptions.__optional_keys__:
+            known = sorted(SamplingOptions.__optional_keys__)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the sampling options are {', '.join(known)}"
+            raise InvalidParameter(f"unknown sampling option {name!r}: {hint}", param=name)
 
 
 def _job_payload(request: GenerateRequest) -> bytes:

@@ -1,7 +1,7 @@
 """The producer library as a newcomer meets it: ``connect()`` from the environment,
-``generate``, ``result(timeout=)`` and ``async with`` a handle. Real Redis, as the
-producer role; the test plays the worker by writing a request's events to its log, as
-a worker does."""
+``generate``, ``result(timeout=)``, ``async with`` a handle, typed sampling options and
+one error hierarchy. Real Redis, as the producer role; the test plays the worker by
+writing a request's events to its log, as a worker does."""
 
 from __future__ import annotations
 
@@ -10,14 +10,40 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any, get_type_hints
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
+from arq.connections import ArqRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from producer import Completion, FinalEvent, StreamqClient, StreamqError
+import producer
+from producer import (
+    Completion,
+    FinalEvent,
+    InvalidParameter,
+    InvalidRequest,
+    SamplingOptions,
+    StreamqClient,
+    StreamqError,
+)
 from streamq.broker.replay_log import LogEvent, ReplayLog
-from streamq.protocol import ChunkEvent, FinishReason, encode_event, events_channel
+from streamq.protocol import ChunkEvent, FinishReason, Sampling, encode_event, events_channel
 from streamq.protocol.names import QUEUE_ENV, REDIS_URL_ENV
+
+CLIENT_ERRORS = (
+    "StreamqError",
+    "InvalidRequest",
+    "InvalidParameter",
+    "RequestError",
+    "RequestLost",
+    "MissingEvents",
+    "DuplicateRequest",
+    "QueueFull",
+    "UnknownModel",
+    "NoLiveWorker",
+)
 
 
 def unused_port() -> int:
@@ -60,6 +86,38 @@ async def was_cancelled(client: StreamqClient, request_id: str) -> bool:
     last = await client.last_event(request_id)
     cancelled = isinstance(last, FinalEvent) and last.finish_reasons == [FinishReason.CANCELLED]
     return cancelled and await client.job_state(request_id) == "unknown"
+
+
+def test_sampling_options_name_every_field_of_the_requests_sampling_and_nothing_else() -> None:
+    """The TypedDict is spelled out for editors and type checkers; the wire's struct is the truth."""
+    on_the_wire: dict[str, Any] = {field.name: field.type for field in msgspec.structs.fields(Sampling)}
+    on_the_wire["structured_outputs"] |= dict[str, Any]  # the struct, or its fields as a dict
+    assert get_type_hints(SamplingOptions) == on_the_wire
+    assert SamplingOptions.__optional_keys__ == set(on_the_wire)  # every one may be left out
+
+
+def test_every_client_error_is_a_streamq_error_and_exported_from_producer() -> None:
+    for name in CLIENT_ERRORS:
+        assert name in producer.__all__
+        assert issubclass(getattr(producer, name), StreamqError), name
+    assert issubclass(InvalidRequest, ValueError) and issubclass(InvalidParameter, InvalidRequest)
+    assert {"StreamqClient", "RequestHandle", "Completion", "SamplingOptions"} <= set(producer.__all__)
+
+
+async def test_a_typo_in_a_sampling_option_is_refused_before_any_redis_command(queue: str) -> None:
+    """The client's Redis is a port nobody listens on: any command would fail with a
+    connection error, so a refusal proves nothing was sent."""
+    async with StreamqClient(ArqRedis(host="127.0.0.1", port=unused_port()), queue=queue) as client:
+        typo = "unknown sampling option 'max_tokns': did you mean 'max_tokens'"
+        with pytest.raises(InvalidParameter, match=typo) as caught:
+            await client.submit("Hello", max_tokns=5)  # type: ignore[call-arg]
+        assert caught.value.param == "max_tokns"
+        with pytest.raises(InvalidParameter, match="'temprature': did you mean 'temperature'?"):
+            await client.generate("Hello", temprature=0.5)  # type: ignore[call-arg]
+        with pytest.raises(InvalidRequest, match="temperature"):
+            await client.submit("Hello", temperature="hot")  # type: ignore[arg-type]
+        with pytest.raises(RedisConnectionError):  # a valid request does try to reach Redis
+            await client.submit("Hello", temperature=0.5)
 
 
 async def test_connect_without_arguments_reads_the_redis_url_and_queue_from_the_environment(
