@@ -43,7 +43,6 @@ from streamq.protocol import (
     ErrorEvent,
     Event,
     FinalEvent,
-    decode_event,
     is_valid_request_id,
 )
 from streamq.protocol.names import TENANT_PATTERN
@@ -285,11 +284,9 @@ async def _resume(
     if not await client.exists(named) or (tenant is not None and not await limiter.owns(named, tenant)):
         message = f"no request {named!r} to resume (unknown, or its log expired)"
         raise ApiError(404, message, code=ApiErrorCode.REQUEST_NOT_FOUND)
-    newest = await client.log.last(named)
-    if newest is not None:
-        last = decode_event(newest)
-        if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
-            return None
+    last = await client.last_event(named)
+    if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
+        return None
     return await client.follow(named, from_seq=last_seq + 1)
 
 

@@ -1,16 +1,26 @@
 """streamq's client side: submit prompts, follow their token events, tail requests.
 
-Imports neither vllm nor torch, so any service can use it.
+    from producer import StreamqClient
+
+    async with await StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
+        completion = await client.generate("The key to happiness is", max_tokens=32)
+
+Every error it raises is a ``StreamqError``. Imports neither vllm nor torch, so any
+service can use it.
 """
 
 from producer.client import (
     Completion,
     DuplicateRequest,
+    InvalidParameter,
+    InvalidRequest,
     MissingEvents,
     NoLiveWorker,
     QueueFull,
     RequestError,
     RequestHandle,
+    RequestLost,
+    SamplingOptions,
     StreamqClient,
     StreamqError,
     UnknownModel,
@@ -21,8 +31,6 @@ from streamq.protocol import (
     ErrorEvent,
     Event,
     FinalEvent,
-    InvalidRequest,
-    SamplingOptions,
     StructuredOutputs,
     TokenLogprob,
     TopLogprob,
@@ -36,12 +44,14 @@ __all__ = [
     "ErrorEvent",
     "Event",
     "FinalEvent",
+    "InvalidParameter",
     "InvalidRequest",
     "MissingEvents",
     "NoLiveWorker",
     "QueueFull",
     "RequestError",
     "RequestHandle",
+    "RequestLost",
     "SamplingOptions",
     "StreamqClient",
     "StreamqError",

@@ -222,7 +222,7 @@ class BatchRun:
                 completion: Completion = await handle.result()
             finally:
                 await handle.close()
-        except (InvalidRequest, StreamqError) as exc:  # this request only; Redis failing ends the batch
+        except StreamqError as exc:  # InvalidRequest too: this request only; Redis failing ends the batch
             status = api_error_for(exc).status  # the status the gateway would answer with
             error = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
             self.write(output_line(line.custom_id, request_id, status=status, body=None, error=error), ok=False)

@@ -285,7 +285,7 @@ async def run_submit(args: argparse.Namespace) -> int:
                 )
                 for prompt, rid in zip(args.prompts, ids, strict=True)
             ]
-        except (InvalidRequest, StreamqError) as exc:
+        except StreamqError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, InvalidRequest) else 1
         for handle in handles:

@@ -1,26 +1,30 @@
 """The producer library: submit prompts to streamq and follow their tokens.
 
-    async with await StreamqClient.connect("redis://localhost:6379") as client:
-        handle = await client.submit("The key to happiness is", max_tokens=32)
-        async for event in handle:
-            if isinstance(event, ChunkEvent):
-                print(event.text, end="", flush=True)
+    async with await StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
+        completion = await client.generate("The key to happiness is", max_tokens=32)
+        print(completion.text)
+
+        async with await client.submit("Once upon a time", max_tokens=32) as handle:
+            async for event in handle:
+                if isinstance(event, ChunkEvent):
+                    print(event.text, end="", flush=True)
 
 ``submit`` subscribes to the request's channel before it enqueues the job, so no
 event can be missed; ``follow`` joins a request later and replays its log first.
-Imports neither vllm nor torch.
+Every error is a ``StreamqError``. Imports neither vllm nor torch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, Literal, Unpack, cast
 
 import msgspec
 from arq.connections import ArqRedis
@@ -30,13 +34,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.status import StatusReader
 from producer.subscriber import EventSubscriber, Inbox, Resync
-from streamq.broker.connection import DEFAULT_REDIS_URL, close_pool, create_pool, redis_settings_for
+from streamq.broker.connection import close_pool, create_pool, redis_settings_for
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
+from streamq.environment import queue_from_env, redis_url_from_env
 from streamq.protocol import (
     CANCEL_CHANNEL,
-    DEFAULT_QUEUE,
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
     JOB_FUNCTION,
@@ -56,6 +60,8 @@ from streamq.protocol import (
     FinishReason,
     GenerateRequest,
     InvalidRequest,
+    SamplingOptions,
+    StreamqError,
     TokenLogprob,
     callback_key,
     decode_event,
@@ -68,6 +74,25 @@ from streamq.protocol.names import DEFAULT_TENANT
 from streamq.protocol.scripts import register_script
 from streamq.protocol.status import RequestStatus
 
+__all__ = [
+    "CancelOutcome",
+    "Completion",
+    "DuplicateRequest",
+    "InvalidParameter",
+    "InvalidRequest",
+    "JobState",
+    "MissingEvents",
+    "NoLiveWorker",
+    "QueueFull",
+    "RequestError",
+    "RequestHandle",
+    "RequestLost",
+    "SamplingOptions",
+    "StreamqClient",
+    "StreamqError",
+    "UnknownModel",
+]
+
 CancelOutcome = Literal["running", "queued", "unknown"]
 JobState = Literal["running", "queued", "finished", "unknown"]
 DEFAULT_SILENCE_CHECK_S = 15.0
@@ -75,10 +100,6 @@ ROUTES_FRESH_S = 1.0
 """How long ``submit`` reuses a registry read that showed its model live. The registry
 itself keeps a dead worker listed for up to ``WORKER_TTL_MS`` (10 s), so a second more
 hides nothing that matters."""
-
-
-class StreamqError(Exception):
-    """Base of the errors this library raises."""
 
 
 class InvalidParameter(InvalidRequest):
@@ -150,8 +171,62 @@ class Completion:
         return self.texts[0]
 
 
+class _CompletionParts:
+    """What ``RequestHandle.result`` has gathered so far; kept on the handle, so that a
+    call that timed out leaves its part for the next one."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.texts: dict[int, list[str]] = {}
+        self.token_ids: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[TokenLogprob]] | None = None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.prompt_token_ids: list[int] | None = None
+        self.final: FinalEvent | None = None
+
+    def add(self, event: Event) -> None:
+        """Take one event; raises ``RequestError`` for an error event."""
+        if isinstance(event, ChunkEvent):
+            self.texts.setdefault(event.index, []).append(event.text)
+            self.token_ids.setdefault(event.index, []).extend(event.token_ids)
+            if event.logprobs is not UNSET:
+                self.logprobs = {} if self.logprobs is None else self.logprobs
+                self.logprobs.setdefault(event.index, []).extend(event.logprobs)
+            if event.prompt_logprobs is not UNSET:
+                self.prompt_logprobs = event.prompt_logprobs
+                self.prompt_token_ids = event.prompt_token_ids or None
+        elif isinstance(event, ErrorEvent):
+            raise RequestError(self.request_id, event.code, event.message)
+        else:
+            self.final = event
+
+    def completion(self) -> Completion:
+        """The assembled output; a ``StreamqError`` if the final event was never taken
+        (iterating the handle delivered it instead)."""
+        final = self.final
+        if final is None:
+            raise StreamqError(f"request {self.request_id}: its final event was delivered before result() was called")
+        n = len(final.finish_reasons)
+        return Completion(
+            request_id=self.request_id,
+            texts=["".join(self.texts.get(i, ())) for i in range(n)],
+            token_ids=[self.token_ids.get(i, []) for i in range(n)],
+            finish_reasons=final.finish_reasons,
+            prompt_tokens=final.prompt_tokens,
+            completion_tokens=final.completion_tokens,
+            logprobs=None if self.logprobs is None else [self.logprobs.get(i, []) for i in range(n)],
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_token_ids=self.prompt_token_ids,
+        )
+
+
 class RequestHandle:
     """The events of one request, in order, ending with its final or error event.
+
+    Iterate it (``async for event in handle``) for the events, or ``await
+    handle.result()`` for the whole output. As a context manager (``async with await
+    client.submit(...) as handle``) it is closed on exit: it stops following the request,
+    and cancels it too if ``cancel_on_close`` is set and the request has not ended.
 
     Live events come from pub/sub; whatever is missing (joining late, or a gap) is
     read from the replay log. Duplicates (by sequence number) are dropped, once checked
@@ -167,10 +242,14 @@ class RequestHandle:
         next_seq: int,
         *,
         job_queue: str | None = None,
+        cancel_on_close: bool = False,
     ) -> None:
         self.request_id = request_id
         self.job_queue = job_queue or client.queue
         """The arq queue the request was put on (the client's, or its model's)."""
+        self.cancel_on_close = cancel_on_close
+        """If set, closing the handle before the request ended cancels the request: for
+        a caller that will not read the rest, so the engine stops generating it."""
         self._client = client
         self._queue = queue
         self._backlog: deque[bytes] = deque()
@@ -180,11 +259,18 @@ class RequestHandle:
         """A hash of each event delivered, from ``_first_seq`` on."""
         self._done = False
         self._closed = False
-        self.cancel_on_close = False
-        """If set, closing the handle before the request ended cancels the request."""
+        self._parts: _CompletionParts | None = None
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
+
+    async def __aenter__(self) -> RequestHandle:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
     @property
     def done(self) -> bool:
@@ -227,7 +313,7 @@ class RequestHandle:
     async def _fill_gap(self) -> bool:
         """Replace the backlog with the log from the next expected event on; False if
         the log does not hold that event (it was lost, or trimmed)."""
-        logged = await self._client.log.read(self.request_id, self._next_seq)
+        logged = await self._client._log.read(self.request_id, self._next_seq)
         if not logged or decode_event(logged[0]).seq != self._next_seq:
             return False
         self._backlog = deque(logged)
@@ -237,7 +323,7 @@ class RequestHandle:
         """Queue logged events from the next expected one (and the last one delivered, to
         check that the log still holds it); False if there are none to deliver."""
         from_seq = self._next_seq - 1 if self._delivered else self._next_seq
-        logged = await self._client.log.read(self.request_id, from_seq)
+        logged = await self._client._log.read(self.request_id, from_seq)
         self._backlog.extendleft(reversed(logged))
         return len(logged) > self._next_seq - from_seq
 
@@ -251,23 +337,29 @@ class RequestHandle:
                 "request went on from what it kept"
             )
 
+    async def _next_event(self) -> Event | None:
+        """The next event in order; ``None`` once the request's last event was delivered."""
+        while not self._done:
+            if self._closed:
+                raise StreamqError(f"request {self.request_id}: this handle is closed")
+            raw = await self._next_raw()
+            event = decode_event(raw)
+            if event.seq < self._next_seq:
+                self._check_delivered(event, raw)
+                continue
+            if event.seq > self._next_seq:
+                if not await self._fill_gap():
+                    raise MissingEvents(f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}")
+                continue
+            self._next_seq += 1
+            self._delivered.append(hash(raw))
+            self._done = isinstance(event, TERMINAL_EVENTS)
+            return event
+        return None
+
     async def _events(self) -> AsyncIterator[Event]:
         try:
-            while not self._done:
-                raw = await self._next_raw()
-                event = decode_event(raw)
-                if event.seq < self._next_seq:
-                    self._check_delivered(event, raw)
-                    continue
-                if event.seq > self._next_seq:
-                    if not await self._fill_gap():
-                        raise MissingEvents(
-                            f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}"
-                        )
-                    continue
-                self._next_seq += 1
-                self._delivered.append(hash(raw))
-                self._done = isinstance(event, TERMINAL_EVENTS)
+            while (event := await self._next_event()) is not None:
                 yield event
         finally:
             await self.close()
@@ -278,76 +370,67 @@ class RequestHandle:
         return await self._client.cancel(self.request_id, queue=self.job_queue)
 
     async def close(self) -> None:
-        """Stop following the request; cancel it too if ``cancel_on_close`` is set."""
+        """Stop following the request; cancel it too if ``cancel_on_close`` is set and it
+        has not ended. Closing twice does nothing."""
         if self._closed:
             return
         self._closed = True
-        await self._client.subscriber.unsubscribe(events_channel(self.request_id), self._queue)
+        await self._client._subscriber.unsubscribe(events_channel(self.request_id), self._queue)
         if self.cancel_on_close and not self._done:
             await self.cancel()
 
-    async def result(self) -> Completion:
-        """Wait for the request to finish and return its assembled output.
+    async def result(self, timeout: float | None = None) -> Completion:
+        """Wait for the request to end and return its output, assembled from the events
+        not yet delivered by iterating this handle; then close the handle.
 
-        Raises ``RequestError`` if it ended with an error event.
+        Raises ``RequestError`` if it ended with an error event, and the builtin
+        ``TimeoutError`` once ``timeout`` seconds pass first. A timeout does not stop the
+        request: it keeps running and this handle keeps following it (even with
+        ``cancel_on_close``). Call ``result()`` again to wait on, with what was gathered
+        so far kept, or ``cancel()`` to stop the request.
         """
-        texts: dict[int, list[str]] = {}
-        token_ids: dict[int, list[int]] = {}
-        logprobs: dict[int, list[TokenLogprob]] | None = None
-        prompt_logprobs: list[TokenLogprob | None] | None = None
-        prompt_token_ids: list[int] | None = None
-        async for event in self:
-            if isinstance(event, ChunkEvent):
-                texts.setdefault(event.index, []).append(event.text)
-                token_ids.setdefault(event.index, []).extend(event.token_ids)
-                if event.logprobs is not UNSET:
-                    logprobs = {} if logprobs is None else logprobs
-                    logprobs.setdefault(event.index, []).extend(event.logprobs)
-                if event.prompt_logprobs is not UNSET:
-                    prompt_logprobs = event.prompt_logprobs
-                    prompt_token_ids = event.prompt_token_ids or None
-            elif isinstance(event, ErrorEvent):
-                raise RequestError(self.request_id, event.code, event.message)
-            elif isinstance(event, FinalEvent):
-                n = len(event.finish_reasons)
-                return Completion(
-                    request_id=self.request_id,
-                    texts=["".join(texts.get(i, ())) for i in range(n)],
-                    token_ids=[token_ids.get(i, []) for i in range(n)],
-                    finish_reasons=event.finish_reasons,
-                    prompt_tokens=event.prompt_tokens,
-                    completion_tokens=event.completion_tokens,
-                    logprobs=None if logprobs is None else [logprobs.get(i, []) for i in range(n)],
-                    prompt_logprobs=prompt_logprobs,
-                    prompt_token_ids=prompt_token_ids,
-                )
-        raise StreamqError(f"request {self.request_id}: the stream ended without a final event")
+        parts = self._parts = self._parts or _CompletionParts(self.request_id)
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                while (event := await self._next_event()) is not None:
+                    parts.add(event)
+        except BaseException:
+            if not deadline.expired():
+                await self.close()
+            raise
+        await self.close()
+        return parts.completion()
 
 
 class StreamqClient:
-    """Submits requests to a streamq queue, follows and cancels them."""
+    """Submits requests to a streamq queue, follows and cancels them.
+
+    ``connect()`` opens one; used as ``async with``, it is closed on exit."""
 
     def __init__(
         self,
         redis: ArqRedis,
         *,
-        queue: str = DEFAULT_QUEUE,
+        queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
     ) -> None:
+        """A client on an open pool (``connect`` opens one); ``queue`` as in ``connect``."""
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
-        self.redis = redis
+        self._redis = redis
         self.silence_check_s = silence_check_s
         """After this many seconds without an event, a handle checks that its request is
         still queued or running (one round trip) and fails with ``RequestLost`` if not."""
-        self.queue = queue
+        self.queue = queue_from_env() if queue is None else queue
+        """Where requests without a ``model`` go."""
         self.max_queue_depth = max_queue_depth
         """``submit`` raises ``QueueFull`` when the queue already holds this many jobs
         (waiting or running); ``None``: no limit."""
-        self.subscriber = EventSubscriber(redis)
-        self.log = ReplayLog(redis)
-        self.registry = WorkerRegistry(redis)
+        self._subscriber = EventSubscriber(redis)
+        self._log = ReplayLog(redis)
+        self._registry = WorkerRegistry(redis)
         self._cancel_script = register_script(redis, "cancel")
         self._enqueue_script = register_script(redis, "enqueue")
         self._status = StatusReader(redis)
@@ -356,15 +439,21 @@ class StreamqClient:
     @classmethod
     async def connect(
         cls,
-        url: str = DEFAULT_REDIS_URL,
+        url: str | None = None,
         *,
-        queue: str = DEFAULT_QUEUE,
+        queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
     ) -> StreamqClient:
-        """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS;
-        see ``streamq.broker.connection``). ``max_queue_depth`` bounds every queue this
-        client submits to (see ``submit``); ``silence_check_s`` is the handles' watchdog."""
+        """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS; see
+        ``streamq.broker.connection``); requests without a ``model`` go to ``queue``.
+        Either one not given is read from the environment as every command line reads
+        it: ``$REDIS_URL`` and ``$STREAMQ_QUEUE``, else the defaults
+        (``redis://localhost:6379``, ``streamq:queue``). ``max_queue_depth`` bounds every
+        queue this client submits to (see ``submit``); ``silence_check_s`` is the handles'
+        watchdog."""
+        url = redis_url_from_env() if url is None else url
+        queue = queue_from_env() if queue is None else queue
         redis = await create_pool(
             redis_settings_for(url),
             job_serializer=serialize_job,
@@ -381,9 +470,17 @@ class StreamqClient:
     ) -> None:
         await self.close()
 
+    @property
+    def redis(self) -> ArqRedis:
+        """The Redis pool underneath, for a service that shares it rather than open another
+        (the gateway's key store and dashboard). Commands sent on it bypass this client's
+        checks; closing the client closes it."""
+        return self._redis
+
     async def close(self) -> None:
-        await self.subscriber.close()
-        await close_pool(self.redis)
+        """Stop following every request and close the connections."""
+        await self._subscriber.close()
+        await close_pool(self._redis)
 
     async def submit(
         self,
@@ -398,23 +495,31 @@ class StreamqClient:
         priority: int = 0,
         tenant: str | None = None,
         defer_s: float = 0,
-        **sampling: Any,
+        cancel_on_close: bool = False,
+        **sampling: Unpack[SamplingOptions],
     ) -> RequestHandle:
-        """Enqueue a prompt (or chat ``messages``) and return the handle of its events.
+        """Enqueue a prompt (or chat ``messages``) and return the handle of its events
+        (``RequestHandle``: iterate it, or ``await handle.result()``); ``generate`` does
+        both at once.
 
         ``model`` routes the request to the queue of the workers serving that model
         (see ``routes``); without it, the request goes to this client's queue.
-        ``sampling`` takes ``SamplingOptions`` fields (``max_tokens``, ``temperature``,
-        ...). ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s``
-        the time waiting for a worker. Raises ``InvalidRequest`` (a ``ValueError``)
-        before anything is sent if the request is malformed or its job would pass
-        ``MAX_JOB_BYTES``; ``max_tokens`` above the context (``max_model_len``) of
-        ``model``'s live workers is lowered to it. ``UnknownModel`` or
-        ``NoLiveWorker`` if ``model`` cannot be served, ``QueueFull`` if the queue
-        already holds ``max_queue_depth`` jobs, and ``DuplicateRequest`` if
-        ``request_id`` is in use (queued, running, a stored result, or a replay log:
-        an id is not reused while its events are kept). The request carries ``model``,
-        so a worker of another model that takes it refuses it. ``callback``
+        ``sampling`` takes ``SamplingOptions`` (``max_tokens``, ``temperature``, ...).
+        ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s`` the
+        time waiting for a worker. ``cancel_on_close`` sets the handle's: closing it
+        before the request ended (``async with`` does, on exit) cancels the request.
+
+        Raises ``InvalidRequest`` (a ``ValueError``) before anything is sent if the
+        request is malformed (an unknown sampling option: ``InvalidParameter`` naming it)
+        or its job would pass ``MAX_JOB_BYTES``; ``max_tokens`` above the context
+        (``max_model_len``) of ``model``'s live workers is lowered to it.
+        ``UnknownModel`` or ``NoLiveWorker`` if ``model`` cannot be served,
+        ``QueueFull`` if the queue already holds ``max_queue_depth`` jobs, and
+        ``DuplicateRequest`` if ``request_id`` is in use (queued, running, a stored
+        result, or a replay log: an id is not reused while its events are kept).
+
+        The request carries ``model``, so a worker of another model that takes it
+        refuses it. ``callback``
         (``{"url": ..., "include_text": True}``) is POSTed the request's summary when it
         ends, however it ends (see README, "Completion callbacks").
 
@@ -428,6 +533,7 @@ class StreamqClient:
         tenants within a priority) order the queue; ``defer_s`` keeps the job from
         starting for that many seconds (on Redis's clock).
         """
+        _check_sampling_names(sampling)
         if not (isinstance(defer_s, int | float) and 0 <= defer_s <= JOB_EXPIRY_MS / 1000):
             limit_s = JOB_EXPIRY_MS // 1000
             raise InvalidParameter(f"defer_s must be a number from 0 to {limit_s}, got {defer_s!r}", param="defer_s")
@@ -455,7 +561,9 @@ class StreamqClient:
         # Subscribe and enqueue at once: the job can start one round trip sooner. What
         # is published before the subscription holds is in the replay log, read right
         # after; the handle merges both without gap or duplicate.
-        subscribing = asyncio.ensure_future(self._subscribe(request.request_id, next_seq=0, job_queue=queue))
+        subscribing = asyncio.ensure_future(
+            self._subscribe(request.request_id, next_seq=0, job_queue=queue, cancel_on_close=cancel_on_close)
+        )
         try:
             keys = [JOB_KEY_PREFIX + request.request_id, queue, events_channel(request.request_id)]
             limit = -1 if self.max_queue_depth is None else self.max_queue_depth
@@ -494,6 +602,47 @@ class StreamqClient:
             raise
         return handle
 
+    async def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[ChatMessage | dict[str, str]] | None = None,
+        request_id: str | None = None,
+        model: str | None = None,
+        timeout_s: float | None = None,
+        queue_timeout_s: float | None = None,
+        callback: Callback | dict[str, Any] | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
+        defer_s: float = 0,
+        timeout: float | None = None,
+        **sampling: Unpack[SamplingOptions],
+    ) -> Completion:
+        """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
+        and ``RequestHandle.result`` in one call, with ``submit``'s parameters and errors.
+
+        ``timeout`` bounds the wait here: past it, the builtin ``TimeoutError`` is raised
+        and the request is cancelled, since nobody holds its handle to read the rest (so
+        is a request whose waiting task is cancelled). ``timeout_s`` is the request's own
+        deadline, kept by the workers: it ends the request with finish reason ``timeout``.
+        """
+        handle = await self.submit(
+            prompt,
+            messages=messages,
+            request_id=request_id,
+            model=model,
+            timeout_s=timeout_s,
+            queue_timeout_s=queue_timeout_s,
+            callback=callback,
+            priority=priority,
+            tenant=tenant,
+            defer_s=defer_s,
+            cancel_on_close=True,
+            **sampling,
+        )
+        async with handle:
+            return await handle.result(timeout)
+
     async def follow(self, request_id: str, *, from_seq: int = 0) -> RequestHandle:
         """Follow ``request_id`` from event ``from_seq`` on: the replay log first,
         then live events, with no gap and no duplicate."""
@@ -501,13 +650,21 @@ class StreamqClient:
         await handle._replay()
         return handle
 
-    async def _subscribe(self, request_id: str, *, next_seq: int, job_queue: str | None = None) -> RequestHandle:
-        queue = await self.subscriber.subscribe(events_channel(request_id))
-        return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue)
+    async def _subscribe(
+        self, request_id: str, *, next_seq: int, job_queue: str | None = None, cancel_on_close: bool = False
+    ) -> RequestHandle:
+        queue = await self._subscriber.subscribe(events_channel(request_id))
+        return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue, cancel_on_close=cancel_on_close)
+
+    async def last_event(self, request_id: str) -> Event | None:
+        """The newest event in the request's replay log, ``None`` if it holds none: a final
+        or error event there means the request has ended, and at which event."""
+        raw = await self._log.last(request_id)
+        return None if raw is None else decode_event(raw)
 
     async def routes(self) -> Routes:
         """The live workers (model, queue) and every model ever registered."""
-        return await self.registry.routes()
+        return await self._registry.routes()
 
     async def _routes_serving(self, model: str) -> Routes:
         """``routes()``, reused for ``ROUTES_FRESH_S`` while they show ``model`` live: one
@@ -526,13 +683,9 @@ class StreamqClient:
         """Model name -> queue, for each model that has a live worker."""
         return (await self.routes()).live_models()
 
-    async def queue_for(self, model: str) -> str:
-        """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``."""
-        return _queue_of(await self.routes(), model)
-
     async def exists(self, request_id: str) -> bool:
         """True if ``request_id`` is queued or has events in the replay log: something to follow."""
-        return bool(await self.redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)))
+        return bool(await self._redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)))
 
     async def cancel(self, request_id: str, *, queue: str | None = None) -> CancelOutcome:
         """Cancel a request: a running one is aborted in the engine, a queued one is
@@ -558,7 +711,7 @@ class StreamqClient:
                 prompt_tokens=0,
                 completion_tokens=0,
             )
-            await self.log.end(request_id, final)
+            await self._log.end(request_id, final)
         return outcome
 
     async def status(self, request_id: str) -> RequestStatus:
@@ -575,7 +728,7 @@ class StreamqClient:
         asks whether anything will still happen): ``running`` (a worker holds its lease),
         ``queued`` (waiting for a worker, or for its lapsed lease to be taken over), ``finished``
         (a result is stored) or ``unknown``."""
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             pipe.exists(IN_PROGRESS_PREFIX + request_id)
             pipe.exists(JOB_KEY_PREFIX + request_id)
             pipe.exists(RESULT_KEY_PREFIX + request_id)
@@ -584,7 +737,7 @@ class StreamqClient:
 
     async def queue_depth(self) -> int:
         """Jobs waiting or running on this client's queue (the autoscaling signal)."""
-        return int(await self.redis.zcard(self.queue))
+        return int(await self._redis.zcard(self.queue))
 
 
 def _queue_of(routes: Routes, model: str) -> str:
@@ -596,6 +749,18 @@ def _queue_of(routes: Routes, model: str) -> str:
         raise NoLiveWorker(f"no live worker serves model {model!r} now")
     live = ", ".join(sorted(live_models)) or "none"
     raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
+
+
+def _check_sampling_names(sampling: Mapping[str, object]) -> None:
+    """Refuse a keyword that is no sampling option, before anything is sent: ``submit``
+    takes its other keywords as sampling options, so a typo lands here, and is named
+    with the option it was probably meant to be."""
+    for name in sampling:
+        if name not in SamplingOptions.__optional_keys__:
+            known = sorted(SamplingOptions.__optional_keys__)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the sampling options are {', '.join(known)}"
+            raise InvalidParameter(f"unknown sampling option {name!r}: {hint}", param=name)
 
 
 def _job_payload(request: GenerateRequest) -> bytes:

@@ -23,13 +23,13 @@ from producer.openai_api.logprobs import (
     completion_sampling,
 )
 from producer.openai_api.structured import STRUCTURED_FIELDS, structured_outputs_of
-from streamq.protocol import InvalidRequest, SamplingOptions
+from streamq.protocol import InvalidRequest, Sampling
 from streamq.protocol.names import MAX_PRIORITY, MIN_PRIORITY
 
 TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
 """Accepted in a body but not mapped to ``submit`` arguments: they say where and how to deliver."""
 
-# OpenAI (and vLLM-extension) names that map one to one onto ``SamplingOptions``.
+# OpenAI (and vLLM-extension) names that map one to one onto ``Sampling``.
 _SAMPLING_FIELDS: Final = frozenset(
     {
         "temperature",
@@ -237,7 +237,7 @@ def _sampling(body: Mapping[str, Any], *, max_tokens: Any) -> dict[str, Any]:
     if (structured := structured_outputs_of(body)) is not None:
         fields["structured_outputs"] = structured
     try:
-        return msgspec.convert(fields, SamplingOptions).to_dict()
+        return msgspec.convert(fields, Sampling).to_dict()
     except msgspec.ValidationError as exc:
         raise InvalidRequest(str(exc)) from None
 

@@ -3,7 +3,7 @@ and a worker's registration, each with its encoder and decoder."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -62,8 +62,8 @@ class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True, omit_default
                 raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
 
 
-class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """The subset of ``vllm.SamplingParams`` a request may set.
+class Sampling(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The subset of ``vllm.SamplingParams`` a request may set (its ``sampling`` object).
 
     ``None`` means vLLM's own default. Types are checked here; values (ranges,
     combinations) are checked by vLLM when the worker builds ``SamplingParams``,
@@ -101,6 +101,34 @@ class SamplingOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
         return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not None}
 
 
+class SamplingOptions(TypedDict, total=False):
+    """``Sampling`` as keyword arguments (``submit(prompt, **sampling)``), so that an editor
+    completes them and a type checker catches a typo. Spelled out because type checkers
+    cannot derive it; a test fails when it and ``Sampling`` differ."""
+
+    max_tokens: int | None
+    min_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    seed: int | None
+    n: int | None
+    stop: list[str] | None
+    stop_token_ids: list[int] | None
+    ignore_eos: bool | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    repetition_penalty: float | None
+    skip_special_tokens: bool | None
+    include_stop_str_in_output: bool | None
+    stream_interval: int | None
+    logprobs: int | None
+    prompt_logprobs: int | None
+    structured_outputs: StructuredOutputs | dict[str, Any] | None
+    """A ``StructuredOutputs``, or its fields as a dict."""
+
+
 class Callback(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Where to POST a request's summary when it ends: for services that cannot hold
     a subscription open."""
@@ -128,7 +156,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     model: str | None = None
     """The served model name the request is meant for; a worker serving another model
     refuses it (``invalid_request``) rather than answer with the wrong model."""
-    sampling: SamplingOptions = msgspec.field(default_factory=SamplingOptions)
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
     timeout_s: float | None = None
     """Seconds from enqueue by which the request must be complete; when they pass it
     ends with finish reason ``timeout``."""
@@ -173,8 +201,14 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
 
 
-class InvalidRequest(ValueError):
-    """A job payload that can never succeed; reported to the requester, never retried."""
+class StreamqError(Exception):
+    """Base of the errors streamq raises to its users. Defined with the wire contract
+    because ``InvalidRequest``, which ``parse_request`` raises, is one of them."""
+
+
+class InvalidRequest(StreamqError, ValueError):
+    """A job payload that can never succeed; reported to the requester, never retried.
+    A ``ValueError`` too: a bad argument, refused before anything is sent."""
 
 
 def parse_request(raw: object) -> GenerateRequest:

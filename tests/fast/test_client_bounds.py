@@ -115,14 +115,14 @@ async def test_submits_of_a_live_model_reuse_one_registry_read_and_a_new_model_i
     client: StreamqClient, raw_redis: aioredis.Redis, sized_model: WorkerRegistration, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = 0
-    read_routes = client.registry.routes
+    read_routes = WorkerRegistry.routes
 
-    async def counted() -> Routes:
+    async def counted(registry: WorkerRegistry) -> Routes:
         nonlocal reads
         reads += 1
-        return await read_routes()
+        return await read_routes(registry)
 
-    monkeypatch.setattr(client.registry, "routes", counted)
+    monkeypatch.setattr(WorkerRegistry, "routes", counted)
     for _ in range(3):
         handle = await client.submit("Hello", model=sized_model.model)
         assert await handle.cancel() == "queued"

@@ -1,0 +1,209 @@
+"""The producer library as a newcomer meets it: ``connect()`` from the environment,
+``generate``, ``result(timeout=)``, ``async with`` a handle, typed sampling options and
+one error hierarchy. Real Redis, as the producer role; the test plays the worker by
+writing a request's events to its log, as a worker does."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, get_type_hints
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+from arq.connections import ArqRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+import producer
+from producer import (
+    Completion,
+    FinalEvent,
+    InvalidParameter,
+    InvalidRequest,
+    SamplingOptions,
+    StreamqClient,
+    StreamqError,
+)
+from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.protocol import ChunkEvent, FinishReason, Sampling, encode_event, events_channel
+from streamq.protocol.names import QUEUE_ENV, REDIS_URL_ENV
+
+CLIENT_ERRORS = (
+    "StreamqError",
+    "InvalidRequest",
+    "InvalidParameter",
+    "RequestError",
+    "RequestLost",
+    "MissingEvents",
+    "DuplicateRequest",
+    "QueueFull",
+    "UnknownModel",
+    "NoLiveWorker",
+)
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def queue() -> str:
+    """A queue nobody serves: its requests stay queued unless the test plays the worker."""
+    return f"streamq:queue:client-api-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def client(producer_url: str, queue: str) -> AsyncIterator[StreamqClient]:
+    async with await StreamqClient.connect(producer_url, queue=queue) as client:
+        yield client
+
+
+async def play_worker(redis: aioredis.Redis, request_id: str, *texts: str, final: bool = True) -> None:
+    """Log (and publish) chunks of ``texts``, then a final event: what a worker writes."""
+    log = ReplayLog(redis)
+    seq = len(await redis.xrange(events_channel(request_id)))
+    events: list[LogEvent] = []
+    for text in texts:
+        chunk = ChunkEvent(request_id=request_id, seq=seq, attempt=1, text=text, token_ids=[seq])
+        events.append(LogEvent(request_id, seq, 1, encode_event(chunk)))
+        seq += 1
+    if final:
+        end = FinalEvent(
+            request_id=request_id, seq=seq, attempt=1, finish_reasons=["stop"], prompt_tokens=2, completion_tokens=seq
+        )
+        events.append(LogEvent(request_id, seq, 1, encode_event(end), terminal=True))
+    await log.append(events)
+
+
+async def was_cancelled(client: StreamqClient, request_id: str) -> bool:
+    """Taken off the queue, its stream ended with finish reason ``cancelled``."""
+    last = await client.last_event(request_id)
+    cancelled = isinstance(last, FinalEvent) and last.finish_reasons == [FinishReason.CANCELLED]
+    return cancelled and await client.job_state(request_id) == "unknown"
+
+
+def test_sampling_options_name_every_field_of_the_requests_sampling_and_nothing_else() -> None:
+    """The TypedDict is spelled out for editors and type checkers; the wire's struct is the truth."""
+    on_the_wire: dict[str, Any] = {field.name: field.type for field in msgspec.structs.fields(Sampling)}
+    on_the_wire["structured_outputs"] |= dict[str, Any]  # the struct, or its fields as a dict
+    assert get_type_hints(SamplingOptions) == on_the_wire
+    assert SamplingOptions.__optional_keys__ == set(on_the_wire)  # every one may be left out
+
+
+def test_every_client_error_is_a_streamq_error_and_exported_from_producer() -> None:
+    for name in CLIENT_ERRORS:
+        assert name in producer.__all__
+        assert issubclass(getattr(producer, name), StreamqError), name
+    assert issubclass(InvalidRequest, ValueError) and issubclass(InvalidParameter, InvalidRequest)
+    assert {"StreamqClient", "RequestHandle", "Completion", "SamplingOptions"} <= set(producer.__all__)
+
+
+async def test_a_typo_in_a_sampling_option_is_refused_before_any_redis_command(queue: str) -> None:
+    """The client's Redis is a port nobody listens on: any command would fail with a
+    connection error, so a refusal proves nothing was sent."""
+    async with StreamqClient(ArqRedis(host="127.0.0.1", port=unused_port()), queue=queue) as client:
+        typo = "unknown sampling option 'max_tokns': did you mean 'max_tokens'"
+        with pytest.raises(InvalidParameter, match=typo) as caught:
+            await client.submit("Hello", max_tokns=5)  # type: ignore[call-arg]
+        assert caught.value.param == "max_tokns"
+        with pytest.raises(InvalidParameter, match="'temprature': did you mean 'temperature'?"):
+            await client.generate("Hello", temprature=0.5)  # type: ignore[call-arg]
+        with pytest.raises(InvalidRequest, match="temperature"):
+            await client.submit("Hello", temperature="hot")  # type: ignore[arg-type]
+        with pytest.raises(RedisConnectionError):  # a valid request does try to reach Redis
+            await client.submit("Hello", temperature=0.5)
+
+
+async def test_connect_without_arguments_reads_the_redis_url_and_queue_from_the_environment(
+    producer_url: str, queue: str, raw_redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(REDIS_URL_ENV, producer_url)
+    monkeypatch.setenv(QUEUE_ENV, queue)
+    async with await StreamqClient.connect() as client:
+        assert client.queue == queue
+        async with await client.submit("Hello", cancel_on_close=True):
+            assert await raw_redis.zcard(queue) == 1
+
+
+async def test_connect_arguments_win_over_the_environment(
+    producer_url: str, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(REDIS_URL_ENV, f"redis://127.0.0.1:{unused_port()}")  # nothing there
+    monkeypatch.setenv(QUEUE_ENV, "streamq:queue:from-the-environment")
+    async with await StreamqClient.connect(producer_url, queue=queue) as client:
+        assert client.queue == queue
+        assert await client.queue_depth() == 0
+
+
+async def test_generate_submits_and_returns_the_whole_output(
+    client: StreamqClient, raw_redis: aioredis.Redis, request_id: str
+) -> None:
+    async def when_queued() -> None:
+        while not await raw_redis.zcard(client.queue):
+            await asyncio.sleep(0.01)
+        await play_worker(raw_redis, request_id, "Hello", ", world")
+
+    serving = asyncio.create_task(when_queued())
+    completion = await client.generate("Hi", request_id=request_id, max_tokens=8, timeout=10)
+    await serving
+    assert isinstance(completion, Completion)
+    assert (completion.request_id, completion.text, completion.finish_reasons) == (request_id, "Hello, world", ["stop"])
+    assert (completion.prompt_tokens, completion.completion_tokens, completion.token_ids) == (2, 2, [[0, 1]])
+    assert await client.job_state(request_id) == "queued"  # it had ended: leaving generate cancelled nothing
+    await client.cancel(request_id)
+
+
+async def test_generate_past_its_timeout_raises_timeout_error_and_cancels_the_request(
+    client: StreamqClient, request_id: str
+) -> None:
+    """Nobody holds the handle of a request ``generate`` stopped waiting for: it is cancelled."""
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await client.generate("Hello", request_id=request_id, timeout=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+    assert await was_cancelled(client, request_id)
+
+
+async def test_result_past_its_timeout_raises_timeout_error_and_the_request_keeps_running(
+    client: StreamqClient, raw_redis: aioredis.Redis, request_id: str
+) -> None:
+    """Even with ``cancel_on_close``: a timeout closes nothing. A later ``result()`` waits
+    on, keeping what the first one gathered."""
+    handle = await client.submit("Hello", request_id=request_id, cancel_on_close=True)
+    await play_worker(raw_redis, request_id, "Hel", final=False)
+    with pytest.raises(TimeoutError):
+        await handle.result(timeout=0.3)
+    assert await client.job_state(request_id) == "queued" and not handle.done
+    await play_worker(raw_redis, request_id, "lo")
+    completion = await handle.result(timeout=10)
+    assert completion.text == "Hello" and handle.done
+    await client.cancel(request_id)
+
+
+async def test_leaving_async_with_closes_the_handle_and_the_request_keeps_running(
+    client: StreamqClient, raw_redis: aioredis.Redis, request_id: str
+) -> None:
+    channel = events_channel(request_id)
+    async with await client.submit("Hello", request_id=request_id) as handle:
+        assert await raw_redis.pubsub_numsub(channel) == [(channel.encode(), 1)]
+    async with asyncio.timeout(5):  # unsubscribed
+        while await raw_redis.pubsub_numsub(channel) != [(channel.encode(), 0)]:
+            await asyncio.sleep(0.01)
+    with pytest.raises(StreamqError, match="closed"):
+        await handle.result(timeout=1)
+    assert await client.job_state(request_id) == "queued"
+    await client.cancel(request_id)
+
+
+async def test_leaving_async_with_cancels_an_unfinished_request_with_cancel_on_close(
+    client: StreamqClient, request_id: str
+) -> None:
+    async with await client.submit("Hello", request_id=request_id, cancel_on_close=True):
+        pass
+    assert await was_cancelled(client, request_id)
