@@ -9,8 +9,8 @@ Every error it raises is a ``StreamqError``. Imports neither vllm nor torch, so 
 service can use it.
 """
 
-from producer.client import (
-    Completion,
+from producer.client import Completion, RequestHandle, SamplingOptions, StreamqClient
+from producer.errors import (
     DuplicateRequest,
     InvalidParameter,
     InvalidRequest,
@@ -18,10 +18,7 @@ from producer.client import (
     NoLiveWorker,
     QueueFull,
     RequestError,
-    RequestHandle,
     RequestLost,
-    SamplingOptions,
-    StreamqClient,
     StreamqError,
     UnknownModel,
 )

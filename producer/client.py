@@ -32,6 +32,16 @@ from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from producer.errors import (
+    DuplicateRequest,
+    InvalidParameter,
+    MissingEvents,
+    NoLiveWorker,
+    QueueFull,
+    RequestError,
+    RequestLost,
+    UnknownModel,
+)
 from producer.status import StatusReader
 from producer.subscriber import EventSubscriber, Inbox, Resync
 from streamq.broker.connection import close_pool, create_pool, redis_settings_for
@@ -77,20 +87,10 @@ from streamq.protocol.status import RequestStatus
 __all__ = [
     "CancelOutcome",
     "Completion",
-    "DuplicateRequest",
-    "InvalidParameter",
-    "InvalidRequest",
     "JobState",
-    "MissingEvents",
-    "NoLiveWorker",
-    "QueueFull",
-    "RequestError",
     "RequestHandle",
-    "RequestLost",
     "SamplingOptions",
     "StreamqClient",
-    "StreamqError",
-    "UnknownModel",
 ]
 
 CancelOutcome = Literal["running", "queued", "unknown"]
@@ -100,52 +100,6 @@ ROUTES_FRESH_S = 1.0
 """How long ``submit`` reuses a registry read that showed its model live. The registry
 itself keeps a dead worker listed for up to ``WORKER_TTL_MS`` (10 s), so a second more
 hides nothing that matters."""
-
-
-class InvalidParameter(InvalidRequest):
-    """A request refused for one parameter, which ``param`` names (OpenAI's ``error.param``)."""
-
-    def __init__(self, message: str, *, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class RequestError(StreamqError):
-    """The request ended with an error event (``code`` and ``message`` are the event's)."""
-
-    def __init__(self, request_id: str, code: str, message: str) -> None:
-        super().__init__(f"request {request_id} failed ({code}): {message}")
-        self.request_id, self.code, self.message = request_id, code, message
-
-
-class RequestLost(RequestError):
-    """Found by the handle's watchdog: the request is neither queued nor running, and
-    no final or error event was ever logged for it (code ``lost``)."""
-
-
-class DuplicateRequest(StreamqError):
-    """A job with this request id is queued, running, has a stored result, or its
-    replay log is still kept."""
-
-
-class MissingEvents(StreamqError):
-    """Events went missing and the replay log no longer holds them, or holds others in
-    their place: Redis lost writes it had acknowledged (a crash without fsync, a failover
-    to a replica that lagged) and the request went on from what it kept. The events this
-    handle delivered can no longer be continued exactly."""
-
-
-class QueueFull(StreamqError):
-    """The queue already holds ``max_queue_depth`` jobs (waiting or running): the
-    request was not enqueued. Retry later, or add workers."""
-
-
-class UnknownModel(StreamqError):
-    """No worker has ever registered this model name."""
-
-
-class NoLiveWorker(StreamqError):
-    """Workers served this model once, but none is live now."""
 
 
 @dataclass
