@@ -21,8 +21,8 @@ from streamq.protocol import (
     WAKEUP_CHANNEL,
     InvalidRequest,
 )
-from tests.conftest import MAX_MODEL_LEN
-from tests.events import assert_well_formed, capture_events, job_result
+from tests.support.events import assert_well_formed, capture_events, job_result
+from tests.support.session import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine
 

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from producer.client import StreamqClient
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import ChunkEvent, FinalEvent, decode_event
-from tests.test_end_to_end import MAX_TOKENS, PROMPTS, reference_outputs  # noqa: F401 (the fixture)
+from tests.support.reference_generate import MAX_TOKENS, PROMPTS
 
 pytestmark = pytest.mark.engine
 
@@ -30,7 +30,7 @@ async def pause_writes_until_cancelled(redis: aioredis.Redis) -> None:
 async def test_chunks_merged_behind_a_slow_redis_reassemble_to_the_bare_engine_output(
     client: StreamqClient,
     raw_redis: aioredis.Redis,
-    reference_outputs: dict[str, dict[str, Any]],  # noqa: F811 (pytest passes the imported fixture)
+    reference_outputs: dict[str, dict[str, Any]],
 ) -> None:
     pauser = asyncio.create_task(pause_writes_until_cancelled(raw_redis))
     try:

@@ -35,7 +35,7 @@ from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, RequestHandle, StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
-from tests.conftest import MAX_MODEL_LEN, OPERATOR_KEY
+from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
 
 pytestmark = pytest.mark.engine
 

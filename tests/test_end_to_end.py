@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,36 +14,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from devkit.redis_server import server_binary
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL
-from tests.conftest import MAX_MODEL_LEN
-from tests.events import assert_well_formed, capture_events
+from tests.support.events import assert_well_formed, capture_events
+from tests.support.reference_generate import MAX_TOKENS, PROMPTS
 
 pytestmark = pytest.mark.engine
-
-PROMPTS = [
-    "The future of artificial intelligence is",
-    "In a galaxy far, far away",
-    "The key to happiness is",
-]
-MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="session")
-def reference_outputs(tiny_model: Path, worker: WorkerProcess) -> dict[str, dict[str, Any]]:
-    """What a bare AsyncLLM (vLLM's async_llm_streaming.py pattern) generates for PROMPTS."""
-    script = Path(__file__).with_name("reference_generate.py")
-    result = subprocess.run(
-        [sys.executable, str(script), str(tiny_model), str(MAX_MODEL_LEN), str(MAX_TOKENS), *PROMPTS],
-        capture_output=True,
-        text=True,
-        env=worker_env(),
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = next(line for line in result.stdout.splitlines() if line.startswith("REFERENCE "))
-    return json.loads(line.removeprefix("REFERENCE "))
 
 
 async def test_streamed_text_equals_bare_engine_output(

@@ -23,7 +23,7 @@ from streamq.protocol import (
     ErrorEvent,
     serialize_job,
 )
-from tests.events import assert_well_formed, capture_events
+from tests.support.events import assert_well_formed, capture_events
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker, worker_env
-from tests.conftest import OPERATOR_KEY
+from tests.support.session import OPERATOR_KEY
 
 MODEL = SCRIPTED_MODEL
 PROMPT = "The key to happiness is"

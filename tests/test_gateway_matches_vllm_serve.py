@@ -34,7 +34,7 @@ from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess, tail, tiny_engine_flags, worker_env
 from streamq.protocol import ChunkEvent, decode_event, events_channel
-from tests.conftest import MAX_MODEL_LEN
+from tests.support.session import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine
 

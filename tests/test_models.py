@@ -22,7 +22,7 @@ from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import NoLiveWorker, QueueFull, RequestError, StreamqClient, UnknownModel
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
-from tests.conftest import MAX_MODEL_LEN
+from tests.support.session import MAX_MODEL_LEN
 
 pytestmark = pytest.mark.engine
 

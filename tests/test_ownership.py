@@ -42,7 +42,7 @@ from streamq.protocol import (
     owner_key,
 )
 from streamq.protocol.roles import PRODUCER, WORKER
-from tests.events import job_result, lose_writes
+from tests.support.events import job_result, lose_writes
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports

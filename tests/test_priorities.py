@@ -23,9 +23,9 @@ from producer.client import RequestHandle, StreamqClient, _job_payload
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
 from streamq.protocol.names import waiting_key
 from streamq.protocol.scripts import register_script
-from tests.conftest import MAX_MODEL_LEN
-from tests.events import job_result
-from tests.test_reliability import paused
+from tests.support.events import job_result
+from tests.support.session import MAX_MODEL_LEN
+from tests.support.worker_faults import paused
 
 pytestmark = pytest.mark.engine
 

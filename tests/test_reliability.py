@@ -10,52 +10,24 @@ starts on the worker that fails.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 import pytest
 import redis.asyncio as aioredis
 
-from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from devkit.worker_process import WorkerProcess
 from producer.client import DuplicateRequest, StreamqClient
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import JOB_KEY_PREFIX, FinalEvent, events_channel
-from tests.conftest import MAX_MODEL_LEN
-from tests.events import assert_well_formed, capture_events, job_result
+from tests.support.events import assert_well_formed, capture_events, job_result
+from tests.support.worker_faults import paused, second_worker
 
 pytestmark = pytest.mark.engine
 
 LONG = 900  # tokens: seconds of streaming to interrupt, within max_model_len with the prompt
-
-
-@contextmanager
-def paused(worker: WorkerProcess) -> Iterator[None]:
-    """SIGSTOP the worker so that it takes no job until the block ends."""
-    assert worker.process is not None
-    os.kill(worker.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(worker.process.pid, signal.SIGCONT)
-
-
-def second_worker(worker: WorkerProcess, tiny_model: Path, tmp_path: Path, *extra: str) -> WorkerProcess:
-    """Another real worker on the session's queue; it must be ready before any test
-    pauses the session worker (which is then the only one able to take jobs)."""
-    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN) + list(extra)
-    process = WorkerProcess(worker.redis_url, flags, log_path=tmp_path / "second-worker.log").start()
-    deadline = time.monotonic() + 300
-    while "max_jobs set" not in process.log_tail(200):
-        assert process.process is not None and process.process.poll() is None, process.log_tail()
-        assert time.monotonic() < deadline, process.log_tail()
-        time.sleep(0.2)
-    return process
 
 
 async def wait_for_chunks(redis_url: str, request_id: str, count: int) -> None:

@@ -30,7 +30,7 @@ from streamq.protocol import ChunkEvent
 from streamq.protocol.callbacks import CallbackBody, verify
 from streamq.protocol.names import CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP_HEADER
 from streamq.protocol.status import RequestStatus, decode_status
-from tests.callback_receiver import CALLBACK_SECRET, CallbackReceiver
+from tests.support.callback_receiver import CALLBACK_SECRET, CallbackReceiver
 
 pytestmark = pytest.mark.engine
 

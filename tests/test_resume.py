@@ -35,9 +35,9 @@ from streamq.protocol import (
     parse_request,
     serialize_job,
 )
-from tests.events import assert_well_formed, job_result
-from tests.schemas import PERSON
-from tests.test_reliability import paused, second_worker
+from tests.support.events import assert_well_formed, job_result
+from tests.support.schemas import PERSON
+from tests.support.worker_faults import paused, second_worker
 
 NEVER = "@@ no such words in the answer @@"
 """A stop string the tiny model never writes: vLLM holds back its length - 1 characters."""

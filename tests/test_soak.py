@@ -33,7 +33,7 @@ from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import RequestHandle, StreamqClient
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
-from tests.conftest import MAX_MODEL_LEN
+from tests.support.session import MAX_MODEL_LEN
 
 SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "120"))
 SEED = int(os.environ.get("STREAMQ_SOAK_SEED") or random.SystemRandom().randrange(2**32))

@@ -26,8 +26,8 @@ import redis.asyncio as aioredis
 from devkit.worker_process import WorkerProcess
 from producer.client import RequestError, StreamqClient
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL, StructuredOutputs
-from tests.events import assert_well_formed, capture_events
-from tests.schemas import PERSON
+from tests.support.events import assert_well_formed, capture_events
+from tests.support.schemas import PERSON
 
 pytestmark = pytest.mark.engine
 

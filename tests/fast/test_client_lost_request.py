@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from producer.client import MissingEvents, RequestLost, StreamqClient
 from streamq.broker.replay_log import LogEvent, ReplayLog
 from streamq.protocol import JOB_KEY_PREFIX, ChunkEvent, encode_event, events_channel
-from tests.events import lose_writes
+from tests.support.events import lose_writes
 
 
 @pytest.fixture

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
+from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import ChunkEvent, Event, FinalEvent, decode_event
+from tests.support.gated_log import GatedLog
 from worker.publisher import EventPublisher, coalesce_from_env
 from worker.request_events import RequestEvents
 
@@ -31,27 +32,6 @@ DELTAS: list[Delta] = [
     (0, " world", [1917], None),
     (0, "!", [0], "length"),
 ]
-
-
-class GatedLog(ReplayLog):
-    """A replay log whose appends wait for ``open_gate`` (a Redis that is slow to answer)."""
-
-    def __init__(self, redis: aioredis.Redis) -> None:
-        super().__init__(redis)
-        self.gate = asyncio.Event()
-        self.entered = asyncio.Event()
-        self.batches: list[list[LogEvent]] = []
-
-    async def append(self, events: Sequence[LogEvent]) -> Appended:
-        self.batches.append(list(events))
-        self.entered.set()
-        await self.gate.wait()
-        return await super().append(events)
-
-    async def in_flight(self) -> None:
-        """Wait until a batch is on its way (and held at the gate)."""
-        await self.entered.wait()
-        self.entered.clear()
 
 
 @pytest.fixture

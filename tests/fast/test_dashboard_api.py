@@ -24,7 +24,7 @@ from streamq.broker.replay_log import LogEvent, ReplayLog
 from streamq.protocol import ChunkEvent, Event, FinalEvent, WorkerRegistration, encode_event, events_channel
 from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY
 from streamq.protocol.roles import GATEWAY
-from tests.gateway_in_process import gateway_client
+from tests.support.gateway_in_process import gateway_client
 
 OPERATOR_KEY = "operator-secret"
 

@@ -22,7 +22,7 @@ from streamq.protocol import RESULT_KEY_PREFIX, ErrorEvent, FinalEvent, WorkerRe
 from streamq.protocol.names import RECENT_ENDS_KEY, WORKER_STATS_KEY, WORKER_STATS_SEEN_KEY
 from streamq.protocol.roles import GATEWAY
 from streamq.protocol.worker_stats import InFlightRequest, WorkerStats
-from tests.gateway_in_process import gateway_client
+from tests.support.gateway_in_process import gateway_client
 
 HOUR_MS = 3_600_000
 

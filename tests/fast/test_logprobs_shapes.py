@@ -32,7 +32,7 @@ from streamq.protocol import (
     decode_event,
     encode_event,
 )
-from tests.fast.test_coalescing import GatedLog
+from tests.support.gated_log import GatedLog
 from worker.publisher import EventPublisher
 from worker.request_events import RequestEvents
 

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from streamq.broker.replay_log import Appended, LogEvent, ReplayLog, TakeOver
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
-from tests.events import lose_writes
+from tests.support.events import lose_writes
 from worker.publisher import EventPublisher, PublishFailed, Refusal
 
 
