@@ -13,15 +13,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 
-import pytest
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
-
-pytestmark = pytest.mark.engine
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

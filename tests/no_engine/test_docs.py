@@ -1,6 +1,6 @@
 """The docs hold together: every relative link resolves (to a file, and for ``#anchors`` to
 a heading, by GitHub's rules), README.md stays a front page, and every example a page
-shows is the file under docs/examples/ that ``tests/test_docs_examples.py`` runs."""
+shows is the file under docs/examples/ that ``tests/real_engine/test_docs_examples.py`` runs."""
 
 from __future__ import annotations
 

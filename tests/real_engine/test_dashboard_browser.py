@@ -37,11 +37,9 @@ from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
 from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
 
-pytestmark = pytest.mark.engine
-
 T = TypeVar("T")
 
-SCREENSHOTS = Path(__file__).resolve().parents[1] / ".cache" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / ".cache" / "screenshots"
 LAPTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 375, "height": 800}
 LONG = {"max_tokens": MAX_MODEL_LEN - 32, "ignore_eos": True}

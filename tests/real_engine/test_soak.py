@@ -469,7 +469,6 @@ async def settled_leftovers(raw: aioredis.Redis) -> tuple[int, list[bytes]]:
         await asyncio.sleep(0.2)
 
 
-@pytest.mark.engine
 @pytest.mark.timeout(int(SOAK_SECONDS + DRAIN_S + 420))
 # NOTE: across Redis restarts redis-py can leave one socket of a failed reconnect to the
 # garbage collector (ResourceWarning: unclosed StreamWriter). A resource leak of the

@@ -1,5 +1,5 @@
 """Every way arq can end a job without the job function still ends its request with
-exactly one terminal event (the code each maps to: tests/fast/test_worker_failure_codes.py)."""
+exactly one terminal event (the code each maps to: tests/no_engine/test_worker_failure_codes.py)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ def _job(job_id: str) -> bytes:
     return serialize_job({"t": 1, "f": "generate", "a": [request], "k": {}, "et": int(time.time() * 1000)})
 
 
-@pytest.mark.engine
 async def test_a_job_whose_tries_ran_out_ends_with_retries_exhausted(
     worker: WorkerProcess, redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -68,7 +67,6 @@ async def test_a_job_whose_tries_ran_out_ends_with_retries_exhausted(
     await _until_dequeued(redis, job_id)
 
 
-@pytest.mark.engine
 async def test_a_job_whose_payload_expired_ends_with_expired(
     worker: WorkerProcess, redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -79,7 +77,6 @@ async def test_a_job_whose_payload_expired_ends_with_expired(
     await _until_dequeued(redis, job_id)
 
 
-@pytest.mark.engine
 async def test_deadlines_run_on_redis_clock_not_the_producers(
     worker: WorkerProcess, redis: aioredis.Redis, redis_url: str
 ) -> None:

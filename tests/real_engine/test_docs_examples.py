@@ -1,7 +1,7 @@
 """Every example under docs/examples/ runs as a reader runs it: a fresh Python process
 with ``REDIS_URL`` and ``STREAMQ_QUEUE`` (the Python client) or ``OPENAI_BASE_URL`` and
 ``OPENAI_API_KEY`` (the openai SDK) set, against the session's real worker and a real
-gateway. The pages show these files verbatim (``tests/fast/test_docs.py``)."""
+gateway. The pages show these files verbatim (``tests/no_engine/test_docs.py``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ import pytest
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
 
-pytestmark = pytest.mark.engine
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 
 OUTPUT: dict[str, str] = {

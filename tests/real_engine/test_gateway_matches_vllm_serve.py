@@ -36,8 +36,6 @@ from devkit.worker_process import WorkerProcess, tail, tiny_engine_flags, worker
 from streamq.protocol import ChunkEvent, decode_event, events_channel
 from tests.support.session import MAX_MODEL_LEN
 
-pytestmark = pytest.mark.engine
-
 MODEL = "tiny-as-vllm-serve"
 """Served under a name of its own, on a queue of its own, so no other worker of the
 session answers the gateway's requests."""

@@ -1,6 +1,7 @@
 """API keys at the gateway, as an operator sets them up and a client meets them: real
-gateway processes, a real Redis of their own, a real worker on the scripted engine (one
-test on the real engine), keys made with the ``streamq keys`` command line.
+gateway processes, a real Redis of their own, a real worker on the scripted engine, keys
+made with the ``streamq keys`` command line. The real engine behind a keyed gateway, with
+the ``openai`` SDK and ``vllm bench serve`` giving the key: tests/real_engine/test_gateway.py.
 
 The scripted engine counts 4 prompt tokens for any prompt and makes one token per step
 at 100 steps/s, so token budgets and stream lengths below are exact.
@@ -25,8 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
-from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker, worker_env
-from tests.support.session import OPERATOR_KEY
+from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
 
 MODEL = SCRIPTED_MODEL
 PROMPT = "The key to happiness is"
@@ -307,31 +307,3 @@ async def test_only_the_creating_key_resumes_a_named_request(gateway: GatewayPro
     for refused in (stolen, static):
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "request_not_found"
     assert mine.status_code == 200 and mine.text.count(" tok") == 50
-
-
-@pytest.mark.engine
-def test_the_real_engine_behind_a_keyed_gateway(keyed_gateway: GatewayProcess, tiny_model: Path) -> None:
-    with pytest.raises(openai.AuthenticationError):
-        sdk(keyed_gateway, "sq-wrong").completions.create(model=str(tiny_model), prompt=PROMPT, max_tokens=4)
-    whole = sdk(keyed_gateway, OPERATOR_KEY).completions.create(
-        model=str(tiny_model), prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True}
-    )
-    assert whole.usage is not None and whole.usage.completion_tokens == 4
-
-
-@pytest.mark.engine
-def test_vllm_bench_serve_with_its_api_key(keyed_gateway: GatewayProcess, tiny_model: Path, tmp_path: Path) -> None:
-    """``vllm bench serve`` sends ``$OPENAI_API_KEY`` as its bearer token."""
-    script = f"""
-from bench.config import BenchConfig
-from bench.path_serve import bench_serve
-config = BenchConfig(model_dir={str(tiny_model)!r}, input_len=16, output_len=8, concurrencies=(4,), num_prompts=8,
-                     seed=0, results_dir={str(tmp_path)!r}, run_id="keyed")
-result = bench_serve(config, {keyed_gateway.port}, concurrency=4)
-print("RESULT", result.num_prompts, result.output_tokens)
-"""
-    env = worker_env(OPENAI_API_KEY=OPERATOR_KEY)
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
-    assert [int(x) for x in line.split()[1:]] == [8, 8 * 8]

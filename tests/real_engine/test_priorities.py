@@ -27,8 +27,6 @@ from tests.support.events import job_result
 from tests.support.session import MAX_MODEL_LEN
 from tests.support.worker_faults import paused
 
-pytestmark = pytest.mark.engine
-
 LONG = {"max_tokens": MAX_MODEL_LEN - 16, "ignore_eos": True}
 """Holds a slot for the whole context: cancelled by the test, never left to finish."""
 SHORT = {"max_tokens": 2, "ignore_eos": True}

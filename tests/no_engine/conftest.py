@@ -1,5 +1,5 @@
-"""The fast tier (``make test-fast``): pure parts and Redis-only checks, no engine and
-no worker process, under a minute in all."""
+"""The no-engine tier (``make test-no-engine``): pure parts and checks against Redis, a
+gateway or the command line, with no engine and no worker; about a minute in all."""
 
 from collections.abc import AsyncIterator
 

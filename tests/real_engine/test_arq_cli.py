@@ -6,12 +6,8 @@ import shlex
 import sys
 from pathlib import Path
 
-import pytest
-
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import StreamqClient
-
-pytestmark = pytest.mark.engine
 
 
 async def test_arq_command_line_serves_jobs(

@@ -1,6 +1,7 @@
 """The OpenAI-compatible gateway, driven by clients nobody here wrote: the official
 ``openai`` SDK and vLLM's ``vllm bench serve``, against a real gateway process, a real
-worker and the real engine. Plus what only raw HTTP shows: disconnects, resume, ids."""
+worker and the real engine, open or with a key. Plus what only raw HTTP shows:
+disconnects, resume, ids."""
 
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
-
-pytestmark = pytest.mark.engine
+from tests.support.session import OPERATOR_KEY
 
 PROMPT = "The key to happiness is"
 
@@ -343,3 +343,33 @@ async def test_every_stream_of_a_gateway_shares_one_pubsub_connection(
             c for c in await raw_redis.client_list(_type="pubsub") if int(c["addr"].rsplit(":", 1)[1]) in to_redis
         ]
     assert len(subscribed) == 1, subscribed
+
+
+def keyed_sdk(gateway: GatewayProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_the_real_engine_behind_a_keyed_gateway(keyed_gateway: GatewayProcess, tiny_model: Path) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        keyed_sdk(keyed_gateway, "sq-wrong").completions.create(model=str(tiny_model), prompt=PROMPT, max_tokens=4)
+    whole = keyed_sdk(keyed_gateway, OPERATOR_KEY).completions.create(
+        model=str(tiny_model), prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    assert whole.usage is not None and whole.usage.completion_tokens == 4
+
+
+def test_vllm_bench_serve_with_its_api_key(keyed_gateway: GatewayProcess, tiny_model: Path, tmp_path: Path) -> None:
+    """``vllm bench serve`` sends ``$OPENAI_API_KEY`` as its bearer token."""
+    script = f"""
+from bench.config import BenchConfig
+from bench.path_serve import bench_serve
+config = BenchConfig(model_dir={str(tiny_model)!r}, input_len=16, output_len=8, concurrencies=(4,), num_prompts=8,
+                     seed=0, results_dir={str(tmp_path)!r}, run_id="keyed")
+result = bench_serve(config, {keyed_gateway.port}, concurrency=4)
+print("RESULT", result.num_prompts, result.output_tokens)
+"""
+    env = worker_env(OPENAI_API_KEY=OPERATOR_KEY)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
+    assert [int(x) for x in line.split()[1:]] == [8, 8 * 8]

@@ -8,15 +8,12 @@ import asyncio
 import contextlib
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
 
 from producer.client import StreamqClient
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import ChunkEvent, FinalEvent, decode_event
 from tests.support.reference_generate import MAX_TOKENS, PROMPTS
-
-pytestmark = pytest.mark.engine
 
 
 async def pause_writes_until_cancelled(redis: aioredis.Redis) -> None:

@@ -1,5 +1,5 @@
 """A request's events become the chunks of OpenAI's streamed response, chunk for chunk as
-`vllm serve` streams them (tests/test_gateway_matches_vllm_serve.py compares with a real one)."""
+`vllm serve` streams them (tests/real_engine/test_gateway_matches_vllm_serve.py compares with a real one)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,6 @@ from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, FinalEvent
 from worker.scheduling import DEFAULT_CPU_NICE
 
-pytestmark = pytest.mark.engine
-
 LONG = 900  # tokens: a few seconds of streaming on the tiny model
 
 

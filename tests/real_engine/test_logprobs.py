@@ -5,7 +5,7 @@ and batch files, on the session's real worker and engine.
 What a user can check without knowing the model's weights: one entry per generated
 token, log probabilities at most 0 whose probabilities sum to at most 1, the top tokens
 sorted, and at temperature 0 the sampled token is the most likely one (rank 1, first of
-the top). ``tests/test_gateway_matches_vllm_serve.py`` checks the exact shapes against a
+the top). ``tests/real_engine/test_gateway_matches_vllm_serve.py`` checks the exact shapes against a
 real ``vllm serve``."""
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from streamq.protocol import TokenLogprob, events_channel
-
-pytestmark = pytest.mark.engine
 
 PROMPT = "The key to happiness is"
 MESSAGES = [{"role": "user", "content": "Hello there"}]

@@ -24,8 +24,6 @@ from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
 from tests.support.session import MAX_MODEL_LEN
 
-pytestmark = pytest.mark.engine
-
 MODEL_B = "tiny-b"
 QUEUE_B = "streamq:queue:tiny-b"
 

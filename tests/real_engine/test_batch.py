@@ -15,8 +15,6 @@ import pytest
 
 from devkit.worker_process import WorkerProcess
 
-pytestmark = pytest.mark.engine
-
 
 def _request(custom_id: str, url: str, body: dict[str, Any]) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})

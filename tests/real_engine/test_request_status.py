@@ -32,8 +32,6 @@ from streamq.protocol.names import CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP
 from streamq.protocol.status import RequestStatus, decode_status
 from tests.support.callback_receiver import CALLBACK_SECRET, CallbackReceiver
 
-pytestmark = pytest.mark.engine
-
 PROMPT = "The key to happiness is"
 
 

@@ -24,8 +24,6 @@ from streamq.protocol import (
 from tests.support.events import assert_well_formed, capture_events, job_result
 from tests.support.session import MAX_MODEL_LEN
 
-pytestmark = pytest.mark.engine
-
 
 def arq_job(request: Any, **overrides: Any) -> bytes:
     """A job payload as arq stores it; an override of ``...`` leaves that field out."""

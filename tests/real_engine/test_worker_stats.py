@@ -20,8 +20,6 @@ from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
 from streamq.protocol.worker_stats import RecentEnd, WorkerStats
 
-pytestmark = pytest.mark.engine
-
 TIMEOUT_S = 60.0
 T = TypeVar("T")
 

@@ -16,8 +16,6 @@ from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from streamq.protocol import WorkerRegistration, events_channel
 
-pytestmark = pytest.mark.engine
-
 
 def run_producer(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "REDIS_URL": redis_url}

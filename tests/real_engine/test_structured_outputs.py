@@ -29,8 +29,6 @@ from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL, Stru
 from tests.support.events import assert_well_formed, capture_events
 from tests.support.schemas import PERSON
 
-pytestmark = pytest.mark.engine
-
 WEATHER = {
     "type": "object",
     "properties": {

@@ -25,8 +25,6 @@ from streamq.protocol import JOB_KEY_PREFIX, FinalEvent, events_channel
 from tests.support.events import assert_well_formed, capture_events, job_result
 from tests.support.worker_faults import paused, second_worker
 
-pytestmark = pytest.mark.engine
-
 LONG = 900  # tokens: seconds of streaming to interrupt, within max_model_len with the prompt
 
 

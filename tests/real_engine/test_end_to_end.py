@@ -20,8 +20,6 @@ from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL
 from tests.support.events import assert_well_formed, capture_events
 from tests.support.reference_generate import MAX_TOKENS, PROMPTS
 
-pytestmark = pytest.mark.engine
-
 
 async def test_streamed_text_equals_bare_engine_output(
     client: StreamqClient, reference_outputs: dict[str, dict[str, Any]]
