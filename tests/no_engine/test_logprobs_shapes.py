@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -36,8 +37,15 @@ from tests.support.gated_log import GatedLog
 from worker.publisher import EventPublisher
 from worker.request_events import RequestEvents
 
-vllm_logprobs = pytest.importorskip("vllm.logprobs")
-worker_logprobs = pytest.importorskip("worker.logprobs")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from vllm import logprobs as vllm_logprobs
+    from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion import protocol as completion_protocol
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    from worker import logprobs as worker_logprobs
 
 TOKENS = {1: "a", 2: " b", 3: "\ufffd", 4: "c", 5: "a", 6: "é"}
 
@@ -177,9 +185,8 @@ async def test_merged_chunks_keep_their_logprobs_in_token_order(redis: aioredis.
 
 
 # --- OpenAI's shapes, against vLLM's own builders ------------------------------------------------
-def vllm_serving(module: str, cls: str) -> Any:
+def vllm_serving(serving: Any) -> Any:
     """vLLM's serving class, its logprobs methods callable without a server."""
-    serving = getattr(pytest.importorskip(module), cls)
     stub = SimpleNamespace(return_tokens_as_token_ids=False)
     stub._get_decoded_token = serving._get_decoded_token  # a static method
     stub._get_top_logprobs = lambda *a, **k: serving._get_top_logprobs(stub, *a, **k)
@@ -188,7 +195,7 @@ def vllm_serving(module: str, cls: str) -> Any:
 
 @pytest.mark.parametrize("top_k", [0, 1, 2, 3])
 def test_completion_logprobs_are_vllms(top_k: int) -> None:
-    serving, stub = vllm_serving("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion")
+    serving, stub = vllm_serving(OpenAIServingCompletion)
     expected = serving._create_completion_logprobs(
         stub, TOKEN_IDS, positions(top_k), top_k, None, initial_text_offset=5
     )
@@ -198,7 +205,7 @@ def test_completion_logprobs_are_vllms(top_k: int) -> None:
 
 @pytest.mark.parametrize("top_k", [0, 1, 2, 3])
 def test_chat_logprobs_are_vllms(top_k: int) -> None:
-    serving, stub = vllm_serving("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat")
+    serving, stub = vllm_serving(OpenAIServingChat)
     expected = serving._create_chat_logprobs(stub, TOKEN_IDS, positions(top_k), None, top_k)
     ours = chat_logprobs(TOKEN_IDS, entries(top_k))
     assert msgspec.to_builtins(ours) == expected.model_dump()
@@ -268,7 +275,9 @@ def test_whole_responses_put_logprobs_where_vllm_does() -> None:
 
 
 def test_whole_responses_parse_as_vllms() -> None:
-    completions = pytest.importorskip("vllm.entrypoints.openai.completion.protocol")
-    chats = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
-    completions.CompletionResponse.model_validate(completion_response(completion(True), model="tiny", created=1))
-    chats.ChatCompletionResponse.model_validate(chat_completion_response(completion(True), model="tiny", created=1))
+    completion_protocol.CompletionResponse.model_validate(
+        completion_response(completion(True), model="tiny", created=1)
+    )
+    chat_protocol.ChatCompletionResponse.model_validate(
+        chat_completion_response(completion(True), model="tiny", created=1)
+    )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import pytest
@@ -11,6 +12,11 @@ import pytest
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta
 from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
+    from vllm.entrypoints.openai.completion import protocol as completion_protocol
 
 
 def chunk(
@@ -169,16 +175,16 @@ def test_text_is_json_escaped() -> None:
 
 
 def test_completion_chunks_parse_as_vllm_serves_stream_response() -> None:
-    protocol = pytest.importorskip("vllm.entrypoints.openai.completion.protocol")
     events: list[Event] = [chunk(0, "a"), chunk(1, ""), chunk(2, "b", finish_reason="stop"), final(3, ["stop"])]
     for c in build(False, events, include_usage=True):
-        protocol.CompletionStreamResponse.model_validate(c)
+        completion_protocol.CompletionStreamResponse.model_validate(c)
 
 
 def test_chat_chunks_parse_as_vllm_serves_stream_response() -> None:
-    protocol = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
     events: list[Event] = [chunk(0, "a"), chunk(1, "b"), final(2, ["length"])]
-    parsed = [protocol.ChatCompletionStreamResponse.model_validate(c) for c in build(True, events, include_usage=True)]
+    parsed = [
+        chat_protocol.ChatCompletionStreamResponse.model_validate(c) for c in build(True, events, include_usage=True)
+    ]
     assert [p.choices[0].delta.role for p in parsed[:3]] == ["assistant", None, None]
     assert parsed[3].choices[0].finish_reason == "length"
     assert parsed[4].usage.total_tokens == 5

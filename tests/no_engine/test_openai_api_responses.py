@@ -4,8 +4,7 @@ and `vllm serve` returns (checked against vLLM's own response models)."""
 from __future__ import annotations
 
 import time
-
-import pytest
+import warnings
 
 from producer.client import Completion
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, ENDPOINTS
@@ -16,6 +15,11 @@ from producer.openai_api.responses import (
     model_list,
 )
 from streamq.protocol import WorkerRegistration
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
+    from vllm.entrypoints.openai.completion import protocol as completion_protocol
 
 COMPLETION = Completion(
     request_id="r7",
@@ -130,18 +134,16 @@ def test_the_model_list_names_each_model_once_with_its_worker_count() -> None:
 
 
 def test_completion_response_has_the_shape_vllm_serve_returns() -> None:
-    protocol = pytest.importorskip("vllm.entrypoints.openai.completion.protocol")
     body = completion_response(COMPLETION, model="tiny", created=123)
-    parsed = protocol.CompletionResponse.model_validate(body)
+    parsed = completion_protocol.CompletionResponse.model_validate(body)
     assert parsed.id == "cmpl-r7" and parsed.object == "text_completion" and parsed.created == 123
     assert [(c.index, c.text, c.finish_reason) for c in parsed.choices] == [(0, "one", "length"), (1, "two", "stop")]
     assert (parsed.usage.prompt_tokens, parsed.usage.completion_tokens, parsed.usage.total_tokens) == (4, 3, 7)
 
 
 def test_chat_completion_response_has_the_shape_vllm_serve_returns() -> None:
-    protocol = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
     body = chat_completion_response(COMPLETION, model="tiny")
-    parsed = protocol.ChatCompletionResponse.model_validate(body)
+    parsed = chat_protocol.ChatCompletionResponse.model_validate(body)
     assert parsed.id == "chatcmpl-r7" and parsed.object == "chat.completion" and parsed.model == "tiny"
     assert [(c.message.role, c.message.content, c.finish_reason) for c in parsed.choices] == [
         ("assistant", "one", "length"),

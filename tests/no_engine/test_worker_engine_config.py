@@ -16,10 +16,8 @@ import pytest
 
 from devkit.worker_process import tiny_engine_flags
 
-pytest.importorskip("vllm")
-
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)  # torch's, on importing vLLM's server modules
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
     from vllm.config import VllmConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser

@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from devkit.worker_process import WorkerProcess
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
+    from vllm.entrypoints.openai.completion import protocol as completion_protocol
 
 
 def _request(custom_id: str, url: str, body: dict[str, Any]) -> str:
@@ -114,8 +118,6 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     assert nobody["response"]["status_code"] == 404 and "no worker serves model 'no-such-model'" in nobody["error"]
 
     # Output lines are what `vllm serve` returns, as its own models read them.
-    completion_protocol = pytest.importorskip("vllm.entrypoints.openai.completion.protocol")
-    chat_protocol = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
     completion_protocol.CompletionResponse.model_validate(body)
     completion_protocol.CompletionResponse.model_validate(two)
     chat_protocol.ChatCompletionResponse.model_validate(chat)
