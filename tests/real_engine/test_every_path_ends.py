@@ -1,5 +1,5 @@
 """Every way arq can end a job without the job function still ends its request with
-exactly one terminal event (the code each maps to: tests/no_engine/test_worker_failure_codes.py)."""
+exactly one terminal event (the code each maps to: tests/no_engine/test_job_failure_codes.py)."""
 
 from __future__ import annotations
 

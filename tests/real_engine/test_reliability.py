@@ -147,7 +147,7 @@ async def test_a_worker_stalled_past_its_lease_keeps_its_own_job(
     assert not [line for line in worker.log_tail(400).splitlines() if request_id in line and "try=2" in line]
 
 
-async def test_an_attempt_taken_over_elsewhere_stops_and_the_request_resumes(
+async def test_an_attempt_taken_over_elsewhere_stops_and_the_newer_attempt_ends_it(
     worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, redis_url: str
 ) -> None:
     """A worker whose lease lapsed while it still ran (cut off from Redis, or starved)
