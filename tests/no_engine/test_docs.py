@@ -1,6 +1,7 @@
 """The docs hold together: every relative link resolves (to a file, and for ``#anchors`` to
-a heading, by GitHub's rules), README.md stays a front page, and every example a page
-shows is the file under docs/examples/ that ``tests/real_engine/test_docs_examples.py`` runs."""
+a heading, by GitHub's rules), README.md stays a front page, every example a page
+shows is the file under docs/examples/ that ``tests/real_engine/test_docs_examples.py`` runs,
+and every test a page names exists."""
 
 from __future__ import annotations
 
@@ -122,3 +123,24 @@ def test_every_example_is_shown_in_the_docs() -> None:
     unshown = [_name(path) for path in sorted(EXAMPLES.glob("*.py")) if _name(path) not in shown]
     assert EXAMPLES.glob("*.py"), "no examples"
     assert not unshown, f"examples no page shows: {unshown}"
+
+
+_TEST_PATH = re.compile(r"\btests/[\w/]+\.py\b")
+_TEST_NAME = re.compile(r"`(test_\w+)(\*?)`")
+
+
+def test_every_test_a_page_names_exists() -> None:
+    """A test file or test function a page names as proof exists (a name ending in ``*``
+    stands for the tests it begins): a renamed test must not leave a page pointing at
+    nothing. CHANGELOG.md is history and may name tests that are gone."""
+    defined = {
+        name for path in (ROOT / "tests").rglob("*.py") for name in re.findall(r"def (test_\w+)", path.read_text())
+    }
+    missing = []
+    for page in (page for page in PAGES if page.name != "CHANGELOG.md"):
+        text = page.read_text()
+        missing += [f"{_name(page)}: {path}" for path in _TEST_PATH.findall(text) if not (ROOT / path).exists()]
+        for name, star in _TEST_NAME.findall(text):
+            if not (any(test.startswith(name) for test in defined) if star else name in defined):
+                missing.append(f"{_name(page)}: {name}{star}")
+    assert not missing, missing
