@@ -1,4 +1,4 @@
-# streamq: `make demo` runs the demo prompts through the queue; `make dashboard` serves the live dashboard (`make dashboard-pictures` redraws its pictures in docs/); `make test` runs the suite, `make test-fast` its fast tier.
+# streamq: `make demo` runs the demo prompts through the queue; `make dashboard` serves the live dashboard (`make dashboard-pictures` redraws its pictures in docs/); `make test` runs the suite, `make test-no-engine`, `make test-scripted-engine` and `make test-real-engine` its tiers.
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -11,7 +11,7 @@ EXTRAS ?= cpu,local-redis,test
 # is ignored; pip's still fails the pipeline through pipefail.)
 PIP_QUIET := { grep -v "^WARNING: Location 'file://" || true; }
 
-.PHONY: install demo dashboard dashboard-pictures test test-fast lint clean
+.PHONY: install demo dashboard dashboard-pictures test test-no-engine test-scripted-engine test-real-engine lint clean
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -35,13 +35,21 @@ dashboard: install
 dashboard-pictures: install
 	$(PY) -m devkit.dashboard_pictures
 
-# Both tiers: tests/fast and the real-engine tests around it.
+# Every tier (what CI runs): tests/no_engine, tests/scripted_engine, tests/real_engine.
 test: install
 	$(PY) -m pytest
 
-# No engine, no worker process: under a minute.
-test-fast: install
-	$(PY) -m pytest tests/fast
+# No engine, no worker: pure parts, Redis, gateway and command-line processes; about a minute.
+test-no-engine: install
+	$(PY) -m pytest tests/no_engine
+
+# Worker processes (or in-process workers) on the scripted engine: no model runs.
+test-scripted-engine: install
+	$(PY) -m pytest tests/scripted_engine
+
+# The real vLLM engine on the tiny model: the session's shared worker and gateways.
+test-real-engine: install
+	$(PY) -m pytest tests/real_engine
 
 lint: install
 	$(PY) -m pip install -q ruff mypy 2>&1 | $(PIP_QUIET)

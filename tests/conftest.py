@@ -24,9 +24,9 @@ from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
 from streamq.protocol.names import CALLBACK_SECRET_ENV
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
-from tests.callback_receiver import CALLBACK_SECRET
-
-MAX_MODEL_LEN = 1024
+from tests.support.callback_receiver import CALLBACK_SECRET
+from tests.support.reference_generate import bare_engine_outputs
+from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
 
 
 @pytest.fixture(scope="session")
@@ -86,6 +86,14 @@ def worker(worker_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     assert code == 0, f"worker exited with {code}:\n{process.log_tail()}"
 
 
+@pytest.fixture(scope="session")
+def reference_outputs(tiny_model: Path, worker: WorkerProcess) -> dict[str, dict]:
+    """What a bare AsyncLLM (vLLM's async_llm_streaming.py pattern) generates for the
+    reference prompts; started after the session worker, so that the two engines do not
+    start at once."""
+    return bare_engine_outputs(tiny_model, MAX_MODEL_LEN)
+
+
 @pytest.fixture
 async def client(worker: WorkerProcess, producer_url: str) -> AsyncIterator[StreamqClient]:
     """A client library as the producer role."""
@@ -127,11 +135,6 @@ def gateway(
     process = GatewayProcess(gateway_url, tmp_path_factory.mktemp("gateway") / "gateway.log").wait_ready()
     yield process
     assert process.stop() == 0, process.log_tail()
-
-
-OPERATOR_KEY = "sq-operator-test-key"
-"""``keyed_gateway``'s key, given on its command line (an operator's key). A constant:
-test modules import it from ``tests.conftest``, which can be a second copy of this module."""
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,190 @@
+"""A request's events become the chunks of OpenAI's streamed response, chunk for chunk as
+`vllm serve` streams them (tests/real_engine/test_gateway_matches_vllm_serve.py compares with a real one)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import pytest
+
+from producer.openai_api.chunks import ChunkBuilder
+from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta
+from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from vllm.entrypoints.openai.chat_completion import protocol as chat_protocol
+    from vllm.entrypoints.openai.completion import protocol as completion_protocol
+
+
+def chunk(
+    seq: int, text: str, *, index: int = 0, finish_reason: str | None = None, token_ids: list[int] | None = None
+) -> ChunkEvent:
+    ids = [seq] if token_ids is None else token_ids
+    return ChunkEvent(request_id="r1", seq=seq, index=index, text=text, token_ids=ids, finish_reason=finish_reason)
+
+
+def final(seq: int, reasons: list[str | None], prompt_tokens: int = 3, completion_tokens: int = 2) -> FinalEvent:
+    return FinalEvent(
+        request_id="r1",
+        seq=seq,
+        finish_reasons=reasons,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
+
+
+def build(
+    chat: bool, events: list[Event], *, include_usage: bool = False, n: int = 1, role_sent: bool = False
+) -> list[dict[str, Any]]:
+    builder = ChunkBuilder(ResponseMeta(chat, "r1", "tiny", 1700), include_usage, n=n, role_sent=role_sent)
+    return [json.loads(c) for event in events for c in builder.chunks(event)]
+
+
+def test_completion_chunks_carry_text_then_the_finish_reason_in_vllms_keys() -> None:
+    chunks = build(False, [chunk(0, "Hel"), chunk(1, "lo", finish_reason="length"), final(2, ["length"])])
+    assert [c["choices"] for c in chunks] == [
+        [
+            {
+                "index": 0,
+                "text": "Hel",
+                "logprobs": None,
+                "finish_reason": None,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+        ],
+        [
+            {
+                "index": 0,
+                "text": "lo",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+        ],
+    ]
+    for c in chunks:
+        assert (c["id"], c["object"], c["created"], c["model"]) == ("cmpl-r1", "text_completion", 1700, "tiny")
+    assert [list(c) for c in chunks] == [
+        ["id", "object", "created", "model", "choices"],
+        ["id", "object", "created", "model", "choices", "system_fingerprint"],
+    ]
+    assert chunks[1]["system_fingerprint"] == SYSTEM_FINGERPRINT
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_tokens_that_end_inside_a_character_still_make_a_chunk_with_empty_text(chat: bool) -> None:
+    chunks = build(chat, [chunk(0, "a"), chunk(1, ""), chunk(2, "é", finish_reason="stop"), final(3, ["stop"])])
+    texts = [c["choices"][0]["delta"]["content"] if chat else c["choices"][0]["text"] for c in chunks]
+    assert texts == (["", "a", "", "é"] if chat else ["a", "", "é"])
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_an_output_with_neither_text_nor_tokens_before_the_first_token_makes_no_chunk(chat: bool) -> None:
+    prefill = chunk(0, "", token_ids=[])
+    after = chunk(2, "", token_ids=[], finish_reason="stop")
+    chunks = build(chat, [prefill, chunk(1, "a"), after, final(3, ["stop"])])
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == ([None, None, "stop"] if chat else [None, "stop"])
+
+
+def test_a_chat_stream_opens_with_the_role_of_each_choice_then_deltas_of_content() -> None:
+    events: list[Event] = [chunk(0, "a"), chunk(1, "b", index=1), chunk(2, "c", index=0, finish_reason="stop")]
+    chunks = build(True, [*events, final(3, ["stop", "length"])], n=2)
+    assert [c["choices"][0] for c in chunks] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+        {"index": 1, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+        {"index": 0, "delta": {"content": "a"}, "logprobs": None, "finish_reason": None, "token_ids": None},
+        {"index": 1, "delta": {"content": "b"}, "logprobs": None, "finish_reason": None, "token_ids": None},
+        {
+            "index": 0,
+            "delta": {"content": "c"},
+            "logprobs": None,
+            "finish_reason": "stop",
+            "stop_reason": None,
+            "token_ids": None,
+        },
+        {
+            "index": 1,
+            "delta": {"content": ""},
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "token_ids": None,
+        },
+    ]
+    assert [c.get("prompt_token_ids", "absent") for c in chunks] == [None, None] + ["absent"] * 4
+    assert [c.get("prompt_text", "absent") for c in chunks] == [None, None] + ["absent"] * 4
+    assert [c.get("system_fingerprint") for c in chunks] == [None] * 4 + [SYSTEM_FINGERPRINT] * 2
+    for c in chunks:
+        assert (c["id"], c["object"]) == ("chatcmpl-r1", "chat.completion.chunk")
+
+
+def test_a_chat_stream_resumed_past_its_first_event_does_not_name_the_role_again() -> None:
+    chunks = build(True, [chunk(4, "d"), final(5, ["length"])], role_sent=True)
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "d"}, {"content": ""}]
+
+
+def test_a_chat_stream_that_ends_before_any_token_still_names_the_role_first() -> None:
+    chunks = build(True, [final(0, ["abort"], completion_tokens=0)])
+    assert [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) for c in chunks] == [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": ""}, "abort"),
+    ]
+
+
+def test_a_choice_that_ended_without_a_last_chunk_gets_its_finish_reason_from_the_final_event() -> None:
+    events: list[Event] = [chunk(0, "a", finish_reason="stop"), chunk(1, "b", index=1), final(2, ["stop", "abort"])]
+    tail = build(False, events, n=2)[2:]
+    assert [(c["choices"][0]["index"], c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in tail] == [
+        (1, "", "abort")
+    ]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_usage_comes_in_a_last_chunk_without_choices_only_when_asked(chat: bool) -> None:
+    events: list[Event] = [
+        chunk(0, "a", finish_reason="stop"),
+        final(1, ["stop"], prompt_tokens=5, completion_tokens=1),
+    ]
+    assert all("usage" not in c for c in build(chat, events))
+    chunks = build(chat, events, include_usage=True)
+    last = chunks[-1]
+    assert list(last) == ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
+    assert last["choices"] == []
+    assert last["object"] == ("chat.completion.chunk" if chat else "text_completion")
+    assert list(last["usage"].items()) == [("prompt_tokens", 5), ("total_tokens", 6), ("completion_tokens", 1)]
+    assert all("system_fingerprint" not in c for c in chunks[:-1])  # the usage chunk is the last
+
+
+def test_an_error_event_becomes_an_openai_error_body() -> None:
+    error = ErrorEvent(request_id="r1", seq=4, code="timeout", message="ran past 60 s")
+    assert build(True, [chunk(0, "a"), error])[-1] == {
+        "error": {"message": "timeout: ran past 60 s", "type": "internal_error", "param": None, "code": "timeout"}
+    }
+
+
+def test_text_is_json_escaped() -> None:
+    (only,) = build(False, [chunk(0, 'say "hi"\n\x08 é')])
+    assert only["choices"][0]["text"] == 'say "hi"\n\x08 é'
+
+
+def test_completion_chunks_parse_as_vllm_serves_stream_response() -> None:
+    events: list[Event] = [chunk(0, "a"), chunk(1, ""), chunk(2, "b", finish_reason="stop"), final(3, ["stop"])]
+    for c in build(False, events, include_usage=True):
+        completion_protocol.CompletionStreamResponse.model_validate(c)
+
+
+def test_chat_chunks_parse_as_vllm_serves_stream_response() -> None:
+    events: list[Event] = [chunk(0, "a"), chunk(1, "b"), final(2, ["length"])]
+    parsed = [
+        chat_protocol.ChatCompletionStreamResponse.model_validate(c) for c in build(True, events, include_usage=True)
+    ]
+    assert [p.choices[0].delta.role for p in parsed[:3]] == ["assistant", None, None]
+    assert parsed[3].choices[0].finish_reason == "length"
+    assert parsed[4].usage.total_tokens == 5

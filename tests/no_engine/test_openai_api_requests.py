@@ -1,0 +1,213 @@
+"""OpenAI request bodies (``producer/openai_api/requests.py``): the sampling fields and
+messages map onto a streamq request; a body the gateway serves names its model, how it
+is delivered (streamed, with usage) and the submit arguments; a bad one is refused with
+a reason naming what is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from producer.openai_api.requests import (
+    chat_request_to_submit_kwargs,
+    completion_request_to_submit_kwargs,
+    parse_openai_body,
+)
+from streamq.protocol import InvalidRequest
+
+COMPLETIONS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"model": "m", "prompt": "Hi"}, {"prompt": "Hi"}),
+    ({"prompt": ["Hi"], "max_tokens": 5}, {"prompt": "Hi", "max_tokens": 5}),
+    (
+        {"prompt": "Hi", "temperature": 0, "top_p": 0.5, "n": 2, "seed": 7, "stop": "\n"},
+        {"prompt": "Hi", "temperature": 0.0, "top_p": 0.5, "n": 2, "seed": 7, "stop": ["\n"]},
+    ),
+    (
+        {"prompt": "Hi", "presence_penalty": 0.1, "frequency_penalty": -0.2, "stop": ["a", "b"]},
+        {"prompt": "Hi", "presence_penalty": 0.1, "frequency_penalty": -0.2, "stop": ["a", "b"]},
+    ),
+    (
+        {"prompt": "Hi", "ignore_eos": True, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 2},
+        {"prompt": "Hi", "ignore_eos": True, "top_k": 3, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 2},
+    ),
+    (
+        {"prompt": "Hi", "stream": False, "user": "u", "logprobs": None, "echo": False, "best_of": 1, "suffix": None},
+        {"prompt": "Hi"},
+    ),
+    (
+        {"prompt": "Hi", "stop_token_ids": [1, 2], "skip_special_tokens": False},
+        {
+            "prompt": "Hi",
+            "stop_token_ids": [1, 2],
+            "skip_special_tokens": False,
+        },
+    ),
+    ({"prompt": "Hi", "temperature": None, "stop": None}, {"prompt": "Hi"}),
+    ({"prompt": "Hi", "logprobs": 0}, {"prompt": "Hi", "logprobs": 0}),
+    (
+        {"prompt": "Hi", "logprobs": 3, "prompt_logprobs": 2, "stream": False},
+        {"prompt": "Hi", "logprobs": 3, "prompt_logprobs": 2},
+    ),
+    ({"prompt": "Hi", "prompt_logprobs": 0, "stream": True}, {"prompt": "Hi", "prompt_logprobs": 0}),
+]
+
+CHATS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True},
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": 0},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 5, "prompt_logprobs": 1},
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": 5, "prompt_logprobs": 1},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "logprobs": False, "top_logprobs": 0},
+        {"messages": [{"role": "user", "content": "Hi"}]},
+    ),
+    (
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+        {"messages": [{"role": "user", "content": "Hi"}]},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "max_completion_tokens": 9},
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9},
+    ),
+    (
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    ),
+    (
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief.", "name": "sys"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            ],
+            "n": 3,
+            "seed": 1,
+            "stop": ["x"],
+            "tools": [],
+            "tool_choice": "none",
+            "response_format": {"type": "text"},
+            "logprobs": False,
+            "stream": False,
+        },
+        {
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}],
+            "n": 3,
+            "seed": 1,
+            "stop": ["x"],
+        },
+    ),
+]
+
+BAD_COMPLETIONS: list[tuple[object, str]] = [
+    ([], "must be a JSON object"),
+    ({}, "prompt must be a string"),
+    ({"prompt": ["a", "b"]}, "one prompt per request"),
+    ({"prompt": [1, 2, 3]}, "token-id prompts"),
+    ({"prompt": "Hi", "max_tokens": "ten"}, "max_tokens"),
+    ({"prompt": "Hi", "temperature": "hot"}, "temperature"),
+    ({"prompt": "Hi", "stop": [1]}, "stop"),
+    ({"prompt": "Hi", "logprobs": True}, "logprobs"),
+    ({"prompt": "Hi", "logprobs": -2}, "logprobs"),
+    ({"prompt": "Hi", "logprobs": "2"}, "logprobs"),
+    ({"prompt": "Hi", "prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+    ({"prompt": "Hi", "prompt_logprobs": -1, "stream": True}, "not available when `stream=True`"),
+    ({"prompt": "Hi", "echo": True}, "echo"),
+    ({"prompt": "Hi", "best_of": 3}, "best_of"),
+    ({"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"prompt": "Hi", "suffix": "end"}, "suffix"),
+    ({"prompt": "Hi", "frobnicate": 1}, "frobnicate"),
+    ({"prompt": "Hi", "messages": []}, "messages"),
+    ({"prompt": "Hi", "max_completion_tokens": 5}, "max_completion_tokens"),
+]
+
+BAD_CHATS: list[tuple[object, str]] = [
+    ("text", "must be a JSON object"),
+    ({}, "messages must be a non-empty list"),
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"messages": ["hi"]}, "messages[0] must be an object"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "tool_calls"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "text content parts"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "`logprobs` must be set to true"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 1.5}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": "two"}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), COMPLETIONS)
+def test_completion_body_maps_to_submit_kwargs(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert completion_request_to_submit_kwargs(body) == expected
+
+
+@pytest.mark.parametrize(("body", "expected"), CHATS)
+def test_chat_body_maps_to_submit_kwargs(body: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert chat_request_to_submit_kwargs(body) == expected
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_COMPLETIONS)
+def test_bad_completion_body_is_refused_with_its_reason(body: object, reason: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        completion_request_to_submit_kwargs(body)  # type: ignore[arg-type]
+    assert reason in str(caught.value)
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_CHATS)
+def test_bad_chat_body_is_refused_with_its_reason(body: object, reason: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        chat_request_to_submit_kwargs(body)  # type: ignore[arg-type]
+    assert reason in str(caught.value)
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}
+COMPLETION = {"model": "tiny", "prompt": "Hi"}
+
+
+def test_a_completion_body_names_model_delivery_and_submit_arguments() -> None:
+    parsed = parse_openai_body({**COMPLETION, "max_tokens": 4, "temperature": 0}, chat=False)
+    assert (parsed.chat, parsed.model, parsed.stream, parsed.include_usage) == (False, "tiny", False, False)
+    assert parsed.submit_kwargs == {"prompt": "Hi", "max_tokens": 4, "temperature": 0.0}
+
+
+def test_a_chat_body_streams_with_usage_when_asked() -> None:
+    parsed = parse_openai_body({**CHAT, "stream": True, "stream_options": {"include_usage": True}}, chat=True)
+    assert (parsed.chat, parsed.stream, parsed.include_usage) == (True, True, True)
+    assert parsed.submit_kwargs == {"messages": [{"role": "user", "content": "Hi"}]}
+
+
+def test_usage_is_off_unless_include_usage_is_true() -> None:
+    parsed = parse_openai_body({**CHAT, "stream": True, "stream_options": {"include_usage": False}}, chat=True)
+    assert parsed.include_usage is False
+
+
+BAD_BODIES: list[tuple[object, bool, str]] = [
+    (["not", "an", "object"], False, "must be a JSON object, got list"),
+    ({"prompt": "Hi"}, False, "'model' is required"),
+    ({**COMPLETION, "model": ""}, False, "'model' is required"),
+    ({**COMPLETION, "model": 7}, False, "'model' is required"),
+    ({**COMPLETION, "stream": "yes"}, False, "'stream' must be true or false"),
+    ({**COMPLETION, "stream_options": {"include_usage": True}}, False, "only allowed with stream=true"),
+    ({**CHAT, "stream": True, "stream_options": {"verbose": True}}, True, "takes only include_usage"),
+    ({**CHAT, "stream": True, "stream_options": ["include_usage"]}, True, "takes only include_usage"),
+    ({**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}, True, "continuous_usage_stats"),
+    ({**CHAT, "frobnicate": 1}, True, "unsupported field(s) for /v1/chat/completions: frobnicate"),
+    ({**COMPLETION, "echo": True}, False, "echo=True is not supported"),
+    ({**CHAT, "tools": [{"type": "function"}]}, True, "tools="),
+    ({"model": "tiny", "messages": [{"role": "user"}]}, True, "messages[0].content"),
+    ({"model": "tiny", "messages": "Hi"}, True, "messages must be a non-empty list"),
+]
+
+
+@pytest.mark.parametrize(("body", "chat", "reason"), BAD_BODIES)
+def test_a_bad_body_is_refused_naming_what_is_wrong(body: Any, chat: bool, reason: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_openai_body(body, chat=chat)
+    assert reason in str(caught.value)

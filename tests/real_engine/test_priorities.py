@@ -1,0 +1,214 @@
+"""Priorities and fair share between tenants, on a real worker with two slots.
+
+One module-scoped worker (``--max-num-seqs 2 --scheduling-policy priority``) serves a
+queue of its own. Backlogs are queued with the library's enqueue script in one pipeline,
+so they are in place before a slot frees; what a user observes is read with the
+library: a job's state (``job_state``), its events and its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from producer.client import RequestHandle, StreamqClient, _job_payload
+from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
+from streamq.protocol.names import waiting_key
+from streamq.protocol.scripts import register_script
+from tests.support.events import job_result
+from tests.support.session import MAX_MODEL_LEN
+from tests.support.worker_faults import paused
+
+LONG = {"max_tokens": MAX_MODEL_LEN - 16, "ignore_eos": True}
+"""Holds a slot for the whole context: cancelled by the test, never left to finish."""
+SHORT = {"max_tokens": 2, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def queue() -> str:
+    return f"streamq:queue:prio-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def two_slot_worker(
+    worker_url: str, tiny_model: Path, queue: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    flags += ["--max-num-seqs", "2", "--scheduling-policy", "priority"]
+    log_path = tmp_path_factory.mktemp("prio-worker") / "worker.log"
+    process = WorkerProcess(worker_url, flags, queue=queue, log_path=log_path).start().wait_ready()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+async def prio_client(two_slot_worker: WorkerProcess, producer_url: str) -> AsyncIterator[StreamqClient]:
+    async with await StreamqClient.connect(producer_url, queue=two_slot_worker.queue) as client:
+        yield client
+
+
+async def enqueue_many(redis: aioredis.Redis, queue: str, requests: list[dict[str, Any]]) -> list[str]:
+    """Queue ``requests`` (GenerateRequest fields) in order, in one round trip, with the
+    enqueue script the library runs; returns their ids."""
+    enqueue = register_script(redis, "enqueue")
+    async with redis.pipeline(transaction=False) as pipe:
+        for fields in requests:
+            request = parse_request({"prompt": "Hello there", **fields})
+            request_id = request.request_id
+            keys = [JOB_KEY_PREFIX + request_id, queue, events_channel(request_id)]
+            args = [_job_payload(request), JOB_EXPIRY_MS, request_id, WAKEUP_CHANNEL, queue, -1]
+            args += [f"arq:result:{request_id}", request.priority, request.tenant or "default", 0]
+            await enqueue(keys=keys, args=args, client=pipe)
+        assert await pipe.execute() == [1] * len(requests)
+    return [fields["request_id"] for fields in requests]
+
+
+async def until_state(client: StreamqClient, request_id: str, state: str, timeout_s: float = 120) -> None:
+    async with asyncio.timeout(timeout_s):
+        while await client.job_state(request_id) != state:
+            await asyncio.sleep(0.02)
+
+
+async def states(client: StreamqClient, request_ids: list[str]) -> list[str]:
+    return [await client.job_state(request_id) for request_id in request_ids]
+
+
+async def first_event(handle: RequestHandle) -> None:
+    async with asyncio.timeout(120):
+        async for _ in handle:
+            return
+
+
+async def cancel_all(client: StreamqClient, request_ids: list[str]) -> None:
+    for request_id in request_ids:
+        await client.cancel(request_id, queue=client.queue)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
+    prio_client: StreamqClient, raw_redis: aioredis.Redis, queue: str
+) -> None:
+    """Both slots busy, 200 priority-10 jobs waiting: a priority-0 request submitted last
+    is the next to start (the backlog is all still queued when it sends its first event),
+    then the backlog in its order (FIFO); cancelled, the backlog
+    leaves nothing in the claim's index."""
+    holders = [await prio_client.submit("Hold on", priority=5, **LONG) for _ in range(2)]
+    for holder in holders:
+        await until_state(prio_client, holder.request_id, "running")
+    low = await enqueue_many(
+        raw_redis, queue, [{"request_id": new_id("low"), "priority": 10, "sampling": SHORT} for _ in range(200)]
+    )
+    urgent = await prio_client.submit("Me first", priority=0, **SHORT)
+    assert await states(prio_client, [h.request_id for h in holders]) == ["running", "running"], (
+        "the holders ended before the backlog was queued: the test proves nothing"
+    )
+    try:
+        await holders[0].cancel()
+        await first_event(urgent)
+        assert set(await states(prio_client, low)) == {"queued"}
+        await holders[1].cancel()
+        assert (await urgent.result()).finish_reasons == ["length"]
+        await until_state(prio_client, low[9], "finished")
+        # arq's result of each job records when it started ("st", the worker's clock).
+        started = [(await job_result(raw_redis, request_id))["st"] for request_id in [urgent.request_id, *low[:10]]]
+        assert started == sorted(started), "the backlog did not start in its order"
+    finally:
+        await cancel_all(prio_client, low)
+        for handle in [*holders, urgent]:
+            await handle.close()
+    assert await raw_redis.hlen(f"{queue}:indexed") == 0
+    assert await raw_redis.zcard(waiting_key(queue, 10)) == 0
+    assert await raw_redis.keys(f"{queue}:fifo:*") == []
+
+
+async def test_a_few_jobs_of_one_tenant_do_not_wait_behind_another_tenants_batch(
+    prio_client: StreamqClient, raw_redis: aioredis.Redis, queue: str
+) -> None:
+    """Tenant A queues 300 jobs, tenant B 10 afterwards: B's all finish while most of
+    A's are still waiting (with FIFO they would finish after all 300)."""
+    bulk = await enqueue_many(
+        raw_redis, queue, [{"request_id": new_id("a"), "tenant": "bulk", "sampling": SHORT} for _ in range(300)]
+    )
+    interactive = await enqueue_many(
+        raw_redis, queue, [{"request_id": new_id("b"), "tenant": "chat", "sampling": SHORT} for _ in range(10)]
+    )
+    try:
+        for request_id in interactive:
+            handle = await prio_client.follow(request_id)
+            assert (await handle.result()).finish_reasons == ["length"]
+            await handle.close()
+        finished = (await states(prio_client, bulk)).count("finished")
+        assert finished <= 100, f"{finished} of tenant A's 300 jobs finished before tenant B's 10"
+        assert finished >= 1
+    finally:
+        await cancel_all(prio_client, bulk)
+
+
+async def test_a_job_queued_by_a_bare_zadd_still_runs(prio_client: StreamqClient, raw_redis: aioredis.Redis) -> None:
+    """PROTOCOL.md's raw enqueue without the index steps (as a raw producer or arq's
+    own ``enqueue_job`` queues): found by the claim's scan of arq's queue."""
+    request = parse_request({"request_id": new_id("raw"), "prompt": "Raw", "sampling": SHORT})
+    handle = await prio_client.follow(request.request_id)
+    await raw_redis.set(JOB_KEY_PREFIX + request.request_id, _job_payload(request), px=JOB_EXPIRY_MS)
+    now_s, now_us = await raw_redis.time()
+    await raw_redis.zadd(prio_client.queue, {request.request_id: now_s * 1000 + now_us // 1000})
+    await raw_redis.publish(WAKEUP_CHANNEL, prio_client.queue)
+    assert (await handle.result()).finish_reasons == ["length"]
+    await handle.close()
+
+
+async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
+    two_slot_worker: WorkerProcess,
+    prio_client: StreamqClient,
+    raw_redis: aioredis.Redis,
+    queue: str,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    """A second worker streams a request and is SIGKILLed; with its lease lapsed and 20
+    more urgent jobs queued meanwhile, the two-slot worker takes the request over first
+    (its subscriber waits mid-stream) and finishes it before the backlog."""
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    doomed = WorkerProcess(two_slot_worker.redis_url, flags, queue=queue, log_path=tmp_path / "doomed.log").start()
+    try:
+        deadline = time.monotonic() + 300
+        while "max_jobs set" not in doomed.log_tail(200):  # its engine is up (the queue's health check is not its own)
+            assert doomed.process is not None and doomed.process.poll() is None, doomed.log_tail()
+            assert time.monotonic() < deadline, doomed.log_tail()
+            await asyncio.sleep(0.2)
+        target = new_id("target")
+        backlog: list[str] = []
+        with paused(two_slot_worker):
+            handle = await prio_client.submit(request_id=target, prompt="Keep going", max_tokens=120, ignore_eos=True)
+            async with asyncio.timeout(120):
+                while await raw_redis.xlen(events_channel(target)) < 3:
+                    await asyncio.sleep(0.005)
+            doomed.kill()
+            deadline = time.monotonic() + 30
+            while await prio_client.job_state(target) == "running":  # the lease lapses
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            backlog = await enqueue_many(
+                raw_redis,
+                queue,
+                [{"request_id": new_id("urgent"), "priority": -5, "sampling": LONG} for _ in range(20)],
+            )
+        async with asyncio.timeout(120):
+            completion = await handle.result()
+        assert completion.finish_reasons == ["length"] and completion.completion_tokens == 120
+        finished = (await states(prio_client, backlog)).count("finished")
+        assert finished == 0, f"{finished} of 20 backlog jobs finished before the taken-over request"
+    finally:
+        doomed.kill()
+        await cancel_all(prio_client, backlog)

@@ -1,0 +1,525 @@
+"""Proof under load: a steady stream of requests while workers die, Redis restarts and
+clients cancel, and afterwards every request ended exactly once with exactly its tokens.
+
+Its own persistent Redis (ACL user, AOF) and two real workers on a queue of their own;
+a producer keeps a few requests in flight (plain prompts, chat, stop strings, all at
+temperature 0) and follows each with its ``RequestHandle``, while a witness records
+every event that crosses the wire. A driver with a seeded RNG SIGKILLs a worker (a
+replacement starts, so two run again), restarts Redis or SIGKILLs it (down ``REDIS_DOWN_S``,
+data kept), and the producer cancels some requests. References come first, from an undisturbed run
+of each distinct request through the same workers. The run lasts ``STREAMQ_SOAK_SECONDS``
+(default 120) and writes its figures to ``STREAMQ_SOAK_REPORT`` (default
+``bench/results/soak.json``); ``STREAMQ_SOAK_SEED`` repeats its random choices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.chaos import EventWitness, Gate, WorkerFleet, percentile, restart_redis
+from devkit.redis_server import RedisServer
+from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from producer.client import RequestHandle, StreamqClient
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
+from tests.support.session import MAX_MODEL_LEN
+
+SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "120"))
+SEED = int(os.environ.get("STREAMQ_SOAK_SEED") or random.SystemRandom().randrange(2**32))
+REPORT_PATH = Path(os.environ.get("STREAMQ_SOAK_REPORT", "bench/results/soak.json"))
+QUEUE = "streamq:queue:soak"
+CONCURRENCY = 5
+CANCEL_PROBABILITY = 0.12
+REDIS_DOWN_S = 8.0
+REDIS_FAULTS = ("redis_restart", "redis_crash")
+"""Redis stopped (SIGTERM: it writes what it holds and exits) or killed (SIGKILL). Its
+append-only file is fsynced at every write (``appendfsync always``), so either way it comes
+back with every write it acknowledged (see docs/reliability.md)."""
+FAULTS = tuple((os.environ.get("STREAMQ_SOAK_FAULTS") or ",".join(("kill", *REDIS_FAULTS))).split(","))
+"""A worker SIGKILLed (engine processes too), and the Redis faults; each happens at least
+once. ``STREAMQ_SOAK_FAULTS`` (comma-separated) runs a subset, in this order: with a seed,
+``kill,redis_restart`` repeats the schedule of a run from before Redis was also SIGKILLed."""
+FAULT_GAP_S = (15.0, 30.0)
+"""Seconds between two faults (uniform). A kill needs two workers serving: the first
+waits for them, a later one becomes a Redis restart while a replacement still starts."""
+DRAIN_S = 150.0
+"""After the soak, how long the requests still in flight may take to end."""
+NEVER = "@@ no such words @@"
+"""A stop string the tiny model never writes: vLLM holds back text while it might form."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One distinct request; the soak submits it many times under fresh ids."""
+
+    name: str
+    request: dict[str, Any]
+
+    @property
+    def runs_to_max_tokens(self) -> bool:
+        return bool(self.request.get("ignore_eos")) and self.request.get("stop") in (None, [NEVER])
+
+
+def chat(*turns: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"role": role, "content": content} for role, content in turns]
+
+
+BASE_SPECS = [
+    Spec("plain-200", {"prompt": "The future of artificial intelligence is", "max_tokens": 200, "ignore_eos": True}),
+    Spec("plain-120", {"prompt": "In a galaxy far, far away", "max_tokens": 120, "ignore_eos": True}),
+    Spec("plain-40", {"prompt": "A queue decouples producers from", "max_tokens": 40, "ignore_eos": True}),
+    Spec("plain-eos", {"prompt": "Hello! How are you today?", "max_tokens": 160}),
+    Spec("key-180", {"prompt": "The key to happiness is", "max_tokens": 180, "ignore_eos": True}),
+    Spec(
+        "chat-150",
+        {
+            "messages": chat(("system", "You are terse."), ("user", "Tell me about the stars.")),
+            "max_tokens": 150,
+            "ignore_eos": True,
+        },
+    ),
+    Spec("chat-60", {"messages": chat(("user", "How are you today?")), "max_tokens": 60}),
+    Spec("held-back", {"prompt": "Redis streams carry tokens", "max_tokens": 180, "ignore_eos": True, "stop": [NEVER]}),
+]
+STOP_SPECS_FROM = {"stop-plain": "key-180", "stop-chat": "chat-150"}
+"""Requests with a stop string taken from the middle of their base request's answer."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a subscriber assembles from a request's events."""
+
+    text: str
+    token_ids: list[int]
+    finish_reasons: list[str | None]
+
+
+@dataclass
+class Run:
+    """One request of the soak, as its handle saw it."""
+
+    request_id: str
+    spec: Spec
+    submitted_at: float = 0.0
+    events: list[tuple[float, Event]] = field(default_factory=list)
+    error: str | None = None
+    cancel_at: float | None = None
+    cancel_outcome: str | None = None
+
+    def ended_by(self, at: float) -> bool:
+        return any(isinstance(event, FinalEvent | ErrorEvent) and seen <= at for seen, event in self.events)
+
+    def next_event_after(self, at: float) -> float | None:
+        return next((seen for seen, _ in self.events if seen > at), None)
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    in_flight: list[Run]
+    detail: str = ""
+    down_at: float | None = None
+    """Redis restarts: when the server had stopped (events may flow while it shuts down)."""
+    back_at: float | None = None
+
+
+def answer_of(events: list[Event]) -> Answer:
+    chunks = [e for e in events if isinstance(e, ChunkEvent)]
+    last = events[-1] if events else None
+    reasons = last.finish_reasons if isinstance(last, FinalEvent) else []
+    return Answer("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], reasons)
+
+
+def stop_string_within(text: str) -> str | None:
+    """A 5-character piece of ``text`` from its middle that does not occur earlier."""
+    for start in range(len(text) * 2 // 5, len(text) * 4 // 5):
+        piece = text[start : start + 5]
+        if len(piece) == 5 and piece.strip() and text.find(piece) == start:
+            return piece
+    return None
+
+
+async def undisturbed(client: StreamqClient, spec: Spec) -> Answer:
+    handle = await client.submit(request_id=f"soak-ref-{spec.name}-{uuid.uuid4().hex}", temperature=0, **spec.request)
+    async with asyncio.timeout(60):
+        events = [event async for event in handle]
+    assert [e.seq for e in events] == list(range(len(events))), spec.name
+    assert isinstance(events[-1], FinalEvent), f"{spec.name}: {events[-1]}"
+    return answer_of(events)
+
+
+async def references(client: StreamqClient) -> tuple[list[Spec], dict[str, Answer]]:
+    """Every distinct request and its undisturbed answer, run before any fault."""
+    specs = list(BASE_SPECS)
+    answers = {spec.name: await undisturbed(client, spec) for spec in specs}
+    for name, base_name in STOP_SPECS_FROM.items():
+        base = next(spec for spec in specs if spec.name == base_name)
+        stop = stop_string_within(answers[base_name].text)
+        assert stop is not None, f"no stop string in {answers[base_name].text!r}"
+        spec = replace(base, name=name, request={**base.request, "stop": [stop]})
+        answers[name] = await undisturbed(client, spec)
+        assert answers[name].finish_reasons == ["stop"], f"{name}: {answers[name]}"
+        specs.append(spec)
+    return specs, answers
+
+
+def check(run: Run, logged: list[Event], wire: list[Event], expected: Answer) -> tuple[list[str], bool, bool]:
+    """What is wrong with one request: (problems, lost, duplicated)."""
+    problems: list[str] = []
+    seqs = [event.seq for event in logged]
+    terminals = [event for event in logged if isinstance(event, FinalEvent | ErrorEvent)]
+    lost = not terminals or not run.ended_by(float("inf"))
+    duplicated = len(terminals) > 1 or len(set(seqs)) != len(seqs)
+    if seqs != list(range(len(seqs))):
+        problems.append(f"replay log seqs not contiguous from 0: {seqs}")
+    if not terminals:
+        problems.append("no final or error event in the replay log")
+    elif terminals != [logged[-1]]:
+        problems.append(f"{len(terminals)} terminal events, or one before the end: {terminals}")
+    if run.cancel_outcome and run.cancel_outcome.startswith("raised"):
+        problems.append(f"cancel() {run.cancel_outcome}")
+    if run.error is not None:
+        problems.append(f"the handle raised {run.error}")
+    elif not run.ended_by(float("inf")):
+        problems.append("the handle never saw the end")
+    elif [event for _, event in run.events] != logged:
+        problems.append("the handle's events differ from the replay log's")
+    by_seq = {event.seq: event for event in logged}
+    wire_seqs = [event.seq for event in wire]
+    if len(set(wire_seqs)) != len(wire_seqs):
+        duplicated = True
+        problems.append(f"events published twice: seqs {sorted(s for s in set(wire_seqs) if wire_seqs.count(s) > 1)}")
+    strays = [event for event in wire if by_seq.get(event.seq) != event]
+    if strays:
+        duplicated = True
+        problems.append(f"published events that the log does not hold: {strays[:3]}")
+    if problems or not terminals:
+        return problems, lost, duplicated
+
+    final = logged[-1]
+    if isinstance(final, ErrorEvent):
+        return [f"ended with an error: {final.code}: {final.message}"], lost, duplicated
+    assert isinstance(final, FinalEvent)
+    got = answer_of(logged)
+    attempts = sorted({event.attempt for event in logged})
+    if final.completion_tokens != len(got.token_ids):
+        problems.append(f"completion_tokens {final.completion_tokens} but {len(got.token_ids)} tokens sent")
+    if got.finish_reasons == ["cancelled"]:
+        if run.cancel_at is None:
+            problems.append("cancelled, but nobody cancelled it")
+        if got.token_ids != expected.token_ids[: len(got.token_ids)] or not expected.text.startswith(got.text):
+            problems.append(f"cancelled output is not a prefix of the undisturbed answer (attempts {attempts})")
+        return problems, lost, duplicated
+    if got != expected:
+        at = next((i for i, (a, b) in enumerate(zip(got.token_ids, expected.token_ids, strict=False)) if a != b), None)
+        problems.append(
+            f"answer differs from the undisturbed run (attempts {attempts}, first differing token {at}, "
+            f"{len(got.token_ids)} vs {len(expected.token_ids)} tokens, {got.finish_reasons} vs "
+            f"{expected.finish_reasons}): {got.text!r} != {expected.text!r}"
+        )
+    if run.spec.runs_to_max_tokens and final.completion_tokens != run.spec.request["max_tokens"]:
+        problems.append(f"{final.completion_tokens} tokens, not max_tokens {run.spec.request['max_tokens']}")
+    return problems, lost, duplicated
+
+
+class Soak:
+    """The producer and the chaos driver of one run, and what they recorded."""
+
+    def __init__(self, server: RedisServer, fleet: WorkerFleet, client: StreamqClient, specs: list[Spec]) -> None:
+        self.server, self.fleet, self.client, self.specs = server, fleet, client, specs
+        self.gate = Gate()
+        self.runs: list[Run] = []
+        self.faults: list[Fault] = []
+        self.started = time.monotonic()
+        self.ends = self.started + SOAK_SECONDS
+
+    def in_flight(self, at: float) -> list[Run]:
+        return [run for run in self.runs if run.submitted_at and not run.ended_by(at)]
+
+    async def produce(self, index: int) -> None:
+        rng = random.Random(f"{SEED}-producer-{index}")
+        count = 0
+        while time.monotonic() < self.ends:
+            count += 1
+            run = Run(f"soak-{index}-{count}-{uuid.uuid4().hex[:8]}", rng.choice(self.specs))
+            forced = index == 0 and count == 2  # at least one cancel per run
+            cancel_after = rng.uniform(0.0, 1.0) if forced or rng.random() < CANCEL_PROBABILITY else None
+            self.runs.append(run)
+            async with self.gate:
+                run.submitted_at = time.monotonic()
+                handle = await self.client.submit(request_id=run.request_id, temperature=0, **run.spec.request)
+            canceller = asyncio.create_task(self.cancel_later(handle, run, cancel_after)) if cancel_after else None
+            try:
+                async for event in handle:
+                    run.events.append((time.monotonic(), event))
+            except Exception as exc:
+                run.error = repr(exc)
+            finally:
+                if canceller is not None:
+                    await canceller
+
+    async def cancel_later(self, handle: RequestHandle, run: Run, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if handle.done:
+            return
+        async with self.gate:
+            run.cancel_at = time.monotonic()
+            try:
+                run.cancel_outcome = await handle.cancel()
+            except Exception as exc:
+                run.cancel_outcome = f"raised {exc!r}"
+
+    async def chaos(self) -> None:
+        rng = random.Random(f"{SEED}-chaos")
+        pending = list(FAULTS)
+        rng.shuffle(pending)
+        due = rng.uniform(8.0, 15.0)
+        while pending or due < SOAK_SECONDS - 20:
+            kind = pending.pop(0) if pending else rng.choice(FAULTS)
+            await asyncio.sleep(max(0.0, self.started + due - time.monotonic()))
+            if kind == "kill" and not pending and len(self.fleet.serving()) < 2:
+                kind = "redis_restart"  # a replacement engine can take minutes to start under load
+            if kind == "kill":
+                await self.fleet.wait_serving(2)
+                at = time.monotonic()
+                fault = Fault(kind, at, self.in_flight(at))
+                fault.detail = str((await self.fleet.kill_one(rng, self.client.redis)).log_path)
+            else:
+                await self.gate.close()
+                at = time.monotonic()
+                fault = Fault(kind, at, self.in_flight(at))
+                try:
+                    crash = kind == "redis_crash"
+                    fault.down_at, fault.back_at = await restart_redis(self.server, REDIS_DOWN_S, crash=crash)
+                finally:
+                    self.gate.open()
+            self.faults.append(fault)
+            print(
+                f"fault at {at - self.started:.1f}s: {kind} {fault.detail} ({len(fault.in_flight)} requests in flight)",
+                flush=True,
+            )
+            due = max(due + rng.uniform(*FAULT_GAP_S), time.monotonic() - self.started + 5.0)
+
+    async def run(self) -> None:
+        producers = [asyncio.create_task(self.produce(i)) for i in range(CONCURRENCY)]
+        driver = asyncio.create_task(self.chaos())
+        try:
+            await asyncio.wait_for(driver, timeout=SOAK_SECONDS + 240)
+            done, pending = await asyncio.wait(producers, timeout=max(self.ends - time.monotonic(), 0) + DRAIN_S)
+            for task in done:
+                task.result()
+        finally:
+            for task in [*producers, driver]:
+                task.cancel()
+            await asyncio.gather(*producers, driver, return_exceptions=True)
+
+
+def worker_lines(fleet: WorkerFleet, request_id: str, limit: int = 12) -> str:
+    """Each worker log's lines about ``request_id``, for a failure report."""
+    out = []
+    for worker in fleet.live + fleet.killed:
+        lines = [line for line in worker.log_path.read_text(errors="replace").splitlines() if request_id in line]
+        if lines:
+            out.append(f"  {worker.log_path}:\n" + "\n".join("    " + line for line in lines[-limit:]))
+    return "\n".join(out)
+
+
+def recovery_times(
+    faults: list[Fault], kind: str, *, interrupted: bool = False, from_back: bool = False
+) -> list[float]:
+    """Per fault of ``kind`` and request in flight then: seconds from the fault to the
+    request's stream going on. That is its first event from a newer attempt if it moved
+    before the next fault (it was interrupted), else its next event (for a Redis restart,
+    the next one after the server was gone). ``interrupted``: only requests that moved;
+    ``from_back``: counted from Redis answering again."""
+    times = []
+    for index, fault in enumerate(faults):
+        if fault.kind != kind:
+            continue
+        horizon = faults[index + 1].at if index + 1 < len(faults) else float("inf")
+        after = fault.down_at or fault.at
+        start = fault.back_at if from_back and fault.back_at is not None else fault.at
+        for run in fault.in_flight:
+            attempt = max((e.attempt for seen, e in run.events if seen <= fault.at), default=1)
+            moved = next((seen for seen, e in run.events if fault.at < seen < horizon and e.attempt > attempt), None)
+            went_on = moved if moved is not None else run.next_event_after(after)
+            if went_on is not None and (moved is not None or not interrupted):
+                times.append(went_on - start)
+    return times
+
+
+def seconds(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "p50": None, "max": None}
+    return {"n": len(values), "p50": round(percentile(values, 0.5), 3), "max": round(max(values), 3)}
+
+
+def summarize(
+    soak: Soak,
+    witness: EventWitness,
+    logged: dict[str, list[Event]],
+    expected: dict[str, Answer],
+    exits: dict[str, int],
+) -> tuple[dict[str, Any], list[str]]:
+    """The run's figures, and what went wrong with each request that did (with the
+    worker log lines about it)."""
+    fleet = soak.fleet
+    failures: list[str] = []
+    lost = duplicated = 0
+    for run in soak.runs:
+        wire = [decode_event(json.dumps(seen.event)) for seen in witness.events.get(run.request_id, [])]
+        problems, was_lost, was_duplicated = check(run, logged[run.request_id], wire, expected[run.spec.name])
+        lost += was_lost
+        duplicated += was_duplicated
+        if problems:
+            failures.append(
+                f"{run.request_id} ({run.spec.name}, cancel {run.cancel_outcome}):\n  "
+                + "\n  ".join(problems)
+                + "\n"
+                + worker_lines(fleet, run.request_id)
+            )
+
+    finals = [run.events[-1][1] for run in soak.runs if run.events and isinstance(run.events[-1][1], FinalEvent)]
+    cancelled = [run for run in soak.runs if run.cancel_at is not None]
+    recovery = {kind: recovery_times(soak.faults, kind) for kind in ("kill", *REDIS_FAULTS)}
+    taken_over_after_kill = recovery_times(soak.faults, "kill", interrupted=True)
+    after_redis_back = [t for kind in REDIS_FAULTS for t in recovery_times(soak.faults, kind, from_back=True)]
+    report = {
+        "seed": SEED,
+        "soak_s": SOAK_SECONDS,
+        "requests": len(soak.runs),
+        "completed": sum(1 for e in finals if e.finish_reasons != ["cancelled"]),
+        "cancelled": sum(1 for e in finals if e.finish_reasons == ["cancelled"]),
+        "tokens": sum(e.completion_tokens for e in finals),
+        "taken_over": sum(1 for run in soak.runs if any(event.attempt > 1 for _, event in run.events)),
+        "faults": {
+            "kill": sum(1 for f in soak.faults if f.kind == "kill"),
+            "redis_restart": sum(1 for f in soak.faults if f.kind == "redis_restart"),
+            "redis_crash": sum(1 for f in soak.faults if f.kind == "redis_crash"),
+            "cancel": len(cancelled),
+        },
+        "lost": lost,
+        "duplicated": duplicated,
+        "failed": len(failures),
+        "recovery_s": {
+            "all": seconds([t for times in recovery.values() for t in times]),
+            "kill": seconds(recovery["kill"]),
+            "kill_taken_over_requests": seconds(taken_over_after_kill),
+            "redis_restart": seconds(recovery["redis_restart"]),
+            "redis_crash": seconds(recovery["redis_crash"]),
+            "redis_restart_from_back": seconds(after_redis_back),
+        },
+        "redis_down_s": REDIS_DOWN_S,
+        "cancel_to_end_s": seconds(
+            [
+                run.events[-1][0] - run.cancel_at
+                for run in cancelled
+                if run.cancel_at is not None and run.events and run.events[-1][0] > run.cancel_at
+            ]
+        ),
+        "worker_exits": exits,
+        "jobs_started_per_worker": {
+            str(w.log_path): w.log_path.read_text(errors="replace").count(" started (attempt ")
+            for w in fleet.live + fleet.killed
+        },
+    }
+    rec = {
+        kind: {k: "-" if v is None else v for k, v in figures.items()} for kind, figures in report["recovery_s"].items()
+    }
+    line = (
+        f"soak: seed {SEED}, {SOAK_SECONDS:.0f}s, {report['requests']} requests ({report['completed']} completed, "
+        f"{report['cancelled']} cancelled, {report['taken_over']} taken over), "
+        f"faults: {report['faults']['kill']} worker SIGKILLs, {report['faults']['redis_restart']} Redis restarts "
+        f"and {report['faults']['redis_crash']} Redis "
+        f"SIGKILLs ({REDIS_DOWN_S:.0f}s down), "
+        f"{report['faults']['cancel']} cancels; lost {lost}, duplicated {duplicated}, failed {len(failures)}; "
+        f"recovery p50 {rec['all']['p50']}s max {rec['all']['max']}s (SIGKILL p50 {rec['kill']['p50']}s max "
+        f"{rec['kill']['max']}s, of the requests it interrupted p50 {rec['kill_taken_over_requests']['p50']}s max "
+        f"{rec['kill_taken_over_requests']['max']}s; Redis restart p50 {rec['redis_restart']['p50']}s max "
+        f"{rec['redis_restart']['max']}s, Redis SIGKILL p50 {rec['redis_crash']['p50']}s max "
+        f"{rec['redis_crash']['max']}s, from Redis back p50 {rec['redis_restart_from_back']['p50']}s max "
+        f"{rec['redis_restart_from_back']['max']}s)"
+    )
+    report["line"] = line
+    return report, failures
+
+
+async def settled_leftovers(raw: aioredis.Redis) -> tuple[int, list[bytes]]:
+    """Jobs still queued and leases still held once every request has ended, after at
+    most a moment: arq's bookkeeping (the job off its queue, its lease deleted) follows
+    the final event. An attempt that stalled past its lease while another took its request
+    over and ended it must not take the vanished lease back on waking (``renew_leases``)."""
+    deadline = time.monotonic() + 2
+    while True:
+        leftovers = await raw.zcard(QUEUE), [k async for k in raw.scan_iter(IN_PROGRESS_PREFIX + "*")]
+        if leftovers == (0, []) or time.monotonic() > deadline:
+            return leftovers
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(int(SOAK_SECONDS + DRAIN_S + 420))
+# NOTE: across Redis restarts redis-py can leave one socket of a failed reconnect to the
+# garbage collector (ResourceWarning: unclosed StreamWriter). A resource leak of the
+# client library, not a delivery fault: this test is about delivery; it is tracked apart.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_every_request_ends_exactly_once_with_its_tokens_under_chaos(tiny_model: Path, tmp_path: Path) -> None:
+    assert set(FAULTS) <= {"kill", *REDIS_FAULTS}, f"unknown faults in $STREAMQ_SOAK_FAULTS: {FAULTS}"
+    print(f"soak seed {SEED} (STREAMQ_SOAK_SEED={SEED} replays the schedule), {SOAK_SECONDS:.0f}s", flush=True)
+    server = RedisServer(persistent=True, user="soak", password=uuid.uuid4().hex)
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+
+    def make(log_path: Path) -> WorkerProcess:
+        return WorkerProcess(server.url, flags, queue=QUEUE, log_path=log_path)
+
+    fleet = WorkerFleet(make, tmp_path)
+    with server:
+        try:
+            fleet.start_one()
+            fleet.start_one()
+            await fleet.wait_serving(2)
+            async with await StreamqClient.connect(server.url, queue=QUEUE) as client:
+                specs, expected = await references(client)
+                witness = EventWitness(server.url)
+                await witness.start()
+                soak = Soak(server, fleet, client, specs)
+                try:
+                    await soak.run()
+                finally:
+                    await witness.stop()
+                raw = aioredis.Redis.from_url(server.url)
+                try:
+                    log = ReplayLog(raw)
+                    logged = {
+                        run.request_id: [decode_event(e) for e in await log.read(run.request_id)] for run in soak.runs
+                    }
+                    leftovers = await settled_leftovers(raw)
+                finally:
+                    await raw.aclose()
+            unexpected = [str(w.log_path) for w in fleet.unexpected_exits()]
+            exits = fleet.stop_all()
+        finally:
+            fleet.kill_all()
+
+    report, failures = summarize(soak, witness, logged, expected, exits)
+    print(report["line"], flush=True)
+    REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    REPORT_PATH.write_text(json.dumps(report, indent=2) + "\n")
+
+    assert not failures, f"{len(failures)} of {len(soak.runs)} requests went wrong:\n" + "\n".join(failures[:15])
+    assert report["lost"] == 0 and report["duplicated"] == 0
+    assert all(report["faults"][kind] >= 1 for kind in (*FAULTS, "cancel")), report["faults"]
+    assert leftovers == (0, []), f"left queued / in progress: {leftovers}"
+    assert not unexpected, f"workers exited by themselves: {unexpected}"
+    assert all(code == 0 for code in exits.values()), exits
