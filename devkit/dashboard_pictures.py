@@ -37,7 +37,8 @@ from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
-from producer.client import RequestError, RequestHandle, StreamqClient
+from producer.client import RequestHandle, StreamqClient
+from producer.errors import RequestError
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
 
 MODEL = "tiny-llama"

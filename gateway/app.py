@@ -28,7 +28,8 @@ from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from gateway.key_metrics import key_usage_exposition
 from gateway.request_status import error_response, status_response
 from gateway.sse import DONE, SseEncoder, SseResponse
-from producer.client import RequestError, RequestHandle, StreamqClient
+from producer.client import RequestHandle, StreamqClient
+from producer.errors import RequestError
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request

@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from producer import tenants_cli
-from producer.client import Completion, RequestError, StreamqClient, StreamqError
+from producer.client import Completion, StreamqClient
+from producer.errors import RequestError, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option

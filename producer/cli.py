@@ -21,7 +21,8 @@ from rich.live import Live
 from rich.text import Text
 
 from producer import batch, keys_cli, status_cli, tenants_cli
-from producer.client import RequestError, RequestHandle, StreamqClient, StreamqError
+from producer.client import RequestHandle, StreamqClient
+from producer.errors import RequestError, StreamqError
 from producer.structured_args import add_structured_output_arguments, structured_outputs_from_args
 from streamq.broker.connection import add_connection_options, redis_url_from_args, request_id_argument
 from streamq.protocol import (

@@ -31,7 +31,8 @@ from starlette.types import Receive, Scope, Send
 from gateway.dashboard.sampler import DashboardSampler
 from gateway.request_status import check_request_id, error_response, request_not_found, status_response
 from gateway.sse import SseResponse
-from producer.client import RequestHandle, StreamqClient, StreamqError
+from producer.client import RequestHandle, StreamqClient
+from producer.errors import StreamqError
 from streamq.protocol import ErrorCode, ErrorEvent, Event, encode_event
 
 logger = logging.getLogger("streamq.gateway.dashboard")

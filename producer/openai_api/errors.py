@@ -13,7 +13,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.client import DuplicateRequest, NoLiveWorker, QueueFull, RequestError, StreamqError, UnknownModel
+from producer.errors import DuplicateRequest, NoLiveWorker, QueueFull, RequestError, StreamqError, UnknownModel
 from streamq.protocol import ErrorCode, InvalidRequest
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from producer.client import InvalidParameter
+from producer.errors import InvalidParameter
 from streamq.protocol import MAX_PROMPT_CHARS
 
 DEFAULT_MAX_N: Final = 16

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import msgspec
 
-from producer.client import InvalidParameter
+from producer.errors import InvalidParameter
 from streamq.protocol import TokenLogprob, TopLogprob
 
 

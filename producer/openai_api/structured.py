@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import msgspec
 
-from producer.client import InvalidParameter
+from producer.errors import InvalidParameter
 from streamq.protocol import StructuredOutputs
 
 _REMOVED_GUIDED_FIELDS: Final = {

@@ -15,7 +15,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.progress import Progress
 
 from producer.batch import BatchLine, BatchRun, done_keys, read_batch
-from producer.client import Completion, NoLiveWorker, RequestError, UnknownModel
+from producer.client import Completion
+from producer.errors import NoLiveWorker, RequestError, UnknownModel
 from streamq.protocol import ErrorCode
 
 

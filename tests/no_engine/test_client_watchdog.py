@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from producer.client import MissingEvents, RequestLost, StreamqClient
+from producer.client import StreamqClient
+from producer.errors import MissingEvents, RequestLost
 from streamq.broker.replay_log import LogEvent, ReplayLog
 from streamq.protocol import JOB_KEY_PREFIX, ChunkEvent, encode_event, events_channel
 from tests.support.events import lose_writes

@@ -6,7 +6,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.client import (
+from producer.errors import (
     DuplicateRequest,
     InvalidParameter,
     MissingEvents,

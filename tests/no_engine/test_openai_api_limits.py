@@ -9,7 +9,7 @@ import pytest
 
 from gateway.__main__ import build_parser as gateway_parser
 from producer.cli import build_parser as cli_parser
-from producer.client import InvalidParameter
+from producer.errors import InvalidParameter
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import (
     DEFAULT_MAX_N,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from producer.client import InvalidParameter
+from producer.errors import InvalidParameter
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.requests import chat_request_to_submit_kwargs, completion_request_to_submit_kwargs
 from streamq.protocol import StructuredOutputs, parse_request

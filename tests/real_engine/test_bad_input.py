@@ -12,7 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
-from producer.client import RequestError, StreamqClient
+from producer.client import StreamqClient
+from producer.errors import RequestError
 from streamq.protocol import (
     BAD_PAYLOAD_MARKER,
     DEFAULT_QUEUE,

@@ -32,7 +32,8 @@ from playwright.sync_api import Error as PlaywrightError
 from devkit.browser import CHROMIUM, launch_chromium
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
-from producer.client import RequestError, RequestHandle, StreamqClient
+from producer.client import RequestHandle, StreamqClient
+from producer.errors import RequestError
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
 from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY

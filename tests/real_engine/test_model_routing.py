@@ -19,7 +19,8 @@ import redis.asyncio as aioredis
 
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
-from producer.client import NoLiveWorker, QueueFull, RequestError, StreamqClient, UnknownModel
+from producer.client import StreamqClient
+from producer.errors import NoLiveWorker, QueueFull, RequestError, UnknownModel
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
 from tests.support.session import MAX_MODEL_LEN

@@ -19,7 +19,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
-from producer.client import DuplicateRequest, StreamqClient
+from producer.client import StreamqClient
+from producer.errors import DuplicateRequest
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import JOB_KEY_PREFIX, FinalEvent, events_channel
 from tests.support.events import assert_well_formed, capture_events, job_result

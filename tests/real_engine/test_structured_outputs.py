@@ -24,7 +24,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
-from producer.client import RequestError, StreamqClient
+from producer.client import StreamqClient
+from producer.errors import RequestError
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL, StructuredOutputs
 from tests.support.events import assert_well_formed, capture_events
 from tests.support.schemas import PERSON

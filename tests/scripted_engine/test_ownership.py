@@ -27,7 +27,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from devkit.redis_server import FreezingProxy, RedisServer
-from producer.client import MissingEvents, RequestHandle, StreamqClient
+from producer.client import RequestHandle, StreamqClient
+from producer.errors import MissingEvents
 from streamq.broker.connection import redis_settings_for
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
