@@ -312,11 +312,17 @@ class RequestHandle:
         return None
 
     async def _events(self) -> AsyncIterator[Event]:
+        """The events, then the handle closed; a loop left early (``break``) leaves it open,
+        for another loop or ``result()``, until ``close()`` or the end of ``async with``."""
         try:
             while (event := await self._next_event()) is not None:
                 yield event
-        finally:
+        except GeneratorExit:
+            raise
+        except BaseException:
             await self.close()
+            raise
+        await self.close()
 
     async def cancel(self) -> CancelOutcome:
         """Cancel the request (see ``StreamqClient.cancel``); its stream ends with a

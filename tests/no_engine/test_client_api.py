@@ -207,3 +207,19 @@ async def test_leaving_async_with_cancels_an_unfinished_request_with_cancel_on_c
     async with await client.submit("Hello", request_id=request_id, cancel_on_close=True):
         pass
     assert await was_cancelled(client, request_id)
+
+
+async def test_a_loop_left_early_leaves_the_handle_open_for_the_rest(
+    client: StreamqClient, raw_redis: aioredis.Redis, request_id: str
+) -> None:
+    """``break`` out of ``async for`` (say, at the first event) and the handle still
+    follows the request: ``result()`` gathers what comes after, at once."""
+    handle = await client.submit("Hello", request_id=request_id)
+    await play_worker(raw_redis, request_id, "Hel", final=False)
+    async for event in handle:
+        assert isinstance(event, ChunkEvent) and event.text == "Hel"
+        break
+    await asyncio.sleep(0)  # the abandoned loop's generator is finalized
+    await play_worker(raw_redis, request_id, "lo")
+    completion = await handle.result(timeout=5)
+    assert completion.text == "lo" and completion.finish_reasons == ["stop"] and handle.done

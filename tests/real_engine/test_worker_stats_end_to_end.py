@@ -19,6 +19,7 @@ from producer.client import StreamqClient
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
 from streamq.protocol.worker_stats import RecentEnd, WorkerStats
+from tests.support.session import MAX_MODEL_LEN
 
 TIMEOUT_S = 60.0
 T = TypeVar("T")
@@ -53,7 +54,11 @@ async def test_a_running_request_is_reported_and_its_end_counted(
 ) -> None:
     before = await until(lambda: report_of(raw_redis, worker), "the session worker's first report")
     assert before.stopped_ms is None and before.host and before.started_ms > 0
-    handle = await client.submit("Once upon a time", max_tokens=900, ignore_eos=True, tenant="team-a", priority=3)
+    # Eight completions of a whole context: seconds of work for the tiny model, so that
+    # reports (one a second) see it running at least twice.
+    handle = await client.submit(
+        "Once upon a time", n=8, max_tokens=MAX_MODEL_LEN - 24, ignore_eos=True, tenant="team-a", priority=3
+    )
     events: list[Event] = []
 
     async def follow() -> None:
@@ -79,7 +84,8 @@ async def test_a_running_request_is_reported_and_its_end_counted(
         await asyncio.wait_for(follower, TIMEOUT_S)
     assert counts == sorted(counts), "tokens so far never go back"
     final = events[-1]
-    assert isinstance(final, FinalEvent) and final.finish_reasons in (["cancelled"], ["length"])
+    assert isinstance(final, FinalEvent) and len(final.finish_reasons) == 8
+    assert set(final.finish_reasons) <= {"cancelled", "length"}
     assert final.completion_tokens >= counts[-1]
     assert sum(len(e.token_ids) for e in events if isinstance(e, ChunkEvent)) == final.completion_tokens
 
