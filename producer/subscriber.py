@@ -16,6 +16,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -127,6 +128,9 @@ class EventSubscriber:
         self._queues: dict[str, list[Inbox]] = defaultdict(list)
         self._confirmations: dict[str, asyncio.Future[None]] = {}
         self._start_lock = asyncio.Lock()
+        self._ready_writer: object | None = None
+        """The socket (its stream writer) on which the pub/sub connection last finished its
+        handshake and resubscribed: the only one other coroutines write to."""
 
     async def _ensure_started(self) -> PubSub:
         async with self._start_lock:
@@ -135,6 +139,9 @@ class EventSubscriber:
                 # A channel of our own keeps the connection subscribed (and the reader
                 # alive) while no request is being followed.
                 await pubsub.subscribe(SUBSCRIBER_CHANNEL_PREFIX + uuid.uuid4().hex)
+                assert pubsub.connection is not None, "subscribing connected it"
+                pubsub.connection.register_connect_callback(self._on_connect)
+                self._on_connect(pubsub.connection)
                 self._pubsub = pubsub
                 self._reader = asyncio.create_task(self._read(pubsub), name="event-subscriber")
             return self._pubsub
@@ -162,21 +169,16 @@ class EventSubscriber:
         return queue
 
     async def _subscribe_until_confirmed(self, pubsub: PubSub, channel: str, confirmed: asyncio.Future[None]) -> None:
-        """Send SUBSCRIBE only on a live connection. While the reader reconnects (Redis
-        restarting), a second coroutine connecting the same socket would race it (two
-        readers of one stream); instead the channel joins the pub/sub object's set, which
-        the reconnect resubscribes, and that confirms it. Asked again until confirmed."""
+        """Ask for the subscription until Redis confirms it (the reader routes the
+        confirmation). The channel joins the pub/sub object's set, which every reconnect
+        resubscribes; SUBSCRIBE is written only while the connection is ready."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._reconnect_for_s
+        key = _channel_key(pubsub, channel)
         while True:
-            connection = pubsub.connection
-            if connection is not None and connection.is_connected:
-                try:
-                    await pubsub.subscribe(channel)
-                except (RuntimeError, RedisConnectionError, RedisTimeoutError, OSError):
-                    pubsub.channels[_channel_key(pubsub, channel)] = None
-            else:
-                pubsub.channels[_channel_key(pubsub, channel)] = None
+            pubsub.channels[key] = None
+            pubsub.pending_unsubscribe_channels.discard(key)
+            self._send(pubsub, "SUBSCRIBE", channel)
             # asyncio.wait, not wait_for: on Python 3.11 wait_for drops a cancellation that
             # arrives as the confirmation does, and the cancelled follower would go on.
             await asyncio.wait((confirmed,), timeout=CONFIRM_WITHIN_S)
@@ -184,6 +186,30 @@ class EventSubscriber:
                 return confirmed.result()
             if loop.time() >= deadline:
                 raise RedisConnectionError(f"no subscription to {channel} for {self._reconnect_for_s:.0f}s")
+
+    def _on_connect(self, connection: Connection) -> None:
+        """redis-py's callback once a (re)connection finished its handshake (after the pub/sub
+        object's own, which resubscribed every channel)."""
+        self._ready_writer = connection._writer
+
+    def _send(self, pubsub: PubSub, *command: str) -> bool:
+        """Write ``command`` on the pub/sub connection if it is ready; False if not.
+
+        Only the reader task connects, reconnects and reads the connection (redis-py would
+        otherwise let a second coroutine reconnect the same socket, racing the reader's own
+        reconnect mid-handshake). Others write here, without awaiting and without redis-py's
+        retries: to the socket that finished its handshake, and only while it is still the
+        connection's. A write that fails, or one skipped while the reader reconnects, is
+        covered by the resubscription of the reconnect and by the caller asking again."""
+        connection = pubsub.connection
+        writer = self._ready_writer
+        if connection is None or writer is None or connection._writer is not writer:
+            return False
+        try:
+            connection._writer.writelines(connection.pack_command(*command))
+        except (RuntimeError, OSError):  # closing: the reader will notice and reconnect
+            return False
+        return True
 
     async def unsubscribe(self, channel: str, queue: Inbox) -> None:
         """Stop routing ``channel`` to ``queue``; unsubscribe when nobody follows it."""
@@ -198,11 +224,12 @@ class EventSubscriber:
             pubsub = self._pubsub
             if pubsub is None or self._reader is None or self._reader.done():
                 return
-            connection = pubsub.connection
-            if connection is not None and connection.is_connected:
-                await pubsub.unsubscribe(channel)
-            else:  # reconnecting: leave the set that the reconnect resubscribes, rather than wait
-                pubsub.channels.pop(_channel_key(pubsub, channel), None)
+            key = _channel_key(pubsub, channel)
+            # Out of the set the next reconnect resubscribes; a confirmation still on its
+            # way finds nobody to route to.
+            pubsub.channels.pop(key, None)
+            if self._send(pubsub, "UNSUBSCRIBE", channel):
+                pubsub.pending_unsubscribe_channels.add(key)
 
     async def close(self) -> None:
         """Stop reading and close the connection."""

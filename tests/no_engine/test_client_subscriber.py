@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 
-from producer.subscriber import EventSubscriber, Inbox
+from devkit.redis_server import RedisServer
+from producer.subscriber import RESYNC, EventSubscriber, Inbox
+from streamq.broker.connection import close_pool, create_pool, redis_settings_for
 from streamq.broker.pubsub import _buffered_replies, live_messages
 from streamq.protocol import events_channel
 
@@ -130,20 +133,31 @@ async def test_live_messages_yields_each_message_of_a_burst_as_a_dict(raw_redis:
 
 
 class HeldSubscriptions:
-    """Stands in for ``PubSub.subscribe``: tells when a SUBSCRIBE is asked for, and sends
-    it only if ``send`` is set, once ``gate`` is open."""
+    """Stands in for the subscriber's writes of SUBSCRIBE: tells when one is asked for,
+    and writes it only if ``send`` is set, once ``gate`` is open. Other commands pass."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *, send: bool) -> None:
         self.asked, self.gate, self.send = asyncio.Event(), asyncio.Event(), send
-        original = PubSub.subscribe
+        self._pending: set[asyncio.Task[None]] = set()
+        original = EventSubscriber._send
 
-        async def subscribe(pubsub: PubSub, *channels: str) -> None:
+        def send_command(subscriber: EventSubscriber, pubsub: PubSub, *command: str) -> bool:
+            if command[0] != "SUBSCRIBE":
+                return original(subscriber, pubsub, *command)
             self.asked.set()
-            await self.gate.wait()
             if self.send:
-                await original(pubsub, *channels)
+                task = asyncio.ensure_future(self._write_once_open(original, subscriber, pubsub, command))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
+            return True
 
-        monkeypatch.setattr(PubSub, "subscribe", subscribe)
+        monkeypatch.setattr(EventSubscriber, "_send", send_command)
+
+    async def _write_once_open(
+        self, original: Any, subscriber: EventSubscriber, pubsub: PubSub, command: tuple[str, ...]
+    ) -> None:
+        await self.gate.wait()
+        original(subscriber, pubsub, *command)
 
 
 async def numsub(redis: aioredis.Redis, channel: str) -> int:
@@ -222,3 +236,56 @@ async def test_replies_already_parsed_are_drained_in_one_batch(raw_redis: aiored
         assert rest, "nothing came from the parser's buffer: the batch drain is not active"
     finally:
         await pubsub.aclose()
+
+
+async def test_followers_subscribing_while_redis_restarts_are_all_served() -> None:
+    """Followers keep arriving while Redis is killed and comes back on its port, slow to
+    answer at first (paused as it starts, so the reader's reconnect hangs mid-handshake
+    and times out): each subscribes at a different point of the reader's reconnects. None
+    may break the reader (only it reconnects the socket; a follower that reconnected it
+    too would race it) or be left unconfirmed: each gets its inbox, and a message
+    published after the restart reaches every one, after at most resyncs."""
+    with RedisServer() as server:
+        settings = redis_settings_for(server.url)
+        settings.socket_timeout, settings.health_check_interval = 2.0, 1.0  # the pause outlasts a reply's wait
+        redis = await create_pool(settings)
+        subscriber = EventSubscriber(redis)
+        try:
+            await subscriber.subscribe(events_channel(f"warm-{uuid.uuid4().hex}"))
+            channels: list[str] = []
+            followers = []
+
+            async def follow_for(seconds: float) -> None:
+                for _ in range(int(seconds / 0.02)):
+                    channels.append(events_channel(f"restart-{len(channels)}-{uuid.uuid4().hex}"))
+                    followers.append(asyncio.ensure_future(subscriber.subscribe(channels[-1])))
+                    await asyncio.sleep(0.02)
+
+            for _ in range(3):
+                await follow_for(0.2)
+                await asyncio.to_thread(server.kill)
+                await follow_for(0.4)
+                await asyncio.to_thread(server.start)
+                server.pause()
+                await follow_for(2.5)
+                server.resume()
+            await follow_for(0.5)
+            inboxes = await asyncio.wait_for(asyncio.gather(*followers), timeout=60)
+            for channel in channels:
+                await redis.publish(channel, b"after")
+            for inbox in inboxes:
+                delivered = [item async for item in _until_published(inbox)]
+                assert delivered[-1] == b"after", delivered
+                assert all(item is RESYNC for item in delivered[:-1]), delivered
+        finally:
+            await subscriber.close()
+            await close_pool(redis)
+
+
+async def _until_published(inbox: Inbox) -> AsyncIterator[object]:
+    """The inbox's deliveries up to and including the first published message."""
+    while True:
+        item = await asyncio.wait_for(inbox.get(), timeout=10)
+        yield item
+        if isinstance(item, bytes):
+            return
