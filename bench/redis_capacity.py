@@ -35,6 +35,7 @@ import redis
 
 from bench.config import int_list
 from bench.cpu import cpu_seconds
+from bench.redis_capacity_load import grouping_argument
 from devkit.redis_server import RedisServer, server_binary
 from streamq.broker.replay_log import log_limits_from_env
 
@@ -50,6 +51,9 @@ class CapacityConfig:
     """One capacity run: the load shape, and the arms (tokens per event) to play it with."""
 
     tokens_per_event: tuple[int, ...] = (1, 4, 16)
+    groupings: tuple[str, ...] = ("flush",)
+    """How each flush is split into script calls (``bench.redis_capacity_load.GROUPINGS``):
+    every grouping is an arm with every tokens-per-event."""
     workers: int = 8
     """Simulated workers (one Redis connection and one flush loop each)."""
     requests_per_worker: int = 64
@@ -100,6 +104,9 @@ class CapacityResult:
     bytes_per_event: float = 0.0
     """Redis memory each logged event holds until its log expires (``used_memory`` grown over
     the window, per event): what the log's TTL costs at a given event rate."""
+    grouping: str = "flush"
+    """How each flush was split into script calls (``CapacityConfig.groupings``)."""
+    calls_per_flush: float = 1.0
 
 
 def script_calls(client: redis.Redis) -> tuple[int, int]:
@@ -127,6 +134,8 @@ def figures(
     errors: int,
     script_us_per_call: float,
     memory_grown: int = 0,
+    grouping: str = "flush",
+    calls: int = 0,
 ) -> CapacityResult:
     """An arm's result from its counts over the window and its processes' CPU shares."""
     window = config.measure_s
@@ -155,10 +164,14 @@ def figures(
         cpu_percent=cpu_percent,
         script_us_per_call=script_us_per_call,
         bytes_per_event=memory_grown / events if events else 0.0,
+        grouping=grouping,
+        calls_per_flush=calls / published["flushes"] if calls and published["flushes"] else 1.0,
     )
 
 
-def _load_command(config: CapacityConfig, role: str, url: str, run: str, k: int, out: Path) -> list[str]:
+def _load_command(
+    config: CapacityConfig, role: str, url: str, run: str, k: int, out: Path, grouping: str = "flush"
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -174,6 +187,8 @@ def _load_command(config: CapacityConfig, role: str, url: str, run: str, k: int,
         str(k),
         "--output-len",
         str(config.output_len),
+        "--grouping",
+        grouping,
         "--out",
         str(out),
     ]
@@ -190,10 +205,10 @@ def _wait_ready(process: subprocess.Popen[str], timeout_s: float = 60.0) -> None
     raise RuntimeError(f"a load process did not get ready (exit status {process.poll()})")
 
 
-def run_arm(config: CapacityConfig, tokens_per_event: int) -> CapacityResult:
+def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flush") -> CapacityResult:
     """One arm on a fresh Redis: start subscribers, then publishers; measure the window."""
     run = f"cap{tokens_per_event}"
-    prefix = config.results_dir / f"{config.run_id}-capacity-k{tokens_per_event}"
+    prefix = config.results_dir / f"{config.run_id}-capacity-k{tokens_per_event}-{grouping}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with RedisServer() as server:
         assert server.process is not None
@@ -228,7 +243,7 @@ def run_arm(config: CapacityConfig, tokens_per_event: int) -> CapacityResult:
                     config.workers // config.publishers + (j < config.workers % config.publishers) for j in range(i)
                 )
                 out = Path(f"{prefix}-publisher{i}.json")
-                command = _load_command(config, "publish", server.url, run, tokens_per_event, out)
+                command = _load_command(config, "publish", server.url, run, tokens_per_event, out, grouping)
                 command += ["--workers", str(share), "--first-worker", str(first)]
                 command += ["--window", json.dumps(window), "--warmup", str(config.warmup_s)]
                 process = subprocess.Popen(
@@ -264,9 +279,12 @@ def run_arm(config: CapacityConfig, tokens_per_event: int) -> CapacityResult:
     cpu = {role: round(100 * (after[role] - before[role]) / config.measure_s, 1) for role in roles}
     calls, usec = (b - a for a, b in zip(calls_before, calls_after, strict=True))
     per_call = usec / calls if calls else 0.0
-    result = figures(config, tokens_per_event, published, delivered, cpu, errors, per_call, memory_grown)
+    result = figures(
+        config, tokens_per_event, published, delivered, cpu, errors, per_call, memory_grown, grouping, calls
+    )
     print(
-        f"[capacity] {tokens_per_event} token(s)/event: {result.tokens_s:,.0f} tokens/s, "
+        f"[capacity] {tokens_per_event} token(s)/event, calls per {grouping} ({result.calls_per_flush:.1f} a flush): "
+        f"{result.tokens_s:,.0f} tokens/s, "
         f"{result.events_s:,.0f} events/s, Redis {result.redis_cpu_percent:.0f}% of a core, "
         f"{result.redis_us_per_token:.2f} µs/token, {result.redis_us_per_event:.2f} µs/event, "
         f"{result.delivered_events_s:,.0f} events/s delivered, {result.bytes_per_event:.0f} bytes/event kept, "
@@ -289,17 +307,22 @@ def run_redis_capacity(config: CapacityConfig) -> list[CapacityResult]:
     """Every arm of ``config``, in turn for ``config.rounds`` rounds, each on its own Redis;
     returns every round's result (``capacity_table`` pools them per arm)."""
     config.results_dir.mkdir(parents=True, exist_ok=True)
-    return [run_arm(config, k) for _ in range(config.rounds) for k in config.tokens_per_event]
+    return [
+        run_arm(config, k, grouping)
+        for _ in range(config.rounds)
+        for grouping in config.groupings
+        for k in config.tokens_per_event
+    ]
 
 
 def pooled(results: Sequence[CapacityResult]) -> list[tuple[CapacityResult, tuple[float, float]]]:
     """One result per arm over all its rounds (counts and CPU added up, so µs per token is
     total Redis CPU over total tokens), with the range of the rounds' µs per token."""
-    arms: dict[int, list[CapacityResult]] = {}
+    arms: dict[tuple[int, str], list[CapacityResult]] = {}
     for r in results:
-        arms.setdefault(r.tokens_per_event, []).append(r)
+        arms.setdefault((r.tokens_per_event, r.grouping), []).append(r)
     out = []
-    for k, rounds in arms.items():
+    for (k, grouping), rounds in arms.items():
         window = sum(r.measure_s for r in rounds)
         cpu = {
             role: sum(r.cpu_percent.get(role, 0.0) * r.measure_s for r in rounds) / window
@@ -320,7 +343,9 @@ def pooled(results: Sequence[CapacityResult]) -> list[tuple[CapacityResult, tupl
         delivered = {"events": round(sum(r.delivered_events_s * r.measure_s for r in rounds))}
         calls_us = sum(r.script_us_per_call for r in rounds) / len(rounds)
         memory = sum(r.bytes_per_event * r.events_s * r.measure_s for r in rounds)
-        result = figures(config, k, published, delivered, cpu, sum(r.errors for r in rounds), calls_us, round(memory))
+        calls = round(sum(r.calls_per_flush * r.flushes_s * r.measure_s for r in rounds))
+        errors = sum(r.errors for r in rounds)
+        result = figures(config, k, published, delivered, cpu, errors, calls_us, round(memory), grouping, calls)
         spread = [r.redis_us_per_token for r in rounds]
         out.append((result, (min(spread), max(spread))))
     return out
@@ -329,22 +354,32 @@ def pooled(results: Sequence[CapacityResult]) -> list[tuple[CapacityResult, tupl
 def capacity_table(results: Sequence[CapacityResult]) -> str:
     """The markdown table of a capacity run, one row per arm (its rounds pooled)."""
     lines = [
-        "| tokens per event | workers × requests | events/s | tokens/s | Redis CPU (100 = one core) "
+        "| tokens per event | script calls per flush | workers × requests | events/s | tokens/s "
+        "| Redis CPU (100 = one core) "
         "| Redis µs per event | Redis µs per token (rounds) | one Redis core, tokens/s | log bytes per event | errors "
         "| other processes' CPU |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r, (low, high) in pooled(results):
         basis = "measured" if r.one_core_measured else "1e6 / µs per token"
         others = ", ".join(f"{role} {pct:.0f}" for role, pct in r.cpu_percent.items() if role != "redis")
         lines.append(
-            f"| {r.tokens_per_event} | {r.workers} × {r.requests_per_worker} | {r.events_s:,.0f} | "
+            f"| {r.tokens_per_event} | {_grouping_label(r)} | {r.workers} × {r.requests_per_worker} | "
+            f"{r.events_s:,.0f} | "
             f"{r.tokens_s:,.0f} | {r.redis_cpu_percent:.0f} | {r.redis_us_per_event:.2f} | "
             f"{r.redis_us_per_token:.2f} ({low:.2f}-{high:.2f}) | {r.one_core_tokens_s:,.0f} ({basis}) | "
             f"{r.bytes_per_event:.0f} | "
             f"{r.errors} | {others} |"
         )
     return "\n".join(lines)
+
+
+def _grouping_label(result: CapacityResult) -> str:
+    """How a flush was split, in words, with the calls it came to."""
+    if result.grouping == "flush":
+        return "1 (the whole flush)"
+    what = "request" if result.grouping == "request" else f"bucket, {result.grouping.partition('-')[2]} buckets"
+    return f"{result.calls_per_flush:.1f} (one per {what}, pipelined)"
 
 
 def describe(config: CapacityConfig) -> str:
@@ -367,6 +402,12 @@ def main() -> None:
     defaults = CapacityConfig()
     parser = argparse.ArgumentParser(prog="python -m bench.redis_capacity", description=__doc__.splitlines()[0])
     parser.add_argument("--tokens-per-event", default="1,4,16", help="arms, comma-separated (default %(default)s)")
+    parser.add_argument(
+        "--grouping",
+        default="flush",
+        help="arms: how a flush is split into script calls, comma-separated, of flush (one call), request "
+        "(one per request, pipelined: a Redis Cluster's shape) and buckets-<B> (default %(default)s)",
+    )
     parser.add_argument("--workers", type=int, default=defaults.workers, help="default %(default)s")
     parser.add_argument(
         "--requests-per-worker", type=int, default=defaults.requests_per_worker, help="default %(default)s"
@@ -379,8 +420,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=defaults.rounds, help="default %(default)s")
     parser.add_argument("--results-dir", type=Path, default=defaults.results_dir)
     args = parser.parse_args()
+    try:
+        groupings = tuple(grouping_argument(g) for g in args.grouping.split(","))
+    except argparse.ArgumentTypeError as error:
+        parser.error(str(error))
     config = CapacityConfig(
         tokens_per_event=int_list(args.tokens_per_event),
+        groupings=groupings,
         workers=args.workers,
         requests_per_worker=args.requests_per_worker,
         output_len=args.output_len,

@@ -6,7 +6,8 @@ subscribers that follow every request as clients do.
 request (``--tokens-per-event`` tokens each, as a worker that merges the tokens waiting while its
 previous flush was in flight), sent with ``ReplayLog.append`` (the ``append_and_publish`` script,
 owner keys, the deployed log bounds) as soon as the previous flush returned: a worker whose engine
-outruns Redis. A request ends after ``--output-len`` tokens with its final event, and the slot
+outruns Redis. ``--grouping`` splits each flush into several pipelined calls, as a Redis Cluster
+needs (``GROUPINGS``). A request ends after ``--output-len`` tokens with its final event, and the slot
 starts the next request (a new id: new log, owner key and channel).
 
 ``subscribe``: one ``EventSubscriber`` (one pub/sub connection) per process, following its share of
@@ -26,6 +27,7 @@ import asyncio
 import json
 import sys
 import time
+import zlib
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,6 +51,45 @@ def request_id(run: str, worker: int, slot: int, generation: int) -> str:
 def ready_key(run: str, worker: int) -> str:
     """A list of ``<slot>:<generation>`` a subscriber pushes once it follows that request."""
     return f"{run}:ready:w{worker}"
+
+
+GROUPINGS = ("flush", "request", "buckets-<B>")
+"""How a flush is split into script calls: one call for the whole flush (one Redis, today);
+one per request, pipelined (a Redis Cluster with a hash tag per request: a call may touch one
+slot only); one per bucket of requests, pipelined (a hash tag per bucket, ``crc32(id) mod B``)."""
+
+
+def group_by(events: list[LogEvent], grouping: str) -> list[list[LogEvent]]:
+    """``events`` split into script calls as ``grouping`` (``GROUPINGS``) says, each request's
+    events in order."""
+    if grouping == "request":
+        groups: dict[object, list[LogEvent]] = {}
+        for event in events:
+            groups.setdefault(event.request_id, []).append(event)
+        return list(groups.values())
+    buckets = grouping_buckets(grouping)
+    by_bucket: dict[object, list[LogEvent]] = {}
+    for event in events:
+        by_bucket.setdefault(zlib.crc32(event.request_id.encode()) % buckets, []).append(event)
+    return list(by_bucket.values())
+
+
+def grouping_buckets(grouping: str) -> int:
+    """B of ``buckets-<B>``; ``ValueError`` for a grouping that is none of ``GROUPINGS``."""
+    name, _, count = grouping.partition("-")
+    if name != "buckets" or not count.isdigit() or int(count) < 1:
+        raise ValueError(f"grouping must be one of {', '.join(GROUPINGS)}; got {grouping!r}")
+    return int(count)
+
+
+def grouping_argument(value: str) -> str:
+    """An argparse ``type`` for a grouping."""
+    if value not in ("flush", "request"):
+        try:
+            grouping_buckets(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return value
 
 
 def first_request_tokens(slot: int, requests_per_worker: int, output_len: int) -> int:
@@ -172,7 +213,10 @@ class SimulatedWorker:
             if not events:
                 await asyncio.sleep(0.001)
                 continue
-            appended = await self.log.append(events)
+            if self.args.grouping == "flush":
+                appended = await self.log.append(events)
+            else:
+                appended = await self.log.append_groups(group_by(events, self.args.grouping))
             self.counts.flushes += 1
             self.counts.events += len(events)
             self.counts.tokens += tokens
@@ -287,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests-per-worker", type=int, required=True)
     parser.add_argument("--tokens-per-event", type=int, required=True)
     parser.add_argument("--output-len", type=int, required=True)
+    parser.add_argument("--grouping", type=grouping_argument, default="flush", help="one of " + ", ".join(GROUPINGS))
     parser.add_argument("--out", type=Path, required=True)
     group = parser.add_argument_group("publish")
     group.add_argument("--workers", type=int, default=1, help="simulated workers in this process")

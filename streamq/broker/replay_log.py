@@ -14,7 +14,7 @@ buffer again for every argument, which made packing the worker's largest cost pe
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -145,6 +145,32 @@ class ReplayLog:
         skipped, superseded, out_of_step = reply
         return Appended(int(skipped), _request_ids(superseded), _request_ids(out_of_step))
 
+    async def append_groups(self, groups: Sequence[Sequence[LogEvent]]) -> Appended:
+        """Log and publish each group of ``events`` with a script call of its own, the calls
+        pipelined on one connection (one write, one round trip), the replies merged as one
+        call's would be. A Redis Cluster runs a script only on keys of one slot, so there a
+        flush splits by slot (one request, or one bucket of requests, per group): this is
+        that flush's shape, and ``python -m bench.redis_capacity --grouping`` its price."""
+        groups = [group for group in groups if group]
+        if not groups:
+            return Appended(0)
+        if self._redis.connection is not None:  # a single-connection client: no pipelining of its own
+            results = [await self.append(group) for group in groups]
+            return _merged(results)
+        script = self._append_script
+        command = b"".join(
+            pack_append(script.sha, self._maxlen, self._ttl_ms, group, self._recent_ends_max) for group in groups
+        )
+        try:
+            replies = await _execute_pipelined(self._redis.connection_pool, command, len(groups))
+        except NoScriptError:  # a restarted Redis has forgotten it: every call was refused
+            await self._redis.script_load(script.script)
+            replies = await _execute_pipelined(self._redis.connection_pool, command, len(groups))
+        return _merged(
+            Appended(int(skipped), _request_ids(superseded), _request_ids(out_of_step))
+            for skipped, superseded, out_of_step in replies
+        )
+
     async def end(self, request_id: str, event: FinalEvent | ErrorEvent, *, attempt: int | None = None) -> int | None:
         """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
         log holds (computed in Redis), unless the request already ended. For the paths
@@ -265,6 +291,40 @@ async def _execute_packed(pool: ConnectionPool, command: bytes) -> Any:
         raise
     finally:
         await pool.release(connection)
+
+
+async def _execute_pipelined(pool: ConnectionPool, commands: bytes, count: int) -> list[Any]:
+    """Send ``count`` commands (RESP bytes, back to back) in one write on a connection of
+    ``pool`` and read their ``count`` replies; the first error reply raises once every
+    reply was read, so the connection goes back to the pool in step."""
+    connection = await _pooled_connection(pool)
+    try:
+        await connection.send_packed_command(commands)
+        replies = []
+        for _ in range(count):
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as error:
+                replies.append(error)
+    except BaseException:  # cut off mid-command or mid-reply: the connection is not reusable
+        await connection.disconnect()
+        raise
+    finally:
+        await pool.release(connection)
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            raise reply
+    return replies
+
+
+def _merged(results: Iterable[Appended]) -> Appended:
+    """What several calls' results say together."""
+    skipped, superseded, out_of_step = 0, set[str](), set[str]()
+    for result in results:
+        skipped += result.skipped
+        superseded |= result.superseded
+        out_of_step |= result.out_of_step
+    return Appended(skipped, frozenset(superseded), frozenset(out_of_step))
 
 
 def _request_ids(log_keys: list[bytes | str]) -> frozenset[str]:

@@ -256,3 +256,33 @@ async def test_end_request_is_fenced_by_attempt(redis: aioredis.Redis) -> None:
     other = f"pub-{uuid.uuid4().hex}"
     await log.take_over(other, 3)
     assert await log.end(other, cancelled) == 0
+
+
+@pytest.mark.parametrize("single_connection", [False, True], ids=["pooled", "single connection"])
+async def test_a_flush_split_into_pipelined_calls_logs_and_reports_as_one_call(
+    redis_url: str, single_connection: bool
+) -> None:
+    """The shape a Redis Cluster needs (one script call per slot, pipelined): the same
+    logs, and duplicates, refusals and gaps reported together as one call reports them,
+    also on a Redis that forgot its scripts."""
+    client = aioredis.Redis.from_url(redis_url, single_connection_client=single_connection)
+    log = ReplayLog(client)
+    fresh, taken, gapped = (f"pub-{uuid.uuid4().hex}" for _ in range(3))
+    await log.append([LogEvent(taken, 0, 1, b"t0"), *(LogEvent(gapped, seq, 1, b"g%d" % seq) for seq in range(3))])
+    await log.take_over(taken, 2)
+    await lose_writes(client, gapped, keep=1)
+    await client.script_flush()
+    groups = [
+        [LogEvent(fresh, 0, 1, b"f0"), LogEvent(fresh, 1, 1, b"f1", terminal=True)],
+        [LogEvent(taken, 0, 1, b"t0"), LogEvent(taken, 1, 1, b"t1 (stale)")],
+        [LogEvent(gapped, 3, 1, b"g3")],
+        [],
+    ]
+    assert await log.append_groups(groups) == Appended(
+        3, superseded=frozenset({taken}), out_of_step=frozenset({gapped})
+    )
+    assert await log.read(fresh) == [b"f0", b"f1"]
+    assert await log.read(taken) == [b"t0"]
+    assert await log.read(gapped) == [b"g0"]
+    assert await log.append_groups([groups[0]]) == Appended(2)  # retried: duplicates only
+    await client.aclose()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.redis_capacity import CapacityConfig, capacity_table, figures, run_arm
-from bench.redis_capacity_load import SimulatedWorker, slots_of
+from bench.redis_capacity_load import SimulatedWorker, group_by, grouping_argument, slots_of
 from streamq.protocol import ChunkEvent, FinalEvent, decode_event
 
 
@@ -61,7 +61,29 @@ def test_one_core_figure_is_measured_only_near_saturation() -> None:
     assert "1e6 / µs per token" in capacity_table([idle]) and "(measured)" in capacity_table([busy])
 
 
-def test_a_short_run_delivers_every_event_to_its_subscriber(tmp_path: Path) -> None:
+@pytest.mark.parametrize("grouping", ["request", "buckets-3"])
+def test_a_flush_split_into_calls_keeps_every_event_once_and_each_request_whole(grouping: str) -> None:
+    worker = _worker(requests=8, tokens_per_event=2, output_len=6)
+    worker.ready = [1] * 8
+    events, _, _ = worker.batch()
+    events += worker.batch()[0]
+    groups = group_by(events, grouping)
+    assert sorted(e for group in groups for e in group) == sorted(events)
+    assert len(groups) == (len({e.request_id for e in events}) if grouping == "request" else 3)
+    for group in groups:  # a request lies in one group, in its order
+        for rid in {e.request_id for e in group}:
+            assert [e for e in group if e.request_id == rid] == [e for e in events if e.request_id == rid]
+    assert all(len({e.request_id for e in group}) == 1 for group in groups) == (grouping == "request")
+
+
+@pytest.mark.parametrize("bad", ["buckets", "buckets-0", "slots", "buckets-x"])
+def test_an_unknown_grouping_is_a_usage_error(bad: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="grouping must be one of"):
+        grouping_argument(bad)
+
+
+@pytest.mark.parametrize("grouping", ["flush", "request"])
+def test_a_short_run_delivers_every_event_to_its_subscriber(tmp_path: Path, grouping: str) -> None:
     config = CapacityConfig(
         workers=2,
         requests_per_worker=4,
@@ -71,8 +93,15 @@ def test_a_short_run_delivers_every_event_to_its_subscriber(tmp_path: Path) -> N
         measure_s=1.5,
         results_dir=tmp_path,
     )
-    result = run_arm(config, tokens_per_event=4)
+    result = run_arm(config, tokens_per_event=4, grouping=grouping)
     assert result.errors == 0
+    # Redis's count of script calls over the publishers' count of flushes, in the same window
+    # (give or take the calls in flight at its edges): one call per flush, or one per request.
+    assert result.grouping == grouping
+    if grouping == "flush":
+        assert result.calls_per_flush == pytest.approx(1, rel=0.05)
+    else:
+        assert 1.5 < result.calls_per_flush <= 4 * 1.1
     assert result.tokens_s > 0 and result.events_s > 0 and result.delivered_events_s > 0
     assert result.tokens_s == pytest.approx(4 * (result.events_s - result.events_s / 3), rel=0.2)
     assert 0 < result.redis_us_per_token < result.redis_us_per_event
