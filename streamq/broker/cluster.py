@@ -1,0 +1,132 @@
+"""Reaching a Redis Cluster: ``redis+cluster://`` URLs, and a client that refuses, at
+start-up and in words an operator can act on, anything that is not a whole cluster.
+
+``redis+cluster://[user:password@]host:port[,host:port...]`` names seed nodes (any nodes of
+the cluster: the client learns the rest from them); ``rediss+cluster://`` is the same over
+TLS, with the certificate and host-name checks of ``rediss://`` and its query options
+(``streamq.broker.tls``). A cluster has only database 0, so the URL names none.
+
+The cluster carries the data plane (docs/redis-cluster.md); this module is its connection,
+checked once: no seed answering, a seed that is a Redis without cluster mode, and slots that
+no primary serves each fail ``connect_cluster`` with a ``ClusterUnusable`` that says so,
+within the connect and reply timeouts, rather than a hang or redis-py's generic message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from streamq.broker.connection import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, StreamqRedisSettings
+from streamq.broker.tls import apply_tls_query
+from streamq.redaction import redact_url
+
+CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
+"""The cluster URL schemes, and whether each speaks TLS."""
+DEFAULT_PORT: Final = 6379
+SLOTS: Final = 16384
+
+
+class ClusterUnusable(RedisError):
+    """The URL does not lead to a whole Redis Cluster: nothing answered, a node is not in
+    cluster mode, or some slots have no primary. A configuration error, not retried."""
+
+
+@dataclass(frozen=True)
+class ClusterURL:
+    """What a ``redis+cluster://`` URL says."""
+
+    seeds: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    tls: dict[str, Any]
+    """redis-py's ``ssl*`` keyword arguments (``ssl=False`` alone without TLS)."""
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0] in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """``url``'s seeds, credentials and TLS options; ``ValueError`` naming what is wrong."""
+    scheme, sep, _ = url.partition("://")
+    shown = redact_url(url)
+    if not sep or scheme not in CLUSTER_SCHEMES:
+        raise ValueError(f"{shown!r}: a cluster URL starts with {' or '.join(s + '://' for s in CLUSTER_SCHEMES)}")
+    parts = urlsplit(url)
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"{shown!r}: a Redis Cluster has only database 0, so the URL names no other")
+    credentials, at, hosts = parts.netloc.rpartition("@")
+    username, _, password = credentials.partition(":") if at else ("", "", "")
+    seeds: list[tuple[str, int]] = []
+    for address in hosts.split(","):
+        host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
+        if not host:
+            raise ValueError(f"{shown!r}: a seed node's address is empty")
+        if port and not port.isdigit():
+            raise ValueError(f"{shown!r}: {address!r} has no valid port")
+        seeds.append((host.strip("[]"), int(port) if port else DEFAULT_PORT))
+    settings = StreamqRedisSettings(ssl=CLUSTER_SCHEMES[scheme])
+    apply_tls_query(settings, url)
+    tls: dict[str, Any] = {"ssl": settings.ssl}
+    if settings.ssl:
+        tls |= {
+            name: getattr(settings, name)
+            for name in ("ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_check_hostname")
+        }
+    return ClusterURL(tuple(seeds), unquote(username) or None, unquote(password) or None, tls)
+
+
+def cluster_client(url: str) -> RedisCluster:
+    """A client of the cluster ``url`` names, not connected yet: the connect and reply
+    timeouts, keepalive and health checks of every streamq connection, every slot required."""
+    address = parse_cluster_url(url)
+    settings = StreamqRedisSettings()
+    client: RedisCluster = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in address.seeds],
+        require_full_coverage=True,
+        username=address.username,
+        password=address.password,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_keepalive=settings.socket_keepalive,
+        socket_keepalive_options=settings.socket_keepalive_options,
+        health_check_interval=settings.health_check_interval,
+        **address.tls,
+    )
+    return client
+
+
+async def connect_cluster(url: str) -> RedisCluster:
+    """``cluster_client(url)``, connected: it has read the slot map from a seed and every
+    slot has a primary. ``ClusterUnusable`` otherwise, saying which of the three it is."""
+    client = cluster_client(url)
+    try:
+        await client.initialize()
+    except RedisClusterException as error:
+        await client.aclose()
+        raise _unusable(url, error) from error
+    return client
+
+
+def _unusable(url: str, error: RedisClusterException) -> ClusterUnusable:
+    """redis-py's start-up error, said for the operator who wrote ``url``."""
+    shown, message = redact_url(url), str(error)
+    seeds = ", ".join(f"{host}:{port}" for host, port in parse_cluster_url(url).seeds)
+    if "Cluster mode is not enabled" in message:
+        return ClusterUnusable(
+            f"{shown}: a seed ({seeds}) answered as a Redis without cluster mode (cluster_enabled:0); a "
+            f"redis+cluster:// URL names nodes of a Redis Cluster (one Redis takes a redis:// URL)"
+        )
+    if message.startswith("All slots are not covered"):
+        covered = message.split(". ", 1)[1].split(" of ")[0]
+        return ClusterUnusable(
+            f"{shown}: the cluster serves {covered} of {SLOTS} hash slots; every slot needs a primary "
+            f"(redis-cli --cluster check shows which are missing, --cluster fix assigns them)"
+        )
+    cause = error.__cause__ or error
+    return ClusterUnusable(f"{shown}: no seed node answered ({seeds}): {cause}")
