@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from devkit.redis_server import RedisServer
+from devkit.redis_server import RedisServer, free_ports
 
 SLOTS = 16384
 NODE_TIMEOUT_MS = 1000
@@ -46,9 +46,16 @@ class RedisCluster:
     ) -> None:
         if primaries < 1 or replicas_per_primary < 0:
             raise ValueError("a cluster needs at least one primary and no negative replica count")
+        count = primaries * (1 + replicas_per_primary)
+        ports = free_ports(2 * count)  # each node's and its bus's, all different
         self.nodes = [
-            RedisServer(cluster_node_timeout_ms=node_timeout_ms, persistent=persistent)
-            for _ in range(primaries * (1 + replicas_per_primary))
+            RedisServer(
+                ports[2 * i],
+                cluster_node_timeout_ms=node_timeout_ms,
+                cluster_bus_port=ports[2 * i + 1],
+                persistent=persistent,
+            )
+            for i in range(count)
         ]
         self._primaries = primaries
         self._ids: dict[int, str] = {}

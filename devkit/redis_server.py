@@ -47,9 +47,19 @@ def server_binary() -> str:
 
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports on loopback that nothing listens on right now (all
+    held open while chosen: one at a time, the kernel may hand out the same port twice)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 class RedisServer:
@@ -71,6 +81,7 @@ class RedisServer:
         persistent: bool = False,
         replica_of: RedisServer | None = None,
         cluster_node_timeout_ms: int | None = None,
+        cluster_bus_port: int | None = None,
     ) -> None:
         if (user is None) != (password is None):
             raise ValueError("give both user and password, or neither")
@@ -84,7 +95,7 @@ class RedisServer:
         self.cluster_node_timeout_ms = cluster_node_timeout_ms
         """Run as a node of a Redis Cluster (``devkit.redis_cluster``), declaring a silent
         peer failed after this long; ``None``: a standalone server."""
-        self.cluster_bus_port = free_port() if cluster_node_timeout_ms is not None else None
+        self.cluster_bus_port = cluster_bus_port or (free_port() if cluster_node_timeout_ms is not None else None)
         """The cluster bus's port: Redis's default (``port + 10000``) lies past 65535 for most
         of the ports the kernel hands out."""
         self._dir = tempfile.TemporaryDirectory(prefix="streamq-redis-")
@@ -152,6 +163,10 @@ class RedisServer:
                 str(self.cluster_bus_port),
                 "--repl-diskless-sync-delay",  # a replica attaches at once, not after 5 s
                 "0",
+                # The other shards keep serving while one has no primary (Redis's default stops
+                # the whole cluster): its requests fail, the rest go on.
+                "--cluster-require-full-coverage",
+                "no",
             ]
         if self.replica_of is not None:
             command += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
@@ -170,7 +185,10 @@ class RedisServer:
                     return self
                 except redis.ConnectionError:
                     if self.process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"Redis server did not start; see {self.log_path}") from None
+                        log = self.log_path.read_text()[-2000:] if self.log_path.exists() else "(no log)"
+                        raise RuntimeError(
+                            f"Redis server on port {self.port} did not start; its log ends:\n{log}"
+                        ) from None
                     time.sleep(0.05)
         finally:
             client.close()
