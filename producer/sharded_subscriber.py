@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +39,7 @@ from redis.exceptions import AskError, ClusterDownError, RedisClusterException, 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.subscriber import CONFIRM_WITHIN_S, RECONNECT_DELAY_S, RECONNECT_FOR_S, RESYNC, Inbox
+from producer.subscriber import CONFIRM_WITHIN_S, RECONNECT_DELAY_S, RECONNECT_FOR_S, ChannelFollowers
 from streamq.broker.replies import as_text
 from streamq.tasks import stop_task
 
@@ -51,15 +50,14 @@ REPLY_WITHIN_S = 10.0
 REFRESH_DELAY_S = 0.1
 
 
-class ShardedEventSubscriber:
+class ShardedEventSubscriber(ChannelFollowers):
     """Routes sharded pub/sub messages of many channels, over the shards of ``cluster``,
-    to per-channel inboxes. Same interface as ``EventSubscriber``."""
+    to per-channel inboxes: ``subscribe`` and ``unsubscribe`` as ``EventSubscriber``'s."""
 
     def __init__(self, cluster: RedisCluster, *, reconnect_for_s: float = RECONNECT_FOR_S) -> None:
+        super().__init__()
         self._cluster = cluster
         self._reconnect_for_s = reconnect_for_s
-        self._queues: dict[str, list[Inbox]] = defaultdict(list)
-        self._confirmations: dict[str, asyncio.Future[None]] = {}
         self._readers: dict[str, _ShardReader] = {}
         """By node name (``host:port``)."""
         self._home: dict[str, _ShardReader] = {}
@@ -69,24 +67,9 @@ class ShardedEventSubscriber:
         """Reads the slot map again while a refresh is wanted: one at a time, none missed."""
         self._closed = False
 
-    async def subscribe(self, channel: str) -> Inbox:
-        """Subscribe to ``channel`` at its shard and return its inbox once that shard
-        confirmed it: after that, no event published on the channel can be missed."""
+    async def _prepare(self) -> None:
         if self._closed:
             raise RuntimeError("the subscriber is closed")
-        queue = Inbox()
-        self._queues[channel].append(queue)
-        try:
-            if len(self._queues[channel]) == 1:
-                confirmed = asyncio.get_running_loop().create_future()
-                self._confirmations[channel] = confirmed
-                await self._subscribe_until_confirmed(channel, confirmed)
-            else:
-                await asyncio.shield(self._confirmations[channel])
-        except BaseException:
-            await self.unsubscribe(channel, queue)
-            raise
-        return queue
 
     async def _subscribe_until_confirmed(self, channel: str, confirmed: asyncio.Future[None]) -> None:
         loop = asyncio.get_running_loop()
@@ -117,19 +100,10 @@ class ShardedEventSubscriber:
         self._home[channel] = reader
         reader.add(channel, again=again)
 
-    async def unsubscribe(self, channel: str, queue: Inbox) -> None:
-        """Stop routing ``channel`` to ``queue``; unsubscribe when nobody follows it."""
-        queues = self._queues.get(channel)
-        if not queues or queue not in queues:
-            return
-        queues.remove(queue)
-        queue.close()
-        if not queues:
-            del self._queues[channel]
-            self._confirmations.pop(channel, None)
-            reader = self._home.pop(channel, None)
-            if reader is not None:
-                reader.drop(channel)
+    def _nobody_follows(self, channel: str) -> None:
+        reader = self._home.pop(channel, None)
+        if reader is not None:
+            reader.drop(channel)
 
     async def close(self) -> None:
         """Stop every reader and close its connection."""
@@ -160,17 +134,10 @@ class ShardedEventSubscriber:
     def _dispatch(self, reader: _ShardReader, reply: list[Any]) -> None:
         kind, channel = as_text(reply[0]), as_text(reply[1])
         if kind == "smessage":
-            for queue in self._queues.get(channel, ()):
-                queue.put_nowait(reply[2])
+            self._deliver(channel, reply[2])
         elif kind == "ssubscribe":
-            if self._home.get(channel) is not reader:
-                return  # a late confirmation from where the channel no longer lives
-            confirmed = self._confirmations.get(channel)
-            if confirmed is not None and not confirmed.done():
-                confirmed.set_result(None)
-            else:  # subscribed again (reconnect, slot moved): events may have been missed
-                for queue in self._queues.get(channel, ()):
-                    queue.put_nowait(RESYNC)
+            if self._home.get(channel) is reader:  # else a late one from where it no longer lives
+                self._subscription_confirmed(channel)
         elif kind == "sunsubscribe" and reader.unasked(channel) and self._home.get(channel) is reader:
             # Redis dropped it: its slot moved. Find the new primary and subscribe there.
             self._evict(reader, lambda c: c == channel)
@@ -196,13 +163,10 @@ class ShardedEventSubscriber:
         map now puts their channels elsewhere."""
         if self._readers.get(reader.name) is reader:
             del self._readers[reader.name]
-        for channel in [c for c, home in self._home.items() if home is reader]:
+        lost = [channel for channel, home in self._home.items() if home is reader]
+        for channel in lost:
             del self._home[channel]
-            confirmed = self._confirmations.pop(channel, None)
-            if confirmed is not None and not confirmed.done():
-                confirmed.set_exception(error)
-            for queue in self._queues.pop(channel, []):
-                queue.put_nowait(error)
+        self._fail(lost, error)
 
 
 class _ShardReader:

@@ -117,22 +117,102 @@ class Inbox:
             self._timer = None
 
 
-class EventSubscriber:
+class ChannelFollowers:
+    """Which inboxes follow which channel, and the subscription confirmation the first
+    follower of a channel waits for: what ``EventSubscriber`` (one connection) and
+    ``ShardedEventSubscriber`` (one per shard) share. A subclass asks Redis in
+    ``_subscribe_until_confirmed`` and lets go in ``_nobody_follows``; its reader calls
+    ``_subscription_confirmed`` and ``_deliver``, and ``_fail`` when followers must hear
+    that their connection is gone for good."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, list[Inbox]] = defaultdict(list)
+        self._confirmations: dict[str, asyncio.Future[None]] = {}
+
+    async def subscribe(self, channel: str) -> Inbox:
+        """Subscribe to ``channel`` and return its inbox once Redis confirmed it.
+
+        Waiting for the confirmation is what makes "subscribe, then enqueue" safe:
+        after it, no event published on the channel can be missed.
+        """
+        await self._prepare()
+        queue = Inbox()
+        self._queues[channel].append(queue)
+        try:
+            if len(self._queues[channel]) == 1:
+                confirmed = asyncio.get_running_loop().create_future()
+                self._confirmations[channel] = confirmed
+                await self._subscribe_until_confirmed(channel, confirmed)
+            else:
+                # Shielded: a follower cancelled here must not cancel the others' confirmation.
+                await asyncio.shield(self._confirmations[channel])
+        except BaseException:  # cancelled, or no subscription: nobody will read the inbox
+            await self.unsubscribe(channel, queue)
+            raise
+        return queue
+
+    async def unsubscribe(self, channel: str, queue: Inbox) -> None:
+        """Stop routing ``channel`` to ``queue``; unsubscribe when nobody follows it."""
+        queues = self._queues.get(channel)
+        if not queues or queue not in queues:
+            return
+        queues.remove(queue)
+        queue.close()
+        if not queues:
+            del self._queues[channel]
+            self._confirmations.pop(channel, None)
+            self._nobody_follows(channel)
+
+    async def _prepare(self) -> None:
+        """Before a subscription: start what reads the connection, if it is not running."""
+
+    async def _subscribe_until_confirmed(self, channel: str, confirmed: asyncio.Future[None]) -> None:
+        raise NotImplementedError
+
+    def _nobody_follows(self, channel: str) -> None:
+        """The last follower of ``channel`` left: unsubscribe it."""
+        raise NotImplementedError
+
+    def _deliver(self, channel: str, data: bytes) -> None:
+        for queue in self._queues.get(channel, ()):
+            queue.put_nowait(data)
+
+    def _subscription_confirmed(self, channel: str) -> None:
+        """Redis confirmed ``channel``: its first follower may go on; a confirmation of a
+        channel already followed is a resubscription (a reconnect, a moved slot), after
+        which its followers re-read the log for what they missed meanwhile."""
+        confirmed = self._confirmations.get(channel)
+        if confirmed is not None and not confirmed.done():
+            confirmed.set_result(None)
+        else:
+            for queue in self._queues.get(channel, ()):
+                queue.put_nowait(RESYNC)
+
+    def _fail(self, channels: list[str], error: BaseException) -> None:
+        """``channels``' connection is gone for good: each of their followers hears it."""
+        for channel in channels:
+            confirmed = self._confirmations.pop(channel, None)
+            if confirmed is not None and not confirmed.done():
+                confirmed.set_exception(error)
+            for queue in self._queues.pop(channel, []):
+                queue.put_nowait(error)
+
+
+class EventSubscriber(ChannelFollowers):
     """Routes pub/sub messages of many channels to per-channel inboxes."""
 
     def __init__(self, redis: Redis, *, reconnect_for_s: float = RECONNECT_FOR_S) -> None:
+        super().__init__()
         self._redis = redis
         self._reconnect_for_s = reconnect_for_s
         self._pubsub: PubSub | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._queues: dict[str, list[Inbox]] = defaultdict(list)
-        self._confirmations: dict[str, asyncio.Future[None]] = {}
         self._start_lock = asyncio.Lock()
         self._ready_writer: object | None = None
         """The socket (its stream writer) on which the pub/sub connection last finished its
         handshake and resubscribed: the only one other coroutines write to."""
 
-    async def _ensure_started(self) -> PubSub:
+    async def _prepare(self) -> None:
         async with self._start_lock:
             if self._pubsub is None:
                 pubsub = self._redis.pubsub()
@@ -144,34 +224,14 @@ class EventSubscriber:
                 self._on_connect(pubsub.connection)
                 self._pubsub = pubsub
                 self._reader = asyncio.create_task(self._read(pubsub), name="event-subscriber")
-            return self._pubsub
 
-    async def subscribe(self, channel: str) -> Inbox:
-        """Subscribe to ``channel`` and return its inbox once Redis confirmed it.
-
-        Waiting for the confirmation is what makes "subscribe, then enqueue" safe:
-        after it, no event published on the channel can be missed.
-        """
-        pubsub = await self._ensure_started()
-        queue = Inbox()
-        self._queues[channel].append(queue)
-        try:
-            if len(self._queues[channel]) == 1:
-                confirmed = asyncio.get_running_loop().create_future()
-                self._confirmations[channel] = confirmed
-                await self._subscribe_until_confirmed(pubsub, channel, confirmed)
-            else:
-                # Shielded: a follower cancelled here must not cancel the others' confirmation.
-                await asyncio.shield(self._confirmations[channel])
-        except BaseException:  # cancelled, or no subscription: nobody will read the inbox
-            await self.unsubscribe(channel, queue)
-            raise
-        return queue
-
-    async def _subscribe_until_confirmed(self, pubsub: PubSub, channel: str, confirmed: asyncio.Future[None]) -> None:
+    async def _subscribe_until_confirmed(self, channel: str, confirmed: asyncio.Future[None]) -> None:
         """Ask for the subscription until Redis confirms it (the reader routes the
         confirmation). The channel joins the pub/sub object's set, which every reconnect
         resubscribes; SUBSCRIBE is written only while the connection is ready."""
+        pubsub = self._pubsub
+        if pubsub is None:  # its reader gave up on the connection: so do its followers
+            raise RedisConnectionError(f"no connection to subscribe {channel} on")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._reconnect_for_s
         key = _channel_key(pubsub, channel)
@@ -211,25 +271,16 @@ class EventSubscriber:
             return False
         return True
 
-    async def unsubscribe(self, channel: str, queue: Inbox) -> None:
-        """Stop routing ``channel`` to ``queue``; unsubscribe when nobody follows it."""
-        queues = self._queues.get(channel)
-        if not queues or queue not in queues:
+    def _nobody_follows(self, channel: str) -> None:
+        pubsub = self._pubsub
+        if pubsub is None or self._reader is None or self._reader.done():
             return
-        queues.remove(queue)
-        queue.close()
-        if not queues:
-            del self._queues[channel]
-            self._confirmations.pop(channel, None)
-            pubsub = self._pubsub
-            if pubsub is None or self._reader is None or self._reader.done():
-                return
-            key = _channel_key(pubsub, channel)
-            # Out of the set the next reconnect resubscribes; a confirmation still on its
-            # way finds nobody to route to.
-            pubsub.channels.pop(key, None)
-            if self._send(pubsub, "UNSUBSCRIBE", channel):
-                pubsub.pending_unsubscribe_channels.add(key)
+        key = _channel_key(pubsub, channel)
+        # Out of the set the next reconnect resubscribes; a confirmation still on its
+        # way finds nobody to route to.
+        pubsub.channels.pop(key, None)
+        if self._send(pubsub, "UNSUBSCRIBE", channel):
+            pubsub.pending_unsubscribe_channels.add(key)
 
     async def close(self) -> None:
         """Stop reading and close the connection."""
@@ -270,24 +321,11 @@ class EventSubscriber:
                 for queue in queues.get(as_text(channel), ()):
                     queue.put_nowait(reply[2])
             elif kind in (b"subscribe", "subscribe"):
-                name = as_text(channel)
-                confirmed = self._confirmations.get(name)
-                if confirmed is not None and not confirmed.done():
-                    confirmed.set_result(None)
-                else:  # resubscribed after a reconnect: events may have been missed meanwhile
-                    for queue in queues.get(name, ()):
-                        queue.put_nowait(RESYNC)
+                self._subscription_confirmed(as_text(channel))
 
     def _fail_everyone(self, exc: BaseException) -> None:
         """The connection is gone for good: every follower must hear it."""
-        for future in self._confirmations.values():
-            if not future.done():
-                future.set_exception(exc)
-        for queues in self._queues.values():
-            for queue in queues:
-                queue.put_nowait(exc)
-        self._queues.clear()
-        self._confirmations.clear()
+        self._fail(list(self._queues.keys() | self._confirmations.keys()), exc)
 
 
 def _channel_key(pubsub: PubSub, channel: str) -> Any:
