@@ -57,6 +57,11 @@ class StreamqWorker(Worker):
         self._max_jobs_from_engine = max_jobs_from_engine
         self._wake = asyncio.Event()
         self._more_may_wait = False
+        self._stopping = False
+        """arq asked the loop to end. It does so by cancelling the main task once, and on
+        Python 3.11 a cancellation that lands as an ``asyncio.wait_for`` inside the loop
+        completes is dropped (redis-py sends every command through one): the loop also
+        ends when it sees this."""
 
     async def main(self) -> None:
         """arq's ``Worker.main`` with the fixed-interval poll replaced by wake-ups."""
@@ -65,7 +70,7 @@ class StreamqWorker(Worker):
         await wakeups.subscribe(WAKEUP_CHANNEL)
         listener = asyncio.create_task(self._listen(wakeups), name="wakeup-listener")
         try:
-            while True:
+            while not self._stopping:
                 self._wake.clear()
                 try:
                     await self.poll()
@@ -82,6 +87,20 @@ class StreamqWorker(Worker):
         finally:
             await stop_task(listener)
             await wakeups.aclose()
+
+    def handle_sig(self, signum: signal.Signals) -> None:
+        """arq's immediate shutdown (cancel the jobs and the loop), the loop told too."""
+        super().handle_sig(signum)
+        self._stop_loop()
+
+    async def _wait_for_tasks_to_complete(self, signum: signal.Signals) -> None:
+        """arq's graceful shutdown (drain the jobs, then cancel the loop), the loop told too."""
+        await super()._wait_for_tasks_to_complete(signum)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._stopping = True
+        self._wake.set()
 
     async def start_up(self) -> None:
         """Connect, start the engine and the parts beside it (``on_startup``), and size

@@ -30,6 +30,8 @@ RECORDED: dict[str, str] = {
     "Worker.finish_job": "93bb5bdcf65892e5",
     "Worker.finish_failed_job": "103418320f3ae56c",
     "Worker.close": "d14f94e939753f5e",
+    "Worker.handle_sig": "c2b96e67b9157b33",
+    "Worker._wait_for_tasks_to_complete": "e507e061554955c0",
     # Mirrored: StreamqWorker._start and its claim script do what start_jobs does.
     "Worker.start_jobs": "a38f54558b8cd0e0",
     # Called: run_job builds the ctx jobs get and calls finish_job / finish_failed_job.
