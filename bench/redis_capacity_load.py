@@ -62,16 +62,12 @@ slot only); one per bucket of requests, pipelined (a hash tag per bucket, ``crc3
 def group_by(events: list[LogEvent], grouping: str) -> list[list[LogEvent]]:
     """``events`` split into script calls as ``grouping`` (``GROUPINGS``) says, each request's
     events in order."""
-    if grouping == "request":
-        groups: dict[object, list[LogEvent]] = {}
-        for event in events:
-            groups.setdefault(event.request_id, []).append(event)
-        return list(groups.values())
-    buckets = grouping_buckets(grouping)
-    by_bucket: dict[object, list[LogEvent]] = {}
+    buckets = 0 if grouping == "request" else grouping_buckets(grouping)
+    groups: dict[object, list[LogEvent]] = {}
     for event in events:
-        by_bucket.setdefault(zlib.crc32(event.request_id.encode()) % buckets, []).append(event)
-    return list(by_bucket.values())
+        key = zlib.crc32(event.request_id.encode()) % buckets if buckets else event.request_id
+        groups.setdefault(key, []).append(event)
+    return list(groups.values())
 
 
 def grouping_buckets(grouping: str) -> int:

@@ -129,17 +129,14 @@ class RedisCluster:
 
     def _replica_lines(self, port: int) -> list[list[str]]:
         """The replicas in ``port``'s ``CLUSTER NODES``, each split into its fields."""
-        with _client(port) as client:
-            lines = [line.split() for line in client.execute_command("CLUSTER", "NODES").decode().splitlines()]
-        return [fields for fields in lines if "slave" in fields[2].split(",")]
+        return [fields for fields in _cluster_nodes(port) if "slave" in fields[2].split(",")]
 
     def _known_ids(self, port: int) -> set[str]:
-        with _client(port) as client:
-            return {line.split()[0] for line in client.execute_command("CLUSTER", "NODES").decode().splitlines()}
+        return {fields[0] for fields in _cluster_nodes(port)}
 
     def primary_ports(self) -> list[int]:
         """The ports of the nodes serving slots now, in slot order."""
-        return sorted({port for _, _, port in self.slot_ranges()}, key=lambda p: self._first_slot(p))
+        return list(dict.fromkeys(port for _, _, port in sorted(self.slot_ranges())))
 
     def slot_ranges(self) -> list[tuple[int, int, int]]:
         """``(first slot, last slot, primary's port)`` for each range, as a live node sees them."""
@@ -149,9 +146,6 @@ class RedisCluster:
         node = next(node for node in self.nodes if node.process is not None)
         with _client(node.port) as client:
             return _cluster_slots(client)
-
-    def _first_slot(self, port: int) -> int:
-        return min(low for low, _, p in self.slot_ranges() if p == port)
 
     def node(self, port: int) -> RedisServer:
         return next(node for node in self.nodes if node.port == port)
@@ -234,6 +228,12 @@ def _client(port: int) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+def _cluster_nodes(port: int) -> list[list[str]]:
+    """``CLUSTER NODES`` as ``port`` sees the cluster, a node per line split into its fields."""
+    with _client(port) as client:
+        return [line.split() for line in client.execute_command("CLUSTER", "NODES").decode().splitlines()]
 
 
 def _slot_map(client: redis.Redis) -> tuple[tuple[int, int, int], ...]:

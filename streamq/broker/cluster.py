@@ -109,14 +109,14 @@ async def connect_cluster(url: str) -> RedisCluster:
         await client.initialize()
     except RedisClusterException as error:
         await client.aclose()
-        raise _unusable(url, error) from error
+        raise _unusable(url, client, error) from error
     return client
 
 
-def _unusable(url: str, error: RedisClusterException) -> ClusterUnusable:
+def _unusable(url: str, client: RedisCluster, error: RedisClusterException) -> ClusterUnusable:
     """redis-py's start-up error, said for the operator who wrote ``url``."""
     shown, message = redact_url(url), str(error)
-    seeds = ", ".join(f"{host}:{port}" for host, port in parse_cluster_url(url).seeds)
+    seeds = ", ".join(f"{node.host}:{node.port}" for node in client.nodes_manager.startup_nodes.values())
     if "Cluster mode is not enabled" in message:
         return ClusterUnusable(
             f"{shown}: a seed ({seeds}) answered as a Redis without cluster mode (cluster_enabled:0); a "

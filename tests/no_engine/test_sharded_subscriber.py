@@ -55,70 +55,73 @@ async def three_shards() -> AsyncIterator[RedisCluster]:
         yield cluster
 
 
-async def test_channels_on_every_shard_get_their_messages_once_and_in_order(three_shards: RedisCluster) -> None:
+@pytest.fixture
+async def connected(three_shards: RedisCluster) -> AsyncIterator[tuple[ClusterClient, ShardedEventSubscriber]]:
+    """A cluster client of ``three_shards`` and a subscriber over it."""
     client = await connect_cluster(three_shards.url)
     subscriber = ShardedEventSubscriber(client)
     try:
-        by_shard: dict[int, list[str]] = {port: [] for port in three_shards.primary_ports()}
-        while min(len(names) for names in by_shard.values()) < 4:
-            channel = channel_named("r")
-            by_shard[three_shards.primary_of(channel).port].append(channel)
-        channels = [channel for names in by_shard.values() for channel in names[:4]]  # 4 on each shard
-        inboxes = [await subscriber.subscribe(c) for c in channels]
-        second = await subscriber.subscribe(channels[0])  # two followers of one channel
-        for n in range(50):
-            for channel in channels:
-                await spublish(client, channel, b"%d" % n)
-        expected = [b"%d" % n for n in range(50)]
-        for inbox in [*inboxes, second]:
-            assert await next_items(inbox, 50) == expected
-        await subscriber.unsubscribe(channels[1], inboxes[1])
-        await spublish(client, channels[1], b"unheard")
-        await spublish(client, channels[0], b"heard")
-        assert await next_items(inboxes[0], 1) == [b"heard"]
-        assert inboxes[1].empty()
+        yield client, subscriber
     finally:
         await subscriber.close()
         await client.aclose()
 
 
-async def test_a_migrated_slot_is_followed_to_its_new_primary(three_shards: RedisCluster) -> None:
-    client = await connect_cluster(three_shards.url)
-    subscriber = ShardedEventSubscriber(client)
-    try:
-        channel = channel_named("moving")
-        inbox = await subscriber.subscribe(channel)
-        source = three_shards.primary_of(channel)
-        target = three_shards.node(next(port for port in three_shards.primary_ports() if port != source.port))
-        await asyncio.to_thread(three_shards.migrate_slot, three_shards.slot_of(channel), target)
-        items = await published_until_delivered(client, channel, inbox)
-        assert items[0] is RESYNC, items  # told to re-read the log before anything else
-        assert all(item is RESYNC for item in items[:-1]) and isinstance(items[-1], bytes)
-    finally:
-        await subscriber.close()
-        await client.aclose()
+async def test_channels_on_every_shard_get_their_messages_once_and_in_order(
+    three_shards: RedisCluster, connected: tuple[ClusterClient, ShardedEventSubscriber]
+) -> None:
+    client, subscriber = connected
+    by_shard: dict[int, list[str]] = {port: [] for port in three_shards.primary_ports()}
+    while min(len(names) for names in by_shard.values()) < 4:
+        channel = channel_named("r")
+        by_shard[three_shards.primary_of(channel).port].append(channel)
+    channels = [channel for names in by_shard.values() for channel in names[:4]]  # 4 on each shard
+    inboxes = [await subscriber.subscribe(c) for c in channels]
+    second = await subscriber.subscribe(channels[0])  # two followers of one channel
+    for n in range(50):
+        for channel in channels:
+            await spublish(client, channel, b"%d" % n)
+    expected = [b"%d" % n for n in range(50)]
+    for inbox in [*inboxes, second]:
+        assert await next_items(inbox, 50) == expected
+    await subscriber.unsubscribe(channels[1], inboxes[1])
+    await spublish(client, channels[1], b"unheard")
+    await spublish(client, channels[0], b"heard")
+    assert await next_items(inboxes[0], 1) == [b"heard"]
+    assert inboxes[1].empty()
 
 
-async def test_a_failover_is_followed_to_the_promoted_replica(three_shards: RedisCluster) -> None:
-    client = await connect_cluster(three_shards.url)
-    subscriber = ShardedEventSubscriber(client)
-    try:
-        channel, elsewhere = channel_named("failing"), channel_named("steady")
-        inbox = await subscriber.subscribe(channel)
-        primary = three_shards.primary_of(channel)
-        while three_shards.primary_of(elsewhere).port == primary.port:
-            elsewhere = channel_named("steady")
-        steady = await subscriber.subscribe(elsewhere)
-        [replica] = three_shards.replicas_of(primary)
-        three_shards.kill(primary)
-        await asyncio.to_thread(three_shards.wait_for_primary, replica)
-        items = await published_until_delivered(client, channel, inbox)
-        assert items[0] is RESYNC and isinstance(items[-1], bytes), items
-        await spublish(client, elsewhere, b"still here")
-        assert (await next_items(steady, 1))[-1] == b"still here"
-    finally:
-        await subscriber.close()
-        await client.aclose()
+async def test_a_migrated_slot_is_followed_to_its_new_primary(
+    three_shards: RedisCluster, connected: tuple[ClusterClient, ShardedEventSubscriber]
+) -> None:
+    client, subscriber = connected
+    channel = channel_named("moving")
+    inbox = await subscriber.subscribe(channel)
+    source = three_shards.primary_of(channel)
+    target = three_shards.node(next(port for port in three_shards.primary_ports() if port != source.port))
+    await asyncio.to_thread(three_shards.migrate_slot, three_shards.slot_of(channel), target)
+    items = await published_until_delivered(client, channel, inbox)
+    assert items[0] is RESYNC, items  # told to re-read the log before anything else
+    assert all(item is RESYNC for item in items[:-1]) and isinstance(items[-1], bytes)
+
+
+async def test_a_failover_is_followed_to_the_promoted_replica(
+    three_shards: RedisCluster, connected: tuple[ClusterClient, ShardedEventSubscriber]
+) -> None:
+    client, subscriber = connected
+    channel, elsewhere = channel_named("failing"), channel_named("steady")
+    inbox = await subscriber.subscribe(channel)
+    primary = three_shards.primary_of(channel)
+    while three_shards.primary_of(elsewhere).port == primary.port:
+        elsewhere = channel_named("steady")
+    steady = await subscriber.subscribe(elsewhere)
+    [replica] = three_shards.replicas_of(primary)
+    three_shards.kill(primary)
+    await asyncio.to_thread(three_shards.wait_for_primary, replica)
+    items = await published_until_delivered(client, channel, inbox)
+    assert items[0] is RESYNC and isinstance(items[-1], bytes), items
+    await spublish(client, elsewhere, b"still here")
+    assert (await next_items(steady, 1))[-1] == b"still here"
 
 
 async def test_a_shard_down_for_good_fails_its_followers_and_no_others() -> None:
