@@ -137,11 +137,7 @@ class ReplayLog:
             reply = await script(keys=keys, args=args)
         else:
             command = pack_append(script.sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max)
-            try:
-                reply = await _execute_packed(self._redis.connection_pool, command)
-            except NoScriptError:  # a restarted Redis has forgotten it
-                await self._redis.script_load(script.script)
-                reply = await _execute_packed(self._redis.connection_pool, command)
+            [reply] = await self._send_appends(command, 1)
         skipped, superseded, out_of_step = reply
         return Appended(int(skipped), _request_ids(superseded), _request_ids(out_of_step))
 
@@ -161,15 +157,22 @@ class ReplayLog:
         command = b"".join(
             pack_append(script.sha, self._maxlen, self._ttl_ms, group, self._recent_ends_max) for group in groups
         )
-        try:
-            replies = await _execute_pipelined(self._redis.connection_pool, command, len(groups))
-        except NoScriptError:  # a restarted Redis has forgotten it: every call was refused
-            await self._redis.script_load(script.script)
-            replies = await _execute_pipelined(self._redis.connection_pool, command, len(groups))
+        replies = await self._send_appends(command, len(groups))
         return _merged(
             Appended(int(skipped), _request_ids(superseded), _request_ids(out_of_step))
             for skipped, superseded, out_of_step in replies
         )
+
+    async def _send_appends(self, command: bytes, count: int) -> list[Any]:
+        """Send ``count`` packed ``append_and_publish`` calls in one write and read their
+        replies; a restarted Redis that has forgotten the script (every call refused) gets
+        it loaded, and the calls again."""
+        pool = self._redis.connection_pool
+        try:
+            return await _execute_pipelined(pool, command, count)
+        except NoScriptError:
+            await self._redis.script_load(self._append_script.script)
+            return await _execute_pipelined(pool, command, count)
 
     async def end(self, request_id: str, event: FinalEvent | ErrorEvent, *, attempt: int | None = None) -> int | None:
         """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
@@ -277,26 +280,11 @@ async def _pooled_connection(pool: ConnectionPool) -> AbstractConnection:
     return connection
 
 
-async def _execute_packed(pool: ConnectionPool, command: bytes) -> Any:
-    """Send ``command`` (RESP bytes) on a connection of ``pool`` and return the reply, as
-    ``execute_command`` would: an error reply raises, the connection goes back to the pool."""
-    connection = await _pooled_connection(pool)
-    try:
-        await connection.send_packed_command(command)
-        return await connection.read_response()
-    except ResponseError:  # an answer: the connection is in step
-        raise
-    except BaseException:  # cut off mid-command or mid-reply: the connection is not reusable
-        await connection.disconnect()
-        raise
-    finally:
-        await pool.release(connection)
-
-
 async def _execute_pipelined(pool: ConnectionPool, commands: bytes, count: int) -> list[Any]:
     """Send ``count`` commands (RESP bytes, back to back) in one write on a connection of
-    ``pool`` and read their ``count`` replies; the first error reply raises once every
-    reply was read, so the connection goes back to the pool in step."""
+    ``pool`` and read their ``count`` replies, as ``execute_command`` would one: the first
+    error reply raises once every reply was read, so the connection goes back to the pool
+    in step."""
     connection = await _pooled_connection(pool)
     try:
         await connection.send_packed_command(commands)
