@@ -17,7 +17,7 @@ from gateway.app import create_app
 from gateway.auth import static_keys
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES
 from producer.openai_api.limits import RequestLimits, add_max_n_option
-from streamq.broker.connection import add_redis_url_option, redis_url_from_args
+from streamq.broker.connection import add_redis_url_option, events_url_from_args, redis_url_from_args
 from streamq.protocol.names import API_KEYS_ENV
 
 DEFAULT_MAX_QUEUE_DEPTH: Final = 1000
@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         build_parser().error(f"API keys: {exc}")
     app = create_app(
         redis_url_from_args(args),
+        events_url=events_url_from_args(args),
         max_queue_depth=args.max_queue_depth or None,
         max_body_bytes=args.max_body_bytes,
         limits=RequestLimits(max_n=args.max_n),

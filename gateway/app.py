@@ -61,6 +61,7 @@ HEALTH_TIMEOUT_S = 2.0
 def create_app(
     redis_url: str = DEFAULT_REDIS_URL,
     *,
+    events_url: str | None = None,
     max_queue_depth: int | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     limits: RequestLimits = DEFAULT_LIMITS,
@@ -71,12 +72,15 @@ def create_app(
     connection) shared by all requests. ``api_keys`` (and keys stored in Redis) are
     required on every ``/v1/*`` route, and on ``/metrics`` with ``protect_metrics``; the
     dashboard's data (``/dashboard/api/*``, ``gateway.dashboard``) takes ``api_keys`` only;
-    bodies over ``max_body_bytes`` get 413, requests past ``limits`` 400."""
+    bodies over ``max_body_bytes`` get 413, requests past ``limits`` 400. ``events_url``
+    (else ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the events."""
     auth = ApiKeyAuth(api_keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.client = client = await StreamqClient.connect(redis_url, max_queue_depth=max_queue_depth)
+        app.state.client = client = await StreamqClient.connect(
+            redis_url, events_url=events_url, max_queue_depth=max_queue_depth
+        )
         app.state.auth = auth
         app.state.limiter = limiter = KeyLimiter(client.redis)
         app.state.dashboard = dashboard = DashboardSampler(client)

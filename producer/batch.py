@@ -29,7 +29,7 @@ from producer.errors import RequestError, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option
-from streamq.broker.connection import add_connection_options, redis_url_from_args
+from streamq.broker.connection import add_connection_options
 from streamq.protocol import InvalidRequest
 
 _LINE_KEY = re.compile(r"line (\d+): ")
@@ -260,7 +260,7 @@ async def run_batch(args: argparse.Namespace) -> int:
         console=console,
         disable=args.no_progress,
     )
-    async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
+    async with await StreamqClient.from_args(args) as client:
         with args.output.open("a", encoding="utf-8") as out, progress:
             task_id = progress.add_task("batch", total=len(todo), tokens=0)
             limits = RequestLimits(max_n=args.max_n)

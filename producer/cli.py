@@ -24,7 +24,10 @@ from producer import batch, keys_cli, status_cli, tenants_cli
 from producer.client import RequestHandle, StreamqClient
 from producer.errors import RequestError, StreamqError
 from producer.structured_args import add_structured_output_arguments, structured_outputs_from_args
-from streamq.broker.connection import add_connection_options, redis_url_from_args, request_id_argument
+from streamq.broker.connection import (
+    add_connection_options,
+    request_id_argument,
+)
 from streamq.protocol import (
     ChunkEvent,
     ErrorEvent,
@@ -269,9 +272,7 @@ async def run_submit(args: argparse.Namespace) -> int:
     if args.max_queue_depth is not None and args.max_queue_depth < 0:
         print("error: --max-queue-depth must be >= 0", file=sys.stderr)
         return 2
-    async with await StreamqClient.connect(
-        redis_url_from_args(args), queue=args.queue, max_queue_depth=args.max_queue_depth
-    ) as client:
+    async with await StreamqClient.from_args(args, max_queue_depth=args.max_queue_depth) as client:
         try:
             handles = [
                 await client.submit(
@@ -302,7 +303,7 @@ async def run_submit(args: argparse.Namespace) -> int:
 
 
 async def run_tail(args: argparse.Namespace) -> int:
-    async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
+    async with await StreamqClient.from_args(args) as client:
         handle = await client.follow(args.request_id, from_seq=args.from_seq)
         with ResponsePrinter([args.request_id], as_json=args.json) as printer:
             ok = await _follow(handle, args.request_id, printer)
@@ -310,7 +311,7 @@ async def run_tail(args: argparse.Namespace) -> int:
 
 
 async def run_cancel(args: argparse.Namespace) -> int:
-    async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
+    async with await StreamqClient.from_args(args) as client:
         outcome = await client.cancel(args.request_id)
     messages = {
         "running": "cancelling: the worker running it stops it",

@@ -16,6 +16,7 @@ Every error is a ``StreamqError``. Imports neither vllm nor torch.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import difflib
 import time
@@ -29,6 +30,7 @@ from typing import Any, Literal, Unpack, cast
 import msgspec
 from arq.connections import ArqRedis
 from msgspec import UNSET
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -42,13 +44,22 @@ from producer.errors import (
     RequestLost,
     UnknownModel,
 )
+from producer.sharded_subscriber import ShardedEventSubscriber
 from producer.status import StatusReader
 from producer.subscriber import EventSubscriber, Inbox, Resync
-from streamq.broker.connection import close_pool, create_pool, redis_settings_for
+from streamq.broker.callback_schedule import CallbackSchedule
+from streamq.broker.connection import (
+    close_pool,
+    create_pool,
+    events_url_from_args,
+    redis_settings_for,
+    redis_url_from_args,
+)
+from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
-from streamq.environment import queue_from_env, redis_url_from_env
+from streamq.environment import check_events_url, events_url_from_env, queue_from_env, redis_url_from_env
 from streamq.protocol import (
     CANCEL_CHANNEL,
     IN_PROGRESS_PREFIX,
@@ -76,11 +87,10 @@ from streamq.protocol import (
     callback_key,
     decode_event,
     deserialize_job,
-    events_channel,
     parse_request,
     serialize_job,
 )
-from streamq.protocol.names import DEFAULT_TENANT
+from streamq.protocol.names import DEFAULT_TENANT, REQUEST_RESERVATION_PREFIX
 from streamq.protocol.scripts import register_script
 from streamq.protocol.status import RequestStatus
 
@@ -335,7 +345,7 @@ class RequestHandle:
         if self._closed:
             return
         self._closed = True
-        await self._client._subscriber.unsubscribe(events_channel(self.request_id), self._queue)
+        await self._client._subscriber.unsubscribe(self._client._log.names.events(self.request_id), self._queue)
         if self.cancel_on_close and not self._done:
             await self.cancel()
 
@@ -372,11 +382,13 @@ class StreamqClient:
         self,
         redis: ArqRedis,
         *,
+        data: DataRedis | None = None,
         queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
     ) -> None:
-        """A client on an open pool (``connect`` opens one); ``queue`` as in ``connect``."""
+        """A client on an open pool (``connect`` opens one); ``queue`` as in ``connect``;
+        ``data``: the data plane's client, when a Redis Cluster carries the events."""
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
         self._redis = redis
@@ -388,12 +400,16 @@ class StreamqClient:
         self.max_queue_depth = max_queue_depth
         """``submit`` raises ``QueueFull`` when the queue already holds this many jobs
         (waiting or running); ``None``: no limit."""
-        self._subscriber = EventSubscriber(redis)
-        self._log = ReplayLog(redis)
+        self._data: DataRedis = redis if data is None else data
+        self._subscriber: EventSubscriber | ShardedEventSubscriber = (
+            ShardedEventSubscriber(self._data) if isinstance(self._data, RedisCluster) else EventSubscriber(redis)
+        )
+        self._log = ReplayLog(self._data)
         self._registry = WorkerRegistry(redis)
         self._cancel_script = register_script(redis, "cancel")
         self._enqueue_script = register_script(redis, "enqueue")
-        self._status = StatusReader(redis)
+        self._schedule_callback = CallbackSchedule(redis, self._log.owners, self._log.ttl_ms)
+        self._status = StatusReader(redis, self._log)
         self._routes_read: tuple[float, Routes] | None = None
 
     @classmethod
@@ -401,6 +417,7 @@ class StreamqClient:
         cls,
         url: str | None = None,
         *,
+        events_url: str | None = None,
         queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
@@ -409,10 +426,13 @@ class StreamqClient:
         ``streamq.broker.connection``); requests without a ``model`` go to ``queue``.
         Either one not given is read from the environment as every command line reads
         it: ``$REDIS_URL`` and ``$STREAMQ_QUEUE``, else the defaults
-        (``redis://localhost:6379``, ``streamq:queue``). ``max_queue_depth`` bounds every
-        queue this client submits to (see ``submit``); ``silence_check_s`` is the handles'
-        watchdog."""
+        (``redis://localhost:6379``, ``streamq:queue``). ``events_url`` (else
+        ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the requests' events
+        (docs/redis-cluster.md); unset, the Redis of ``url`` carries them. ``max_queue_depth``
+        bounds every queue this client submits to (see ``submit``); ``silence_check_s`` is the
+        handles' watchdog."""
         url = redis_url_from_env() if url is None else url
+        events_url = events_url_from_env() if events_url is None else check_events_url(events_url)
         queue = queue_from_env() if queue is None else queue
         redis = await create_pool(
             redis_settings_for(url),
@@ -420,7 +440,23 @@ class StreamqClient:
             job_deserializer=deserialize_job,
             default_queue_name=queue,
         )
-        return cls(redis, queue=queue, max_queue_depth=max_queue_depth, silence_check_s=silence_check_s)
+        try:
+            data = await connect_data_plane(redis, events_url)
+        except BaseException:
+            await close_pool(redis)
+            raise
+        return cls(redis, data=data, queue=queue, max_queue_depth=max_queue_depth, silence_check_s=silence_check_s)
+
+    @classmethod
+    async def from_args(cls, args: argparse.Namespace, *, max_queue_depth: int | None = None) -> StreamqClient:
+        """``connect`` to what a command line's connection options name
+        (``streamq.broker.connection.add_connection_options``)."""
+        return await cls.connect(
+            redis_url_from_args(args),
+            events_url=events_url_from_args(args),
+            queue=args.queue,
+            max_queue_depth=max_queue_depth,
+        )
 
     async def __aenter__(self) -> StreamqClient:
         return self
@@ -437,9 +473,16 @@ class StreamqClient:
         checks; closing the client closes it."""
         return self._redis
 
+    @property
+    def data(self) -> DataRedis:
+        """The data plane's client (each request's log and channel): ``redis`` itself unless
+        a Redis Cluster carries the events. Closing the client closes it."""
+        return self._data
+
     async def close(self) -> None:
         """Stop following every request and close the connections."""
         await self._subscriber.close()
+        await close_data_plane(self._redis, self._data)
         await close_pool(self._redis)
 
     async def submit(
@@ -524,29 +567,9 @@ class StreamqClient:
         subscribing = asyncio.ensure_future(
             self._subscribe(request.request_id, next_seq=0, job_queue=queue, cancel_on_close=cancel_on_close)
         )
+        limit = -1 if self.max_queue_depth is None else self.max_queue_depth
         try:
-            keys = [JOB_KEY_PREFIX + request.request_id, queue, events_channel(request.request_id)]
-            limit = -1 if self.max_queue_depth is None else self.max_queue_depth
-            result_key = RESULT_KEY_PREFIX + request.request_id
-            args: list[bytes | int | str] = [
-                job,
-                JOB_EXPIRY_MS,
-                request.request_id,
-                WAKEUP_CHANNEL,
-                queue,
-                limit,
-                result_key,
-                request.priority,
-                request.tenant or DEFAULT_TENANT,
-                round(defer_s * 1000),
-            ]
-            if request.callback is not None:  # kept where the paths ending it outside a worker find it
-                args += [
-                    callback_key(request.request_id),
-                    msgspec.json.encode(request.callback),
-                    JOB_EXPIRY_MS + LOG_TTL_MS,
-                ]
-            outcome = await self._enqueue_script(keys=keys, args=args)
+            outcome = await self._enqueue(request, job, queue, limit, defer_s)
         except BaseException:
             await _close_when_subscribed(subscribing)
             raise
@@ -561,6 +584,39 @@ class StreamqClient:
             await handle.close()
             raise
         return handle
+
+    async def _enqueue(self, request: GenerateRequest, job: bytes, queue: str, limit: int, defer_s: float) -> int:
+        """Run the enqueue script: 1 (queued), 0 (id in use) or -1 (queue full). Where the
+        logs live on a cluster, an id whose log is still kept is in use, and the enqueue
+        reserves the id on the control plane (two requests racing for one id: one wins)."""
+        names, request_id = self._log.names, request.request_id
+        reserving = names.sharded
+        if reserving and await self._data.exists(names.events(request_id)):
+            return 0
+        keys = [
+            JOB_KEY_PREFIX + request_id,
+            queue,
+            REQUEST_RESERVATION_PREFIX + request_id if reserving else names.events(request_id),
+        ]
+        args: list[bytes | int | str] = [
+            job,
+            JOB_EXPIRY_MS,
+            request_id,
+            WAKEUP_CHANNEL,
+            queue,
+            limit,
+            RESULT_KEY_PREFIX + request_id,
+            request.priority,
+            request.tenant or DEFAULT_TENANT,
+            round(defer_s * 1000),
+        ]
+        if request.callback is not None:  # kept where the paths ending it outside a worker find it
+            args += [callback_key(request_id), msgspec.json.encode(request.callback), JOB_EXPIRY_MS + LOG_TTL_MS]
+        elif reserving:
+            args += ["", "", 0]
+        if reserving:
+            args.append(JOB_EXPIRY_MS + LOG_TTL_MS)
+        return int(await self._enqueue_script(keys=keys, args=args))
 
     async def generate(
         self,
@@ -613,7 +669,7 @@ class StreamqClient:
     async def _subscribe(
         self, request_id: str, *, next_seq: int, job_queue: str | None = None, cancel_on_close: bool = False
     ) -> RequestHandle:
-        queue = await self._subscriber.subscribe(events_channel(request_id))
+        queue = await self._subscriber.subscribe(self._log.names.events(request_id))
         return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue, cancel_on_close=cancel_on_close)
 
     async def last_event(self, request_id: str) -> Event | None:
@@ -645,7 +701,9 @@ class StreamqClient:
 
     async def exists(self, request_id: str) -> bool:
         """True if ``request_id`` is queued or has events in the replay log: something to follow."""
-        return bool(await self._redis.exists(JOB_KEY_PREFIX + request_id, events_channel(request_id)))
+        if await self._redis.exists(JOB_KEY_PREFIX + request_id):
+            return True
+        return bool(await self._data.exists(self._log.names.events(request_id)))
 
     async def cancel(self, request_id: str, *, queue: str | None = None) -> CancelOutcome:
         """Cancel a request: a running one is aborted in the engine, a queued one is
@@ -671,7 +729,8 @@ class StreamqClient:
                 prompt_tokens=0,
                 completion_tokens=0,
             )
-            await self._log.end(request_id, final)
+            if await self._log.end(request_id, final) is not None and self._log.names.sharded:
+                await self._schedule_callback(request_id)  # on one Redis, end_request did
         return outcome
 
     async def status(self, request_id: str) -> RequestStatus:

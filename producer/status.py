@@ -6,6 +6,8 @@ queue entry, the callback hash); this module decides the state from it, in this 
 terminal event in the log (``finished``/``failed``), arq's result, a lease (``running``),
 a queue entry or a stored job (``queued``), else ``unknown``. The log and arq's result each
 tell how a request ended, so the answer lasts as long as the longer-kept of the two.
+Where the logs live on a Redis Cluster, the log is read on its shard first (its newest
+event and the tokens its chunks carry), and the script reads the control plane only.
 """
 
 from __future__ import annotations
@@ -16,18 +18,21 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
+from streamq.broker.data_plane import ONE_REDIS
 from streamq.broker.job_result import failure_of
+from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
     MODELS_KEY,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
+    TERMINAL_EVENTS,
+    ChunkEvent,
     ErrorEvent,
     FinalEvent,
     callback_key,
     decode_event,
-    events_channel,
 )
 from streamq.protocol.scripts import ReadOnlyScript
 from streamq.protocol.status import CallbackDelivery, RequestStatus
@@ -52,8 +57,10 @@ class _Found(msgspec.Struct):
 class StatusReader:
     """Reads requests' status; one script call each."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, log: ReplayLog | None = None) -> None:
+        """``log``: the replay log, when it is not on ``redis`` (a Redis Cluster's data plane)."""
         self._script = ReadOnlyScript(redis, "request_status")
+        self._log = log if log is not None and log.names.sharded else None
 
     async def read(self, request_id: str, *, queues: Sequence[str] = ()) -> RequestStatus:
         """The status of ``request_id``. Queued requests are looked for on ``queues``
@@ -62,13 +69,36 @@ class StatusReader:
             JOB_KEY_PREFIX + request_id,
             IN_PROGRESS_PREFIX + request_id,
             RESULT_KEY_PREFIX + request_id,
-            events_channel(request_id),
+            (self._log.names if self._log is not None else ONE_REDIS).events(request_id),
             RETRY_KEY_PREFIX + request_id,
             callback_key(request_id),
             *dict.fromkeys(queues),
         ]
-        reply = await self._script(keys=keys, args=[request_id, MODELS_KEY, IN_PROGRESS_PREFIX])
-        return status_from(request_id, msgspec.json.decode(reply, type=_Found))
+        args: list[str] = [request_id, MODELS_KEY, IN_PROGRESS_PREFIX]
+        if self._log is None:
+            reply = await self._script(keys=keys, args=args)
+            return status_from(request_id, msgspec.json.decode(reply, type=_Found))
+        last, tokens = await _log_summary(self._log, request_id)
+        ended = last is not None and isinstance(decode_event(last), TERMINAL_EVENTS)
+        reply = await self._script(keys=keys, args=[*args, "1" if ended else "0"])
+        found = msgspec.json.decode(reply, type=_Found)
+        found.last = None if last is None else last.decode()
+        found.tokens = tokens
+        return status_from(request_id, found)
+
+
+async def _log_summary(log: ReplayLog, request_id: str) -> tuple[bytes | None, int | None]:
+    """The log's newest event and, unless it ended, the tokens its chunks carry so far
+    (``None`` for an empty log): what the status script reads itself on one Redis."""
+    last = await log.last(request_id)
+    if last is None or isinstance(decode_event(last), TERMINAL_EVENTS):
+        return last, None
+    tokens = 0
+    for raw in await log.read(request_id):
+        event = decode_event(raw)
+        if isinstance(event, ChunkEvent):
+            tokens += len(event.token_ids)
+    return last, tokens
 
 
 def status_from(request_id: str, found: _Found) -> RequestStatus:

@@ -13,7 +13,10 @@ import time
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from producer.client import StreamqClient
-from streamq.broker.connection import add_connection_options, redis_url_from_args, request_id_argument
+from streamq.broker.connection import (
+    add_connection_options,
+    request_id_argument,
+)
 from streamq.protocol.status import RequestStatus, encode_status
 
 STATUS_DESCRIPTION = (
@@ -64,7 +67,7 @@ def _when(ms: int) -> str:
 
 
 async def run_status(args: argparse.Namespace) -> int:
-    async with await StreamqClient.connect(redis_url_from_args(args), queue=args.queue) as client:
+    async with await StreamqClient.from_args(args) as client:
         status = await client.status(args.request_id)
     print(encode_status(status).decode() if args.json else describe(status))
     return 1 if status.state == "unknown" else 0

@@ -5,15 +5,45 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Final
 
 from streamq.protocol.names import (
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_QUEUE,
     DEFAULT_REDIS_URL,
     DRAIN_SECONDS_ENV,
+    EVENTS_REDIS_URL_ENV,
     QUEUE_ENV,
     REDIS_URL_ENV,
 )
+from streamq.redaction import redact_url
+
+CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
+"""The Redis Cluster URL schemes, and whether each speaks TLS."""
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for a ``redis+cluster://`` or ``rediss+cluster://`` URL."""
+    return url.partition("://")[0] in CLUSTER_SCHEMES
+
+
+def check_events_url(url: str | None) -> str | None:
+    """``url`` (``None`` and ``""`` alike: unset) if it may name the data plane; ``ValueError``
+    saying why not: only a Redis Cluster may (one Redis serves both planes by ``$REDIS_URL``)."""
+    if not url:
+        return None
+    if not is_cluster_url(url):
+        raise ValueError(
+            f"{redact_url(url)!r}: the events Redis is a Redis Cluster (redis+cluster://host:port[,host:port...] "
+            f"or rediss+cluster://); without one, leave it unset and one Redis carries both planes"
+        )
+    return url
+
+
+def events_url_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    """``$STREAMQ_EVENTS_REDIS_URL`` (a Redis Cluster for the data plane), else ``None``:
+    the control plane's Redis carries the data plane too."""
+    return check_events_url(environ.get(EVENTS_REDIS_URL_ENV))
 
 
 def redis_url_from_env(environ: Mapping[str, str] = os.environ) -> str:

@@ -15,7 +15,12 @@ import sys
 
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from streamq.broker.connection import add_connection_options, redis_settings_for, redis_url_from_args
+from streamq.broker.connection import (
+    add_connection_options,
+    events_url_from_args,
+    redis_settings_for,
+    redis_url_from_args,
+)
 from streamq.broker.replay_log import log_limits_from_env
 from streamq.environment import drain_seconds_from_env
 from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
@@ -153,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                 metrics_port=args.metrics_port,
                 cpu_nice=args.cpu_nice,
                 queue_name=args.queue,
+                events_redis_url=events_url_from_args(args),
                 log_ttl_ms=round(args.log_ttl_s * 1000),
                 log_maxlen=args.log_maxlen,
                 coalesce=args.coalesce,

@@ -30,7 +30,6 @@ from streamq.protocol import (
     WAKEUP_CHANNEL,
     ErrorEvent,
     is_valid_request_id,
-    owner_key,
 )
 from streamq.protocol.names import CLAIM_SCAN_INTERVAL_MS, TENANT_WEIGHTS_KEY, running_key
 from streamq.protocol.scripts import register_script
@@ -244,8 +243,10 @@ class StreamqWorker(Worker):
             self.queue_name,
             ABORT_KEY,
             running_key(self.queue_name),
-            owner_key(job_id),
         ]
+        owners = state.replay_log.owners
+        if not owners.ahead:
+            keys.append(owners.names.owner(job_id))
         args: list[str | int | bytes] = [
             job_id,
             state.worker_id,
@@ -256,6 +257,8 @@ class StreamqWorker(Worker):
             0 if expiry_s is None else round(expiry_s * 1000),
             incr_score or "",
         ]
+        if owners.ahead:
+            args += await owners.values([job_id])
         return bool(await self._finish_script(keys=keys, args=args))
 
     async def _end_failed_request(self, job_id: str, result_data: bytes | None, attempt: int | None = None) -> None:
@@ -275,6 +278,12 @@ class StreamqWorker(Worker):
         if seq is not None:
             metrics.REQUEST_ERRORS.labels(code=code).inc()
             logger.warning("request %s failed (%s): %s", job_id, code, message)
+            if state.replay_log.names.sharded and state.callbacks is not None:
+                # on one Redis end_request made it due; on a cluster it is the control plane's
+                try:
+                    await state.callbacks.schedule(job_id, None)
+                except Exception as exc:
+                    logger.error("request %s: cannot schedule its callback: %s", job_id, exc)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()

@@ -24,6 +24,7 @@ import httpx
 import msgspec
 from redis.asyncio import Redis
 
+from streamq.broker.callback_schedule import CallbackSchedule
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
     CALLBACK_KEY_PREFIX,
@@ -34,7 +35,6 @@ from streamq.protocol import (
     FinalEvent,
     callback_key,
     decode_event,
-    owner_key,
 )
 from streamq.protocol.callbacks import CallbackBody, CallbackError, signature
 from streamq.protocol.names import CALLBACK_SECRET_ENV, CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP_HEADER
@@ -89,7 +89,7 @@ class CallbackSender:
         self._log = log
         self.policy = policy
         self._claim = register_script(redis, "claim_callbacks")
-        self._schedule = register_script(redis, "schedule_callback")
+        self._schedule = CallbackSchedule(redis, log.owners, log.ttl_ms)
         self._record = register_script(redis, "record_callback")
         self._wake = asyncio.Event()
         self._sending: set[asyncio.Task[None]] = set()
@@ -115,8 +115,7 @@ class CallbackSender:
         gets there first, and only once it ended); ``callback`` from the job, else the one
         stored at enqueue."""
         spec = msgspec.json.encode(callback) if callback is not None else b""
-        keys = [CALLBACKS_KEY, callback_key(request_id), owner_key(request_id)]
-        if await self._schedule(keys=keys, args=[request_id, spec, self._log.ttl_ms]):
+        if await self._schedule(request_id, spec):
             self._wake.set()
 
     async def _run(self) -> None:

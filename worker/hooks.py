@@ -10,8 +10,9 @@ from typing import Any
 
 from arq.utils import import_string
 
+from streamq.broker.data_plane import close_data_plane, connect_data_plane
 from streamq.broker.replay_log import ReplayLog
-from streamq.environment import queue_from_env
+from streamq.environment import events_url_from_env, queue_from_env
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.callbacks import CallbackPolicy, CallbackSender, secret_from_env
@@ -87,10 +88,14 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     if changed:
         logger.info("CPU weight lowered so Redis and clients on this host are not starved: %s", "; ".join(changed))
     async with AsyncExitStack() as closing:
+        # Before the engine: a data plane that is not a whole cluster fails the start in seconds.
+        events_url = options.events_redis_url if options.events_redis_url is not None else events_url_from_env()
+        data = await connect_data_plane(redis, events_url)
+        closing.push_async_callback(close_data_plane, redis, data)
         engine = _build_engine(options)
         closing.callback(_shut_down_engine, engine)
         worker_id = new_worker_id()
-        replay_log = ReplayLog(redis, maxlen=options.log_maxlen, ttl_ms=options.log_ttl_ms)
+        replay_log = ReplayLog(data, maxlen=options.log_maxlen, ttl_ms=options.log_ttl_ms)
         cancels = CancelListener(redis)
         await cancels.start()
         closing.push_async_callback(cancels.close)
@@ -103,6 +108,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             redis,
             worker_id=worker_id,
             on_lost=lambda job_id, attempt: cancels.stop(job_id, attempt, Refusal.SUPERSEDED),
+            owners=replay_log.owners,
         )
         leases.start()
         closing.push_async_callback(leases.close)

@@ -5,7 +5,8 @@ keeps it ``ttl_ms`` ahead instead, renewing all in one script call every ``ttl_m
 A lease names its holder (``lease_holder``). The lease only says that an attempt is alive;
 who owns the request is its owner key's to say, and renewal reads it in the same script:
 an attempt keeps (or takes back) its lease while no newer attempt owns the request, and
-learns at once when one does, or when the request ended, and stops.
+learns at once when one does, or when the request ended, and stops. Where the owner keys
+live on a Redis Cluster, they are read just before (``OwnerRead``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
-from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS, owner_key
+from streamq.broker.data_plane import OwnerRead
+from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
 from streamq.protocol.scripts import register_script
 from streamq.tasks import stop_task
 from worker import metrics
@@ -37,6 +39,7 @@ class Leases:
     :param worker_id: this worker's id, the value its claims write.
     :param on_lost: called with ``(job_id, attempt)`` when a newer attempt owns the request
         or it ended: that attempt stops without writing the end.
+    :param owners: the data plane's owner keys, when they are not on ``redis``.
     """
 
     def __init__(
@@ -46,10 +49,12 @@ class Leases:
         worker_id: str,
         on_lost: Callable[[str, int], None],
         ttl_ms: int = LEASE_TTL_MS,
+        owners: OwnerRead | None = None,
     ) -> None:
         self.ttl_ms = ttl_ms
         self.worker_id = worker_id
         self._redis = redis
+        self._owners = owners if owners is not None else OwnerRead(redis)
         self._on_lost = on_lost
         self._held: dict[str, int] = {}
         """job id -> the attempt holding its lease here."""
@@ -83,9 +88,15 @@ class Leases:
             return
         keys: list[str] = []
         args: list[str | int] = [self.ttl_ms]
-        for job_id, attempt in held:
-            keys += [IN_PROGRESS_PREFIX + job_id, owner_key(job_id)]
-            args += [lease_holder(self.worker_id, attempt), attempt]
+        if self._owners.ahead:
+            owners = await self._owners.values([job_id for job_id, _ in held])
+            for (job_id, attempt), owner in zip(held, owners, strict=True):
+                keys.append(IN_PROGRESS_PREFIX + job_id)
+                args += [lease_holder(self.worker_id, attempt), attempt, owner]
+        else:
+            for job_id, attempt in held:
+                keys += [IN_PROGRESS_PREFIX + job_id, self._owners.names.owner(job_id)]
+                args += [lease_holder(self.worker_id, attempt), attempt]
         replies = await self._renew(keys=keys, args=args)
         for (job_id, attempt), kept in zip(held, replies, strict=True):
             if not kept and self._held.get(job_id) == attempt:

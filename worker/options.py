@@ -24,6 +24,9 @@ class WorkerOptions:
     metrics_port: int | None = None
     cpu_nice: int | None = None
     queue_name: str | None = None
+    events_redis_url: str | None = None
+    """The data plane's Redis Cluster; ``None``: ``$STREAMQ_EVENTS_REDIS_URL``, else the
+    control plane's Redis."""
     """The queue this worker registers for its model."""
     log_ttl_ms: int | None = None
     log_maxlen: int | None = None

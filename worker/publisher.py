@@ -21,8 +21,18 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    MovedError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
@@ -33,9 +43,31 @@ from worker import metrics
 
 logger = logging.getLogger("streamq.worker")
 
-TRANSIENT_REPLY_PREFIXES = ("READONLY", "MASTERDOWN", "BUSY", "LOADING", "TRYAGAIN", "OOM", "NOREPLICAS")
+TRANSIENT_REPLY_PREFIXES = (
+    "READONLY",
+    "MASTERDOWN",
+    "BUSY",
+    "LOADING",
+    "TRYAGAIN",
+    "OOM",
+    "NOREPLICAS",
+    "CLUSTERDOWN",
+)
 """Redis error replies that pass on their own (a failover, a restart loading its data, a
-slow script, memory freed by expiry): a batch that meets them is sent again."""
+slow script, memory freed by expiry, a slot moving between a cluster's shards): a batch
+that meets them is sent again."""
+TRANSIENT_REPLIES = (
+    ReadOnlyError,
+    BusyLoadingError,
+    OutOfMemoryError,
+    TryAgainError,
+    ClusterDownError,
+    MovedError,
+    AskError,
+    SlotNotCoveredError,
+)
+"""The same replies as redis-py parses them (its error classes drop the reply's first word),
+with a cluster's redirects that outlived the log's own following of them."""
 DEFAULT_RETRY_FOR_S = 60.0
 """How long a batch is retried through transient errors: longer than a Redis restart or
 a Sentinel failover, shorter than a client's watchdog."""
@@ -63,7 +95,7 @@ class PublishFailed(RuntimeError):
 
 def is_transient(exc: BaseException) -> bool:
     """True for failures worth sending the same batch again for."""
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError)):
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, *TRANSIENT_REPLIES)):
         return True
     return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLY_PREFIXES)
 

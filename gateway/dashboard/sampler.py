@@ -44,7 +44,7 @@ class DashboardSampler:
         idle_stop_s: float = IDLE_STOP_S,
     ) -> None:
         self._client = client
-        self._stats = WorkerStatsStore(client.redis)
+        self._stats = WorkerStatsStore(client.redis, client.data)
         self._builder = SnapshotBuilder(window_s)
         self._period_s = period_s
         self._idle_stop_s = idle_stop_s

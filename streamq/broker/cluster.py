@@ -23,10 +23,10 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from streamq.broker.connection import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, StreamqRedisSettings
 from streamq.broker.tls import apply_tls_query
+from streamq.environment import CLUSTER_SCHEMES
+from streamq.environment import is_cluster_url as is_cluster_url  # re-exported
 from streamq.redaction import redact_url
 
-CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
-"""The cluster URL schemes, and whether each speaks TLS."""
 DEFAULT_PORT: Final = 6379
 SLOTS: Final = 16384
 
@@ -45,10 +45,6 @@ class ClusterURL:
     password: str | None
     tls: dict[str, Any]
     """redis-py's ``ssl*`` keyword arguments (``ssl=False`` alone without TLS)."""
-
-
-def is_cluster_url(url: str) -> bool:
-    return url.partition("://")[0] in CLUSTER_SCHEMES
 
 
 def parse_cluster_url(url: str) -> ClusterURL:

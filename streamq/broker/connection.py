@@ -29,9 +29,10 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.tls import apply_tls_query, certificate_refusal, insecure_url, refusal_error
-from streamq.environment import queue_from_env, redis_url_from_env
+from streamq.environment import check_events_url, events_url_from_env, queue_from_env, redis_url_from_env
 from streamq.protocol import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL  # re-exported: the default URL of every command
 from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV, REQUEST_ID_PATTERN, is_valid_request_id
+from streamq.protocol.names import EVENTS_REDIS_URL_ENV
 from streamq.redaction import MASK, redact_url
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -151,6 +152,12 @@ def add_redis_url_option(parser: argparse.ArgumentParser | argparse._ArgumentGro
         help=f"Redis of the streamq deployment (default: ${REDIS_URL_ENV} or %(default)s)",
     )
     parser.add_argument(
+        "--events-redis-url",
+        default=events_url_from_env(),
+        help=f"a Redis Cluster for the data plane (each request's events), redis+cluster://host:port[,host:port...] "
+        f"(default: ${EVENTS_REDIS_URL_ENV}, else the Redis of --redis-url carries them too)",
+    )
+    parser.add_argument(
         "--tls-insecure",
         action="store_true",
         help="for rediss:// URLs: do not verify the server's certificate nor its host name, as "
@@ -162,6 +169,13 @@ def redis_url_from_args(args: argparse.Namespace) -> str:
     """The URL that ``add_redis_url_option``'s options name."""
     url: str = args.redis_url
     return insecure_url(url) if getattr(args, "tls_insecure", False) else url
+
+
+def events_url_from_args(args: argparse.Namespace) -> str | None:
+    """The data plane's URL that ``add_redis_url_option``'s options name (``None``: the
+    control plane's Redis carries it); ``ValueError`` for a URL that is not a cluster's."""
+    url = check_events_url(getattr(args, "events_redis_url", None))
+    return insecure_url(url) if url is not None and getattr(args, "tls_insecure", False) else url
 
 
 def redis_settings_for(url: str = DEFAULT_REDIS_URL) -> StreamqRedisSettings:

@@ -9,20 +9,28 @@ same call, for the dashboard.
 
 A batch's command is packed here in one pass: redis-py's asyncio packer copies its
 buffer again for every argument, which made packing the worker's largest cost per event.
+
+On a Redis Cluster (``streamq.broker.data_plane``) a script call covers one slot, so a batch
+is split by bucket (the hash tag of its requests' names), the calls pipelined per shard
+primary, ``MOVED``, ``ASK`` and ``NOSCRIPT`` handled per call, and the replies merged as one
+call's would be.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, SlotNotCoveredError, TryAgainError
 
-from streamq.broker.replies import as_text
+from streamq.broker.data_plane import ONE_REDIS, DataNames, DataRedis, OwnerRead, names_of
 from streamq.protocol import (
     CALLBACKS_KEY,
     EVENTS_CHANNEL_PREFIX,
@@ -35,11 +43,14 @@ from streamq.protocol import (
     FinalEvent,
     callback_key,
     encode_event,
-    events_channel,
-    owner_key,
 )
-from streamq.protocol.names import RECENT_ENDS_KEY, RECENT_ENDS_MAX
+from streamq.protocol.names import RECENT_ENDS_KEY, RECENT_ENDS_MAX, events_bucket
 from streamq.protocol.scripts import register_script
+
+CLUSTER_ROUNDS = 4
+"""How many times a cluster append sends the calls a shard redirected (``MOVED``, ``ASK``),
+had no script for, or asked to try again (``TRYAGAIN``: a slot moving) before it gives up
+with the error, which the publisher retries as transient."""
 
 
 def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
@@ -105,16 +116,20 @@ class ReplayLog:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: DataRedis,
         *,
         maxlen: int | None = None,
         ttl_ms: int | None = None,
         recent_ends_max: int = RECENT_ENDS_MAX,
     ) -> None:
         """``maxlen`` and ``ttl_ms`` default to ``log_limits_from_env()``; ``recent_ends_max``
-        caps ``RECENT_ENDS_KEY``, where every terminal event written here is pushed."""
+        caps ``RECENT_ENDS_KEY``, where every terminal event written here is pushed.
+        ``redis`` is the data plane: one Redis, or a Redis Cluster."""
         env_maxlen, env_ttl_ms = log_limits_from_env() if maxlen is None or ttl_ms is None else (0, 0)
         self._redis = redis
+        self.names: DataNames = names_of(redis)
+        self.owners = OwnerRead(redis)
+        """The owner keys, for the control plane's scripts that fence by them."""
         self._maxlen = maxlen if maxlen is not None else env_maxlen
         self._ttl_ms = ttl_ms if ttl_ms is not None else env_ttl_ms
         if recent_ends_max < 1:
@@ -125,21 +140,31 @@ class ReplayLog:
         self._end_script = register_script(redis, "end_request")
 
     async def append(self, events: Sequence[LogEvent]) -> Appended:
-        """Log and publish ``events``, in order, in one command."""
+        """Log and publish ``events``, in order: in one command on one Redis, in one per
+        bucket of requests, pipelined per shard, on a cluster."""
         script = self._append_script
-        if self._redis.connection is not None:  # a single-connection client: its own lock and path
+        if isinstance(self._redis, RedisCluster):
+            return await self._append_sharded(self._redis, events)
+        if self._one_redis().connection is not None:  # a single-connection client: its own lock and path
             keys: list[str] = []
             args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
             for event in events:
-                keys += [events_channel(event.request_id), owner_key(event.request_id)]
+                keys += [self.names.events(event.request_id), self.names.owner(event.request_id)]
                 args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
             args += [RECENT_ENDS_KEY, self._recent_ends_max, EVENTS_CHANNEL_PREFIX]
             reply = await script(keys=keys, args=args)
         else:
-            command = pack_append(script.sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max)
-            [reply] = await self._send_appends(command, 1)
+            [reply] = await self._send_appends(self._pack(script.sha, events), 1)
+        return self._appended(reply)
+
+    def _appended(self, reply: Any) -> Appended:
+        """One ``append_and_publish`` reply, read."""
         skipped, superseded, out_of_step = reply
-        return Appended(int(skipped), _request_ids(superseded), _request_ids(out_of_step))
+        return Appended(
+            int(skipped),
+            frozenset(map(self.names.request_id, superseded)),
+            frozenset(map(self.names.request_id, out_of_step)),
+        )
 
     async def append_groups(self, groups: Sequence[Sequence[LogEvent]]) -> Appended:
         """Log and publish each group of ``events`` with a script call of its own, the calls
@@ -150,29 +175,79 @@ class ReplayLog:
         groups = [group for group in groups if group]
         if not groups:
             return Appended(0)
-        if self._redis.connection is not None:  # a single-connection client: no pipelining of its own
+        if isinstance(self._redis, RedisCluster) or self._one_redis().connection is not None:
+            # a cluster splits by bucket anyway; a single-connection client has no pipelining of its own
             results = [await self.append(group) for group in groups]
             return _merged(results)
         script = self._append_script
-        command = b"".join(
-            pack_append(script.sha, self._maxlen, self._ttl_ms, group, self._recent_ends_max) for group in groups
-        )
+        command = b"".join(self._pack(script.sha, group) for group in groups)
         replies = await self._send_appends(command, len(groups))
-        return _merged(
-            Appended(int(skipped), _request_ids(superseded), _request_ids(out_of_step))
-            for skipped, superseded, out_of_step in replies
-        )
+        return _merged(map(self._appended, replies))
 
     async def _send_appends(self, command: bytes, count: int) -> list[Any]:
         """Send ``count`` packed ``append_and_publish`` calls in one write and read their
         replies; a restarted Redis that has forgotten the script (every call refused) gets
         it loaded, and the calls again."""
-        pool = self._redis.connection_pool
+        redis = self._one_redis()
+        pool = redis.connection_pool
         try:
             return await _execute_pipelined(pool, command, count)
         except NoScriptError:
-            await self._redis.script_load(self._append_script.script)
+            await redis.script_load(self._append_script.script)
             return await _execute_pipelined(pool, command, count)
+
+    def _one_redis(self) -> Redis:
+        """The data plane's client, known to be one Redis."""
+        assert not isinstance(self._redis, RedisCluster)
+        return cast(Redis, self._redis)
+
+    async def _append_sharded(self, cluster: RedisCluster, events: Sequence[LogEvent]) -> Appended:
+        """``append`` on a cluster: one call per bucket present in ``events`` (a bucket's
+        names share one slot), sent to the slot's primary, the calls of one primary in one
+        write; each call's redirect or missing script is dealt with and that call sent
+        again, up to ``CLUSTER_ROUNDS`` times. Any other error fails the append once every
+        call was answered: the publisher sends the batch again, and the calls that went
+        through find their events logged (duplicates)."""
+        buckets: dict[int, list[LogEvent]] = {}
+        for event in events:
+            buckets.setdefault(events_bucket(event.request_id), []).append(event)
+        sha = self._append_script.sha
+        calls = [
+            _ClusterCall(self.names.events(group[0].request_id), self._pack(sha, group)) for group in buckets.values()
+        ]
+        results: list[Appended] = []
+        for round_ in range(CLUSTER_ROUNDS):
+            await cluster.initialize()  # a no-op once connected
+            failed: list[_ClusterCall] = []
+            errors: list[BaseException] = []
+            for node, node_calls, replies in await _send_by_node(cluster, calls):
+                for call, reply in zip(node_calls, replies, strict=True):
+                    if not isinstance(reply, BaseException):
+                        results.append(self._appended(reply))
+                    elif isinstance(reply, AskError):
+                        failed.append(_ClusterCall(call.key, call.command, asking=(reply.host, reply.port)))
+                    elif isinstance(reply, (MovedError, NoScriptError, TryAgainError)):
+                        failed.append(_ClusterCall(call.key, call.command))
+                    else:
+                        errors.append(reply)
+                if any(isinstance(reply, NoScriptError) for reply in replies):
+                    await node.execute_command("SCRIPT", "LOAD", self._append_script.script)
+            if errors:
+                if not all(isinstance(error, ResponseError) for error in errors):
+                    with contextlib.suppress(Exception):  # a node away (failing over?): the map again
+                        await cluster.nodes_manager.initialize()
+                raise errors[0]
+            if not failed:
+                return _merged(results)
+            if any(not call.asking for call in failed):
+                await cluster.nodes_manager.initialize()  # a slot moved: read the map again
+            if round_ + 1 < CLUSTER_ROUNDS:
+                await asyncio.sleep(0.05 * round_)
+            calls = failed
+        raise TryAgainError(f"{len(calls)} calls still redirected after {CLUSTER_ROUNDS} rounds")
+
+    def _pack(self, sha: str | bytes, events: Sequence[LogEvent]) -> bytes:
+        return pack_append(sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names)
 
     async def end(self, request_id: str, event: FinalEvent | ErrorEvent, *, attempt: int | None = None) -> int | None:
         """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
@@ -182,19 +257,20 @@ class ReplayLog:
         written: nothing is written while a newer attempt owns the request. A callback
         stored at enqueue is made due, and the event pushed to ``RECENT_ENDS_KEY``, in the
         same script. Returns the seq given, or ``None`` if nothing was written."""
-        keys = [events_channel(request_id), owner_key(request_id)]
+        names = self.names
+        keys = [names.events(request_id), names.owner(request_id)]
         args: list[bytes | str | int] = [
             encode_event(event),
             self._maxlen,
             self._ttl_ms,
-            callback_key(request_id),
+            "" if names.sharded else callback_key(request_id),  # on a cluster: the caller's, on the control plane
             CALLBACKS_KEY,
             request_id,
-            RECENT_ENDS_KEY,
+            names.recent_ends(request_id),
             self._recent_ends_max,
+            "" if attempt is None else attempt,
+            names.publish_command,
         ]
-        if attempt is not None:
-            args.append(attempt)
         seq = int(await self._end_script(keys=keys, args=args))
         return None if seq < 0 else seq
 
@@ -202,18 +278,18 @@ class ReplayLog:
         """Make ``attempt`` the request's owner, so that older attempts still running
         can no longer write (unless it ended, or a newer attempt owns it), and read
         everything logged so far, in one step."""
-        keys = [events_channel(request_id), owner_key(request_id)]
+        keys = [self.names.events(request_id), self.names.owner(request_id)]
         owns, entries = await self._take_over_script(keys=keys, args=[attempt, self._ttl_ms])
         return TakeOver(bool(owns), [_field(fields, b"event") for _, fields in entries])
 
     async def read(self, request_id: str, from_seq: int = 0) -> list[bytes]:
         """The logged events of ``request_id`` with ``seq >= from_seq``, in order."""
-        entries = await self._redis.xrange(events_channel(request_id), min=entry_id(from_seq), max="+")
+        entries = await self._redis.xrange(self.names.events(request_id), min=entry_id(from_seq), max="+")
         return [fields[b"event"] for _, fields in entries]
 
     async def last(self, request_id: str) -> bytes | None:
         """The newest logged event of ``request_id``, or ``None`` when nothing is logged."""
-        entries = await self._redis.xrevrange(events_channel(request_id), count=1)
+        entries = await self._redis.xrevrange(self.names.events(request_id), count=1)
         return entries[0][1][b"event"] if entries else None
 
 
@@ -222,21 +298,33 @@ _OWNER_PREFIX = OWNER_KEY_PREFIX.encode()
 
 
 def pack_append(
-    sha: str | bytes, maxlen: int, ttl_ms: int, events: Sequence[LogEvent], recent_ends_max: int = RECENT_ENDS_MAX
+    sha: str | bytes,
+    maxlen: int,
+    ttl_ms: int,
+    events: Sequence[LogEvent],
+    recent_ends_max: int = RECENT_ENDS_MAX,
+    names: DataNames = ONE_REDIS,
 ) -> bytes:
     """The RESP bytes of ``EVALSHA`` of ``append_and_publish`` for ``events``: per event
     its log and owner keys, then maxlen and ttl, then per event its entry id, attempt,
-    terminal flag and payload, then the recent-ends list, its cap and the log keys' prefix
-    (the script's KEYS and ARGV)."""
+    terminal flag and payload, then the recent-ends list, its cap and the log keys' prefix,
+    and on a cluster ``SPUBLISH`` (the script's KEYS and ARGV). On a cluster ``events`` are
+    of one bucket (their prefix and recent-ends list are the first one's)."""
     keys: list[bytes] = []
     args: list[bytes] = []
-    events_prefix, owner_prefix = len(_EVENTS_PREFIX), len(_OWNER_PREFIX)
+    events_prefix, owner_prefix = _EVENTS_PREFIX, _OWNER_PREFIX
+    tail = _pack_recent_ends(recent_ends_max)
+    if names.sharded and events:
+        first = events[0].request_id
+        events_prefix = names.events(first).removesuffix(first).encode()
+        owner_prefix = names.owner(first).removesuffix(first).encode()
+        tail = _pack_args(names.recent_ends(first).encode(), b"%d" % recent_ends_max, events_prefix, b"SPUBLISH")
     for event in events:
         request_id = event.request_id.encode()
         size = len(request_id)
         keys.append(
             b"$%d\r\n%b%b\r\n$%d\r\n%b%b\r\n"
-            % (size + events_prefix, _EVENTS_PREFIX, request_id, size + owner_prefix, _OWNER_PREFIX, request_id)
+            % (size + len(events_prefix), events_prefix, request_id, size + len(owner_prefix), owner_prefix, request_id)
         )
         entry = b"0-%d" % (event.seq + 1)
         attempt = b"%d" % event.attempt
@@ -248,27 +336,74 @@ def pack_append(
     sha_bytes = sha.encode() if isinstance(sha, str) else sha
     numkeys, maxlen_bytes, ttl_bytes = b"%d" % (2 * len(events)), b"%d" % maxlen, b"%d" % ttl_ms
     head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-        8 + 6 * len(events),
+        (9 if names.sharded else 8) + 6 * len(events),
         len(sha_bytes),
         sha_bytes,
         len(numkeys),
         numkeys,
     )
     limits = b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(maxlen_bytes), maxlen_bytes, len(ttl_bytes), ttl_bytes)
-    return b"".join((head, *keys, limits, *args, _pack_recent_ends(recent_ends_max)))
+    return b"".join((head, *keys, limits, *args, tail))
 
 
 def _pack_recent_ends(recent_ends_max: int) -> bytes:
-    """The RESP bytes of ``append_and_publish``'s last three arguments."""
-    key, cap = RECENT_ENDS_KEY.encode(), b"%d" % recent_ends_max
-    return b"$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-        len(key),
-        key,
-        len(cap),
-        cap,
-        len(_EVENTS_PREFIX),
-        _EVENTS_PREFIX,
-    )
+    """The RESP bytes of ``append_and_publish``'s last three arguments on one Redis."""
+    return _pack_args(RECENT_ENDS_KEY.encode(), b"%d" % recent_ends_max, _EVENTS_PREFIX)
+
+
+def _pack_args(*args: bytes) -> bytes:
+    """RESP bulk strings of ``args``, back to back."""
+    return b"".join(b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in args)
+
+
+@dataclass(frozen=True)
+class _ClusterCall:
+    """One packed ``append_and_publish`` of a cluster append: its first log key (its slot),
+    and, after an ``ASK``, the node to ask."""
+
+    key: str
+    command: bytes
+    asking: tuple[str, int] | None = None
+
+
+_ASKING = b"*1\r\n$6\r\nASKING\r\n"
+
+
+async def _send_by_node(
+    cluster: RedisCluster, calls: Sequence[_ClusterCall]
+) -> list[tuple[ClusterNode, list[_ClusterCall], list[Any]]]:
+    """Each node's calls sent in one write (an ``ASK``ed call after ``ASKING``), all nodes at
+    once; per node its calls and their replies (an error reply, or a node's connection
+    error for each of its calls, as an exception)."""
+    by_node: dict[str, tuple[ClusterNode, list[_ClusterCall]]] = {}
+    for call in calls:
+        if call.asking is None:
+            owner = cluster.get_node_from_key(call.key)
+            if owner is None:
+                raise SlotNotCoveredError(f"no node serves the slot of {call.key}")
+            node = owner
+        else:
+            host, port = call.asking
+            known = cluster.get_node(host, port)
+            node = known if known is not None else ClusterNode(host, port, **cluster.nodes_manager.connection_kwargs)
+        by_node.setdefault(node.name, (node, []))[1].append(call)
+
+    async def send(node: ClusterNode, node_calls: list[_ClusterCall]) -> list[Any]:
+        command = b"".join(_ASKING + call.command if call.asking else call.command for call in node_calls)
+        count = sum(2 if call.asking else 1 for call in node_calls)
+        connection = node.acquire_connection()
+        try:
+            replies = await _exchange(connection, command, count)
+        except Exception as error:  # the node is away: every call of it failed so
+            return [error] * len(node_calls)
+        finally:
+            node._free.append(connection)  # ClusterNode's own release (it has no public one)
+        answers = iter(replies)
+        return [next(answers) if not call.asking else (next(answers), next(answers))[1] for call in node_calls]
+
+    sent = list(by_node.values())
+    replies = await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent))
+    return [(node, node_calls, node_replies) for (node, node_calls), node_replies in zip(sent, replies, strict=True)]
 
 
 async def _pooled_connection(pool: ConnectionPool) -> AbstractConnection:
@@ -287,21 +422,30 @@ async def _execute_pipelined(pool: ConnectionPool, commands: bytes, count: int) 
     in step."""
     connection = await _pooled_connection(pool)
     try:
-        await connection.send_packed_command(commands)
-        replies = []
-        for _ in range(count):
-            try:
-                replies.append(await connection.read_response())
-            except ResponseError as error:
-                replies.append(error)
-    except BaseException:  # cut off mid-command or mid-reply: the connection is not reusable
-        await connection.disconnect()
-        raise
+        replies = await _exchange(connection, commands, count)
     finally:
         await pool.release(connection)
     for reply in replies:
         if isinstance(reply, ResponseError):
             raise reply
+    return replies
+
+
+async def _exchange(connection: AbstractConnection, commands: bytes, count: int) -> list[Any]:
+    """Send ``commands`` in one write and read ``count`` replies, an error reply as its
+    ``ResponseError``; a connection cut off mid-way is disconnected (not reusable) and
+    the error raised."""
+    try:
+        await connection.send_packed_command(commands)
+        replies: list[Any] = []
+        for _ in range(count):
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as error:
+                replies.append(error)
+    except BaseException:
+        await connection.disconnect()
+        raise
     return replies
 
 
@@ -313,12 +457,6 @@ def _merged(results: Iterable[Appended]) -> Appended:
         superseded |= result.superseded
         out_of_step |= result.out_of_step
     return Appended(skipped, frozenset(superseded), frozenset(out_of_step))
-
-
-def _request_ids(log_keys: list[bytes | str]) -> frozenset[str]:
-    """The request ids of ``log_keys`` (their names without ``EVENTS_CHANNEL_PREFIX``)."""
-    prefix = len(EVENTS_CHANNEL_PREFIX)
-    return frozenset(as_text(key)[prefix:] for key in log_keys)
 
 
 def _field(flat: list[bytes], name: bytes) -> bytes:

@@ -1,5 +1,6 @@
 """Workers' self-reports in Redis (``WORKER_STATS_KEY``) and the list of requests that
-ended lately (``RECENT_ENDS_KEY``): what the gateway's dashboard reads.
+ended lately (``RECENT_ENDS_KEY``, one per bucket on a Redis Cluster's data plane): what the
+gateway's dashboard reads.
 
 Both are written at a bounded rate (a report a second per worker, one entry per ended
 request), never per token. Formats: ``streamq.protocol.worker_stats`` and PROTOCOL.md.
@@ -12,9 +13,9 @@ import logging
 import msgspec
 from redis.asyncio import Redis
 
+from streamq.broker.data_plane import DataRedis, names_of
 from streamq.broker.replies import as_text
 from streamq.protocol.names import (
-    RECENT_ENDS_KEY,
     RECENT_ENDS_MAX,
     WORKER_STATS_KEEP_MS,
     WORKER_STATS_KEY,
@@ -35,8 +36,10 @@ logger = logging.getLogger("streamq.stats")
 class WorkerStatsStore:
     """Stores a worker's reports; reads every worker's, and the recent ends."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, data: DataRedis | None = None) -> None:
+        """``data``: the data plane, where the recent ends are pushed, when not ``redis``."""
         self._redis = redis
+        self._data: DataRedis = redis if data is None else data
         self._report = register_script(redis, "report_worker_stats")
 
     async def report(self, stats: WorkerStats, keep_ms: int = WORKER_STATS_KEEP_MS) -> None:
@@ -65,12 +68,16 @@ class WorkerStatsStore:
         return sorted(found, key=lambda stats: stats.reported_ms)
 
     async def recent_ends(self, limit: int = RECENT_ENDS_MAX) -> list[RecentEnd]:
-        """The last ``limit`` requests to end, newest first."""
-        entries = await self._redis.lrange(RECENT_ENDS_KEY, 0, limit - 1)  # type: ignore[misc]
+        """The last ``limit`` requests to end, newest first (on a Redis Cluster, each bucket's
+        list read and the lists merged)."""
         ends = []
-        for entry in entries:
-            try:
-                ends.append(decode_recent_end(entry))
-            except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-                logger.warning("ignoring a malformed recent-ends entry %r: %s", entry[:200], exc)
-        return ends
+        keys = names_of(self._data).all_recent_ends()
+        for key in keys:
+            for entry in await self._data.lrange(key, 0, limit - 1):  # type: ignore[misc]
+                try:
+                    ends.append(decode_recent_end(entry))
+                except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    logger.warning("ignoring a malformed recent-ends entry %r: %s", entry[:200], exc)
+        if len(keys) > 1:  # one list is newest first already; several are merged by time
+            ends.sort(key=lambda end: end.ended_ms, reverse=True)
+        return ends[:limit]

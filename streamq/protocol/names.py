@@ -5,6 +5,7 @@ environment variables both sides read. Everything here is part of PROTOCOL.md; t
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Final
 
 PROTOCOL_VERSION: Final = 1
@@ -59,6 +60,22 @@ MODELS_KEY: Final = "streamq:models"
 a model whose workers are all gone (503) is told apart from one never served (404)."""
 WORKER_TTL_MS: Final = 10_000
 WORKER_RENEW_S: Final = 3.0
+
+# --- the data plane on a Redis Cluster (docs/redis-cluster.md) ----------------------------
+EVENTS_BUCKET_TAGS: Final = ("10", "3", "61", "43", "11", "2", "60", "42", "12", "1", "63", "41", "13", "0", "62", "40")
+"""On a Redis Cluster, request ``id``'s log, owner key and channel carry the hash tag
+``{EVENTS_BUCKET_TAGS[crc32(id) % 16]}``, so that one script call writes a bucket of requests
+(the measured cheaper split: docs/redis-cluster.md). Tag ``i`` is the smallest number whose
+hash slot lies in the ``i``-th sixteenth of the 16384 slots, so the buckets spread evenly
+over shards that split the slots evenly. Part of the protocol: it cannot change while logs live."""
+REQUEST_RESERVATION_PREFIX: Final = "streamq:request:"
+"""``streamq:request:<request_id>``: on the control plane, where the logs live on a Redis
+Cluster, the id's reservation, set by ``enqueue`` and kept ``JOB_EXPIRY_MS + LOG_TTL_MS``, so
+that an id is never reused while its job or events may be kept (one Redis checks the log
+itself)."""
+SHARDED_RECENT_ENDS_PREFIX: Final = "streamq:recent-ends:"
+"""``streamq:recent-ends:{<tag>}``: on a Redis Cluster, ``RECENT_ENDS_KEY`` kept per bucket
+(the scripts that write a terminal event push it in their own slot); readers merge them."""
 
 # --- what the dashboard reads ---------------------------------------------------------
 WORKER_STATS_KEY: Final = "streamq:worker-stats"
@@ -154,6 +171,9 @@ LOG_TTL_MS: Final = 3_600_000
 # --- environment --------------------------------------------------------------------
 REDIS_URL_ENV: Final = "REDIS_URL"
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379"
+EVENTS_REDIS_URL_ENV: Final = "STREAMQ_EVENTS_REDIS_URL"
+"""A Redis Cluster (``redis+cluster://host:port[,host:port...]``) for the data plane: each
+request's log, owner key and channel. Unset: the Redis of ``$REDIS_URL`` carries them too."""
 QUEUE_ENV: Final = "STREAMQ_QUEUE"
 """The queue both sides use unless told otherwise (default ``DEFAULT_QUEUE``)."""
 DRAIN_SECONDS_ENV: Final = "STREAMQ_DRAIN_SECONDS"
@@ -180,6 +200,36 @@ def events_channel(request_id: str) -> str:
 def owner_key(request_id: str) -> str:
     """Name of the key naming the attempt that owns ``request_id`` (or ``ENDED``)."""
     return OWNER_KEY_PREFIX + request_id
+
+
+def events_bucket(request_id: str) -> int:
+    """The bucket of ``request_id`` on a Redis Cluster: CRC-32 (zlib's) of its UTF-8 bytes, mod 16."""
+    return zlib.crc32(request_id.encode()) % len(EVENTS_BUCKET_TAGS)
+
+
+def bucket_tag(request_id: str) -> str:
+    """``{<tag>}``, the hash tag of ``request_id``'s data-plane names on a Redis Cluster."""
+    return "{" + EVENTS_BUCKET_TAGS[events_bucket(request_id)] + "}"
+
+
+def sharded_events_channel(request_id: str) -> str:
+    """``streamq:events:{<tag>}:<request_id>``: the log and sharded channel on a Redis Cluster."""
+    return f"{EVENTS_CHANNEL_PREFIX}{bucket_tag(request_id)}:{request_id}"
+
+
+def sharded_owner_key(request_id: str) -> str:
+    """``streamq:owner:{<tag>}:<request_id>``: the owner key on a Redis Cluster."""
+    return f"{OWNER_KEY_PREFIX}{bucket_tag(request_id)}:{request_id}"
+
+
+def sharded_recent_ends_key(request_id: str) -> str:
+    """``streamq:recent-ends:{<tag>}``: where ``request_id``'s end is pushed on a Redis Cluster."""
+    return SHARDED_RECENT_ENDS_PREFIX + bucket_tag(request_id)
+
+
+def sharded_recent_ends_keys() -> list[str]:
+    """Every bucket's recent-ends list on a Redis Cluster."""
+    return [SHARDED_RECENT_ENDS_PREFIX + "{" + tag + "}" for tag in EVENTS_BUCKET_TAGS]
 
 
 def waiting_key(queue: str, priority: int) -> str:

@@ -33,8 +33,10 @@ from streamq.protocol.names import (
     OWNER_KEY_PREFIX,
     RECENT_ENDS_KEY,
     REQUEST_KEY_PREFIX,
+    REQUEST_RESERVATION_PREFIX,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
+    SHARDED_RECENT_ENDS_PREFIX,
     SUBSCRIBER_CHANNEL_PREFIX,
     TENANT_WEIGHTS_KEY,
     WAKEUP_CHANNEL,
@@ -153,9 +155,11 @@ WORKER = Role(
         "publish",
         "subscribe",
         "unsubscribe",
+        "spublish",  # events out where a Redis Cluster carries them (sharded pub/sub)
         # the dashboard's data: the ends of requests (append_and_publish, end_request)
         "lpush",
         "ltrim",
+        "mget",  # where a Redis Cluster carries the owner keys: read ahead of the control scripts
     ),
     keys=(
         *QUEUE_KEY_PATTERNS,
@@ -173,6 +177,7 @@ WORKER = Role(
         WORKER_STATS_KEY,
         WORKER_STATS_SEEN_KEY,
         RECENT_ENDS_KEY,
+        SHARDED_RECENT_ENDS_PREFIX + "*",
     ),
     read_only_keys=(TENANT_WEIGHTS_KEY,),
     channels=(EVENTS_CHANNEL_PREFIX + "*", WAKEUP_CHANNEL, CANCEL_CHANNEL),
@@ -205,6 +210,10 @@ PRODUCER = Role(
         "publish",
         "subscribe",
         "unsubscribe",
+        # the same where a Redis Cluster carries the events (sharded pub/sub)
+        "spublish",
+        "ssubscribe",
+        "sunsubscribe",
     ),
     keys=(),
     read_only_keys=(
@@ -218,6 +227,7 @@ PRODUCER = Role(
         WORKERS_KEY,
         MODELS_KEY,
         CALLBACK_KEY_PREFIX + "*",
+        REQUEST_RESERVATION_PREFIX + "*",
     ),
     channels=(
         EVENTS_CHANNEL_PREFIX + "*",
@@ -229,8 +239,18 @@ PRODUCER = Role(
         # the enqueue, cancel and end-request scripts, by the keys they declare
         Writes(
             ("evalsha",),
-            (*QUEUE_KEY_PATTERNS, JOB_KEY_PREFIX + "*", EVENTS_CHANNEL_PREFIX + "*", OWNER_KEY_PREFIX + "*"),
+            (
+                *QUEUE_KEY_PATTERNS,
+                JOB_KEY_PREFIX + "*",
+                EVENTS_CHANNEL_PREFIX + "*",
+                OWNER_KEY_PREFIX + "*",
+                REQUEST_RESERVATION_PREFIX + "*",
+                CALLBACK_KEY_PREFIX + "*",  # schedule_callback, where a Redis Cluster carries the events
+                CALLBACKS_KEY,
+            ),
         ),
+        # an id's reservation where a Redis Cluster carries the logs (enqueue)
+        Writes(("set",), (REQUEST_RESERVATION_PREFIX + "*",)),
         Writes(("set", "del"), (JOB_KEY_PREFIX + "*",)),  # store a job; drop a cancelled one
         Writes(("zadd", "zrem"), QUEUE_KEY_PATTERNS),  # queue it; take a cancelled one off
         Writes(("hset", "hdel", "incr"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
@@ -241,7 +261,7 @@ PRODUCER = Role(
         Writes(("hset", "pexpire"), (CALLBACK_KEY_PREFIX + "*",)),
         Writes(("zadd",), (CALLBACKS_KEY,)),
         # the cancelled request's end, pushed to the dashboard's list (end_request)
-        Writes(("lpush", "ltrim"), (RECENT_ENDS_KEY,)),
+        Writes(("lpush", "ltrim"), (RECENT_ENDS_KEY, SHARDED_RECENT_ENDS_PREFIX + "*")),
     ),
 )
 
@@ -272,6 +292,7 @@ GATEWAY = Role(
         WORKER_STATS_KEY,
         WORKER_STATS_SEEN_KEY,
         RECENT_ENDS_KEY,
+        SHARDED_RECENT_ENDS_PREFIX + "*",
     ),
     channels=PRODUCER.channels,
     writes=PRODUCER.writes,

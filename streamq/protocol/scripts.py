@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -29,10 +30,10 @@ def script_text(name: str) -> str:
     return _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
-def register_script(redis: Redis, name: str) -> AsyncScript:
+def register_script(redis: Redis | RedisCluster, name: str) -> AsyncScript:
     """Script ``name`` bound to ``redis``: called with ``keys`` and ``args``, it runs by
     EVALSHA and loads itself on first use."""
-    return redis.register_script(script_text(name))
+    return redis.register_script(script_text(name))  # type: ignore[misc]  # RedisCluster has it too
 
 
 class ReadOnlyScript:
@@ -40,7 +41,7 @@ class ReadOnlyScript:
     as read (``EVALSHA`` checks them as written too), so a user that may only read them can
     run it, and Redis refuses any write it tries. A Redis older than 7.0 runs it by ``EVALSHA``."""
 
-    def __init__(self, redis: Redis, name: str) -> None:
+    def __init__(self, redis: Redis | RedisCluster, name: str) -> None:
         self._redis = redis
         self._script = register_script(redis, name)
         self._read_only = True

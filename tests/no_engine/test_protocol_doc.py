@@ -96,6 +96,7 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
         names.COALESCE_ENV: "1",
         names.KEEP_RESULT_ENV: str(names.DEFAULT_KEEP_RESULT_S),
         names.CALLBACK_SECRET_ENV: "(none)",
+        names.EVENTS_REDIS_URL_ENV: "(none)",
     }
     env_names = {value for name, value in public_constants(names, str).items() if name.endswith("_ENV")}
     assert env_names == defaults.keys()

@@ -2,7 +2,9 @@
 -- per event its entry id, attempt (0: not fenced), 1 if it is terminal (final/error) else
 -- 0, and payload; then, optionally, the recent-ends list, its cap and the log keys' prefix:
 -- each terminal event logged is pushed there as `<request_id> <ended_ms> <event JSON>`
--- (the request id is its log key without the prefix; ended_ms is Redis's time).
+-- (the request id is its log key without the prefix; ended_ms is Redis's time); and the
+-- publish command (default PUBLISH; SPUBLISH on a Redis Cluster, where the keys and the
+-- list share one slot).
 -- An event is logged and published only as the next entry of its request's log. Otherwise:
 -- - its entry already holds this very payload: a duplicate (a retried batch), skipped;
 -- - its entry holds another payload, a newer attempt owns the request, or the request
@@ -18,6 +20,7 @@ local maxlen, ttl = ARGV[1], ARGV[2]
 local skipped, touched, owners, lasts, superseded, out_of_step = 0, {}, {}, {}, {}, {}
 local tail = 2 + 2 * #KEYS
 local recent_key, recent_max, prefix = ARGV[tail + 1], tonumber(ARGV[tail + 2]), ARGV[tail + 3]
+local publish = ARGV[tail + 4] or 'PUBLISH'
 local ended_ms, pushed = nil, false
 for i = 1, #KEYS, 2 do
   local key, owner_key = KEYS[i], KEYS[i + 1]
@@ -51,7 +54,7 @@ for i = 1, #KEYS, 2 do
     out_of_step[key] = true
   else
     redis.call('XADD', key, 'MAXLEN', '~', maxlen, id, 'event', payload)
-    redis.call('PUBLISH', key, payload)
+    redis.call(publish, key, payload)
     lasts[key] = entry
     touched[key] = owner_key
     if terminal == '1' then

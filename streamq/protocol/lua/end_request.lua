@@ -1,17 +1,19 @@
 -- KEYS: the log, the owner key. ARGV: the terminal event as JSON without its seq,
--- maxlen, ttl_ms, and optionally the request's callback hash, the callbacks set and the
--- request id, then the recent-ends list and its cap (the event is pushed there as
--- `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time). Logs and publishes the
--- event with the next sequence number (and, for a final event, the completion tokens the
--- log holds), unless the request already ended; a callback stored at enqueue is made due
--- (as `schedule_callback` does). With ARGV[9], the attempt that ends it (a worker ending
--- its own job that arq failed), nothing is written while a newer attempt owns the request.
+-- maxlen, ttl_ms, the request's callback hash ('' for none), the callbacks set, the
+-- request id, the recent-ends list ('' for none) and its cap (the event is pushed there as
+-- `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time), the attempt that ends it
+-- ('' for none), the publish command (PUBLISH; SPUBLISH on a Redis Cluster, where the
+-- callback is left to the caller: its keys are on the control plane). Logs and publishes
+-- the event with the next sequence number (and, for a final event, the completion tokens
+-- the log holds), unless the request already ended; a callback stored at enqueue is made
+-- due (as `schedule_callback` does). With an attempt (a worker ending its own job that arq
+-- failed), nothing is written while a newer attempt owns the request.
 -- Returns the seq given, -1 when it had already ended, -2 when a newer attempt owns it.
 local owner = redis.call('GET', KEYS[2])
 if owner == 'ended' then
   return -1
 end
-if ARGV[9] and owner and tonumber(owner) > tonumber(ARGV[9]) then
+if ARGV[9] ~= '' and owner and tonumber(owner) > tonumber(ARGV[9]) then
   return -2
 end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
@@ -34,17 +36,17 @@ if event['type'] == 'final' then
 end
 local payload = cjson.encode(event)
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '0-' .. (seq + 1), 'event', payload)
-redis.call('PUBLISH', KEYS[1], payload)
+redis.call(ARGV[10], KEYS[1], payload)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], 'ended', 'PX', ARGV[3])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-if ARGV[7] then
+if ARGV[7] ~= '' then
   redis.call('LPUSH', ARGV[7], ARGV[6] .. ' ' .. now .. ' ' .. payload)
   redis.call('LTRIM', ARGV[7], 0, tonumber(ARGV[8]) - 1)
 end
 local callback = ARGV[4]
-if callback and redis.call('HEXISTS', callback, 'spec') == 1 and redis.call('HEXISTS', callback, 'state') == 0 then
+if callback ~= '' and redis.call('HEXISTS', callback, 'spec') == 1 and redis.call('HEXISTS', callback, 'state') == 0 then
   redis.call('HSET', callback, 'state', 'pending', 'attempts', 0, 'ended_ms', now)
   redis.call('PEXPIRE', callback, ARGV[3])
   redis.call('ZADD', ARGV[5], now, ARGV[6])

@@ -1,8 +1,11 @@
--- KEYS: the job key, the queue, the replay log. ARGV: the job payload, its expiry (ms), the
--- request id, the wake-up channel, the queue name, the queue limit (-1: none), the result key
--- (only read, so not among KEYS: Redis checks declared keys as written too), then optional:
--- the priority (default 0), the tenant (default 'default'), a delay (ms, default 0), and the
--- request's callback hash, its callback (JSON) and the hash's expiry (ms).
+-- KEYS: the job key, the queue, the replay log (where the log lives on a Redis Cluster: the
+-- id's reservation instead). ARGV: the job payload, its expiry (ms), the request id, the
+-- wake-up channel, the queue name, the queue limit (-1: none), the result key (only read,
+-- so not among KEYS: Redis checks declared keys as written too), then optional: the priority
+-- (default 0), the tenant (default 'default'), a delay (ms, default 0), the request's
+-- callback hash, its callback (JSON, '' for none) and the hash's expiry (ms), and the
+-- reservation's expiry (ms): with it, KEYS[3] is the reservation, set as the job is queued
+-- (the caller checked the log on the cluster first).
 -- arq's enqueue and the wake-up in one round trip: refuses an id that is queued, running or
 -- has a result, or whose replay log still exists (a second job would splice its events into
 -- the first's); refuses when the queue holds the limit or more; stores the job and queues it
@@ -34,9 +37,12 @@ else
   redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
   redis.call('ZADD', q .. ':bands', prio, prio)
 end
-if ARGV[12] then
+if ARGV[12] and ARGV[12] ~= '' then
   redis.call('HSET', ARGV[11], 'spec', ARGV[12])
   redis.call('PEXPIRE', ARGV[11], ARGV[13])
+end
+if ARGV[14] then
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[14])
 end
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1

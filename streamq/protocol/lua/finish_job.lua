@@ -2,7 +2,8 @@
 -- set, <queue>:running, and the request's owner key. ARGV: the job id, this worker's id,
 -- the attempt's lease holder (<worker id>:<attempt>), the attempt (0: unknown), what to do,
 -- the result (JSON, '' for none), its expiry in ms (0: kept forever), the score to add on
--- a retry ('' for none).
+-- a retry ('' for none); where the owner key is on another server (a Redis Cluster's data
+-- plane), KEYS has no owner key and ARGV[9] is its value, read just before ('' for none).
 -- arq's bookkeeping at the end of an attempt (arq's `finish_job` and `finish_failed_job`),
 -- done only by an attempt no newer attempt has superseded: a superseded attempt never
 -- removes the job, never writes its result and never hands it back. Every attempt releases
@@ -22,7 +23,12 @@ local lease = redis.call('GET', in_progress)
 if lease == me or lease == holder or lease == '1' then
   redis.call('DEL', in_progress)
 end
-local owner = redis.call('GET', owner_key)
+local owner
+if owner_key then
+  owner = redis.call('GET', owner_key)
+elseif ARGV[9] ~= '' then
+  owner = ARGV[9]
+end
 if action == 'release' or (attempt > 0 and owner and owner ~= 'ended' and tonumber(owner) > attempt) then
   return 0
 end

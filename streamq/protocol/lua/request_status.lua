@@ -1,6 +1,8 @@
 -- KEYS: the job, its lease, its result, its log, its try count, its callback hash, then
 -- queues to look in first. ARGV: the request id, the models hash (its queues are looked
--- in next), the lease key prefix. Only reads (run by EVALSHA_RO).
+-- in next), the lease key prefix, and, where the log lives on a Redis Cluster, whether it
+-- holds a terminal event ('1' or '0', read there just before; the log is not read here,
+-- and the caller fills in `last` and `tokens`). Only reads (run by EVALSHA_RO).
 -- Returns a JSON object of what Redis holds about the request, on Redis's clock: `now`;
 -- `last` (the log's newest event), `lease`, `tries`, `result` (arq's, its `s`, `r`, `st`,
 -- `ft`, `q`), `callback` (the hash); while it has not ended: `queue`, `score`, `priority`,
@@ -19,8 +21,11 @@ local function field(flat, name)
   return nil
 end
 
-local ended = false
-local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+local ended = ARGV[4] == '1'
+local last = {}
+if ARGV[4] == nil then
+  last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)
+end
 if #last > 0 then
   out.last = field(last[1][2], 'event')
   local ok, event = pcall(cjson.decode, out.last or 'null')

@@ -1,11 +1,14 @@
--- KEYS: the callbacks set, the request's callback hash, its owner key. ARGV: the request
--- id, its callback as JSON ('' to use the one stored at enqueue), ttl_ms.
+-- KEYS: the callbacks set, the request's callback hash, its owner key (where the owner key
+-- is on another server, a Redis Cluster's data plane: none, and ARGV[4] is its value, read
+-- just before). ARGV: the request id, its callback as JSON ('' to use the one stored at
+-- enqueue), ttl_ms.
 -- Makes the request's callback due now (Redis's clock), once, and only once the request
 -- has ended (its owner key says `ended`): an attempt that believes it finished but was
 -- superseded cannot send a summary of a request still running. A request already scheduled
 -- (by another end path, or an earlier attempt of its job) is left alone, as is one with no
 -- callback. Returns 1 when scheduled, else 0.
-if redis.call('HEXISTS', KEYS[2], 'state') == 1 or redis.call('GET', KEYS[3]) ~= 'ended' then
+local owner = KEYS[3] and redis.call('GET', KEYS[3]) or ARGV[4]
+if redis.call('HEXISTS', KEYS[2], 'state') == 1 or owner ~= 'ended' then
   return 0
 end
 if ARGV[2] ~= '' then
