@@ -21,13 +21,14 @@ and ``capacity_table`` are the same for ``python -m bench``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ import redis
 from bench.config import int_list
 from bench.cpu import cpu_seconds
 from bench.redis_capacity_load import grouping_argument
+from devkit.redis_cluster import RedisCluster
 from devkit.redis_server import RedisServer, server_binary
 from streamq.broker.replay_log import log_limits_from_env
 
@@ -52,8 +54,10 @@ class CapacityConfig:
 
     tokens_per_event: tuple[int, ...] = (1, 4, 16)
     groupings: tuple[str, ...] = ("flush",)
-    """How each flush is split into script calls (``bench.redis_capacity_load.GROUPINGS``):
-    every grouping is an arm with every tokens-per-event."""
+    """How each flush is split into script calls (``bench.redis_capacity_load.GROUPINGS``), or
+    ``cluster-<N>``: the logs and channels on a local Redis Cluster of N shards, as a deployment with
+    ``$STREAMQ_EVENTS_REDIS_URL`` has them (one call per bucket, pipelined per shard; Redis's
+    CPU is the shards' together): every grouping is an arm with every tokens-per-event."""
     workers: int = 8
     """Simulated workers (one Redis connection and one flush loop each)."""
     requests_per_worker: int = 64
@@ -169,9 +173,31 @@ def figures(
     )
 
 
+CLUSTER_ARM = "cluster-"
+"""``cluster-<N>``: the arm whose logs are on a local Redis Cluster of N shards."""
+
+
+def cluster_shards(grouping: str) -> int | None:
+    """N of a ``cluster-<N>`` arm, else ``None``."""
+    if not grouping.startswith(CLUSTER_ARM):
+        return None
+    shards = grouping.removeprefix(CLUSTER_ARM)
+    if not shards.isdigit() or int(shards) < 1:
+        raise argparse.ArgumentTypeError(f"a cluster arm is cluster-<shards>, shards >= 1; got {grouping!r}")
+    return int(shards)
+
+
 def _load_command(
-    config: CapacityConfig, role: str, url: str, run: str, k: int, out: Path, grouping: str = "flush"
+    config: CapacityConfig,
+    role: str,
+    url: str,
+    run: str,
+    k: int,
+    out: Path,
+    grouping: str = "flush",
+    events_url: str | None = None,
 ) -> list[str]:
+    events = [] if events_url is None else ["--events-url", events_url]
     return [
         sys.executable,
         "-m",
@@ -188,9 +214,10 @@ def _load_command(
         "--output-len",
         str(config.output_len),
         "--grouping",
-        grouping,
+        "flush" if cluster_shards(grouping) else grouping,
         "--out",
         str(out),
+        *events,
     ]
 
 
@@ -210,13 +237,22 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
     run = f"cap{tokens_per_event}"
     prefix = config.results_dir / f"{config.run_id}-capacity-k{tokens_per_event}-{grouping}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with RedisServer() as server:
+    with contextlib.ExitStack() as servers:
+        server = servers.enter_context(RedisServer())
         assert server.process is not None
+        data_nodes = [server]
+        events_url = None
+        shards = cluster_shards(grouping)
+        if shards:
+            cluster = servers.enter_context(RedisCluster(primaries=shards))
+            data_nodes, events_url = cluster.nodes, cluster.url
         processes: list[tuple[str, subprocess.Popen[str], Path]] = []
         try:
             for i in range(config.subscribers):
                 out = Path(f"{prefix}-subscriber{i}.json")
-                command = _load_command(config, "subscribe", server.url, run, tokens_per_event, out)
+                command = _load_command(
+                    config, "subscribe", server.url, run, tokens_per_event, out, grouping, events_url
+                )
                 command += ["--index", str(i), "--subscribers", str(config.subscribers)]
                 command += ["--total-workers", str(config.workers)]
                 process = subprocess.Popen(
@@ -243,24 +279,29 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
                     config.workers // config.publishers + (j < config.workers % config.publishers) for j in range(i)
                 )
                 out = Path(f"{prefix}-publisher{i}.json")
-                command = _load_command(config, "publish", server.url, run, tokens_per_event, out, grouping)
+                command = _load_command(config, "publish", server.url, run, tokens_per_event, out, grouping, events_url)
                 command += ["--workers", str(share), "--first-worker", str(first)]
                 command += ["--window", json.dumps(window), "--warmup", str(config.warmup_s)]
                 process = subprocess.Popen(
                     command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
                 )
                 processes.append((f"publisher{i}", process, out))
-            roles = {role: process.pid for role, process, _ in processes} | {"redis": server.process.pid}
-            client = redis.Redis.from_url(server.url)
+            roles = {role: process.pid for role, process, _ in processes}
+            redis_pids = [node.process.pid for node in data_nodes if node.process is not None]
+            clients = [redis.Redis(port=node.port) for node in data_nodes]
             time.sleep(max(0.0, window["start"] - time.time()))
             before = {role: cpu_seconds(pid) for role, pid in roles.items()}
-            calls_before = script_calls(client)
-            memory_before = used_memory(client)
+            before["redis"] = sum(map(cpu_seconds, redis_pids))
+            calls_before = _summed(script_calls(client) for client in clients)
+            memory_before = sum(map(used_memory, clients))
             time.sleep(max(0.0, window["end"] - time.time()))
             after = {role: cpu_seconds(pid) for role, pid in roles.items()}
-            calls_after = script_calls(client)
-            memory_grown = used_memory(client) - memory_before
-            client.close()
+            after["redis"] = sum(map(cpu_seconds, redis_pids))
+            calls_after = _summed(script_calls(client) for client in clients)
+            memory_grown = sum(map(used_memory, clients)) - memory_before
+            for client in clients:
+                client.close()
+            roles["redis"] = 0
             for role, process, _ in processes:
                 if process.wait(timeout=120) != 0:
                     raise RuntimeError(f"{role} exited with status {process.returncode}")
@@ -293,6 +334,14 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
         flush=True,
     )
     return result
+
+
+def _summed(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """(calls, µs) of several servers together."""
+    calls = usec = 0
+    for server_calls, server_usec in pairs:
+        calls, usec = calls + server_calls, usec + server_usec
+    return calls, usec
 
 
 def _sum(counts: object) -> dict[str, int]:
@@ -378,6 +427,9 @@ def _grouping_label(result: CapacityResult) -> str:
     """How a flush was split, in words, with the calls it came to."""
     if result.grouping == "flush":
         return "1 (the whole flush)"
+    shards = cluster_shards(result.grouping)
+    if shards:
+        return f"{result.calls_per_flush:.1f} (one per bucket, pipelined per shard; {shards}-shard Redis Cluster)"
     what = "request" if result.grouping == "request" else f"bucket, {result.grouping.partition('-')[2]} buckets"
     return f"{result.calls_per_flush:.1f} (one per {what}, pipelined)"
 
@@ -392,7 +444,12 @@ def describe(config: CapacityConfig) -> str:
         f"{config.publishers} publisher and {config.subscribers} subscriber processes (every request followed); "
         f"{config.warmup_s:g} s warm-up, {config.measure_s:g} s measured, "
         f"{config.rounds} round(s) of the arms in turn; "
-        f"{os.cpu_count()} CPUs shared by all. Redis CPU from /proc/<pid>/stat over the windows."
+        f"{os.cpu_count()} CPUs shared by all. Redis CPU from /proc/<pid>/stat over the windows"
+        + (
+            " (a cluster arm's: its shards' together; a control Redis beside it carries only the ready lists)."
+            if any(cluster_shards(grouping) for grouping in config.groupings)
+            else "."
+        )
     )
 
 
@@ -406,7 +463,9 @@ def main() -> None:
         "--grouping",
         default="flush",
         help="arms: how a flush is split into script calls, comma-separated, of flush (one call), request "
-        "(one per request, pipelined: a Redis Cluster's shape) and buckets-<B> (default %(default)s)",
+        "(one per request, pipelined), buckets-<B> (one per bucket, pipelined), all on one Redis, and "
+        "cluster-<N> (the logs on a Redis Cluster of N shards, as deployed with $STREAMQ_EVENTS_REDIS_URL) "
+        "(default %(default)s)",
     )
     parser.add_argument("--workers", type=int, default=defaults.workers, help="default %(default)s")
     parser.add_argument(
@@ -421,7 +480,7 @@ def main() -> None:
     parser.add_argument("--results-dir", type=Path, default=defaults.results_dir)
     args = parser.parse_args()
     try:
-        groupings = tuple(grouping_argument(g) for g in args.grouping.split(","))
+        groupings = tuple(g if cluster_shards(g) else grouping_argument(g) for g in args.grouping.split(","))
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
     config = CapacityConfig(

@@ -17,6 +17,11 @@ before it enqueues: the subscriber pushes ``<slot>:<request>`` to the worker's r
 the publisher reads every 8 flushes or when a slot waits (an RPUSH per request and an LPOP per
 few flushes: per-request work, like the enqueue it stands for, counted in Redis's CPU).
 
+With ``--events-url`` (a ``redis+cluster://`` URL) the logs and channels are a Redis Cluster's,
+as a deployment with ``$STREAMQ_EVENTS_REDIS_URL`` has them: the publishers' flushes split by
+bucket and pipelined per shard (``ReplayLog`` on the cluster), the subscribers follow with the
+``ShardedEventSubscriber``; ``--redis-url`` then carries only the ready lists.
+
 Both print ``ready`` once set up and write their counts over the measurement window as JSON.
 """
 
@@ -34,9 +39,12 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from producer.sharded_subscriber import ShardedEventSubscriber
 from producer.subscriber import EventSubscriber, Inbox
+from streamq.broker.cluster import connect_cluster
+from streamq.broker.data_plane import DataRedis, names_of
 from streamq.broker.replay_log import LogEvent, ReplayLog
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event, events_channel
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, decode_event, encode_event
 
 PROMPT_TOKENS = 32
 TOKEN_TEXT = " tok"
@@ -220,13 +228,18 @@ class SimulatedWorker:
             self.counts.skipped += appended.skipped + len(appended.superseded)
 
 
+async def data_plane(args: argparse.Namespace, control: Redis) -> DataRedis:
+    """Where the logs and channels are: the cluster of ``--events-url``, else ``control``."""
+    return control if args.events_url is None else await connect_cluster(args.events_url)
+
+
 async def publish(args: argparse.Namespace, window: Window) -> dict[str, object]:
     counts = Counts()
     connections = [Redis.from_url(args.redis_url) for _ in range(args.workers)]
+    planes = [await data_plane(args, connection) for connection in connections]
     try:
         workers = [
-            SimulatedWorker(args.first_worker + i, args, ReplayLog(connection), counts)
-            for i, connection in enumerate(connections)
+            SimulatedWorker(args.first_worker + i, args, ReplayLog(plane), counts) for i, plane in enumerate(planes)
         ]
         await asyncio.gather(*(connection.ping() for connection in connections))
         await asyncio.sleep(max(0.0, window.start - args.warmup - time.time()))
@@ -234,18 +247,32 @@ async def publish(args: argparse.Namespace, window: Window) -> dict[str, object]
         await asyncio.gather(*(w.run(c, window) for w, c in zip(workers, connections, strict=True)))
         first, last = await sampler
     finally:
+        await asyncio.gather(*(plane.aclose() for plane in planes if plane not in connections))
         await asyncio.gather(*(connection.aclose() for connection in connections))
     return asdict(last.minus(first))
 
 
+Subscriber = EventSubscriber | ShardedEventSubscriber
+
+
 async def follow_slot(
-    subscriber: EventSubscriber, redis: Redis, args: argparse.Namespace, worker: int, slot: int, counts: Counts
+    subscriber: Subscriber,
+    redis: Redis,
+    log: ReplayLog,
+    args: argparse.Namespace,
+    worker: int,
+    slot: int,
+    counts: Counts,
+    subscribed: list[int],
 ) -> None:
-    """Follow a slot's requests one after another, each subscribed two requests ahead."""
+    """Follow a slot's requests one after another, each subscribed two requests ahead
+    (``subscribed`` counts the subscriptions confirmed)."""
     generation = 0
+    names = log.names
 
     async def subscribe(n: int) -> Inbox:
-        queue = await subscriber.subscribe(events_channel(request_id(args.run, worker, slot, n)))
+        queue = await subscriber.subscribe(names.events(request_id(args.run, worker, slot, n)))
+        subscribed[0] += 1
         await redis.rpush(ready_key(args.run, worker), f"{slot}:{n}")  # type: ignore[misc]
         return queue
 
@@ -269,7 +296,7 @@ async def follow_slot(
             elif isinstance(event, (FinalEvent, ErrorEvent)):
                 break
         counts.requests_ended += 1
-        channel = events_channel(request_id(args.run, worker, slot, generation))
+        channel = names.events(request_id(args.run, worker, slot, generation))
         await subscriber.unsubscribe(channel, queue)
         queues.popleft()
         queues.append(await subscribe(generation + 2))
@@ -279,12 +306,19 @@ async def follow_slot(
 async def subscribe(args: argparse.Namespace) -> dict[str, object]:
     counts = Counts()
     redis = Redis.from_url(args.redis_url)
-    subscriber = EventSubscriber(redis)
+    plane = await data_plane(args, redis)
+    log = ReplayLog(plane)
+    subscriber: Subscriber = (
+        EventSubscriber(redis) if not names_of(plane).sharded else ShardedEventSubscriber(plane)  # type: ignore[arg-type]
+    )
     slots = slots_of(args.index, args.subscribers, args.total_workers, args.requests_per_worker)
+    subscribed = [0]
     try:
-        followers = [asyncio.create_task(follow_slot(subscriber, redis, args, w, r, counts)) for w, r in slots]
+        followers = [
+            asyncio.create_task(follow_slot(subscriber, redis, log, args, w, r, counts, subscribed)) for w, r in slots
+        ]
         # Every slot's first two channels are subscribed before the publishers are told to start.
-        while counts_subscribed(subscriber) < 2 * len(slots) + 1:
+        while subscribed[0] < 2 * len(slots):
             await asyncio.sleep(0.05)
         print("ready", flush=True)
         line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -307,22 +341,19 @@ async def subscribe(args: argparse.Namespace) -> dict[str, object]:
             print(f"follower failed: {failure!r}", flush=True)
     finally:
         await subscriber.close()
+        if plane is not redis:
+            await plane.aclose()
         await redis.aclose()
     result = asdict(last.minus(first))
     result["failures"] = len(failures)
     return result
 
 
-def counts_subscribed(subscriber: EventSubscriber) -> int:
-    """Channels the subscriber's connection has confirmed (its own channel included)."""
-    pubsub = subscriber._pubsub  # noqa: SLF001 - a benchmark's look inside, not an API
-    return 0 if pubsub is None else len(pubsub.channels)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role", choices=["publish", "subscribe"])
     parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--events-url", help="a Redis Cluster carrying the logs and channels (redis+cluster://)")
     parser.add_argument("--run", required=True, help="prefix of the request ids")
     parser.add_argument("--requests-per-worker", type=int, required=True)
     parser.add_argument("--tokens-per-event", type=int, required=True)

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from redis.exceptions import (
     AskError,
@@ -108,6 +109,11 @@ class EventPublisher:
     stop. The refusal is also kept until the job asks (``take_refusal``): a refusal of
     an event published before ``flushed()`` was asked is known once it resolves.
     ``coalesce=False`` makes ``extendable`` always false: one event per DELTA.
+
+    On a Redis Cluster a batch can partly fail (a shard away): the events it could not log
+    go back to the front of the buffer and are sent again with the next batch, while the
+    other shards' requests go on; a request whose events have failed for ``retry_for_s``
+    has them dropped, and its waiters fail.
     """
 
     def __init__(
@@ -130,11 +136,13 @@ class EventPublisher:
         self._in_flight = False
         self._deltas = 0
         """DELTAs buffered since the flusher last took the buffer, merged ones included."""
-        self._pending_waiters: list[asyncio.Future[None]] = []
-        self._sending_waiters: list[asyncio.Future[None]] = []
+        self._pending_waiters: list[_Waiter] = []
+        self._sending_waiters: list[_Waiter] = []
         """Waiters of the batch in flight: resolved when it is done, as the pending ones are
         when the batch that takes them is."""
         self._has_pending = asyncio.Event()
+        self._failing_since: dict[str, float] = {}
+        """Request id -> when its events first failed to reach their shard (cluster only)."""
         self._retry_for_s = retry_for_s
         self._retry_delay_s = retry_delay_s
         self._task: asyncio.Task[None] | None = None
@@ -186,14 +194,15 @@ class EventPublisher:
             event.logprobs = [*event.logprobs, *logprobs] if event.logprobs else logprobs
         self._deltas += 1
 
-    def flushed(self) -> asyncio.Future[None]:
+    def flushed(self, request_id: str | None = None) -> asyncio.Future[None]:
         """A future that resolves once everything published so far has reached Redis
-        (the batch in flight too), or fails with ``PublishFailed`` if it could not."""
+        (the batch in flight too), or fails with ``PublishFailed`` if it could not; with
+        ``request_id``, once that request's events have (others' failing do not hold it up)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._pending:
-            self._pending_waiters.append(waiter)
+            self._pending_waiters.append(_Waiter(request_id, waiter))
         elif self._in_flight:
-            self._sending_waiters.append(waiter)
+            self._sending_waiters.append(_Waiter(request_id, waiter))
         else:
             waiter.set_result(None)
         return waiter
@@ -208,35 +217,70 @@ class EventPublisher:
             self._has_pending.clear()
             taken, self._pending = self._pending, []
             waiters, self._pending_waiters = self._pending_waiters, []
-            self._sending_waiters = waiters
             deltas, self._deltas = self._deltas, 0
             self._generation += 1
             batch, chunks, tokens = _encoded(taken)
+            if self._failing_since:
+                batch, waiters = self._drop_expired(batch, waiters)
+            self._sending_waiters = waiters
             started = time.perf_counter()
             self._in_flight = True
             try:
-                await self._send(batch)
+                unsent, error = await self._send(batch)
             except Exception as exc:  # the flusher must outlive any batch: fail it, loudly
                 failure = exc if isinstance(exc, PublishFailed) else PublishFailed(f"{type(exc).__name__}: {exc}")
                 requests = sorted({event.request_id for event in batch})
                 logger.error("%d events of %d requests NOT published: %s", len(batch), len(requests), failure)
                 metrics.PUBLISH_FAILURES.inc(len(batch))
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(failure)
+                _settle(waiters, failure)
                 continue
             finally:
                 self._in_flight = False
             metrics.PUBLISH_SECONDS.observe(time.perf_counter() - started)
-            metrics.PUBLISH_BATCH_EVENTS.observe(len(batch))
+            metrics.PUBLISH_BATCH_EVENTS.observe(len(batch) - len(unsent))
             metrics.DELTAS.inc(deltas)
             metrics.CHUNKS.inc(chunks)
             metrics.GENERATED_TOKENS.inc(tokens)
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            failing = {event.request_id for event in unsent}
+            for request_id in {event.request_id for event in batch} - failing:
+                self._failing_since.pop(request_id, None)
+            if not unsent:
+                _settle(waiters)
+                continue
+            now = time.monotonic()
+            for request_id in failing:
+                self._failing_since.setdefault(request_id, now)
+            logger.warning("%d events of %d requests not logged, sent again: %s", len(unsent), len(failing), error)
+            self._pending[:0] = unsent  # ahead of anything published since: each request's order holds
+            carried = [waiter for waiter in waiters if waiter.request_id is None or waiter.request_id in failing]
+            _settle([waiter for waiter in waiters if waiter not in carried])
+            self._pending_waiters[:0] = carried
+            self._has_pending.set()
+            await asyncio.sleep(self._retry_delay_s)
 
-    async def _send(self, batch: list[LogEvent]) -> None:
+    def _drop_expired(self, batch: list[LogEvent], waiters: list[_Waiter]) -> tuple[list[LogEvent], list[_Waiter]]:
+        """``batch`` without the events of requests that have failed for ``retry_for_s``,
+        and ``waiters`` without theirs, which fail (as does a waiter of every request)."""
+        expired = {
+            request_id
+            for request_id, since in self._failing_since.items()
+            if time.monotonic() - since >= self._retry_for_s
+        }
+        if not expired:
+            return batch, waiters
+        for request_id in expired:
+            del self._failing_since[request_id]
+        dropped = [event for event in batch if event.request_id in expired]
+        failure = PublishFailed(f"could not publish the events of {len(expired)} requests for {self._retry_for_s:.0f}s")
+        logger.error("%d events of %d requests NOT published: %s", len(dropped), len(expired), failure)
+        metrics.PUBLISH_FAILURES.inc(len(dropped))
+        failed = [waiter for waiter in waiters if waiter.request_id is None or waiter.request_id in expired]
+        _settle(failed, failure)
+        return [event for event in batch if event.request_id not in expired], [w for w in waiters if w not in failed]
+
+    async def _send(self, batch: list[LogEvent]) -> tuple[tuple[LogEvent, ...], BaseException | None]:
+        """Log ``batch``, retrying a whole failed append until the deadline; returns the
+        events a cluster's failing shards left unlogged (and why), for the next flush."""
         deadline = time.monotonic() + self._retry_for_s
         attempt = 0
         while True:
@@ -255,7 +299,9 @@ class EventPublisher:
                 continue
             if appended.superseded or appended.out_of_step:
                 self._refused(batch, appended)
-            return
+            if appended.error is not None and not is_transient(appended.error):
+                raise PublishFailed(f"Redis refused {len(appended.unsent)} events: {appended.error}")
+            return appended.unsent, appended.error
 
     def _refused(self, batch: list[LogEvent], appended: Appended) -> None:
         """Record (and report) each attempt whose events ``appended`` says were refused."""
@@ -269,6 +315,25 @@ class EventPublisher:
                 self._refusals[request_id, attempt] = refusal
             if self._on_refused is not None:
                 self._on_refused(request_id, attempt, refusal)
+
+
+@dataclass(frozen=True, eq=False)
+class _Waiter:
+    """A caller of ``flushed``: the request it waits for (``None``: every one), its future."""
+
+    request_id: str | None
+    future: asyncio.Future[None]
+
+
+def _settle(waiters: list[_Waiter], failure: PublishFailed | None = None) -> None:
+    """Resolve ``waiters`` (fail them with ``failure``, if given)."""
+    for waiter in waiters:
+        if waiter.future.done():
+            continue
+        if failure is None:
+            waiter.future.set_result(None)
+        else:
+            waiter.future.set_exception(failure)
 
 
 def _encoded(taken: list[LogEvent | ChunkEvent]) -> tuple[list[LogEvent], int, int]:

@@ -124,4 +124,4 @@ class RequestEvents:
 
     async def delivered(self) -> None:
         """Wait until every event published so far has reached Redis."""
-        await self._publisher.flushed()
+        await self._publisher.flushed(self.request_id)

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis
@@ -89,6 +89,10 @@ class Appended:
     """Requests whose events would have left a gap in their log (it lost entries that were
     written: a Redis that lost acknowledged writes): the attempt that sent them should hand
     its job back, so that the next one goes on from what the log holds."""
+    unsent: tuple[LogEvent, ...] = ()
+    """On a cluster, the events of the calls that failed (a shard away, say): not logged,
+    in order; the rest of the batch was. ``error`` is the first call's failure."""
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -205,46 +209,52 @@ class ReplayLog:
         """``append`` on a cluster: one call per bucket present in ``events`` (a bucket's
         names share one slot), sent to the slot's primary, the calls of one primary in one
         write; each call's redirect or missing script is dealt with and that call sent
-        again, up to ``CLUSTER_ROUNDS`` times. Any other error fails the append once every
-        call was answered: the publisher sends the batch again, and the calls that went
-        through find their events logged (duplicates)."""
+        again, up to ``CLUSTER_ROUNDS`` times. A call that fails otherwise (its shard away,
+        say) fails alone: its events come back as ``unsent``, with the error, and the rest of
+        the batch is logged, so one shard's outage holds up only its own requests."""
         buckets: dict[int, list[LogEvent]] = {}
         for event in events:
             buckets.setdefault(events_bucket(event.request_id), []).append(event)
         sha = self._append_script.sha
         calls = [
-            _ClusterCall(self.names.events(group[0].request_id), self._pack(sha, group)) for group in buckets.values()
+            _ClusterCall(self.names.events(group[0].request_id), self._pack(sha, group), tuple(group))
+            for group in buckets.values()
         ]
         results: list[Appended] = []
+        errors: list[tuple[_ClusterCall, BaseException]] = []
+        await cluster.initialize()  # a no-op once connected
         for round_ in range(CLUSTER_ROUNDS):
-            await cluster.initialize()  # a no-op once connected
-            failed: list[_ClusterCall] = []
-            errors: list[BaseException] = []
+            again: list[_ClusterCall] = []
             for node, node_calls, replies in await _send_by_node(cluster, calls):
                 for call, reply in zip(node_calls, replies, strict=True):
                     if not isinstance(reply, BaseException):
                         results.append(self._appended(reply))
                     elif isinstance(reply, AskError):
-                        failed.append(_ClusterCall(call.key, call.command, asking=(reply.host, reply.port)))
+                        again.append(replace(call, asking=(reply.host, reply.port)))
                     elif isinstance(reply, (MovedError, NoScriptError, TryAgainError)):
-                        failed.append(_ClusterCall(call.key, call.command))
+                        again.append(replace(call, asking=None))
                     else:
-                        errors.append(reply)
-                if any(isinstance(reply, NoScriptError) for reply in replies):
+                        errors.append((call, reply))
+                if node is not None and any(isinstance(reply, NoScriptError) for reply in replies):
                     await node.execute_command("SCRIPT", "LOAD", self._append_script.script)
-            if errors:
-                if not all(isinstance(error, ResponseError) for error in errors):
-                    with contextlib.suppress(Exception):  # a node away (failing over?): the map again
-                        await cluster.nodes_manager.initialize()
-                raise errors[0]
-            if not failed:
-                return _merged(results)
-            if any(not call.asking for call in failed):
+            if not again:
+                break
+            if any(not call.asking for call in again):
                 await cluster.nodes_manager.initialize()  # a slot moved: read the map again
-            if round_ + 1 < CLUSTER_ROUNDS:
+            calls = again
+            if round_ + 1 == CLUSTER_ROUNDS:
+                error = TryAgainError(f"still redirected after {CLUSTER_ROUNDS} tries")
+                errors += [(call, error) for call in again]
+            else:
                 await asyncio.sleep(0.05 * round_)
-            calls = failed
-        raise TryAgainError(f"{len(calls)} calls still redirected after {CLUSTER_ROUNDS} rounds")
+        if any(not isinstance(error, ResponseError) for _, error in errors):
+            with contextlib.suppress(Exception):  # a node away (failing over?): read the map again
+                await cluster.nodes_manager.initialize()
+        merged = _merged(results)
+        if not errors:
+            return merged
+        unsent = tuple(event for call, _ in errors for event in call.events)
+        return replace(merged, unsent=unsent, error=errors[0][1])
 
     def _pack(self, sha: str | bytes, events: Sequence[LogEvent]) -> bytes:
         return pack_append(sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names)
@@ -363,6 +373,7 @@ class _ClusterCall:
 
     key: str
     command: bytes
+    events: tuple[LogEvent, ...]
     asking: tuple[str, int] | None = None
 
 
@@ -371,16 +382,22 @@ _ASKING = b"*1\r\n$6\r\nASKING\r\n"
 
 async def _send_by_node(
     cluster: RedisCluster, calls: Sequence[_ClusterCall]
-) -> list[tuple[ClusterNode, list[_ClusterCall], list[Any]]]:
+) -> list[tuple[ClusterNode | None, list[_ClusterCall], list[Any]]]:
     """Each node's calls sent in one write (an ``ASK``ed call after ``ASKING``), all nodes at
     once; per node its calls and their replies (an error reply, or a node's connection
-    error for each of its calls, as an exception)."""
+    error for each of its calls, as an exception; calls whose slot no node serves come
+    under node ``None``)."""
     by_node: dict[str, tuple[ClusterNode, list[_ClusterCall]]] = {}
+    uncovered: list[_ClusterCall] = []
     for call in calls:
         if call.asking is None:
-            owner = cluster.get_node_from_key(call.key)
+            try:
+                owner = cluster.get_node_from_key(call.key)
+            except SlotNotCoveredError:
+                owner = None
             if owner is None:
-                raise SlotNotCoveredError(f"no node serves the slot of {call.key}")
+                uncovered.append(call)
+                continue
             node = owner
         else:
             host, port = call.asking
@@ -403,7 +420,13 @@ async def _send_by_node(
 
     sent = list(by_node.values())
     replies = await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent))
-    return [(node, node_calls, node_replies) for (node, node_calls), node_replies in zip(sent, replies, strict=True)]
+    answered: list[tuple[ClusterNode | None, list[_ClusterCall], list[Any]]] = [
+        (node, node_calls, node_replies) for (node, node_calls), node_replies in zip(sent, replies, strict=True)
+    ]
+    if uncovered:
+        error = SlotNotCoveredError("no primary serves the slot (a shard down?)")
+        answered.append((None, uncovered, [error] * len(uncovered)))
+    return answered
 
 
 async def _pooled_connection(pool: ConnectionPool) -> AbstractConnection:
@@ -452,11 +475,15 @@ async def _exchange(connection: AbstractConnection, commands: bytes, count: int)
 def _merged(results: Iterable[Appended]) -> Appended:
     """What several calls' results say together."""
     skipped, superseded, out_of_step = 0, set[str](), set[str]()
+    unsent: list[LogEvent] = []
+    error: BaseException | None = None
     for result in results:
         skipped += result.skipped
         superseded |= result.superseded
         out_of_step |= result.out_of_step
-    return Appended(skipped, frozenset(superseded), frozenset(out_of_step))
+        unsent += result.unsent
+        error = error or result.error
+    return Appended(skipped, frozenset(superseded), frozenset(out_of_step), tuple(unsent), error)
 
 
 def _field(flat: list[bytes], name: bytes) -> bytes:

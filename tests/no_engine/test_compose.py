@@ -172,3 +172,27 @@ def test_the_model_cache_is_in_the_unprivileged_users_home(compose_config: dict[
     volumes = compose_config["services"]["worker"]["volumes"]
     targets = [v["target"] if isinstance(v, dict) else v.split(":")[1] for v in volumes]
     assert "/home/streamq/.cache/huggingface" in targets
+
+
+def test_the_cluster_override_puts_the_data_plane_on_a_redis_cluster(tmp_path: Path) -> None:
+    """``deploy/docker-compose.cluster.yml`` over the base file: six cluster nodes joined
+    once as 3 primaries with a replica each, and every component told where they are."""
+    env_file = tmp_path / ".env"
+    env_file.write_text("".join(f"{name}={value}\n" for name, value in SECRETS.items()))
+    override = ROOT / "deploy" / "docker-compose.cluster.yml"
+    result = compose(env_file, "-f", str(override), "--profile", "example", "config")
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    nodes = [name for name in services if name.startswith("redis-node-")]
+    assert len(nodes) == 6
+    for name in nodes:
+        assert services[name]["command"][:2] == ["--cluster-enabled", "yes"]
+        assert "ports" not in services[name]  # on the internal network only, as `redis`
+    assert "--cluster-replicas 1" in " ".join(services["cluster-init"]["entrypoint"])
+    for component in ("worker", "gateway", "producer"):
+        environment = services[component]["environment"]
+        assert environment["REDIS_URL"] == REDIS_URL
+        assert environment["STREAMQ_EVENTS_REDIS_URL"].startswith(
+            f"redis+cluster://:{REDIS_PASSWORD}@redis-node-1:6379"
+        )
+        assert services[component]["depends_on"]["cluster-init"]["condition"] == "service_completed_successfully"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.redis_capacity import CapacityConfig, capacity_table, figures, run_arm
+from bench.redis_capacity import CapacityConfig, capacity_table, cluster_shards, figures, run_arm
 from bench.redis_capacity_load import SimulatedWorker, group_by, grouping_argument, slots_of
 from streamq.protocol import ChunkEvent, FinalEvent, decode_event
 
@@ -82,7 +82,14 @@ def test_an_unknown_grouping_is_a_usage_error(bad: str) -> None:
         grouping_argument(bad)
 
 
-@pytest.mark.parametrize("grouping", ["flush", "request"])
+@pytest.mark.parametrize("bad", ["cluster-", "cluster-0", "cluster-x"])
+def test_a_cluster_arm_names_its_shards(bad: str) -> None:
+    assert cluster_shards("cluster-3") == 3 and cluster_shards("flush") is None
+    with pytest.raises(argparse.ArgumentTypeError, match="cluster-<shards>"):
+        cluster_shards(bad)
+
+
+@pytest.mark.parametrize("grouping", ["flush", "request", "cluster-2"])
 def test_a_short_run_delivers_every_event_to_its_subscriber(tmp_path: Path, grouping: str) -> None:
     config = CapacityConfig(
         workers=2,
@@ -96,7 +103,8 @@ def test_a_short_run_delivers_every_event_to_its_subscriber(tmp_path: Path, grou
     result = run_arm(config, tokens_per_event=4, grouping=grouping)
     assert result.errors == 0
     # Redis's count of script calls over the publishers' count of flushes, in the same window
-    # (give or take the calls in flight at its edges): one call per flush, or one per request.
+    # (give or take the calls in flight at its edges): one call per flush, or one per request
+    # (on a cluster, one per bucket: each request of a worker in a bucket of its own or not).
     assert result.grouping == grouping
     if grouping == "flush":
         assert result.calls_per_flush == pytest.approx(1, rel=0.05)

@@ -24,7 +24,7 @@ from producer.client import RequestHandle, StreamqClient
 from producer.errors import DuplicateRequest
 from streamq.broker.cluster import ClusterUnusable
 from streamq.broker.worker_stats import WorkerStatsStore
-from streamq.protocol import ChunkEvent, Event, FinalEvent, events_channel
+from streamq.protocol import ChunkEvent, Event, FinalEvent, StreamqError, events_channel
 from streamq.protocol.names import (
     EVENTS_BUCKET_TAGS,
     events_bucket,
@@ -192,3 +192,36 @@ def test_a_worker_whose_events_cluster_does_not_answer_fails_at_start(control: R
     assert worker.process is not None
     assert worker.process.wait(timeout=60) != 0
     assert "no seed node answered" in worker.log_tail(), worker.log_tail()
+
+
+async def test_a_shard_down_for_good_fails_only_its_own_requests(control: RedisServer, tmp_path: Path) -> None:
+    """A primary with no replica SIGKILLed mid-stream: the other shards' requests finish
+    whole, and the dead shard's fail with a clear error (the subscription lost for good)
+    instead of waiting forever."""
+    with RedisCluster(primaries=3) as bare:
+        worker = scripted_worker(
+            control.url, tmp_path / "worker.log", "--events-redis-url", bare.url, tokens_per_s=TOKENS_PER_S
+        )
+        worker.start().wait_ready(timeout_s=120)
+        try:
+            async with await StreamqClient.connect(control.url, events_url=bare.url) as client:
+                request_ids = ids_on_every_shard(bare, 2)
+                doomed = bare.primary_of(sharded_events_channel(request_ids[0]))
+                on_doomed = {r for r in request_ids if bare.primary_of(sharded_events_channel(r)) is doomed}
+                handles = [
+                    await client.submit("shard down", request_id=request_id, max_tokens=150, ignore_eos=True)
+                    for request_id in request_ids
+                ]
+                streams = asyncio.gather(*map(streamed, handles), return_exceptions=True)
+                await asyncio.sleep(1.0)
+                bare.kill(doomed)
+                outcomes = await asyncio.wait_for(streams, timeout=90)
+            for request_id, outcome in zip(request_ids, outcomes, strict=True):
+                if request_id in on_doomed:
+                    assert isinstance(outcome, StreamqError), outcome
+                    assert "connection" in str(outcome) or "sharded subscription" in str(outcome), outcome
+                else:
+                    assert isinstance(outcome, list), outcome
+                    assert_whole(outcome, 150)
+        finally:
+            worker.kill()  # its jobs on the dead shard could only hand themselves back at length
