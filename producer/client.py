@@ -32,6 +32,7 @@ from arq.connections import ArqRedis
 from msgspec import UNSET
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.errors import (
@@ -264,8 +265,8 @@ class RequestHandle:
             if await self._replay():
                 return
             state = await self._client.job_state(self.request_id)
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            return
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException):
+            return  # a shard away too: its subscription says when it is gone for good
         if state in ("queued", "running") or await self._replay():  # the log again: an end may have raced
             return
         raise RequestLost(

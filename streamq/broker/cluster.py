@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -77,12 +78,57 @@ def parse_cluster_url(url: str) -> ClusterURL:
     return ClusterURL(tuple(seeds), unquote(username) or None, unquote(password) or None, tls)
 
 
-def cluster_client(url: str) -> RedisCluster:
+class _CommandTableOnce(AsyncCommandsParser):
+    """redis-py's table of commands' key positions, read once per client: redis-py reads it
+    again from the first primary at every reading of the slot map, so a dead first primary
+    made every later command fail (``SeededCluster``)."""
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if not self.commands:
+            await super().initialize(node)
+
+
+class SeededCluster(RedisCluster):
+    """redis-py's asyncio cluster client, which never runs out of seeds.
+
+    On a connection error redis-py drops the node it was talking to from its seeds and
+    closes every node's connections (``aclose``), which cuts off the commands then in flight
+    to the other nodes, which drop theirs in turn: with one node dead and a few tasks sharing
+    the client (a worker's), the seeds run out within a second, and the client can never read
+    the slot map again ("cannot be connected ... : None"). So the seeds the URL named are put
+    back before every reading of the map. And redis-py reads its table of commands again at
+    each reading of the map, from the first primary, which may be the dead one: the table is
+    read once (``_CommandTableOnce``). (Reading the map also replaces every node's object and
+    closes the old ones' connections: commands in flight then fail once, which the callers
+    that must not fail retry: ``streamq.broker.replay_log``.)"""
+
+    seeds: tuple[tuple[str, int], ...] = ()
+
+    def restore_seeds(self) -> None:
+        """Put the URL's seeds back among the nodes the client reads the slot map from."""
+        manager = self.nodes_manager
+        for host, port in self.seeds:
+            if f"{host}:{port}" not in manager.startup_nodes:
+                node = ClusterNode(host, port, **manager.connection_kwargs)
+                manager.startup_nodes[node.name] = node
+
+    async def initialize(self) -> SeededCluster:
+        self.restore_seeds()
+        await super().initialize()
+        return self  # redis-py's returns Any
+
+    async def refresh_slot_map(self) -> None:
+        """Read the slot map again now (a slot moved, a node is away)."""
+        self.restore_seeds()
+        await self.nodes_manager.initialize()
+
+
+def cluster_client(url: str) -> SeededCluster:
     """A client of the cluster ``url`` names, not connected yet: the connect and reply
     timeouts, keepalive and health checks of every streamq connection, every slot required."""
     address = parse_cluster_url(url)
     settings = StreamqRedisSettings()
-    client: RedisCluster = RedisCluster(
+    client: SeededCluster = SeededCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in address.seeds],
         require_full_coverage=True,
         username=address.username,
@@ -94,10 +140,12 @@ def cluster_client(url: str) -> RedisCluster:
         health_check_interval=settings.health_check_interval,
         **address.tls,
     )
+    client.seeds = address.seeds
+    client.commands_parser = _CommandTableOnce()
     return client
 
 
-async def connect_cluster(url: str) -> RedisCluster:
+async def connect_cluster(url: str) -> SeededCluster:
     """``cluster_client(url)``, connected: it has read the slot map from a seed and every
     slot has a primary. ``ClusterUnusable`` otherwise, saying which of the three it is."""
     client = cluster_client(url)

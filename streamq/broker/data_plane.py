@@ -10,6 +10,7 @@ component holds one client per plane and asks this module for the names.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -23,6 +24,7 @@ from streamq.environment import check_events_url
 from streamq.protocol.names import (
     EVENTS_CHANNEL_PREFIX,
     RECENT_ENDS_KEY,
+    events_bucket,
     events_channel,
     owner_key,
     sharded_events_channel,
@@ -111,12 +113,34 @@ class OwnerRead:
         return self.names.sharded
 
     async def values(self, request_ids: Sequence[str]) -> list[str]:
-        """The owner keys' values of ``request_ids``, ``""`` for a key that does not exist."""
+        """The owner keys' values of ``request_ids``, ``""`` for a key that does not exist.
+        On a cluster, one ``MGET`` per bucket, all at once, and a bucket whose shard does not
+        answer reads as ``""`` (nobody newer known): one shard away must not stop the
+        renewal of every lease, and an attempt on that shard can write nothing anyway."""
         if not request_ids:
             return []
         keys = [self.names.owner(request_id) for request_id in request_ids]
-        if isinstance(self._data, RedisCluster):
-            found = await self._data.mget_nonatomic(keys)
-        else:
-            found = await self._data.mget(keys)
-        return ["" if value is None else as_text(value) for value in found]
+        if not isinstance(self._data, RedisCluster):
+            return [_text(value) for value in await self._data.mget(keys)]
+        cluster = self._data
+        buckets: dict[int, list[int]] = {}
+        for index, request_id in enumerate(request_ids):
+            buckets.setdefault(events_bucket(request_id), []).append(index)
+
+        async def read(indices: list[int]) -> list[bytes | None]:
+            try:
+                found: list[bytes | None] = await cluster.mget([keys[i] for i in indices])
+            except Exception:  # a shard away, or redis-py reading the slot map under the command
+                return [None] * len(indices)
+            return found
+
+        values = [""] * len(keys)
+        groups = list(buckets.values())
+        for indices, found in zip(groups, await asyncio.gather(*map(read, groups)), strict=True):
+            for index, value in zip(indices, found, strict=True):
+                values[index] = _text(value)
+        return values
+
+
+def _text(value: bytes | str | None) -> str:
+    return "" if value is None else as_text(value)

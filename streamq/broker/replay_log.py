@@ -21,15 +21,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streamq.broker.cluster import SeededCluster
 from streamq.broker.data_plane import ONE_REDIS, DataNames, DataRedis, OwnerRead, names_of
 from streamq.protocol import (
     CALLBACKS_KEY,
@@ -47,7 +59,14 @@ from streamq.protocol import (
 from streamq.protocol.names import RECENT_ENDS_KEY, RECENT_ENDS_MAX, events_bucket
 from streamq.protocol.scripts import register_script
 
+T = TypeVar("T")
+
+CLUSTER_GLITCHES = (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError, AttributeError)
+"""What a cluster command may fail with while redis-py reads the slot map again (AttributeError:
+a connection closed under a command being sent), or while a shard is away."""
 CLUSTER_ROUNDS = 4
+MAP_REFRESH_S = 1.0
+"""A cluster append that met a node away reads the slot map again at most this often."""
 """How many times a cluster append sends the calls a shard redirected (``MOVED``, ``ASK``),
 had no script for, or asked to try again (``TRYAGAIN``: a slot moving) before it gives up
 with the error, which the publisher retries as transient."""
@@ -133,6 +152,7 @@ class ReplayLog:
         self._redis = redis
         self.names: DataNames = names_of(redis)
         self.owners = OwnerRead(redis)
+        self._refreshed_at = float("-inf")
         """The owner keys, for the control plane's scripts that fence by them."""
         self._maxlen = maxlen if maxlen is not None else env_maxlen
         self._ttl_ms = ttl_ms if ttl_ms is not None else env_ttl_ms
@@ -222,7 +242,8 @@ class ReplayLog:
         ]
         results: list[Appended] = []
         errors: list[tuple[_ClusterCall, BaseException]] = []
-        await cluster.initialize()  # a no-op once connected
+        with contextlib.suppress(*CLUSTER_GLITCHES):  # a no-op once connected; failing, the map it has
+            await cluster.initialize()
         for round_ in range(CLUSTER_ROUNDS):
             again: list[_ClusterCall] = []
             for node, node_calls, replies in await _send_by_node(cluster, calls):
@@ -240,21 +261,30 @@ class ReplayLog:
             if not again:
                 break
             if any(not call.asking for call in again):
-                await cluster.nodes_manager.initialize()  # a slot moved: read the map again
+                await _refresh_slot_map(cluster)  # a slot moved: read the map again
             calls = again
             if round_ + 1 == CLUSTER_ROUNDS:
                 error = TryAgainError(f"still redirected after {CLUSTER_ROUNDS} tries")
                 errors += [(call, error) for call in again]
             else:
                 await asyncio.sleep(0.05 * round_)
-        if any(not isinstance(error, ResponseError) for _, error in errors):
+        if any(not isinstance(error, ResponseError) for _, error in errors) and self._may_refresh():
             with contextlib.suppress(Exception):  # a node away (failing over?): read the map again
-                await cluster.nodes_manager.initialize()
+                await _refresh_slot_map(cluster)
         merged = _merged(results)
         if not errors:
             return merged
         unsent = tuple(event for call, _ in errors for event in call.events)
         return replace(merged, unsent=unsent, error=errors[0][1])
+
+    def _may_refresh(self) -> bool:
+        """True at most once per ``MAP_REFRESH_S``: reading the slot map closes every
+        connection, so a shard that stays away must not have it read at every flush."""
+        now = time.monotonic()
+        if now - self._refreshed_at < MAP_REFRESH_S:
+            return False
+        self._refreshed_at = now
+        return True
 
     def _pack(self, sha: str | bytes, events: Sequence[LogEvent]) -> bytes:
         return pack_append(sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names)
@@ -281,7 +311,7 @@ class ReplayLog:
             "" if attempt is None else attempt,
             names.publish_command,
         ]
-        seq = int(await self._end_script(keys=keys, args=args))
+        seq = int(await self._on_cluster(lambda: self._end_script(keys=keys, args=args)))
         return None if seq < 0 else seq
 
     async def take_over(self, request_id: str, attempt: int) -> TakeOver:
@@ -289,18 +319,36 @@ class ReplayLog:
         can no longer write (unless it ended, or a newer attempt owns it), and read
         everything logged so far, in one step."""
         keys = [self.names.events(request_id), self.names.owner(request_id)]
-        owns, entries = await self._take_over_script(keys=keys, args=[attempt, self._ttl_ms])
+        owns, entries = await self._on_cluster(lambda: self._take_over_script(keys=keys, args=[attempt, self._ttl_ms]))
         return TakeOver(bool(owns), [_field(fields, b"event") for _, fields in entries])
 
     async def read(self, request_id: str, from_seq: int = 0) -> list[bytes]:
         """The logged events of ``request_id`` with ``seq >= from_seq``, in order."""
-        entries = await self._redis.xrange(self.names.events(request_id), min=entry_id(from_seq), max="+")
+        key = self.names.events(request_id)
+        entries = await self._on_cluster(lambda: self._redis.xrange(key, min=entry_id(from_seq), max="+"))
         return [fields[b"event"] for _, fields in entries]
 
     async def last(self, request_id: str) -> bytes | None:
         """The newest logged event of ``request_id``, or ``None`` when nothing is logged."""
-        entries = await self._redis.xrevrange(self.names.events(request_id), count=1)
+        key = self.names.events(request_id)
+        entries = await self._on_cluster(lambda: self._redis.xrevrange(key, count=1))
         return entries[0][1][b"event"] if entries else None
+
+    async def _on_cluster(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``; on a cluster, tried again (up to ``CLUSTER_ROUNDS`` times) after a failure
+        that redis-py's own following of the cluster let through: reading the slot map again
+        closes every connection, so commands then in flight to healthy shards fail once. The
+        calls given here are idempotent, or say what they found (``end``: already ended)."""
+        if not self.names.sharded:
+            return await call()
+        for round_ in range(1, CLUSTER_ROUNDS + 1):
+            try:
+                return await call()
+            except CLUSTER_GLITCHES:
+                if round_ == CLUSTER_ROUNDS:
+                    raise
+                await asyncio.sleep(0.1 * round_)
+        raise AssertionError("unreachable")
 
 
 _EVENTS_PREFIX = EVENTS_CHANNEL_PREFIX.encode()
@@ -452,6 +500,14 @@ async def _execute_pipelined(pool: ConnectionPool, commands: bytes, count: int) 
         if isinstance(reply, ResponseError):
             raise reply
     return replies
+
+
+async def _refresh_slot_map(cluster: RedisCluster) -> None:
+    """Read the cluster's slot map again, from its URL's seeds too where it knows them."""
+    if isinstance(cluster, SeededCluster):
+        await cluster.refresh_slot_map()
+    else:
+        await cluster.nodes_manager.initialize()
 
 
 async def _exchange(connection: AbstractConnection, commands: bytes, count: int) -> list[Any]:

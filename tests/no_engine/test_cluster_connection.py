@@ -4,6 +4,8 @@ error that says which. Real servers (``devkit.redis_cluster``)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -83,3 +85,34 @@ async def test_slots_without_a_primary_are_refused_at_start_up() -> None:
             client.close()
         with pytest.raises(ClusterUnusable, match="serves 8192 of 16384 hash slots"):
             await connect_cluster(f"redis+cluster://127.0.0.1:{first.port}")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # redis-py's own, see below
+async def test_the_client_keeps_its_seeds_through_a_dead_node_and_concurrent_commands() -> None:
+    """redis-py drops a node from its seeds at each connection error, the healthy ones too
+    when its resets cut their commands off: with one node dead and commands in flight from a
+    few tasks, it ran out of seeds within a second and could never read the slot map again.
+    The URL's seeds come back, and the live shards keep answering. (redis-py also leaves the
+    connections of the node objects it replaces open, and warns as they are collected.)"""
+    with RedisCluster(primaries=3) as three:
+        client = await connect_cluster(three.url)
+        try:
+            keys = [f"streamq:owner:{{k{i}}}" for i in range(30)]
+            for key in keys:
+                await client.set(key, "1")
+            dead = three.primary_of(keys[0])
+            three.kill(dead)
+            live = [key for key in keys if three.primary_of(key) is not dead]
+
+            async def hammer(which: list[str]) -> None:
+                for _ in range(8):
+                    for key in which:
+                        with contextlib.suppress(Exception):  # the dead shard's keys, commands cut off
+                            await client.get(key)
+
+            await asyncio.gather(hammer(keys), hammer(keys[::-1]), hammer(keys[::2]))
+            assert client.nodes_manager.startup_nodes  # redis-py alone ends with none
+            await client.initialize()
+            assert [await client.get(key) for key in live] == [b"1"] * len(live)
+        finally:
+            await client.aclose()

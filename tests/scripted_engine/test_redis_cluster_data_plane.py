@@ -194,17 +194,21 @@ def test_a_worker_whose_events_cluster_does_not_answer_fails_at_start(control: R
     assert "no seed node answered" in worker.log_tail(), worker.log_tail()
 
 
-async def test_a_shard_down_for_good_fails_only_its_own_requests(control: RedisServer, tmp_path: Path) -> None:
+# redis-py's cluster client leaves the connections of node objects it replaced open while a
+# node is dead, and warns as they are collected: a leak of the library, not a delivery fault.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_shard_down_for_good_fails_only_its_own_requests(tmp_path: Path) -> None:
     """A primary with no replica SIGKILLed mid-stream: the other shards' requests finish
     whole, and the dead shard's fail with a clear error (the subscription lost for good)
-    instead of waiting forever."""
-    with RedisCluster(primaries=3) as bare:
+    instead of waiting forever. A deployment of its own: the module's worker must not take
+    these requests."""
+    with RedisCluster(primaries=3) as bare, RedisServer() as own_control:
         worker = scripted_worker(
-            control.url, tmp_path / "worker.log", "--events-redis-url", bare.url, tokens_per_s=TOKENS_PER_S
+            own_control.url, tmp_path / "worker.log", "--events-redis-url", bare.url, tokens_per_s=TOKENS_PER_S
         )
         worker.start().wait_ready(timeout_s=120)
         try:
-            async with await StreamqClient.connect(control.url, events_url=bare.url) as client:
+            async with await StreamqClient.connect(own_control.url, events_url=bare.url) as client:
                 request_ids = ids_on_every_shard(bare, 2)
                 doomed = bare.primary_of(sharded_events_channel(request_ids[0]))
                 on_doomed = {r for r in request_ids if bare.primary_of(sharded_events_channel(r)) is doomed}
@@ -212,10 +216,13 @@ async def test_a_shard_down_for_good_fails_only_its_own_requests(control: RedisS
                     await client.submit("shard down", request_id=request_id, max_tokens=150, ignore_eos=True)
                     for request_id in request_ids
                 ]
-                streams = asyncio.gather(*map(streamed, handles), return_exceptions=True)
+                streams = [asyncio.ensure_future(streamed(handle)) for handle in handles]
                 await asyncio.sleep(1.0)
                 bare.kill(doomed)
-                outcomes = await asyncio.wait_for(streams, timeout=90)
+                _, pending = await asyncio.wait(streams, timeout=90)
+                stuck = [r for r, stream in zip(request_ids, streams, strict=True) if stream in pending]
+                assert not stuck, f"{stuck} never ended (on the dead shard: {on_doomed}):\n{worker.log_tail(60)}"
+                outcomes = [stream.exception() or stream.result() for stream in streams]
             for request_id, outcome in zip(request_ids, outcomes, strict=True):
                 if request_id in on_doomed:
                     assert isinstance(outcome, StreamqError), outcome
