@@ -1,5 +1,6 @@
 """Fault injection for soak tests: a fleet of real workers to kill and replace, a
-Redis to restart, and a witness that records every event published.
+Redis to restart, a Redis Cluster shard to fail over, and a witness that records every
+event published.
 
 Everything here acts on real processes (``WorkerProcess``, ``RedisServer``), as an
 operator's outage would: SIGKILL to a worker's whole process group, a Redis stopped (or
@@ -24,8 +25,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from devkit.redis_cluster import RedisCluster
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess
+from producer.sharded_subscriber import ShardedEventSubscriber
+from producer.subscriber import Inbox
+from streamq.broker.cluster import SeededCluster, connect_cluster
+from streamq.broker.data_plane import CLUSTER
 from streamq.protocol import EVENTS_CHANNEL_PREFIX, IN_PROGRESS_PREFIX
 
 SERVING_LINE = "registered model "
@@ -206,6 +212,68 @@ class EventWitness:
                 with contextlib.suppress(RedisConnectionError, RedisTimeoutError, OSError):
                     await pubsub.aclose()
                     await client.aclose()
+
+
+class ShardedEventWitness:
+    """``EventWitness`` for a data plane on a Redis Cluster, whose sharded channels no
+    pattern matches: each request is followed from before it is submitted (``follow``), at
+    its slot's node, through slot moves and failovers (``ShardedEventSubscriber``). Events
+    published while a shard's connection is re-established are not seen."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.events: dict[str, list[WireEvent]] = {}
+        self.reconnects = 0
+        self._client: SeededCluster | None = None
+        self._subscriber: ShardedEventSubscriber | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._client = await connect_cluster(self.url)
+        self._subscriber = ShardedEventSubscriber(self._client)
+
+    async def follow(self, request_id: str) -> None:
+        """Record ``request_id``'s events from now until its last."""
+        assert self._subscriber is not None, "start() first"
+        inbox = await self._subscriber.subscribe(CLUSTER.events(request_id))
+        self._tasks.append(asyncio.create_task(self._record(request_id, inbox), name=f"witness {request_id}"))
+
+    async def _record(self, request_id: str, inbox: Inbox) -> None:
+        seen = self.events.setdefault(request_id, [])
+        while True:
+            item = await inbox.get()
+            if isinstance(item, bytes):
+                event = json.loads(item)
+                seen.append(WireEvent(time.monotonic(), event))
+                if event.get("type") in ("final", "error"):
+                    return
+            elif isinstance(item, BaseException):
+                self.reconnects += 1
+                return
+            else:  # RESYNC: the subscription moved with its slot
+                self.reconnects += 1
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._subscriber is not None:
+            await self._subscriber.close()
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def fail_over_a_shard(cluster: RedisCluster, rng: random.Random) -> str:
+    """SIGKILL the primary of a shard that has a replica left, and wait until the replica
+    serves its slots: returns which, in words."""
+    shards = [port for port in cluster.primary_ports() if cluster.replicas_of(cluster.node(port))]
+    if not shards:
+        raise RuntimeError("no shard has a replica left to fail over to")
+    primary = cluster.node(rng.choice(sorted(shards)))
+    replica = cluster.replicas_of(primary)[0]
+    cluster.kill(primary)
+    cluster.wait_for_primary(replica, timeout_s=60)
+    return f"primary {primary.port} killed, replica {replica.port} promoted"
 
 
 def percentile(values: list[float], fraction: float) -> float:
