@@ -263,13 +263,13 @@ class ShardedEventWitness:
             await self._client.aclose()
 
 
-def fail_over_a_shard(cluster: RedisCluster, rng: random.Random) -> str:
-    """SIGKILL the primary of a shard that has a replica left, and wait until the replica
-    serves its slots: returns which, in words."""
-    shards = [port for port in cluster.primary_ports() if cluster.replicas_of(cluster.node(port))]
-    if not shards:
-        raise RuntimeError("no shard has a replica left to fail over to")
-    primary = cluster.node(rng.choice(sorted(shards)))
+def shards_to_fail_over(cluster: RedisCluster) -> list[RedisServer]:
+    """The primaries of the shards that still have a replica, in slot order."""
+    return [cluster.node(port) for port in cluster.primary_ports() if cluster.replicas_of(cluster.node(port))]
+
+
+def fail_over(cluster: RedisCluster, primary: RedisServer) -> str:
+    """SIGKILL ``primary`` and wait until its replica serves its slots: says which, in words."""
     replica = cluster.replicas_of(primary)[0]
     cluster.kill(primary)
     cluster.wait_for_primary(replica, timeout_s=60)

@@ -34,15 +34,17 @@ from devkit.chaos import (
     Gate,
     ShardedEventWitness,
     WorkerFleet,
-    fail_over_a_shard,
+    fail_over,
     percentile,
     restart_redis,
+    shards_to_fail_over,
 )
 from devkit.redis_cluster import RedisCluster
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import RequestHandle, StreamqClient
 from streamq.broker.cluster import connect_cluster
+from streamq.broker.data_plane import CLUSTER
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
 from streamq.protocol.names import EVENTS_REDIS_URL_ENV
@@ -340,13 +342,15 @@ class Soak:
             if kind == "kill" and not pending and len(self.fleet.serving()) < 2:
                 # a replacement engine can take minutes to start under load
                 kind = "shard_failover" if self.shape.clustered else "redis_restart"
+            primary = None
             if kind == "shard_failover" and self.cluster is not None:
+                primary, on_it = await self.busiest_shard(self.cluster, rng)
+                kind = kind if primary is not None else "kill"  # every shard failed over once already
+            if primary is not None and self.cluster is not None:
+                cluster = self.cluster
                 at = time.monotonic()
-                fault = Fault(kind, at, self.in_flight(at))
-                try:
-                    fault.detail = await asyncio.to_thread(fail_over_a_shard, self.cluster, rng)
-                except RuntimeError as exc:  # every shard failed over once already
-                    fault.detail = f"skipped: {exc}"
+                fault = Fault(kind, at, on_it)
+                fault.detail = await asyncio.to_thread(fail_over, cluster, primary)
                 fault.back_at = time.monotonic()
             elif kind == "kill":
                 await self.fleet.wait_serving(2)
@@ -368,6 +372,18 @@ class Soak:
                 flush=True,
             )
             due = max(due + rng.uniform(*FAULT_GAP_S), time.monotonic() - self.started + 5.0)
+
+    async def busiest_shard(self, cluster: RedisCluster, rng: random.Random) -> tuple[RedisServer | None, list[Run]]:
+        """Of the shards that can fail over, the one serving the most requests in flight (ties
+        drawn by ``rng``), with those requests: the ones its failover interrupts."""
+        shards = await asyncio.to_thread(shards_to_fail_over, cluster)
+        if not shards:
+            return None, []
+        in_flight = self.in_flight(time.monotonic())
+        homes = await asyncio.to_thread(lambda: [cluster.primary_of(CLUSTER.events(r.request_id)) for r in in_flight])
+        rng.shuffle(shards)
+        primary = max(shards, key=lambda shard: sum(home is shard for home in homes))
+        return primary, [run for run, home in zip(in_flight, homes, strict=True) if home is primary]
 
     async def run(self) -> None:
         producers = [asyncio.create_task(self.produce(i)) for i in range(CONCURRENCY)]
