@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -29,7 +30,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.tls import apply_tls_query, certificate_refusal, insecure_url, refusal_error
-from streamq.environment import check_events_url, events_url_from_env, queue_from_env, redis_url_from_env
+from streamq.environment import check_events_url, queue_from_env, redis_url_from_env
 from streamq.protocol import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL  # re-exported: the default URL of every command
 from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV, REQUEST_ID_PATTERN, is_valid_request_id
 from streamq.protocol.names import EVENTS_REDIS_URL_ENV
@@ -153,7 +154,8 @@ def add_redis_url_option(parser: argparse.ArgumentParser | argparse._ArgumentGro
     )
     parser.add_argument(
         "--events-redis-url",
-        default=events_url_from_env(),
+        type=_events_url,
+        default=os.environ.get(EVENTS_REDIS_URL_ENV),
         help=f"a Redis Cluster for the data plane (each request's events), redis+cluster://host:port[,host:port...] "
         f"(default: ${EVENTS_REDIS_URL_ENV}, else the Redis of --redis-url carries them too)",
     )
@@ -169,6 +171,14 @@ def redis_url_from_args(args: argparse.Namespace) -> str:
     """The URL that ``add_redis_url_option``'s options name."""
     url: str = args.redis_url
     return insecure_url(url) if getattr(args, "tls_insecure", False) else url
+
+
+def _events_url(value: str) -> str | None:
+    """argparse's check of ``--events-redis-url`` (and of its default, the environment's)."""
+    try:
+        return check_events_url(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def events_url_from_args(args: argparse.Namespace) -> str | None:

@@ -6,6 +6,8 @@ documented table are the ones streamq uses."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -53,3 +55,16 @@ def test_an_events_url_that_names_no_cluster_is_refused(url: str) -> None:
         check_events_url(url)
     assert check_events_url("") is None and check_events_url(None) is None
     assert check_events_url("redis+cluster://a:1,b:2") == "redis+cluster://a:1,b:2"
+
+
+@pytest.mark.parametrize("command", [["producer", "hi"], ["gateway"]])
+def test_a_command_given_an_events_url_that_names_no_cluster_says_so(command: list[str]) -> None:
+    module, *rest = command
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--events-redis-url", "redis://localhost:6379", *rest],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--events-redis-url" in result.stderr and "is a Redis Cluster" in result.stderr

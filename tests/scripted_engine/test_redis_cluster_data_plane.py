@@ -35,6 +35,19 @@ from streamq.protocol.names import (
 
 TOKENS_PER_S = 50  # the scripted engine's pace per request
 
+# redis-py's cluster client leaves the connections of the node objects it replaces (at each
+# reading of the slot map, which a killed node brings about) to the garbage collector, which
+# warns of them: a leak of the library, not a delivery fault. Each test collects its own.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def collect_what_redis_py_leaks() -> Iterator[None]:
+    """Collect the module's garbage as its last test ends, under this module's filter,
+    rather than in whichever later test the collector happens to run."""
+    yield
+    gc.collect()
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisCluster]:
@@ -195,9 +208,6 @@ def test_a_worker_whose_events_cluster_does_not_answer_fails_at_start(control: R
     assert "no seed node answered" in worker.log_tail(), worker.log_tail()
 
 
-# redis-py's cluster client leaves the connections of node objects it replaced open while a
-# node is dead, and warns as they are collected: a leak of the library, not a delivery fault.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_a_shard_down_for_good_fails_only_its_own_requests(tmp_path: Path) -> None:
     """A primary with no replica SIGKILLed mid-stream: the other shards' requests finish
     whole, and the dead shard's fail with a clear error (the subscription lost for good)
@@ -233,4 +243,3 @@ async def test_a_shard_down_for_good_fails_only_its_own_requests(tmp_path: Path)
                     assert_whole(outcome, 150)
         finally:
             worker.kill()  # its jobs on the dead shard could only hand themselves back at length
-            gc.collect()  # what redis-py leaked warns here, under this test's filter, not in the next test
