@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from streamq.protocol.names import (
     sharded_events_channel,
     sharded_owner_key,
 )
+from tests.support.callback_receiver import CallbackReceiver
 
 TOKENS_PER_S = 50  # the scripted engine's pace per request
 
@@ -152,6 +154,27 @@ async def test_a_queued_request_cancelled_ends_on_its_shard(client: StreamqClien
     [final] = await asyncio.wait_for(streamed(handle), timeout=20)
     assert isinstance(final, FinalEvent) and final.finish_reasons == ["cancelled"]
     assert (await client.status(handle.request_id)).state == "finished"
+
+
+async def test_callbacks_of_a_finished_and_of_a_queued_request_cancelled_are_delivered(
+    client: StreamqClient,
+) -> None:
+    """Both end paths make the callback due on the control plane from an end written on the
+    shard: the worker's (owner key read ahead of ``schedule_callback``), and a producer's
+    cancel of a queued request (``end_request`` on the shard, then ``schedule_callback``)."""
+    with CallbackReceiver() as receiver:
+        finished = await client.submit("call back", max_tokens=5, ignore_eos=True, callback={"url": receiver.url("/f")})
+        await asyncio.wait_for(streamed(finished), timeout=30)
+        queued = await client.submit("later", max_tokens=5, defer_s=60, callback={"url": receiver.url("/q")})
+        assert await client.cancel(queued.request_id) == "queued"
+        (done,) = await asyncio.to_thread(receiver.wait, "/f")
+        (cancelled,) = await asyncio.to_thread(receiver.wait, "/q")
+    assert json.loads(done.body)["request_id"] == finished.request_id
+    assert json.loads(done.body)["completion_tokens"] == 5
+    assert (json.loads(cancelled.body)["request_id"], json.loads(cancelled.body)["finish_reasons"]) == (
+        queued.request_id,
+        ["cancelled"],
+    )
 
 
 async def test_a_slot_migrated_while_its_requests_stream_loses_and_repeats_nothing(
