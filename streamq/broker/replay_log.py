@@ -65,11 +65,11 @@ CLUSTER_GLITCHES = (RedisConnectionError, RedisTimeoutError, RedisClusterExcepti
 """What a cluster command may fail with while redis-py reads the slot map again (AttributeError:
 a connection closed under a command being sent), or while a shard is away."""
 CLUSTER_ROUNDS = 4
-MAP_REFRESH_S = 1.0
-"""A cluster append that met a node away reads the slot map again at most this often."""
 """How many times a cluster append sends the calls a shard redirected (``MOVED``, ``ASK``),
 had no script for, or asked to try again (``TRYAGAIN``: a slot moving) before it gives up
 with the error, which the publisher retries as transient."""
+MAP_REFRESH_S = 1.0
+"""A cluster append that met a node away reads the slot map again at most this often."""
 
 
 def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
@@ -152,8 +152,8 @@ class ReplayLog:
         self._redis = redis
         self.names: DataNames = names_of(redis)
         self.owners = OwnerRead(redis)
-        self._refreshed_at = float("-inf")
         """The owner keys, for the control plane's scripts that fence by them."""
+        self._refreshed_at = float("-inf")
         self._maxlen = maxlen if maxlen is not None else env_maxlen
         self._ttl_ms = ttl_ms if ttl_ms is not None else env_ttl_ms
         if recent_ends_max < 1:
