@@ -592,7 +592,7 @@ class StreamqClient:
         reserves the id on the control plane (two requests racing for one id: one wins)."""
         names, request_id = self._log.names, request.request_id
         reserving = names.sharded
-        if reserving and await self._data.exists(names.events(request_id)):
+        if reserving and await self._log.exists(request_id):
             return 0
         keys = [
             JOB_KEY_PREFIX + request_id,
@@ -704,7 +704,7 @@ class StreamqClient:
         """True if ``request_id`` is queued or has events in the replay log: something to follow."""
         if await self._redis.exists(JOB_KEY_PREFIX + request_id):
             return True
-        return bool(await self._data.exists(self._log.names.events(request_id)))
+        return await self._log.exists(request_id)
 
     async def cancel(self, request_id: str, *, queue: str | None = None) -> CancelOutcome:
         """Cancel a request: a running one is aborted in the engine, a queued one is

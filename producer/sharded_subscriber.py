@@ -40,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.subscriber import CONFIRM_WITHIN_S, RECONNECT_DELAY_S, RECONNECT_FOR_S, ChannelFollowers
+from streamq.broker.cluster import refresh_slot_map
 from streamq.broker.replies import as_text
 from streamq.tasks import stop_task
 
@@ -126,7 +127,7 @@ class ShardedEventSubscriber(ChannelFollowers):
             self._refresh_wanted = False
             await asyncio.sleep(REFRESH_DELAY_S)  # several causes at once: one refresh
             with contextlib.suppress(RedisClusterException, RedisConnectionError, RedisTimeoutError, OSError):
-                await self._cluster.nodes_manager.initialize()  # unreachable: the readers ask again
+                await refresh_slot_map(self._cluster)  # unreachable: the readers ask again
             for channel in list(self._queues):
                 with contextlib.suppress(RedisClusterException):  # no primary for it now: asked again later
                     self._place(channel)

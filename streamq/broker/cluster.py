@@ -123,6 +123,14 @@ class SeededCluster(RedisCluster):
         await self.nodes_manager.initialize()
 
 
+async def refresh_slot_map(cluster: RedisCluster) -> None:
+    """Read ``cluster``'s slot map again now, from its URL's seeds too where it knows them."""
+    if isinstance(cluster, SeededCluster):
+        await cluster.refresh_slot_map()
+    else:
+        await cluster.nodes_manager.initialize()
+
+
 def cluster_client(url: str) -> SeededCluster:
     """A client of the cluster ``url`` names, not connected yet: the connect and reply
     timeouts, keepalive and health checks of every streamq connection, every slot required."""

@@ -41,7 +41,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamq.broker.cluster import SeededCluster
+from streamq.broker.cluster import refresh_slot_map
 from streamq.broker.data_plane import ONE_REDIS, DataNames, DataRedis, OwnerRead, names_of
 from streamq.protocol import (
     CALLBACKS_KEY,
@@ -261,7 +261,7 @@ class ReplayLog:
             if not again:
                 break
             if any(not call.asking for call in again):
-                await _refresh_slot_map(cluster)  # a slot moved: read the map again
+                await refresh_slot_map(cluster)  # a slot moved: read the map again
             calls = again
             if round_ + 1 == CLUSTER_ROUNDS:
                 error = TryAgainError(f"still redirected after {CLUSTER_ROUNDS} tries")
@@ -270,7 +270,7 @@ class ReplayLog:
                 await asyncio.sleep(0.05 * round_)
         if any(not isinstance(error, ResponseError) for _, error in errors) and self._may_refresh():
             with contextlib.suppress(Exception):  # a node away (failing over?): read the map again
-                await _refresh_slot_map(cluster)
+                await refresh_slot_map(cluster)
         merged = _merged(results)
         if not errors:
             return merged
@@ -333,6 +333,11 @@ class ReplayLog:
         key = self.names.events(request_id)
         entries = await self._on_cluster(lambda: self._redis.xrevrange(key, count=1))
         return entries[0][1][b"event"] if entries else None
+
+    async def exists(self, request_id: str) -> bool:
+        """True while ``request_id``'s log is kept."""
+        key = self.names.events(request_id)
+        return bool(await self._on_cluster(lambda: self._redis.exists(key)))
 
     async def _on_cluster(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``; on a cluster, tried again (up to ``CLUSTER_ROUNDS`` times) after a failure
@@ -500,14 +505,6 @@ async def _execute_pipelined(pool: ConnectionPool, commands: bytes, count: int) 
         if isinstance(reply, ResponseError):
             raise reply
     return replies
-
-
-async def _refresh_slot_map(cluster: RedisCluster) -> None:
-    """Read the cluster's slot map again, from its URL's seeds too where it knows them."""
-    if isinstance(cluster, SeededCluster):
-        await cluster.refresh_slot_map()
-    else:
-        await cluster.nodes_manager.initialize()
 
 
 async def _exchange(connection: AbstractConnection, commands: bytes, count: int) -> list[Any]:
