@@ -68,7 +68,7 @@ CLUSTER_ROUNDS = 4
 """How many times a cluster append sends the calls a shard redirected (``MOVED``, ``ASK``),
 had no script for, or asked to try again (``TRYAGAIN``: a slot moving) before it gives up
 with the error, which the publisher retries as transient."""
-MAP_REFRESH_S = 1.0
+MAP_REFRESH_S = 0.5
 """A cluster append that met a node away reads the slot map again at most this often."""
 
 
