@@ -289,19 +289,23 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
             roles = {role: process.pid for role, process, _ in processes}
             redis_pids = [node.process.pid for node in data_nodes if node.process is not None]
             clients = [redis.Redis(port=node.port) for node in data_nodes]
+
+            def cpu_now() -> dict[str, float]:
+                """Each load process's CPU seconds so far, and the data plane's servers' together."""
+                return {role: cpu_seconds(pid) for role, pid in roles.items()} | {
+                    "redis": sum(map(cpu_seconds, redis_pids))
+                }
+
             time.sleep(max(0.0, window["start"] - time.time()))
-            before = {role: cpu_seconds(pid) for role, pid in roles.items()}
-            before["redis"] = sum(map(cpu_seconds, redis_pids))
+            before = cpu_now()
             calls_before = _summed(script_calls(client) for client in clients)
             memory_before = sum(map(used_memory, clients))
             time.sleep(max(0.0, window["end"] - time.time()))
-            after = {role: cpu_seconds(pid) for role, pid in roles.items()}
-            after["redis"] = sum(map(cpu_seconds, redis_pids))
+            after = cpu_now()
             calls_after = _summed(script_calls(client) for client in clients)
             memory_grown = sum(map(used_memory, clients)) - memory_before
             for client in clients:
                 client.close()
-            roles["redis"] = 0
             for role, process, _ in processes:
                 if process.wait(timeout=120) != 0:
                     raise RuntimeError(f"{role} exited with status {process.returncode}")
@@ -317,7 +321,7 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
     published = _sum(c for role, c in counts.items() if role.startswith("publisher"))
     delivered = _sum(c for role, c in counts.items() if role.startswith("subscriber"))
     errors = published["skipped"] + delivered["skipped"] + delivered.get("failures", 0)
-    cpu = {role: round(100 * (after[role] - before[role]) / config.measure_s, 1) for role in roles}
+    cpu = {role: round(100 * (after[role] - before[role]) / config.measure_s, 1) for role in before}
     calls, usec = (b - a for a, b in zip(calls_before, calls_after, strict=True))
     per_call = usec / calls if calls else 0.0
     result = figures(

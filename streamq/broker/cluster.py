@@ -113,7 +113,8 @@ class SeededCluster(RedisCluster):
                 manager.startup_nodes[node.name] = node
 
     async def initialize(self) -> SeededCluster:
-        self.restore_seeds()
+        if self._initialize:  # redis-py's flag: the map is to be read (else this is a no-op, once per flush)
+            self.restore_seeds()
         await super().initialize()
         return self  # redis-py's returns Any
 

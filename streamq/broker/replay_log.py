@@ -344,16 +344,13 @@ class ReplayLog:
         that redis-py's own following of the cluster let through: reading the slot map again
         closes every connection, so commands then in flight to healthy shards fail once. The
         calls given here are idempotent, or say what they found (``end``: already ended)."""
-        if not self.names.sharded:
-            return await call()
-        for round_ in range(1, CLUSTER_ROUNDS + 1):
-            try:
-                return await call()
-            except CLUSTER_GLITCHES:
-                if round_ == CLUSTER_ROUNDS:
-                    raise
-                await asyncio.sleep(0.1 * round_)
-        raise AssertionError("unreachable")
+        if self.names.sharded:
+            for round_ in range(1, CLUSTER_ROUNDS):
+                try:
+                    return await call()
+                except CLUSTER_GLITCHES:
+                    await asyncio.sleep(0.1 * round_)
+        return await call()
 
 
 _EVENTS_PREFIX = EVENTS_CHANNEL_PREFIX.encode()
@@ -468,8 +465,12 @@ async def _send_by_node(
             return [error] * len(node_calls)
         finally:
             node._free.append(connection)  # ClusterNode's own release (it has no public one)
-        answers = iter(replies)
-        return [next(answers) if not call.asking else (next(answers), next(answers))[1] for call in node_calls]
+        answers, out = iter(replies), []
+        for call in node_calls:
+            if call.asking:
+                next(answers)  # ASKING's own OK, just before the call's reply
+            out.append(next(answers))
+        return out
 
     sent = list(by_node.values())
     replies = await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent))

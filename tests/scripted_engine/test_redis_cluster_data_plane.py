@@ -107,6 +107,14 @@ async def streamed(handle: RequestHandle) -> list[Event]:
     return [event async for event in handle]
 
 
+async def submitted(client: StreamqClient, prompt: str, request_ids: list[str], max_tokens: int) -> list[RequestHandle]:
+    """One request per id, each running to ``max_tokens``."""
+    return [
+        await client.submit(prompt, request_id=request_id, max_tokens=max_tokens, ignore_eos=True)
+        for request_id in request_ids
+    ]
+
+
 def assert_whole(events: list[Event], tokens: int) -> None:
     """Every event once, in order, one final at the end, every token there."""
     assert [event.seq for event in events] == list(range(len(events)))
@@ -120,10 +128,7 @@ async def test_requests_on_every_shard_stream_whole_and_their_names_live_on_the_
     client: StreamqClient, cluster: RedisCluster, control: RedisServer
 ) -> None:
     request_ids = ids_on_every_shard(cluster, 3)
-    handles = [
-        await client.submit(f"prompt {i}", request_id=request_id, max_tokens=20, ignore_eos=True)
-        for i, request_id in enumerate(request_ids)
-    ]
+    handles = await submitted(client, "prompt", request_ids, 20)
     for events in await asyncio.wait_for(asyncio.gather(*map(streamed, handles)), timeout=60):
         assert_whole(events, 20)
 
@@ -183,10 +188,7 @@ async def test_a_slot_migrated_while_its_requests_stream_loses_and_repeats_nothi
     bucket = 5
     request_ids = ids_in_bucket(bucket, 4)
     slot = cluster.slot_of(sharded_events_channel(request_ids[0]))
-    handles = [
-        await client.submit("migrating", request_id=request_id, max_tokens=150, ignore_eos=True)
-        for request_id in request_ids
-    ]
+    handles = await submitted(client, "migrating", request_ids, 150)
     streams = asyncio.gather(*map(streamed, handles))
     await asyncio.sleep(1.0)
     source = cluster.primary_of(sharded_events_channel(request_ids[0]))
@@ -202,10 +204,7 @@ async def test_a_primary_killed_mid_stream_fails_over_and_every_request_ends_onc
 ) -> None:
     bucket = EVENTS_BUCKET_TAGS.index("0")  # a bucket no other test here moves
     request_ids = ids_in_bucket(bucket, 3) + ids_on_every_shard(cluster, 1)
-    handles = [
-        await client.submit("failing over", request_id=request_id, max_tokens=200, ignore_eos=True)
-        for request_id in request_ids
-    ]
+    handles = await submitted(client, "failing over", request_ids, 200)
     streams = asyncio.gather(*map(streamed, handles))
     await asyncio.sleep(1.0)
     primary = cluster.primary_of(sharded_events_channel(request_ids[0]))
@@ -246,10 +245,7 @@ async def test_a_shard_down_for_good_fails_only_its_own_requests(tmp_path: Path)
                 request_ids = ids_on_every_shard(bare, 2)
                 doomed = bare.primary_of(sharded_events_channel(request_ids[0]))
                 on_doomed = {r for r in request_ids if bare.primary_of(sharded_events_channel(r)) is doomed}
-                handles = [
-                    await client.submit("shard down", request_id=request_id, max_tokens=150, ignore_eos=True)
-                    for request_id in request_ids
-                ]
+                handles = await submitted(client, "shard down", request_ids, 150)
                 streams = [asyncio.ensure_future(streamed(handle)) for handle in handles]
                 await asyncio.sleep(1.0)
                 bare.kill(doomed)
