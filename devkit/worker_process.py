@@ -87,7 +87,9 @@ class WorkerProcess:
         return self
 
     def wait_ready(self, timeout_s: float = 300.0) -> WorkerProcess:
-        """Block until the worker's arq health check appears in Redis."""
+        """Block until the worker's arq health check appears in Redis. A worker not ready in
+        time is killed before the error is raised: a fixture that fails here has no worker to
+        stop, and one left running would spin on a core for the rest of the session."""
         assert self.process is not None, "start() first"
         client = redis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + timeout_s
@@ -96,6 +98,7 @@ class WorkerProcess:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_tail()}")
                 if time.monotonic() > deadline:
+                    self.kill()
                     raise RuntimeError(f"worker not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
                 time.sleep(0.2)
         finally:

@@ -6,6 +6,7 @@ shared; each test uses fresh request ids instead of flushing Redis under them.
 
 from __future__ import annotations
 
+import gc
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,15 @@ from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
 from tests.support.callback_receiver import CALLBACK_SECRET
 from tests.support.reference_generate import bare_engine_outputs
 from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
+
+
+@pytest.fixture
+def garbage_collected() -> Iterator[None]:
+    """The test's garbage collected as it ends, its frame gone: a connection it left open
+    warns (an error, by the suite's filters) in this test, under this test's own filters,
+    not in whichever later test the collector next happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

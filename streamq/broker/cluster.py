@@ -14,12 +14,14 @@ within the connect and reply timeouts, rather than a hang or redis-py's generic 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
 from redis._parsers.commands import AsyncCommandsParser
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from streamq.broker.connection import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, StreamqRedisSettings
@@ -30,6 +32,9 @@ from streamq.redaction import redact_url
 
 DEFAULT_PORT: Final = 6379
 SLOTS: Final = 16384
+FORGET_REPLACED_AFTER_S: Final = 60.0
+"""A replaced node is closed again at each reading of the map for this long: no command
+holds a node longer (a command's reply timeout and retries are well under it)."""
 
 
 class ClusterUnusable(RedisError):
@@ -88,6 +93,62 @@ class _CommandTableOnce(AsyncCommandsParser):
             await super().initialize(node)
 
 
+class _NodesClosedForGood(NodesManager):
+    """redis-py's map of the cluster's nodes, which closes the nodes it replaces for good.
+
+    Every reading of the slot map replaces every node object; redis-py closes the old ones'
+    connections in tasks nobody holds or awaits. A command already under way on an old node
+    (a flush sent as the map was read) connects it again, and nothing closes that
+    connection any more: its socket stays open until the garbage collector finds it (a file
+    descriptor per straggler for the life of a worker, and a ResourceWarning). Here the
+    replaced nodes are kept: closed at once, closed again at each later reading of the map
+    and with the client, and forgotten once closed and ``FORGET_REPLACED_AFTER_S`` old."""
+
+    __slots__ = ("_replaced", "_closing")
+
+    def __init__(self, manager: NodesManager) -> None:
+        super().__init__(
+            list(manager.startup_nodes.values()),
+            manager.require_full_coverage,
+            manager.connection_kwargs,
+            address_remap=manager.address_remap,
+            event_dispatcher=manager._event_dispatcher,
+        )
+        self._replaced: dict[int, tuple[float, ClusterNode]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def set_nodes(self, old: dict[str, ClusterNode], new: dict[str, ClusterNode], remove_old: bool = False) -> None:
+        """redis-py's, with the nodes replaced or removed kept for closing (not left to tasks)."""
+        now = time.monotonic()
+        for name in [name for name in old if remove_old and name not in new]:
+            node = old.pop(name)
+            self._replaced.setdefault(id(node), (now, node))
+        for name, node in new.items():
+            replaced = old.get(name)
+            if replaced is not None and replaced is not node:
+                self._replaced.setdefault(id(replaced), (now, replaced))
+            old[name] = node
+        self._close_replaced(now)
+
+    def _close_replaced(self, now: float) -> None:
+        in_use = {id(node) for node in (*self.nodes_cache.values(), *self.startup_nodes.values())}
+        for key, (since, node) in list(self._replaced.items()):
+            if key in in_use:  # named again by a later reading of the map
+                del self._replaced[key]
+            elif any(connection.is_connected for connection in node._connections):
+                task = asyncio.get_running_loop().create_task(node.disconnect())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            elif now - since > FORGET_REPLACED_AFTER_S:
+                del self._replaced[key]
+
+    async def aclose(self, attr: str = "nodes_cache") -> None:
+        await super().aclose(attr)
+        in_use = {id(node) for node in (*self.nodes_cache.values(), *self.startup_nodes.values())}
+        closing = [node.disconnect() for key, (_, node) in self._replaced.items() if key not in in_use]
+        await asyncio.gather(*closing, *self._closing, return_exceptions=True)
+
+
 class SeededCluster(RedisCluster):
     """redis-py's asyncio cluster client, which never runs out of seeds.
 
@@ -99,8 +160,8 @@ class SeededCluster(RedisCluster):
     back before every reading of the map. And redis-py reads its table of commands again at
     each reading of the map, from the first primary, which may be the dead one: the table is
     read once (``_CommandTableOnce``). (Reading the map also replaces every node's object and
-    closes the old ones' connections: commands in flight then fail once, which the callers
-    that must not fail retry: ``streamq.broker.replay_log``.)"""
+    closes the old ones' connections, for good: ``_NodesClosedForGood``; commands in flight
+    then fail once, which the callers that must not fail retry: ``streamq.broker.replay_log``.)"""
 
     seeds: tuple[tuple[str, int], ...] = ()
 
@@ -151,6 +212,7 @@ def cluster_client(url: str) -> SeededCluster:
     )
     client.seeds = address.seeds
     client.commands_parser = _CommandTableOnce()
+    client.nodes_manager = _NodesClosedForGood(client.nodes_manager)
     return client
 
 

@@ -439,6 +439,7 @@ async def _send_by_node(
     under node ``None``)."""
     by_node: dict[str, tuple[ClusterNode, list[_ClusterCall]]] = {}
     uncovered: list[_ClusterCall] = []
+    passing: list[ClusterNode] = []  # an ASK's importing node the map does not name yet: closed after
     for call in calls:
         if call.asking is None:
             try:
@@ -451,8 +452,9 @@ async def _send_by_node(
             node = owner
         else:
             host, port = call.asking
-            known = cluster.get_node(host, port)
-            node = known if known is not None else ClusterNode(host, port, **cluster.nodes_manager.connection_kwargs)
+            node = cluster.get_node(host, port) or ClusterNode(host, port, **cluster.nodes_manager.connection_kwargs)
+            if node.name not in cluster.nodes_manager.nodes_cache:
+                passing.append(node)
         by_node.setdefault(node.name, (node, []))[1].append(call)
 
     async def send(node: ClusterNode, node_calls: list[_ClusterCall]) -> list[Any]:
@@ -473,7 +475,10 @@ async def _send_by_node(
         return out
 
     sent = list(by_node.values())
-    replies = await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent))
+    try:
+        replies = await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent))
+    finally:
+        await asyncio.gather(*(node.disconnect() for node in passing), return_exceptions=True)
     answered: list[tuple[ClusterNode | None, list[_ClusterCall], list[Any]]] = [
         (node, node_calls, node_replies) for (node, node_calls), node_replies in zip(sent, replies, strict=True)
     ]

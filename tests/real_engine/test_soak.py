@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import random
@@ -549,10 +548,10 @@ async def settled_leftovers(raw: aioredis.Redis) -> tuple[int, list[bytes]]:
 
 @pytest.mark.timeout(int(max(SOAK_SECONDS, CLUSTER_SOAK_SECONDS) + DRAIN_S + 420))
 # NOTE: across Redis restarts redis-py can leave one socket of a failed reconnect to the
-# garbage collector (ResourceWarning: unclosed StreamWriter), and its cluster client the
-# connections of the node objects it replaces. Resource leaks of the client library, not
-# delivery faults: this test is about delivery; they are tracked apart.
+# garbage collector (ResourceWarning: unclosed StreamWriter). A resource leak of the client
+# library, not a delivery fault: this test is about delivery; it is tracked apart.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.usefixtures("garbage_collected")  # under this filter, not in the next test
 @pytest.mark.parametrize("shape", [ONE_REDIS, ON_A_CLUSTER], ids=lambda shape: shape.name)
 async def test_every_request_ends_exactly_once_with_its_tokens_under_chaos(
     shape: Shape, tiny_model: Path, tmp_path: Path
@@ -603,7 +602,6 @@ async def test_every_request_ends_exactly_once_with_its_tokens_under_chaos(
         finally:
             fleet.kill_all()
 
-    gc.collect()  # what redis-py leaked warns here, under this test's filter, not in the next test
     report, failures = summarize(soak, witness, logged, expected, exits)
     print(report["line"], flush=True)
     path = REPORT_PATH if not shape.clustered else REPORT_PATH.with_name(f"{REPORT_PATH.stem}-cluster.json")
