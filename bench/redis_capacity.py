@@ -111,6 +111,8 @@ class CapacityResult:
     grouping: str = "flush"
     """How each flush was split into script calls (``CapacityConfig.groupings``)."""
     calls_per_flush: float = 1.0
+    unix_clients: int = 0
+    """Connections on Redis's Unix socket as the window ended (the ``unix`` arm's load)."""
 
 
 def script_calls(client: redis.Redis) -> tuple[int, int]:
@@ -175,6 +177,9 @@ def figures(
 
 CLUSTER_ARM = "cluster-"
 """``cluster-<N>``: the arm whose logs are on a local Redis Cluster of N shards."""
+UNIX_ARM = "unix"
+"""The ``flush`` arm with every load process on Redis's Unix socket (``unix://``) instead of
+loopback TCP: what a worker beside its Redis saves on each send."""
 
 
 def cluster_shards(grouping: str) -> int | None:
@@ -214,7 +219,7 @@ def _load_command(
         "--output-len",
         str(config.output_len),
         "--grouping",
-        "flush" if cluster_shards(grouping) else grouping,
+        "flush" if cluster_shards(grouping) or grouping == UNIX_ARM else grouping,
         "--out",
         str(out),
         *events,
@@ -238,8 +243,9 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
     prefix = config.results_dir / f"{config.run_id}-capacity-k{tokens_per_event}-{grouping}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with contextlib.ExitStack() as servers:
-        server = servers.enter_context(RedisServer())
+        server = servers.enter_context(RedisServer(unix_socket=grouping == UNIX_ARM))
         assert server.process is not None
+        url = server.unix_url if grouping == UNIX_ARM else server.url
         data_nodes = [server]
         events_url = None
         shards = cluster_shards(grouping)
@@ -250,9 +256,7 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
         try:
             for i in range(config.subscribers):
                 out = Path(f"{prefix}-subscriber{i}.json")
-                command = _load_command(
-                    config, "subscribe", server.url, run, tokens_per_event, out, grouping, events_url
-                )
+                command = _load_command(config, "subscribe", url, run, tokens_per_event, out, grouping, events_url)
                 command += ["--index", str(i), "--subscribers", str(config.subscribers)]
                 command += ["--total-workers", str(config.workers)]
                 process = subprocess.Popen(
@@ -279,7 +283,7 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
                     config.workers // config.publishers + (j < config.workers % config.publishers) for j in range(i)
                 )
                 out = Path(f"{prefix}-publisher{i}.json")
-                command = _load_command(config, "publish", server.url, run, tokens_per_event, out, grouping, events_url)
+                command = _load_command(config, "publish", url, run, tokens_per_event, out, grouping, events_url)
                 command += ["--workers", str(share), "--first-worker", str(first)]
                 command += ["--window", json.dumps(window), "--warmup", str(config.warmup_s)]
                 process = subprocess.Popen(
@@ -304,6 +308,8 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
             after = cpu_now()
             calls_after = _summed(script_calls(client) for client in clients)
             memory_grown = sum(map(used_memory, clients)) - memory_before
+            listed: list[dict[str, str]] = clients[0].client_list()  # type: ignore[assignment]
+            unix_clients = sum(entry["addr"].startswith("/") for entry in listed)
             for client in clients:
                 client.close()
             for role, process, _ in processes:
@@ -327,6 +333,7 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
     result = figures(
         config, tokens_per_event, published, delivered, cpu, errors, per_call, memory_grown, grouping, calls
     )
+    result.unix_clients = unix_clients
     print(
         f"[capacity] {tokens_per_event} token(s)/event, calls per {grouping} ({result.calls_per_flush:.1f} a flush): "
         f"{result.tokens_s:,.0f} tokens/s, "
@@ -334,10 +341,18 @@ def run_arm(config: CapacityConfig, tokens_per_event: int, grouping: str = "flus
         f"{result.redis_us_per_token:.2f} µs/token, {result.redis_us_per_event:.2f} µs/event, "
         f"{result.delivered_events_s:,.0f} events/s delivered, {result.bytes_per_event:.0f} bytes/event kept, "
         f"{result.script_us_per_call:.1f} µs per script call (Redis's count), {result.errors} errors; "
-        f"CPU: {', '.join(f'{role} {pct:.0f}%' for role, pct in cpu.items())}",
+        f"CPU: {', '.join(f'{role} {pct:.0f}%' for role, pct in cpu.items())}; "
+        f"µs per token: {', '.join(f'{role} {us:.2f}' for role, us in us_per_token(result).items())}",
         flush=True,
     )
     return result
+
+
+def us_per_token(result: CapacityResult) -> dict[str, float]:
+    """Each process's CPU µs per token carried (a publisher's: what a worker's sends cost it)."""
+    if not result.tokens_s:
+        return {}
+    return {role: 1e4 * pct / result.tokens_s for role, pct in result.cpu_percent.items()}
 
 
 def _summed(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
@@ -410,12 +425,15 @@ def capacity_table(results: Sequence[CapacityResult]) -> str:
         "| tokens per event | script calls per flush | workers × requests | events/s | tokens/s "
         "| Redis CPU (100 = one core) "
         "| Redis µs per event | Redis µs per token (rounds) | one Redis core, tokens/s | log bytes per event | errors "
-        "| other processes' CPU |",
+        "| other processes' CPU (µs per token) |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r, (low, high) in pooled(results):
         basis = "measured" if r.one_core_measured else "1e6 / µs per token"
-        others = ", ".join(f"{role} {pct:.0f}" for role, pct in r.cpu_percent.items() if role != "redis")
+        per_token = us_per_token(r)
+        others = ", ".join(
+            f"{role} {pct:.0f} ({per_token.get(role, 0):.2f})" for role, pct in r.cpu_percent.items() if role != "redis"
+        )
         lines.append(
             f"| {r.tokens_per_event} | {_grouping_label(r)} | {r.workers} × {r.requests_per_worker} | "
             f"{r.events_s:,.0f} | "
@@ -431,6 +449,8 @@ def _grouping_label(result: CapacityResult) -> str:
     """How a flush was split, in words, with the calls it came to."""
     if result.grouping == "flush":
         return "1 (the whole flush)"
+    if result.grouping == UNIX_ARM:
+        return "1 (the whole flush), over Redis's Unix socket"
     shards = cluster_shards(result.grouping)
     if shards:
         return f"{result.calls_per_flush:.1f} (one per bucket, pipelined per shard; {shards}-shard Redis Cluster)"
@@ -468,8 +488,8 @@ def main() -> None:
         default="flush",
         help="arms: how a flush is split into script calls, comma-separated, of flush (one call), request "
         "(one per request, pipelined), buckets-<B> (one per bucket, pipelined), all on one Redis, and "
-        "cluster-<N> (the logs on a Redis Cluster of N shards, as deployed with $STREAMQ_EVENTS_REDIS_URL) "
-        "(default %(default)s)",
+        "cluster-<N> (the logs on a Redis Cluster of N shards, as deployed with $STREAMQ_EVENTS_REDIS_URL), "
+        "and unix (flush, every process on Redis's Unix socket instead of loopback TCP) (default %(default)s)",
     )
     parser.add_argument("--workers", type=int, default=defaults.workers, help="default %(default)s")
     parser.add_argument(
@@ -484,7 +504,9 @@ def main() -> None:
     parser.add_argument("--results-dir", type=Path, default=defaults.results_dir)
     args = parser.parse_args()
     try:
-        groupings = tuple(g if cluster_shards(g) else grouping_argument(g) for g in args.grouping.split(","))
+        groupings = tuple(
+            g if g == UNIX_ARM or cluster_shards(g) else grouping_argument(g) for g in args.grouping.split(",")
+        )
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
     config = CapacityConfig(

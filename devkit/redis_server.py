@@ -82,6 +82,7 @@ class RedisServer:
         replica_of: RedisServer | None = None,
         cluster_node_timeout_ms: int | None = None,
         cluster_bus_port: int | None = None,
+        unix_socket: bool = False,
     ) -> None:
         if (user is None) != (password is None):
             raise ValueError("give both user and password, or neither")
@@ -99,6 +100,8 @@ class RedisServer:
         """The cluster bus's port: Redis's default (``port + 10000``) lies past 65535 for most
         of the ports the kernel hands out."""
         self._dir = tempfile.TemporaryDirectory(prefix="streamq-redis-")
+        self.unix_socket = unix_socket
+        """Listen on a Unix socket too (``unix_url``), beside the loopback port."""
         self.process: subprocess.Popen[bytes] | None = None
         self.role_passwords = {role.name: secrets.token_hex(16) for role in ROLES} if user else {}
         """Each role user's password; a replica takes its master's, so a role's URL works on either."""
@@ -109,6 +112,14 @@ class RedisServer:
     def url(self) -> str:
         auth = f"{self.user}:{self.password}@" if self.user else ""
         return f"redis://{auth}127.0.0.1:{self.port}"
+
+    @property
+    def unix_url(self) -> str:
+        """The ``unix://`` URL of the server's Unix socket (a server started with ``unix_socket``)."""
+        if not self.unix_socket:
+            raise ValueError("the server listens on a Unix socket only when started with unix_socket=True")
+        auth = f"{self.user}:{self.password}@" if self.user else ""
+        return f"unix://{auth}{self._dir.name}/redis.sock"
 
     def url_for(self, role: Role) -> str:
         """The URL of ``role``'s ACL user (needs a server started with ``user``)."""
@@ -138,6 +149,8 @@ class RedisServer:
             "--logfile",
             str(self.log_path),
         ]
+        if self.unix_socket:
+            command += ["--unixsocket", str(Path(self._dir.name) / "redis.sock"), "--unixsocketperm", "700"]
         if self.user:
             acl_file = Path(self._dir.name) / "users.acl"
             # `default` cannot log in (off), yet keeps every permission: replaying the AOF runs

@@ -89,7 +89,7 @@ def test_a_cluster_arm_names_its_shards(bad: str) -> None:
         cluster_shards(bad)
 
 
-@pytest.mark.parametrize("grouping", ["flush", "request", "cluster-2"])
+@pytest.mark.parametrize("grouping", ["flush", "request", "cluster-2", "unix"])
 def test_a_short_run_delivers_every_event_to_its_subscriber(tmp_path: Path, grouping: str) -> None:
     config = CapacityConfig(
         workers=2,
@@ -106,7 +106,11 @@ def test_a_short_run_delivers_every_event_to_its_subscriber(tmp_path: Path, grou
     # (give or take the calls in flight at its edges): one call per flush, or one per request
     # (on a cluster, one per bucket: each request of a worker in a bucket of its own or not).
     assert result.grouping == grouping
-    if grouping == "flush":
+    # the unix arm's processes (each simulated worker and subscriber) on the Unix socket, no other arm's
+    assert (
+        (result.unix_clients >= config.workers + config.subscribers) if grouping == "unix" else not result.unix_clients
+    )
+    if grouping in ("flush", "unix"):
         assert result.calls_per_flush == pytest.approx(1, rel=0.05)
     else:
         assert 1.5 < result.calls_per_flush <= 4 * 1.1
