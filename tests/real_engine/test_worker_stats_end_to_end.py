@@ -43,6 +43,27 @@ async def until(probe: Callable[[], Awaitable[T | None]], what: str) -> T:
     raise AssertionError(f"not within {TIMEOUT_S:.0f}s: {what}")
 
 
+async def settled_report(redis: aioredis.Redis, worker: WorkerProcess) -> WorkerStats:
+    """The shared session worker's report once it runs nothing and two reports in a row agree
+    on what it has finished: an earlier test's requests ending meanwhile would count here."""
+    previous: list[WorkerStats] = []
+
+    async def idle_twice() -> WorkerStats | None:
+        report = await report_of(redis, worker)
+        if report is None or report.in_flight:
+            previous.clear()
+            return None
+        if previous and previous[-1].reported_ms != report.reported_ms:
+            if previous[-1].requests_finished == report.requests_finished and previous[-1].errors == report.errors:
+                return report
+            previous.clear()
+        if not previous:
+            previous.append(report)
+        return None
+
+    return await until(idle_twice, "the session worker idle through two reports")
+
+
 async def head_of_recent_ends(redis: aioredis.Redis) -> RecentEnd:
     ends = await WorkerStatsStore(redis).recent_ends(limit=1)
     assert ends, "streamq:recent-ends is empty"
@@ -52,7 +73,7 @@ async def head_of_recent_ends(redis: aioredis.Redis) -> RecentEnd:
 async def test_a_running_request_is_reported_and_its_end_counted(
     client: StreamqClient, worker: WorkerProcess, raw_redis: aioredis.Redis
 ) -> None:
-    before = await until(lambda: report_of(raw_redis, worker), "the session worker's first report")
+    before = await settled_report(raw_redis, worker)
     assert before.stopped_ms is None and before.host and before.started_ms > 0
     # Eight completions of a whole context: seconds of work for the tiny model, so that
     # reports (one a second) see it running at least twice.
@@ -108,7 +129,7 @@ async def test_a_running_request_is_reported_and_its_end_counted(
 async def test_a_refused_request_is_counted_by_its_code_and_ends_in_recent_ends(
     client: StreamqClient, worker: WorkerProcess, raw_redis: aioredis.Redis
 ) -> None:
-    before = await until(lambda: report_of(raw_redis, worker), "the session worker's report")
+    before = await settled_report(raw_redis, worker)
     handle = await client.submit("Too cold", temperature=-1.0)  # vLLM refuses it on the worker
     [error] = [event async for event in handle]
     assert isinstance(error, ErrorEvent) and error.code == "invalid_request"
