@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
 from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisClusterException, RedisError
 
 from streamq.broker.connection import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, StreamqRedisSettings
@@ -101,8 +103,9 @@ class _NodesClosedForGood(NodesManager):
     (a flush sent as the map was read) connects it again, and nothing closes that
     connection any more: its socket stays open until the garbage collector finds it (a file
     descriptor per straggler for the life of a worker, and a ResourceWarning). Here the
-    replaced nodes are kept: closed at once, closed again at each later reading of the map
-    and with the client, and forgotten once closed and ``FORGET_REPLACED_AFTER_S`` old."""
+    replaced nodes are kept: closed at once, their idle connections closed again at each later
+    reading of the map and with the client, and forgotten once closed and
+    ``FORGET_REPLACED_AFTER_S`` old."""
 
     __slots__ = ("_replaced", "_closing")
 
@@ -118,35 +121,51 @@ class _NodesClosedForGood(NodesManager):
         self._closing: set[asyncio.Task[None]] = set()
 
     def set_nodes(self, old: dict[str, ClusterNode], new: dict[str, ClusterNode], remove_old: bool = False) -> None:
-        """redis-py's, with the nodes replaced or removed kept for closing (not left to tasks)."""
+        """redis-py's: a node replaced or removed has all its connections closed at once (commands
+        in flight on it fail once, as in redis-py); it is kept so that what a straggler opens on
+        it later is closed too (``_close_idle``)."""
         now = time.monotonic()
-        for name in [name for name in old if remove_old and name not in new]:
-            node = old.pop(name)
-            self._replaced.setdefault(id(node), (now, node))
+        replaced = [old.pop(name) for name in list(old) if remove_old and name not in new]
         for name, node in new.items():
-            replaced = old.get(name)
-            if replaced is not None and replaced is not node:
-                self._replaced.setdefault(id(replaced), (now, replaced))
+            previous = old.get(name)
+            if previous is not None and previous is not node:  # by identity: nodes compare by name
+                replaced.append(previous)
             old[name] = node
-        self._close_replaced(now)
+        for node in replaced:
+            if id(node) not in self._replaced:
+                self._replaced[id(node)] = (now, node)
+                self._start(node.disconnect())
+        self._close_idle(now)
 
-    def _close_replaced(self, now: float) -> None:
+    def _start(self, closing: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(closing)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _idle_connections(self, now: float) -> list[AbstractConnection]:
+        """The open connections of replaced nodes that no command holds now (a straggler's, once
+        its command is done); replaced nodes named again, or closed and old, are forgotten."""
         in_use = {id(node) for node in (*self.nodes_cache.values(), *self.startup_nodes.values())}
+        idle: list[AbstractConnection] = []
         for key, (since, node) in list(self._replaced.items()):
             if key in in_use:  # named again by a later reading of the map
                 del self._replaced[key]
-            elif any(connection.is_connected for connection in node._connections):
-                task = asyncio.get_running_loop().create_task(node.disconnect())
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
-            elif now - since > FORGET_REPLACED_AFTER_S:
+                continue
+            idle += [connection for connection in node._free if connection.is_connected]
+            if now - since > FORGET_REPLACED_AFTER_S and not any(c.is_connected for c in node._connections):
                 del self._replaced[key]
+        return idle
+
+    def _close_idle(self, now: float) -> None:
+        for connection in self._idle_connections(now):
+            self._start(connection.disconnect())
 
     async def aclose(self, attr: str = "nodes_cache") -> None:
+        """redis-py's, and the replaced nodes' idle connections closed too: redis-py also calls
+        this at every connection error, so a command still under way keeps its connection."""
         await super().aclose(attr)
-        in_use = {id(node) for node in (*self.nodes_cache.values(), *self.startup_nodes.values())}
-        closing = [node.disconnect() for key, (_, node) in self._replaced.items() if key not in in_use]
-        await asyncio.gather(*closing, *self._closing, return_exceptions=True)
+        idle = self._idle_connections(time.monotonic())
+        await asyncio.gather(*(connection.disconnect() for connection in idle), *self._closing, return_exceptions=True)
 
 
 class SeededCluster(RedisCluster):
