@@ -109,17 +109,23 @@ class RedisServer:
             self.role_passwords = dict(replica_of.role_passwords)
 
     @property
+    def _auth(self) -> str:
+        return f"{self.user}:{self.password}@" if self.user else ""
+
+    @property
     def url(self) -> str:
-        auth = f"{self.user}:{self.password}@" if self.user else ""
-        return f"redis://{auth}127.0.0.1:{self.port}"
+        return f"redis://{self._auth}127.0.0.1:{self.port}"
+
+    @property
+    def unix_socket_path(self) -> Path:
+        return Path(self._dir.name) / "redis.sock"
 
     @property
     def unix_url(self) -> str:
         """The ``unix://`` URL of the server's Unix socket (a server started with ``unix_socket``)."""
         if not self.unix_socket:
             raise ValueError("the server listens on a Unix socket only when started with unix_socket=True")
-        auth = f"{self.user}:{self.password}@" if self.user else ""
-        return f"unix://{auth}{self._dir.name}/redis.sock"
+        return f"unix://{self._auth}{self.unix_socket_path}"
 
     def url_for(self, role: Role) -> str:
         """The URL of ``role``'s ACL user (needs a server started with ``user``)."""
@@ -150,7 +156,7 @@ class RedisServer:
             str(self.log_path),
         ]
         if self.unix_socket:
-            command += ["--unixsocket", str(Path(self._dir.name) / "redis.sock"), "--unixsocketperm", "700"]
+            command += ["--unixsocket", str(self.unix_socket_path), "--unixsocketperm", "700"]
         if self.user:
             acl_file = Path(self._dir.name) / "users.acl"
             # `default` cannot log in (off), yet keeps every permission: replaying the AOF runs

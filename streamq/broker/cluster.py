@@ -145,10 +145,10 @@ class _NodesClosedForGood(NodesManager):
     def _idle_connections(self, now: float) -> list[AbstractConnection]:
         """The open connections of replaced nodes that no command holds now (a straggler's, once
         its command is done); replaced nodes named again, or closed and old, are forgotten."""
-        in_use = {id(node) for node in (*self.nodes_cache.values(), *self.startup_nodes.values())}
+        current = {id(node) for node in (*self.nodes_cache.values(), *self.startup_nodes.values())}
         idle: list[AbstractConnection] = []
         for key, (since, node) in list(self._replaced.items()):
-            if key in in_use:  # named again by a later reading of the map
+            if key in current:  # named again by a later reading of the map
                 del self._replaced[key]
                 continue
             idle += [connection for connection in node._free if connection.is_connected]

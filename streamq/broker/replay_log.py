@@ -439,7 +439,6 @@ async def _send_by_node(
     under node ``None``)."""
     by_node: dict[str, tuple[ClusterNode, list[_ClusterCall]]] = {}
     uncovered: list[_ClusterCall] = []
-    passing: list[ClusterNode] = []  # an ASK's importing node the map does not name yet: closed after
     for call in calls:
         if call.asking is None:
             try:
@@ -453,8 +452,6 @@ async def _send_by_node(
         else:
             host, port = call.asking
             node = cluster.get_node(host, port) or ClusterNode(host, port, **cluster.nodes_manager.connection_kwargs)
-            if node.name not in cluster.nodes_manager.nodes_cache:
-                passing.append(node)
         by_node.setdefault(node.name, (node, []))[1].append(call)
 
     async def send(node: ClusterNode, node_calls: list[_ClusterCall]) -> list[Any]:
@@ -475,6 +472,8 @@ async def _send_by_node(
         return out
 
     sent = list(by_node.values())
+    # an ASK's importing node that the map does not name yet is this flush's own: closed after
+    passing = [node for node, _ in sent if cluster.get_node(node_name=node.name) is not node]
     try:
         replies = await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent))
     finally:
