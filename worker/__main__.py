@@ -8,6 +8,7 @@ spelled as ``vllm serve`` spells it. Example::
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shlex
@@ -28,12 +29,20 @@ from streamq.protocol.names import CALLBACK_SECRET_ENV, COALESCE_ENV, KEEP_RESUL
 from worker.arq_worker import StreamqWorker
 from worker.callbacks import CallbackPolicy
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
+from worker.front_ends import FRONT_ENDS_ENV, front_ends_from_env, serve_front_ends
 from worker.metrics import metrics_port_from_env
-from worker.options import OPTIONS_KEY, WorkerOptions
+from worker.options import OPTIONS_KEY, FrontEndSeat, WorkerOptions
 from worker.publisher import coalesce_from_env
 from worker.scheduling import cpu_nice_from_env
 from worker.settings import WorkerSettings, keep_result_from_env, worker_settings
-from worker.state import STATE_KEY, WorkerState
+from worker.state import ENGINE_DEAD_EXIT_CODE, STATE_KEY, WorkerState
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {number}")
+    return number
 
 
 def build_parser() -> FlexibleArgumentParser:
@@ -46,6 +55,15 @@ def build_parser() -> FlexibleArgumentParser:
     add_connection_options(group)
     group.add_argument(
         "--max-jobs", type=int, default=None, help="requests run at once (default: the engine's max_num_seqs)"
+    )
+    group.add_argument(
+        "--front-ends",
+        type=_positive_int,
+        default=front_ends_from_env(),
+        metavar="N",
+        help="feed one engine core from N worker processes, as vllm serve --api-server-count N does: each "
+        "claims jobs and streams their tokens, together never more than the engine runs at once; more than "
+        f"one when a single process cannot keep up with the GPU (default: ${FRONT_ENDS_ENV} or %(default)s)",
     )
     group.add_argument(
         "--drain-seconds",
@@ -138,12 +156,21 @@ def build_parser() -> FlexibleArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    argv = shlex.split(os.environ.get(ENGINE_ARGS_ENV, "")) + argv
-    args = build_parser().parse_args(argv)
-    log_level = str(getattr(args, "log_level", "info")).upper()  # vLLM's --log-level
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` after the flags in ``$STREAMQ_ENGINE_ARGS`` (those given win), parsed."""
+    args: argparse.Namespace = build_parser().parse_args(shlex.split(os.environ.get(ENGINE_ARGS_ENV, "")) + argv)
+    return args
+
+
+def configure_logging(args: argparse.Namespace, *, front_ends: bool = False) -> None:
+    """Log at vLLM's ``--log-level``; with several front ends, each line names its process."""
+    log_level = str(getattr(args, "log_level", "info")).upper()
+    where = " %(processName)s" if front_ends else ""
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
+
+
+def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> int:
+    """Run one worker (or one front end of ``--front-ends N``) until it stops; its exit code."""
     overrides: dict[str, object] = {
         "redis_settings": redis_settings_for(redis_url_from_args(args)),
         "queue_name": args.queue,
@@ -165,16 +192,27 @@ def main(argv: list[str] | None = None) -> None:
                 callback_tries=args.callback_tries,
                 callback_backoff_s=args.callback_backoff_s,
                 callback_timeout_s=args.callback_timeout_s,
+                front_end=seat,
             )
         },
     }
     if args.max_jobs is not None:
         overrides["max_jobs"] = args.max_jobs
-    worker = StreamqWorker(**worker_settings(**overrides), max_jobs_from_engine=args.max_jobs is None)
+    worker = StreamqWorker(**worker_settings(**overrides), max_jobs_from_engine=args.max_jobs is None, seat=seat)
     worker.run()
     state = worker.ctx.get(STATE_KEY)
     if isinstance(state, WorkerState) and state.engine_dead:
-        sys.exit(3)  # the engine died: make supervisors (and compose) restart us
+        return ENGINE_DEAD_EXIT_CODE  # make supervisors (and compose) restart us
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    configure_logging(args, front_ends=args.front_ends > 1)
+    if args.front_ends > 1:
+        sys.exit(serve_front_ends(argv, args))
+    sys.exit(run_worker(args))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from streamq.tasks import stop_task
 from worker import metrics
 from worker.engine import max_batch_size
 from worker.lease import lease_holder
+from worker.options import FrontEndSeat
 from worker.state import state_of
 
 logger = logging.getLogger("streamq.worker")
@@ -51,9 +52,14 @@ class StreamqWorker(Worker):
     handler; more jobs than the engine schedules at once would only wait here.
     """
 
-    def __init__(self, *args: object, max_jobs_from_engine: bool = True, **kwargs: object) -> None:
+    def __init__(
+        self, *args: object, max_jobs_from_engine: bool = True, seat: FrontEndSeat | None = None, **kwargs: object
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._max_jobs_from_engine = max_jobs_from_engine
+        self._seat = seat
+        """Set in one of several front ends of one engine: it claims only the engine
+        slots its siblings leave free."""
         self._wake = asyncio.Event()
         self._more_may_wait = False
         self._stopping = False
@@ -122,37 +128,18 @@ class StreamqWorker(Worker):
             await self.on_startup(self.ctx)
         if self._max_jobs_from_engine:
             self._resize(max_batch_size(state_of(self.ctx).engine))
+        if self._seat is not None:
+            self._seat.ready.set()
 
     async def poll(self) -> None:
         """One round of the loop: claim due jobs for the free slots in one round trip and
         start them; then arq's housekeeping (aborts, finished tasks, health check)."""
         free = self.max_jobs - self.job_counter
         if self.allow_pick_jobs and free > 0:
-            state = state_of(self.ctx)
-            ttl_ms = state.leases.ttl_ms
-            asked_at = timestamp_ms()
-            redis_now, *reply = await self._claim(
-                keys=[self.queue_name],
-                args=[
-                    free,
-                    ttl_ms,
-                    self.queue_read_limit,
-                    IN_PROGRESS_PREFIX,
-                    state.worker_id,
-                    TENANT_WEIGHTS_KEY,
-                    CLAIM_SCAN_INTERVAL_MS,
-                ],
-            )
-            state.clock.observe(int(redis_now), asked_at, timestamp_ms())
-            for job_id, score in zip(reply[::2], reply[1::2], strict=True):
-                job_id = job_id.decode()
-                if job_id in self.tasks:
-                    # Its lease lapsed while it runs here (Redis was away, or this loop
-                    # stalled): the claim just took it back for the running attempt.
-                    logger.warning("job %s: lease had lapsed; kept by its running attempt", job_id)
-                    continue
-                await self._start(job_id, int(float(score)))
-            self._more_may_wait = len(reply) // 2 == free
+            if self._seat is None:
+                await self._claim_and_start(free)
+            else:
+                await self._claim_and_start_in_shared_slots(free)
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
@@ -163,6 +150,55 @@ class StreamqWorker(Worker):
                     # the job stays queued, its lease lapses and it runs again.
                     logger.error("job %s: arq could not finish it: %r", job_id, task.exception())
         await self.heart_beat()
+
+    async def _claim_and_start(self, free: int) -> int:
+        """Claim up to ``free`` due jobs in one round trip and start them; how many started."""
+        state = state_of(self.ctx)
+        ttl_ms = state.leases.ttl_ms
+        asked_at = timestamp_ms()
+        redis_now, *reply = await self._claim(
+            keys=[self.queue_name],
+            args=[
+                free,
+                ttl_ms,
+                self.queue_read_limit,
+                IN_PROGRESS_PREFIX,
+                state.worker_id,
+                TENANT_WEIGHTS_KEY,
+                CLAIM_SCAN_INTERVAL_MS,
+            ],
+        )
+        state.clock.observe(int(redis_now), asked_at, timestamp_ms())
+        started = 0
+        for job_id, score in zip(reply[::2], reply[1::2], strict=True):
+            job_id = job_id.decode()
+            if job_id in self.tasks:
+                # Its lease lapsed while it runs here (Redis was away, or this loop
+                # stalled): the claim just took it back for the running attempt.
+                logger.warning("job %s: lease had lapsed; kept by its running attempt", job_id)
+                continue
+            await self._start(job_id, int(float(score)))
+            started += 1
+        self._more_may_wait = len(reply) // 2 == free
+        return started
+
+    async def _claim_and_start_in_shared_slots(self, room: int) -> None:
+        """As ``_claim_and_start``, for one of several front ends of one engine: claim only
+        as many jobs as the engine has slots its siblings left free."""
+        assert self._seat is not None
+        slots, index = self._seat.slots, self._seat.index
+        batch = min(room, slots.fair_batch(index))
+        taken = slots.take(index, batch)
+        started = 0
+        try:
+            if taken:
+                started = await self._claim_and_start(taken)
+        finally:
+            slots.give(index, taken - started)  # the claim found fewer, or failed
+        if taken < batch:
+            self._more_may_wait = False  # every slot is held: the front end that frees one claims next
+        elif started == batch < room:
+            self._wake.set()  # held back to let the siblings catch up: claim again at once
 
     async def _start(self, job_id: str, score: int) -> None:
         """Run a claimed job as arq's ``start_jobs`` would once it has claimed it."""
@@ -287,8 +323,9 @@ class StreamqWorker(Worker):
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
-        if self._more_may_wait:
-            self._wake.set()  # a slot is free and the last claim filled every slot
+        went_short = self._seat is not None and self._seat.slots.give(self._seat.index)
+        if self._more_may_wait or went_short:
+            self._wake.set()  # a slot is free and jobs may be waiting for one
 
     async def _burst_done(self) -> bool:
         if 0 <= self.max_burst_jobs <= self._jobs_started() or await self.pool.zcard(self.queue_name) == 0:

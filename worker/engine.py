@@ -31,6 +31,8 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from worker.options import FrontEndSeat
+
 logger = logging.getLogger("streamq.worker")
 
 ENGINE_ARGS_ENV = "STREAMQ_ENGINE_ARGS"
@@ -129,13 +131,19 @@ def scheduler_limits(config: VllmConfig) -> dict[str, object]:
     }
 
 
-def start_engine(engine_args: AsyncEngineArgs) -> AsyncLLM:
+def start_engine(engine_args: AsyncEngineArgs, seat: FrontEndSeat | None = None) -> AsyncLLM:
     """Start the engine; call from inside the event loop it will serve (AsyncLLM is
-    bound to the loop it starts on).
+    bound to the loop it starts on). With a ``seat``, connect to the engine core another
+    process started, as one of its front ends.
 
     The keyword arguments are those ``vllm serve`` passes
     (``build_async_engine_client_from_engine_args``)."""
     started = time.monotonic()
+    client: dict[str, Any] = {}
+    if seat is not None:
+        engine_args._api_process_count = seat.count
+        engine_args._api_process_rank = seat.index
+        client = {"client_addresses": dict(seat.client_config), "client_count": seat.count, "client_index": seat.index}
     config = engine_config(engine_args)
     logger.info("scheduler limits: %s", " ".join(f"{k}={v}" for k, v in scheduler_limits(config).items()))
     logger.info("structured outputs backend: %s", config.structured_outputs_config.backend)
@@ -145,6 +153,7 @@ def start_engine(engine_args: AsyncEngineArgs) -> AsyncLLM:
         enable_log_requests=engine_args.enable_log_requests,
         aggregate_engine_logging=engine_args.aggregate_engine_logging,
         disable_log_stats=engine_args.disable_log_stats,
+        **client,
     )
     logger.info(
         "model loaded: %s (max_model_len=%d, max_num_seqs=%d) in %.1fs",

@@ -55,7 +55,7 @@ def _build_engine(options: WorkerOptions) -> Any:
         engine = factory(options.engine_args)
         logger.info("engine from factory %s", factory_path)
         return engine
-    return start_engine(options.engine_args or engine_args_from_env())
+    return start_engine(options.engine_args or engine_args_from_env(), options.front_end)
 
 
 def _shut_down_engine(engine: Any) -> None:
@@ -130,6 +130,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         engine_watch = asyncio.create_task(_watch_engine(state), name="engine-watch")
         closing.push_async_callback(stop_task, engine_watch)
         metrics_port = options.metrics_port if options.metrics_port is not None else metrics.metrics_port_from_env()
+        if metrics_port and options.front_end is not None:
+            metrics_port += options.front_end.index  # each front end has its own counters
         metrics_server = metrics.serve_metrics(metrics_port)
         if metrics_server is not None:
             closing.callback(metrics_server.shutdown)

@@ -9,8 +9,28 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    from worker.shared_slots import SharedSlots
+
 OPTIONS_KEY = "streamq_options"
 """The key of ``WorkerOptions`` in the ``ctx`` arq is given."""
+
+
+@dataclass(frozen=True)
+class FrontEndSeat:
+    """One front end's place beside its siblings on an engine core that another process
+    started (``python -m worker --front-ends N``): what ``vllm serve --api-server-count N``
+    gives each API server."""
+
+    index: int
+    count: int
+    client_config: dict[str, Any]
+    """vLLM's client addresses: the ZMQ listeners bound for this front end, and the DP
+    coordinator's or tensor queue's, where the engine has them."""
+    slots: SharedSlots
+    """The engine's request slots, shared with the siblings."""
+    ready: Any
+    """A ``multiprocessing.Event`` the front end sets once it serves: until every front
+    end has, a death fails the whole worker's start."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +55,8 @@ class WorkerOptions:
     callback_tries: int | None = None
     callback_backoff_s: float | None = None
     callback_timeout_s: float | None = None
+    front_end: FrontEndSeat | None = None
+    """Set in a front end of ``--front-ends N``: the engine core is the parent's."""
 
 
 def options_of(ctx: Mapping[str, Any]) -> WorkerOptions:

@@ -51,6 +51,9 @@ class RedisClock:
         return (self.now_ms() - moment_ms) / 1000
 
 
+ENGINE_DEAD_EXIT_CODE = 3
+"""A worker's exit code when its engine died: a supervisor should start it again."""
+
 STATE_KEY = "streamq_state"
 """The key of ``WorkerState`` in arq's ``ctx``."""
 
@@ -83,7 +86,7 @@ class WorkerState:
     keys and result belong to that attempt, so ``StreamqWorker`` only releases the lease."""
 
     def engine_died(self) -> None:
-        """Hand every running job back and stop this worker (exit code 3): it can
+        """Hand every running job back and stop this worker (``ENGINE_DEAD_EXIT_CODE``): it can
         serve nothing more, and another worker can take its jobs over."""
         if not self.engine_dead:
             self.engine_dead = True
