@@ -32,6 +32,7 @@ PATH_MODULES = {
     "b": "bench.path_queue",
     "c": "bench.path_serve",
     "d": "bench.path_gateway",
+    "e": "bench.path_front_ends",
 }
 QUICK = {
     "concurrency": "1,4",
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-prompts", type=int, help="requests per level (default: max(64, 16 x concurrency))")
     parser.add_argument("--input-len", type=int, default=32, help="prompt tokens (default %(default)s)")
     parser.add_argument("--output-len", type=int, help=f"output tokens, ignore_eos (default {DEFAULTS['output_len']})")
-    parser.add_argument("--paths", default="a,b,c,d", help="which of a,b,c,d to run (default %(default)s)")
+    parser.add_argument("--paths", default="a,b,c,d,e", help="which of a,b,c,d,e to run (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random dataset (default %(default)s)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR, help="tiny model, built if absent")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")

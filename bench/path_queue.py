@@ -28,16 +28,28 @@ from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, ErrorEvent
 
 
-async def measure(config: BenchConfig, redis_server: RedisServer, worker: WorkerProcess) -> list[PathResult]:
-    """Every token as a chunk ("b"), then, if configured, a chunk every
-    ``config.stream_interval`` tokens ("b-interval"; its ITL is between chunks)."""
+def one_process_roles(redis_server: RedisServer, worker: WorkerProcess) -> dict[str, list[int]]:
+    """The CPU roles of a worker that is one process beside its engine core."""
     assert worker.process is not None and redis_server.process is not None
-    roles = {
+    return {
         "front_end": [worker.process.pid],
         "engine_core": descendants(worker.process.pid),
         "redis": [redis_server.process.pid],
         "client": [os.getpid()],
     }
+
+
+async def measure(
+    config: BenchConfig,
+    redis_server: RedisServer,
+    worker: WorkerProcess,
+    roles: dict[str, list[int]],
+    *,
+    path: str = "b",
+    with_interval: bool = True,
+) -> list[PathResult]:
+    """Every token as a chunk (``path``), then, if configured and ``with_interval``, a chunk
+    every ``config.stream_interval`` tokens ("b-interval"; its ITL is between chunks)."""
     async with await StreamqClient.connect(redis_server.url) as client:
         interval: dict[str, Any] = {}
 
@@ -59,8 +71,8 @@ async def measure(config: BenchConfig, redis_server: RedisServer, worker: Worker
                 assert worker.process is not None
                 out = Path(config.results_dir) / f"{config.run_id}-b-worker.pyspy.txt"
                 stack.enter_context(PySpyRecording(worker.process.pid, out))
-            results = await measure_levels("b", stream, prompts_for, config.concurrencies, roles)
-            if config.stream_interval > 1:
+            results = await measure_levels(path, stream, prompts_for, config.concurrencies, roles)
+            if with_interval and config.stream_interval > 1:
                 interval["stream_interval"] = config.stream_interval
                 results += await measure_levels("b-interval", stream, prompts_for, config.concurrencies, roles)
             return results
@@ -73,7 +85,8 @@ def main() -> None:
         worker = WorkerProcess(redis_server.url, config.engine_flags(), log_path=log_path, env=worker_env())
         try:
             worker.start().wait_ready()
-            write_results(out, asyncio.run(measure(config, redis_server, worker)))
+            roles = one_process_roles(redis_server, worker)
+            write_results(out, asyncio.run(measure(config, redis_server, worker, roles)))
         finally:
             code = worker.stop()
             if code != 0:

@@ -16,6 +16,7 @@ PATH_NAMES = {
     "a": "(a) bare AsyncLLM",
     "b": "(b) streamq",
     "b-interval": "(b) streamq, stream_interval",
+    "e": "(e) streamq, 2 front ends",
     "c": "(c) vllm serve",
     "d": "(d) streamq gateway",
 }
@@ -60,14 +61,31 @@ CPU_ROLES = {
 cost beyond bare AsyncLLM's (computed here)."""
 
 
+def front_end_costs(result: PathResult) -> list[float]:
+    """The CPU per token of each front-end process of a row: one, or path (e)'s several
+    (roles ``front_end_0``, ``front_end_1``, ...)."""
+    costs = result.cpu_us_per_token
+    if "front_end" in costs:
+        return [costs["front_end"]]
+    return [us for role, us in sorted(costs.items()) if role.startswith("front_end_")]
+
+
+def with_front_end_total(result: PathResult) -> dict[str, float]:
+    """A row's CPU per token by role, its front ends summed as ``front_end``."""
+    each = front_end_costs(result)
+    costs = {role: us for role, us in result.cpu_us_per_token.items() if not role.startswith("front_end_")}
+    return costs | ({"front_end": sum(each)} if each else {})
+
+
 def front_end_beyond_engine(results: Sequence[PathResult]) -> dict[tuple[str, int], float]:
-    """Each row's front-end CPU per token minus path (a)'s at the same concurrency: what
-    the worker (b, d) or ``vllm serve``'s API server (c) adds to AsyncLLM's own front end."""
-    bare = {r.concurrency: r.cpu_us_per_token["front_end"] for r in results if r.path == "a" and r.cpu_us_per_token}
+    """Each row's front-end CPU per token (all its front ends) minus path (a)'s at the same
+    concurrency: what the worker (b, d, e) or ``vllm serve``'s API server (c) adds to
+    AsyncLLM's own front end."""
+    bare = {r.concurrency: sum(front_end_costs(r)) for r in results if r.path == "a" and r.cpu_us_per_token}
     return {
-        (r.path, r.concurrency): r.cpu_us_per_token["front_end"] - bare[r.concurrency]
+        (r.path, r.concurrency): sum(front_end_costs(r)) - bare[r.concurrency]
         for r in results
-        if r.path != "a" and r.concurrency in bare and "front_end" in r.cpu_us_per_token
+        if r.path != "a" and r.concurrency in bare and front_end_costs(r)
     }
 
 
@@ -80,8 +98,11 @@ def cpu_table(results: Sequence[PathResult]) -> str:
     for r in sorted(results, key=lambda r: (r.concurrency, r.path)):
         if not r.cpu_us_per_token:
             continue
-        costs = r.cpu_us_per_token | ({"beyond_a": beyond[key]} if (key := (r.path, r.concurrency)) in beyond else {})
+        costs = with_front_end_total(r)
+        costs |= {"beyond_a": beyond[key]} if (key := (r.path, r.concurrency)) in beyond else {}
         cells = [f"{costs[role]:.1f}" if role in costs else "" for role in CPU_ROLES]
+        if len(each := front_end_costs(r)) > 1:
+            cells[0] += " (" + " + ".join(f"{us:.1f}" for us in each) + ")"
         lines.append(
             f"| {PATH_NAMES[r.path]} | {r.concurrency} | {' | '.join(cells)} | "
             f"{sum(r.cpu_us_per_token.values()):.1f} | {sum(r.cpu_percent.values()):.0f} |"
@@ -92,10 +113,11 @@ def cpu_table(results: Sequence[PathResult]) -> str:
 CPU_LEGEND = (
     "CPU microseconds (user + system, from `/proc/<pid>/stat`) per delivered output token, over each "
     "level's measured batch (not its warm-up). Front end: the AsyncLLM process itself in (a) (with the loop "
-    "that consumes it), the worker in (b) and (d), the API server in (c); engine core: the process it "
-    "spawns; client: the benchmark's own process (the subscriber in (b), `vllm bench serve` in (c) and "
-    "(d)). \"Beyond (a)'s\" is the front end minus (a)'s front end at the same concurrency. The last "
-    "column sums every process's share of one core over the window: it cannot exceed 100 x the CPUs."
+    "that consumes it), the worker in (b) and (d), its two front-end processes summed in (e) (each in "
+    "brackets), the API server in (c); engine core: the process it spawns (in (e), with the parent that "
+    "started it); client: the benchmark's own process (the subscriber in (b) and (e), `vllm bench serve` "
+    "in (c) and (d)). \"Beyond (a)'s\" is the front end minus (a)'s front end at the same concurrency. "
+    "The last column sums every process's share of one core over the window: it cannot exceed 100 x the CPUs."
 )
 
 

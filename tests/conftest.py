@@ -87,7 +87,8 @@ def _free_port() -> int:
 def worker(worker_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     """One real ``python -m worker`` on the tiny model, shared by the session, as the worker role."""
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    # Callback retries back off from 0.5 s, not 2: the same doubling, five tries in 7.5 s, not 30.
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN) + ["--callback-backoff-s", "0.5"]
     env = worker_env(**{CALLBACK_SECRET_ENV: CALLBACK_SECRET})  # signs completion callbacks
     process = WorkerProcess(worker_url, flags, log_path=log_path, metrics_port=_free_port(), env=env)
     process.start().wait_ready()

@@ -38,7 +38,9 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
+import zmq
 from vllm.utils.network_utils import ZmqListener
+from vllm.v1.engine.core import EngineCoreProc
 from vllm.v1.engine.utils import CoreEngineProcManager, bind_engine_zmq_listeners, launch_core_engines
 from vllm.v1.executor import Executor
 
@@ -56,6 +58,8 @@ FRONT_ENDS_ENV = "STREAMQ_FRONT_ENDS"
 START_FAILED_EXIT_CODE = 1
 STOP_GRACE_S = 30.0
 """How long a front end may take to stop beyond its drain before it is killed."""
+ANNOUNCE_LINGER_S = 2.0
+"""How long the news of the engine's death may wait for a front end to take it."""
 
 
 def front_ends_from_env() -> int:
@@ -203,6 +207,7 @@ class FrontEndsSupervisor:
                         "the engine core died (exit code %s): the front ends hand their requests back",
                         dead_engine[0].exitcode,
                     )
+                    tell_engine_death([front_end.output_listener.address for front_end in live])
                     self._wait_for_front_ends()
                     return ENGINE_DEAD_EXIT_CODE
                 for front_end in live:
@@ -249,6 +254,22 @@ class FrontEndsSupervisor:
                 front_end.process.join()
             codes.append(front_end.process.exitcode or 0)
         return max(codes, default=0)
+
+
+def tell_engine_death(output_addresses: list[str]) -> None:
+    """Send each front end, on its output channel, the message vLLM's engine core sends its
+    clients when it fails: an engine killed outright cannot, and a front end, whose engine
+    core another process started, does not watch that process. Each then takes the path of
+    a worker whose engine died: its requests handed back, exit code 3."""
+    context = zmq.Context()
+    try:
+        for address in output_addresses:
+            announcer = context.socket(zmq.PUSH)
+            announcer.connect(address)
+            announcer.send(EngineCoreProc.ENGINE_CORE_DEAD)
+            announcer.close(linger=int(ANNOUNCE_LINGER_S * 1000))
+    finally:
+        context.term()
 
 
 def serve_front_ends(argv: list[str], args: argparse.Namespace) -> int:

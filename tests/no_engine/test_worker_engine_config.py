@@ -8,6 +8,7 @@ Resolving a configuration reads the model's config files and starts nothing.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,13 @@ with warnings.catch_warnings():
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from worker.__main__ import build_parser
-    from worker.engine import engine_args_from_namespace, engine_config, scheduler_limits
+    from worker.engine import (
+        ENGINE_ARGS_ENV,
+        engine_args_from_env,
+        engine_args_from_namespace,
+        engine_config,
+        scheduler_limits,
+    )
 
 FLAG_SETS = {
     "vLLM's defaults": [],
@@ -75,3 +82,21 @@ def test_the_limits_name_what_bounds_a_batch(tiny_model: Path) -> None:
     flags = [*tiny_engine_flags(tiny_model, max_model_len=200), *FLAG_SETS["limits given"]]
     limits = scheduler_limits(worker_config(flags))
     assert (limits["max_num_seqs"], limits["max_num_batched_tokens"], limits["max_model_len"]) == (48, 1024, 200)
+
+
+def test_flags_from_the_environment_give_the_engine_the_command_line_gives(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$STREAMQ_ENGINE_ARGS`` is how ``arq worker.WorkerSettings`` (no command line of
+    its own) gets its engine: the same flags there resolve to the same engine."""
+    flags = [*tiny_engine_flags(tiny_model, max_model_len=200), *FLAG_SETS["limits given"]]
+    monkeypatch.setenv(ENGINE_ARGS_ENV, shlex.join(flags))
+    from_env = engine_config(engine_args_from_env())
+    assert fields(from_env) == fields(worker_config(flags))
+    assert from_env.model_config.max_model_len == 200
+
+
+def test_flags_from_the_environment_must_name_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENGINE_ARGS_ENV, "--max-num-seqs 4")
+    with pytest.raises(SystemExit, match="must name a model"):
+        engine_args_from_env()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -157,8 +158,13 @@ async def test_worker_keeps_serving_after_bad_jobs(
     worker: WorkerProcess, raw_redis: aioredis.Redis, client: StreamqClient, redis_url: str
 ) -> None:
     job_ids = [f"bad-{uuid.uuid4().hex}" for _ in BAD_JOBS]
-    for job_id, (_, payload, _) in zip(job_ids, BAD_JOBS, strict=True):
-        await capture_events(redis_url, job_id, partial(enqueue_raw, raw_redis, job_id, payload(job_id)))
+    ends = await asyncio.gather(  # every bad job at once: a burst, not one after another
+        *(
+            capture_events(redis_url, job_id, partial(enqueue_raw, raw_redis, job_id, payload(job_id)))
+            for job_id, (_, payload, _) in zip(job_ids, BAD_JOBS, strict=True)
+        )
+    )
+    assert [events[-1]["type"] for events in ends] == ["error"] * len(BAD_JOBS)
     completion = await (await client.submit("Still there?", max_tokens=4, ignore_eos=True)).result()
     assert completion.completion_tokens == 4
     assert worker.process is not None and worker.process.poll() is None

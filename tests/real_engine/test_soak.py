@@ -8,7 +8,7 @@ every event that crosses the wire. A driver with a seeded RNG SIGKILLs a worker 
 replacement starts, so two run again), restarts Redis or SIGKILLs it (down ``REDIS_DOWN_S``,
 data kept), and the producer cancels some requests. References come first, from an undisturbed run
 of each distinct request through the same workers. The run lasts ``STREAMQ_SOAK_SECONDS``
-(default 120) and writes its figures to ``STREAMQ_SOAK_REPORT`` (default
+(default 90) and writes its figures to ``STREAMQ_SOAK_REPORT`` (default
 ``bench/results/soak.json``); ``STREAMQ_SOAK_SEED`` repeats its random choices.
 """
 
@@ -49,7 +49,7 @@ from streamq.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, 
 from streamq.protocol.names import EVENTS_REDIS_URL_ENV
 from tests.support.session import MAX_MODEL_LEN
 
-SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "120"))
+SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "90"))
 SEED = int(os.environ.get("STREAMQ_SOAK_SEED") or random.SystemRandom().randrange(2**32))
 REPORT_PATH = Path(os.environ.get("STREAMQ_SOAK_REPORT", "bench/results/soak.json"))
 QUEUE = "streamq:queue:soak"

@@ -33,7 +33,7 @@ from streamq.protocol import (
     events_channel,
     serialize_job,
 )
-from tests.support.events import assert_well_formed, job_result
+from tests.support.events import assert_well_formed, capture_events, job_result
 from tests.support.schemas import PERSON
 from tests.support.worker_faults import paused, second_worker
 
@@ -100,7 +100,12 @@ async def crashed(
 
 
 async def test_taken_over_requests_send_the_text_of_an_undisturbed_run(
-    worker: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, tiny_model: Path, tmp_path: Path
+    worker: WorkerProcess,
+    client: StreamqClient,
+    raw_redis: aioredis.Redis,
+    redis_url: str,
+    tiny_model: Path,
+    tmp_path: Path,
 ) -> None:
     long = {"max_tokens": 240, "ignore_eos": True}
     requests = {
@@ -134,9 +139,22 @@ async def test_taken_over_requests_send_the_text_of_an_undisturbed_run(
     }
     doomed = second_worker(worker, tiny_model, tmp_path)
     ids = {f"take-over-{name}-{uuid.uuid4().hex}": name for name in requests}
+    # One request is also followed live, as a subscriber sees it across the crash.
+    (followed,) = [request_id for request_id, name in ids.items() if name == "held-back"]
+    subscribed = asyncio.Event()
+
+    async def on_subscribed() -> None:
+        subscribed.set()
+
+    live = asyncio.create_task(capture_events(redis_url, followed, on_subscribed))
+    await subscribed.wait()
     taken_over = await crashed(
         worker, doomed, client, raw_redis, {i: requests[name] for i, name in ids.items()}, after_tokens=25
     )
+    seen_live = await live
+    assert_well_formed(seen_live, followed)  # one stream: no gap, no repeat, one final
+    assert seen_live == taken_over[followed], "the subscriber saw what the log holds"
+    assert [e["attempt"] for e in seen_live] == sorted(e["attempt"] for e in seen_live)
 
     for request_id, events in taken_over.items():
         name = ids[request_id]

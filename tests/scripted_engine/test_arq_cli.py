@@ -1,24 +1,25 @@
-"""``arq worker.WorkerSettings`` (arq's own command line) runs a working worker."""
+"""``arq worker.WorkerSettings`` (arq's own command line) runs a working worker.
+
+On the scripted engine: what is tested is arq's loop around the worker's hooks; the engine
+flags that command line reads from ``$STREAMQ_ENGINE_ARGS`` resolve as the command line's
+do (tests/no_engine/test_worker_engine_config.py)."""
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
-from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+from devkit.worker_process import SCRIPTED_ENGINE, WorkerProcess, worker_env
 from producer.client import StreamqClient
 
 
-async def test_arq_command_line_serves_jobs(
-    worker_url: str, producer_url: str, tiny_model: Path, tmp_path: Path
-) -> None:
+async def test_arq_command_line_serves_jobs(worker_url: str, producer_url: str, tmp_path: Path) -> None:
     """arq's own worker (its poll, WATCH/MULTI claims, start-up INFO) as the worker role."""
     queue = "streamq:queue:arq-cli-test"
     env = worker_env(
         REDIS_URL=worker_url,
         STREAMQ_QUEUE=queue,
-        STREAMQ_ENGINE_ARGS=shlex.join(tiny_engine_flags(tiny_model)),
+        STREAMQ_ENGINE_FACTORY=SCRIPTED_ENGINE,  # worker.hooks.ENGINE_FACTORY_ENV (it imports vLLM)
     )
     arq = str(Path(sys.executable).with_name("arq"))
     process = WorkerProcess(
