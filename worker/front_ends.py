@@ -17,9 +17,9 @@ The parent then watches:
 - a front end that dies later: its requests are taken over through their leases (by a
   sibling or another worker), its slots are given back, and its requests still running
   in the engine are aborted (``OrphanReaper``); the siblings go on serving;
-- the engine core dying: every front end hands its requests back (as a single worker
-  does) and the parent exits with ``ENGINE_DEAD_EXIT_CODE``, for its supervisor to
-  restart it;
+- the engine core dying: the parent tells every front end (``tell_engine_death``), which
+  hands its requests back as a single worker does, and exits with
+  ``ENGINE_DEAD_EXIT_CODE``, for its supervisor to restart it;
 - SIGTERM or SIGINT: every front end drains, then the engine stops.
 """
 

@@ -131,10 +131,21 @@ BAD_JOBS = [
 
 
 async def enqueue_raw(redis: aioredis.Redis, job_id: str, payload: bytes) -> None:
-    """Enqueue as a service in another language would: SET the job, ZADD its id."""
+    """Enqueue as a service in another language would, by PROTOCOL.md's commands: SET the
+    job, queue and index it (priority 0, the default tenant), wake the workers. (A job
+    queued without the index waits for the claim's scan, up to a second: tests of the claim
+    cover that, in tests/no_engine/test_claim_order.py.)"""
+    score, queue = int(time.time() * 1000), DEFAULT_QUEUE
     await redis.set(JOB_KEY_PREFIX + job_id, payload, px=86_400_000)
-    await redis.zadd(DEFAULT_QUEUE, {job_id: int(time.time() * 1000)})
-    await redis.publish(WAKEUP_CHANNEL, DEFAULT_QUEUE)
+    async with redis.pipeline(transaction=True) as index:
+        index.zadd(queue, {job_id: score})
+        index.hset(f"{queue}:indexed", job_id, "0 default")
+        index.zadd(f"{queue}:waiting:0", {job_id: score})
+        index.zadd(f"{queue}:fifo:0:default", {job_id: score})
+        index.zadd(f"{queue}:tenants:0", {"default": 0}, nx=True)
+        index.zadd(f"{queue}:bands", {"0": 0})
+        await index.execute()
+    await redis.publish(WAKEUP_CHANNEL, queue)
 
 
 @pytest.mark.parametrize(("case", "payload", "message"), BAD_JOBS, ids=[c[0] for c in BAD_JOBS])
