@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark on a GPU host, in one command: a 1B-class Llama (Llama-3.2-1B's shapes, random
-# weights, a locally generated tokenizer: no hub), paths (a)-(d) at concurrency 1, 64 and 256,
+# weights, a locally generated tokenizer: no hub), paths (a)-(e) at concurrency 1, 64 and 256,
 # and the Redis capacity run; results packed under $OUT.
 #
 #   bench/gpu.sh          install what is carried, detect the GPU, run everything (sized for 8 minutes)
@@ -127,7 +127,7 @@ if [[ ${CAPACITY:-1} != 0 ]]; then
     timeout 240 "$PY" -m bench.redis_capacity --results-dir "$RESULTS" "${CAPACITY_ARGS[@]}" || { status=$?; say "capacity run failed ($status)"; }
 fi
 
-# --- paths (a)-(d) ----------------------------------------------------------------------------
+# --- paths (a)-(e) ----------------------------------------------------------------------------
 say "python -m bench ${BENCH_ARGS[*]}"
 timeout "${BENCH_TIMEOUT_S:-480}" "$PY" -m bench --results-dir "$RESULTS" "${BENCH_ARGS[@]}" || { status=$?; say "bench failed or ran out of time ($status); packing what there is"; }
 
