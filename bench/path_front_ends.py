@@ -8,19 +8,16 @@ core (with the parent that started it, which only watches), Redis and the subscr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
-from pathlib import Path
 
 import redis
 
 from bench.cpu import descendants
-from bench.path_queue import measure
-from bench.path_run import parse_path_args, write_results
+from bench.path_queue import run_path
 from devkit.redis_server import RedisServer
-from devkit.worker_process import WorkerProcess, worker_env
+from devkit.worker_process import WorkerProcess
 from streamq.protocol.names import WORKER_STATS_KEY
 
 FRONT_ENDS = 2
@@ -45,29 +42,20 @@ def front_end_pids(redis_url: str, parent_pid: int, count: int, timeout_s: float
         client.close()
 
 
+def front_end_roles(redis_server: RedisServer, worker: WorkerProcess) -> dict[str, list[int]]:
+    """Each front end its own role; the parent that only watches counts with the engine core."""
+    assert worker.process is not None and redis_server.process is not None
+    front_ends = front_end_pids(redis_server.url, worker.process.pid, FRONT_ENDS)
+    engine = [pid for pid in descendants(worker.process.pid) if pid not in front_ends]
+    return {f"front_end_{i}": [pid] for i, pid in enumerate(front_ends)} | {
+        "engine_core": [worker.process.pid, *engine],
+        "redis": [redis_server.process.pid],
+        "client": [os.getpid()],
+    }
+
+
 def main() -> None:
-    config, out = parse_path_args(__doc__.splitlines()[0])
-    log_path = Path(config.results_dir) / f"{config.run_id}-e-worker.log"
-    with RedisServer() as redis_server:
-        flags = [*config.engine_flags(), "--front-ends", str(FRONT_ENDS)]
-        worker = WorkerProcess(redis_server.url, flags, log_path=log_path, env=worker_env())
-        try:
-            worker.start().wait_ready()
-            assert worker.process is not None and redis_server.process is not None
-            front_ends = front_end_pids(redis_server.url, worker.process.pid, FRONT_ENDS)
-            engine = [pid for pid in descendants(worker.process.pid) if pid not in front_ends]
-            roles = {f"front_end_{i}": [pid] for i, pid in enumerate(front_ends)}
-            roles |= {
-                "engine_core": [worker.process.pid, *engine],
-                "redis": [redis_server.process.pid],
-                "client": [os.getpid()],
-            }
-            results = asyncio.run(measure(config, redis_server, worker, roles, path="e", with_interval=False))
-            write_results(out, results)
-        finally:
-            code = worker.stop()
-            if code != 0:
-                print(f"[e] worker exited with {code}; see {log_path}", flush=True)
+    run_path("e", __doc__.splitlines()[0], ["--front-ends", str(FRONT_ENDS)], front_end_roles, with_interval=False)
 
 
 if __name__ == "__main__":

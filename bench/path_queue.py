@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ async def measure(
             return sample_prompts(config, config.prompts_for(concurrency))
 
         with contextlib.ExitStack() as stack:
-            if config.profile:
+            if config.profile and path == "b":  # (e)'s parent only watches its front ends
                 assert worker.process is not None
                 out = Path(config.results_dir) / f"{config.run_id}-b-worker.pyspy.txt"
                 stack.enter_context(PySpyRecording(worker.process.pid, out))
@@ -78,19 +78,31 @@ async def measure(
             return results
 
 
-def main() -> None:
-    config, out = parse_path_args(__doc__.splitlines()[0])
-    log_path = Path(config.results_dir) / f"{config.run_id}-b-worker.log"
+Roles = Callable[[RedisServer, WorkerProcess], dict[str, list[int]]]
+"""The CPU roles of a running worker's processes (and Redis's, and this process's)."""
+
+
+def run_path(path: str, description: str, worker_flags: list[str], roles_of: Roles, *, with_interval: bool) -> None:
+    """A path's whole run: a throwaway Redis, one ``python -m worker`` with the engine
+    flags and ``worker_flags``, ``measure``, the results written where the parent asked."""
+    config, out = parse_path_args(description)
+    log_path = Path(config.results_dir) / f"{config.run_id}-{path}-worker.log"
     with RedisServer() as redis_server:
-        worker = WorkerProcess(redis_server.url, config.engine_flags(), log_path=log_path, env=worker_env())
+        flags = [*config.engine_flags(), *worker_flags]
+        worker = WorkerProcess(redis_server.url, flags, log_path=log_path, env=worker_env())
         try:
             worker.start().wait_ready()
-            roles = one_process_roles(redis_server, worker)
-            write_results(out, asyncio.run(measure(config, redis_server, worker, roles)))
+            roles = roles_of(redis_server, worker)
+            results = asyncio.run(measure(config, redis_server, worker, roles, path=path, with_interval=with_interval))
+            write_results(out, results)
         finally:
             code = worker.stop()
             if code != 0:
-                print(f"[b] worker exited with {code}; see {log_path}", flush=True)
+                print(f"[{path}] worker exited with {code}; see {log_path}", flush=True)
+
+
+def main() -> None:
+    run_path("b", __doc__.splitlines()[0], [], one_process_roles, with_interval=True)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from producer.client import RequestHandle, StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX
-from streamq.protocol.names import running_key
+from streamq.protocol.names import WORKER_STATS_KEY, running_key
 from tests.support.events import assert_well_formed
 from tests.support.session import MAX_MODEL_LEN
 
@@ -75,29 +75,33 @@ def engine_core(worker: WorkerProcess) -> psutil.Process:
     return core
 
 
-async def finished_per_front_end(raw_redis: aioredis.Redis, pids: list[int], expected: int) -> dict[int, int]:
-    """Requests each front end reports finished (its stats report), once they add up."""
-    counts: dict[int, int] = {}
-    async with asyncio.timeout(30):
-        while sum(counts.values()) < expected:
-            reports = [decoded(raw) for raw in (await raw_redis.hgetall("streamq:worker-stats")).values()]
-            counts = {r["pid"]: r["requests_finished"] for r in reports if r["pid"] in pids}
-            await asyncio.sleep(0.2)
-    return counts
-
-
 def decoded(raw: bytes) -> dict[str, Any]:
     value: dict[str, Any] = json.loads(raw)
     return value
 
 
-async def first_chunks(raw_redis: aioredis.Redis, handles: list[RequestHandle]) -> None:
-    """Wait until every request has streamed tokens."""
+async def finished_per_front_end(raw_redis: aioredis.Redis, pids: list[int], expected: int) -> dict[int, int]:
+    """Requests each front end reports finished (its stats report), once they add up."""
+    counts: dict[int, int] = {}
+    async with asyncio.timeout(30):
+        while sum(counts.values()) < expected:
+            reports = [decoded(raw) for raw in (await raw_redis.hgetall(WORKER_STATS_KEY)).values()]
+            counts = {r["pid"]: r["requests_finished"] for r in reports if r["pid"] in pids}
+            await asyncio.sleep(0.2)
+    return counts
+
+
+async def streaming(
+    client: StreamqClient, raw_redis: aioredis.Redis, prompt: str, *, count: int, max_tokens: int
+) -> list[RequestHandle]:
+    """Submit ``count`` requests of ``max_tokens`` tokens and wait until each has streamed some."""
+    handles = [await client.submit(prompt, max_tokens=max_tokens, ignore_eos=True) for _ in range(count)]
     log = ReplayLog(raw_redis)
     async with asyncio.timeout(120):
         for handle in handles:
             while len(await log.read(handle.request_id)) < 2:
                 await asyncio.sleep(0.05)
+    return handles
 
 
 async def holders(raw_redis: aioredis.Redis, handles: list[RequestHandle]) -> dict[str, str]:
@@ -162,8 +166,7 @@ async def test_sigterm_drains_every_front_end_then_stops_the_engine(
 ) -> None:
     core = engine_core(sharing_worker)
     async with await StreamqClient.connect(producer_url, queue=SHARING_QUEUE) as client:
-        handles = [await client.submit("Once upon a time", max_tokens=300, ignore_eos=True) for _ in range(4)]
-        await first_chunks(raw_redis, handles)
+        handles = await streaming(client, raw_redis, "Once upon a time", count=4, max_tokens=300)
         held = await holders(raw_redis, handles)
         assert len({pid_of(holder) for holder in held.values()}) == 2, f"both front ends stream: {held}"
         assert sharing_worker.stop() == 0, sharing_worker.log_tail()
@@ -178,8 +181,7 @@ async def test_a_front_end_killed_mid_stream_loses_nothing_and_its_requests_stop
     faulted_worker: WorkerProcess, producer_url: str, raw_redis: aioredis.Redis
 ) -> None:
     async with await StreamqClient.connect(producer_url, queue=FAULTS_QUEUE) as client:
-        handles = [await client.submit("The key to happiness is", max_tokens=LONG, ignore_eos=True) for _ in range(8)]
-        await first_chunks(raw_redis, handles)
+        handles = await streaming(client, raw_redis, "The key to happiness is", count=8, max_tokens=LONG)
         held = await holders(raw_redis, handles)
         victim = min(pid_of(holder) for holder in held.values())
         orphans = [rid for rid, holder in held.items() if pid_of(holder) == victim]
@@ -200,8 +202,7 @@ async def test_the_engine_core_dying_hands_every_request_back_and_fails_the_work
     faulted_worker: WorkerProcess, producer_url: str, raw_redis: aioredis.Redis
 ) -> None:
     async with await StreamqClient.connect(producer_url, queue=FAULTS_QUEUE) as client:
-        handles = [await client.submit("Once upon a time", max_tokens=LONG, ignore_eos=True) for _ in range(3)]
-        await first_chunks(raw_redis, handles)
+        handles = await streaming(client, raw_redis, "Once upon a time", count=3, max_tokens=LONG)
         front_ends = [psutil.Process(pid) for pid in front_end_pids(faulted_worker)]
         engine_core(faulted_worker).kill()
         assert faulted_worker.process is not None
