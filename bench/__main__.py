@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="also run path (b) with a chunk every N tokens (vLLM's stream_interval); 0 to skip (default %(default)s)",
     )
+    parser.add_argument(
+        "--front-ends",
+        type=int,
+        default=1,
+        help="front-end processes per engine in paths (c) and (d): vllm serve's --api-server-count and the "
+        "worker's --front-ends, to compare them at the same count (default %(default)s)",
+    )
     group = parser.add_argument_group("scale-out (scripted engine)")
     group.add_argument(
         "--scale-out-workers",
@@ -165,6 +172,7 @@ def main() -> None:
         run_id=run_id,
         profile=args.profile,
         stream_interval=args.stream_interval,
+        front_ends=args.front_ends,
     )
     started = time.monotonic()
     results: list[PathResult] = []
@@ -202,7 +210,8 @@ def main() -> None:
     header = (
         f"# streamq benchmark {run_id}\n\nTiny random Llama ({model_dir}), input {config.input_len} tokens, "
         f"output {config.output_len} tokens (ignore_eos, temperature 0), engine flags "
-        f"`{' '.join(config.engine_flags())}`; {os.cpu_count()} CPUs; "
+        f"`{' '.join(config.engine_flags())}`; {config.front_ends} front end(s) per engine in (c) and (d); "
+        f"{os.cpu_count()} CPUs; "
         f"{time.monotonic() - started:.0f} s in all."
     )
     table = markdown(results, scale_out, header, capacity, describe(capacity_config)) + claim_table

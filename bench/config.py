@@ -43,6 +43,7 @@ class BenchConfig:
     run_id: str  # names this run's files in results_dir
     profile: bool = False  # record path (b)'s worker with py-spy (perturbs its figures)
     stream_interval: int = 8  # path (b) again with a chunk every this many tokens; 0: skip
+    front_ends: int = 1  # vllm serve's --api-server-count in (c), the worker's --front-ends in (d)
 
     def prompts_for(self, concurrency: int) -> int:
         """Requests sent at ``concurrency``: at least 16 waves, at least 64 requests,

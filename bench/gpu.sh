@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The benchmark on a GPU host, in one command: a 1B-class Llama (Llama-3.2-1B's shapes, random
 # weights, a locally generated tokenizer: no hub), paths (a)-(e) at concurrency 1, 64 and 256,
-# and the Redis capacity run; results packed under $OUT.
+# then vllm serve (c) and the gateway (d) at 256 with 2 and 4 front ends per engine
+# (--api-server-count against the worker's --front-ends), and the Redis capacity run; results
+# packed under $OUT.
 #
 #   bench/gpu.sh          install what is carried, detect the GPU, run everything (sized for 8 minutes)
 #   bench/gpu.sh stage    only keep the wheels carried in .whl/ in /tmp/streamq-wheels, so that an
@@ -21,7 +23,8 @@
 #
 # Environment: OUT (where results go; default bench/results/gpu-<time>), PYTHON (the
 # interpreter; default .venv/bin/python if present, else python3), BENCH_TIMEOUT_S (480),
-# CAPACITY=0 (skip the Redis capacity run).
+# CAPACITY=0 (skip the Redis capacity run), FRONT_ENDS (the counts beside 1; default "2 4", ""
+# skips them; each adds up to FRONT_ENDS_TIMEOUT_S, 240).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -108,11 +111,13 @@ if command -v nvidia-smi >/dev/null && "$PY" -c "import torch, sys; sys.exit(0 i
     # Every path gets these after the benchmark's own flags (the last of a flag wins).
     export STREAMQ_BENCH_ENGINE_FLAGS="--dtype bfloat16 --no-enforce-eager --load-format dummy --max-model-len 1024 --max-num-batched-tokens 8192"
     BENCH_ARGS=(--model-dir "$MODEL" --concurrency 1,64,256 --input-len 128 --output-len 64 --stream-interval 0 --scale-out-workers "" --capacity-rounds 0)
+    TOP=256
     CAPACITY_ARGS=(--rounds 1)
 else
     MODE=cpu
     say "no CUDA GPU: the CPU fallback, tiny model, small settings"
     BENCH_ARGS=(--concurrency 1,4 --num-prompts 8 --output-len 16 --stream-interval 0 --scale-out-workers "" --capacity-rounds 0)
+    TOP=4
     CAPACITY_ARGS=(--rounds 1 --warmup-s 1 --measure-s 2 --tokens-per-event 1,4 --workers 4 --requests-per-worker 16)
 fi
 say "mode: $MODE"
@@ -131,11 +136,18 @@ fi
 say "python -m bench ${BENCH_ARGS[*]}"
 timeout "${BENCH_TIMEOUT_S:-480}" "$PY" -m bench --results-dir "$RESULTS" "${BENCH_ARGS[@]}" || { status=$?; say "bench failed or ran out of time ($status); packing what there is"; }
 
+# --- vllm serve and the gateway at the same front-end count (1 is in the run above) ----------
+for n in ${FRONT_ENDS-2 4}; do
+    say "python -m bench --paths c,d --concurrency $TOP --front-ends $n"
+    timeout "${FRONT_ENDS_TIMEOUT_S:-240}" "$PY" -m bench --results-dir "$RESULTS" "${BENCH_ARGS[@]}" \
+        --paths c,d --concurrency "$TOP" --front-ends "$n" || { status=$?; say "front ends $n: failed or ran out of time ($status)"; }
+done
+
 # --- pack: the device returns at most 8 files, two folders deep ------------------------------
 for f in "$RESULTS"/*; do
     name=$(basename "$f")
-    if [[ $name =~ ^[0-9]{8}-[0-9]{6}\.(md|json)$ || $name =~ -redis-capacity\.md$ ]]; then
-        cp "$f" "$OUT"/
+    if [[ $name =~ ^[0-9]{8}-[0-9]{6}\.md$ || $name =~ -redis-capacity\.md$ ]]; then
+        cp "$f" "$OUT"/  # every run's tables; the JSON is in results.tar.gz
     fi
 done
 tar -czf "$OUT/results.tar.gz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"

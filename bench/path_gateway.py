@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from bench.cpu import descendants
+from bench.path_front_ends import front_end_pids
 from bench.path_run import parse_path_args, write_results
 from bench.path_serve import bench_serve_levels, server_roles
 from devkit.gateway_process import GatewayProcess
@@ -37,7 +38,7 @@ def main() -> None:
     with RedisServer() as redis_server:
         worker = WorkerProcess(
             redis_server.url,
-            config.engine_flags(),
+            [*config.engine_flags(), "--front-ends", str(config.front_ends)],
             log_path=results_dir / f"{config.run_id}-d-worker.log",
             env=worker_env(),
         )
@@ -49,8 +50,11 @@ def main() -> None:
             wait_for_model(gateway, config.model_dir)
             assert worker.process is not None and redis_server.process is not None
             assert gateway.process is not None
+            several = config.front_ends > 1
+            front_ends = front_end_pids(redis_server.url, worker.process.pid, config.front_ends) if several else []
             roles = server_roles(
                 worker.process.pid,
+                front_ends,
                 redis=[redis_server.process.pid],
                 gateway=[gateway.process.pid, *descendants(gateway.process.pid)],
             )

@@ -29,11 +29,15 @@ from devkit.worker_process import worker_env
 
 
 def start_server(config: BenchConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    # vllm serve's own command line: its --api-server-count starts several API servers.
     command = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "vllm.entrypoints.cli.main",
+        "serve",
         *config.engine_flags(),
+        "--api-server-count",
+        str(config.front_ends),
         "--host",
         "127.0.0.1",
         "--port",
@@ -94,14 +98,30 @@ class MeasuredRun:
             raise RuntimeError("vllm bench serve no longer fetches metrics around its run: no CPU window")
 
 
-def server_roles(server_pid: int, **others: list[int]) -> dict[str, list[int]]:
-    """The CPU roles of a path driven by ``vllm bench serve`` from this process."""
+def server_roles(server_pid: int, front_ends: list[int] | None = None, **others: list[int]) -> dict[str, list[int]]:
+    """The CPU roles of a path driven by ``vllm bench serve`` from this process. With
+    several front ends (``front_ends``, else the API servers ``vllm serve`` started), each
+    is a role of its own (``front_end_0``, ...), and the process that started them, which
+    only watches, counts with the engine core."""
+    if front_ends is None:
+        front_ends = [pid for pid in descendants(server_pid) if "APIServer" in command_line(pid)]
+    engine = [pid for pid in descendants(server_pid) if pid not in front_ends]
+    if not front_ends:
+        return {"front_end": [server_pid], "engine_core": engine, **others, "client": [os.getpid()]}
     return {
-        "front_end": [server_pid],
-        "engine_core": descendants(server_pid),
+        **{f"front_end_{i}": [pid] for i, pid in enumerate(front_ends)},
+        "engine_core": [server_pid, *engine],
         **others,
         "client": [os.getpid()],
     }
+
+
+def command_line(pid: int) -> str:
+    """A process's command line as ``ps`` shows it (vLLM retitles its processes)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def bench_serve(
