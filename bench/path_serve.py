@@ -29,12 +29,10 @@ from devkit.worker_process import worker_env
 
 
 def start_server(config: BenchConfig, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    # vllm serve's own command line: its --api-server-count starts several API servers.
     command = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
+        "bench.vllm_serve",
         *config.engine_flags(),
         "--api-server-count",
         str(config.front_ends),

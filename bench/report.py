@@ -113,11 +113,12 @@ def cpu_table(results: Sequence[PathResult]) -> str:
 CPU_LEGEND = (
     "CPU microseconds (user + system, from `/proc/<pid>/stat`) per delivered output token, over each "
     "level's measured batch (not its warm-up). Front end: the AsyncLLM process itself in (a) (with the loop "
-    "that consumes it), the worker in (b) and (d), its two front-end processes summed in (e) (each in "
-    "brackets), the API server in (c); engine core: the process it spawns (in (e), with the parent that "
-    "started it); client: the benchmark's own process (the subscriber in (b) and (e), `vllm bench serve` "
-    "in (c) and (d)). \"Beyond (a)'s\" is the front end minus (a)'s front end at the same concurrency. "
-    "The last column sums every process's share of one core over the window: it cannot exceed 100 x the CPUs."
+    "that consumes it), the worker in (b) and (d), the API server in (c); where an engine has several front "
+    "ends ((e), and (c) and (d) with `--front-ends`) their sum, each in brackets, the process that started "
+    "them counted with the engine core; engine core: the process the front end spawns; client: the "
+    "benchmark's own process (the subscriber in (b) and (e), `vllm bench serve` in (c) and (d)). \"Beyond "
+    "(a)'s\" is the front end minus (a)'s front end at the same concurrency. The last column sums every "
+    "process's share of one core over the window: it cannot exceed 100 x the CPUs."
 )
 
 
