@@ -252,7 +252,8 @@ class FrontEndsSupervisor:
                 logger.error("%s did not stop in time: killing it", front_end.name)
                 front_end.process.kill()
                 front_end.process.join()
-            codes.append(front_end.process.exitcode or 0)
+            code = front_end.process.exitcode or 0
+            codes.append(code if code >= 0 else 1)  # killed by a signal: a failure, as an exit code
         return max(codes, default=0)
 
 
