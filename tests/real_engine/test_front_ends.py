@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,22 +92,35 @@ async def finished_per_front_end(raw_redis: aioredis.Redis, pids: list[int], exp
     return counts
 
 
-async def streaming(
-    client: StreamqClient, raw_redis: aioredis.Redis, prompt: str, *, count: int, max_tokens: int
-) -> list[RequestHandle]:
-    """Submit ``count`` requests of ``max_tokens`` tokens and wait until each has streamed some."""
-    handles = [await client.submit(prompt, max_tokens=max_tokens, ignore_eos=True) for _ in range(count)]
-    log = ReplayLog(raw_redis)
-    async with asyncio.timeout(120):
-        for handle in handles:
-            while len(await log.read(handle.request_id)) < 2:
-                await asyncio.sleep(0.05)
-    return handles
+class Streaming:
+    """Requests submitted at once, each streaming: their ids, and their handles once
+    submitted. The requests are enqueued together and awaited by their logs, not by the
+    handles: a handle returns only once its subscription is confirmed, and a fault must
+    come while every request still streams."""
+
+    def __init__(self, client: StreamqClient, prompt: str, *, count: int, max_tokens: int) -> None:
+        self.request_ids = [uuid.uuid4().hex for _ in range(count)]
+        self._submits = [
+            asyncio.ensure_future(client.submit(prompt, request_id=rid, max_tokens=max_tokens, ignore_eos=True))
+            for rid in self.request_ids
+        ]
+
+    async def started(self, raw_redis: aioredis.Redis) -> Streaming:
+        """Once every request has streamed tokens."""
+        log = ReplayLog(raw_redis)
+        async with asyncio.timeout(120):
+            for request_id in self.request_ids:
+                while len(await log.read(request_id)) < 2:
+                    await asyncio.sleep(0.05)
+        return self
+
+    async def handles(self) -> list[RequestHandle]:
+        return list(await asyncio.gather(*self._submits))
 
 
-async def holders(raw_redis: aioredis.Redis, handles: list[RequestHandle]) -> dict[str, str]:
+async def holders(raw_redis: aioredis.Redis, request_ids: list[str]) -> dict[str, str]:
     """Each running request's lease holder (a worker id, which names its process's pid)."""
-    held = {h.request_id: await raw_redis.get(IN_PROGRESS_PREFIX + h.request_id) for h in handles}
+    held = {rid: await raw_redis.get(IN_PROGRESS_PREFIX + rid) for rid in request_ids}
     return {rid: holder.decode() for rid, holder in held.items() if holder is not None}
 
 
@@ -166,12 +180,13 @@ async def test_sigterm_drains_every_front_end_then_stops_the_engine(
 ) -> None:
     core = engine_core(sharing_worker)
     async with await StreamqClient.connect(producer_url, queue=SHARING_QUEUE) as client:
-        handles = await streaming(client, raw_redis, "Once upon a time", count=4, max_tokens=300)
-        held = await holders(raw_redis, handles)
+        streams = await Streaming(client, "Once upon a time", count=4, max_tokens=300).started(raw_redis)
+        held = await holders(raw_redis, streams.request_ids)
         assert len({pid_of(holder) for holder in held.values()}) == 2, f"both front ends stream: {held}"
         assert sharing_worker.stop() == 0, sharing_worker.log_tail()
-        for handle in handles:
-            assert len(await tokens_streamed(raw_redis, handle.request_id)) == 300
+        for request_id in streams.request_ids:
+            assert len(await tokens_streamed(raw_redis, request_id)) == 300
+        await streams.handles()
     assert not core.is_running(), "the engine core outlived its worker"
     log = sharing_worker.log_path.read_text(errors="replace")
     assert log.index("SIGTERM: stopping the front ends") < log.rindex("engine core shut down")
@@ -181,12 +196,12 @@ async def test_a_front_end_killed_mid_stream_loses_nothing_and_its_requests_stop
     faulted_worker: WorkerProcess, producer_url: str, raw_redis: aioredis.Redis
 ) -> None:
     async with await StreamqClient.connect(producer_url, queue=FAULTS_QUEUE) as client:
-        handles = await streaming(client, raw_redis, "The key to happiness is", count=8, max_tokens=LONG)
-        held = await holders(raw_redis, handles)
+        streams = await Streaming(client, "The key to happiness is", count=8, max_tokens=LONG).started(raw_redis)
+        held = await holders(raw_redis, streams.request_ids)
         victim = min(pid_of(holder) for holder in held.values())
         orphans = [rid for rid, holder in held.items() if pid_of(holder) == victim]
         os.kill(victim, signal.SIGKILL)
-        for handle in handles:  # each ends once, with every token, taken over by the sibling
+        for handle in await streams.handles():  # each ends once, with every token, taken over by the sibling
             await handle.result(timeout=180)
             assert len(await tokens_streamed(raw_redis, handle.request_id)) == LONG
         after = await (await client.submit("Hello", max_tokens=5, ignore_eos=True)).result(timeout=60)
@@ -202,20 +217,21 @@ async def test_the_engine_core_dying_hands_every_request_back_and_fails_the_work
     faulted_worker: WorkerProcess, producer_url: str, raw_redis: aioredis.Redis
 ) -> None:
     async with await StreamqClient.connect(producer_url, queue=FAULTS_QUEUE) as client:
-        handles = await streaming(client, raw_redis, "Once upon a time", count=3, max_tokens=LONG)
+        streams = await Streaming(client, "Once upon a time", count=3, max_tokens=LONG).started(raw_redis)
         front_ends = [psutil.Process(pid) for pid in front_end_pids(faulted_worker)]
         engine_core(faulted_worker).kill()
         assert faulted_worker.process is not None
         assert faulted_worker.process.wait(timeout=120) == 3, faulted_worker.log_tail()
+        await streams.handles()
     _, alive = psutil.wait_procs(front_ends, timeout=30)
     assert not alive, f"front ends outlived their worker: {alive}"
-    for handle in handles:  # handed back to the queue for another worker, not ended
-        events = [decoded(raw) for raw in await ReplayLog(raw_redis).read(handle.request_id)]
+    for request_id in streams.request_ids:  # handed back to the queue for another worker, not ended
+        events = [decoded(raw) for raw in await ReplayLog(raw_redis).read(request_id)]
         assert all(e["type"] == "chunk" for e in events), events[-1]
-        assert await raw_redis.zscore(FAULTS_QUEUE, handle.request_id) is not None
-        assert await raw_redis.exists(IN_PROGRESS_PREFIX + handle.request_id) == 0
-        await raw_redis.zrem(FAULTS_QUEUE, handle.request_id)  # no worker serves this queue any more
-        await raw_redis.delete(JOB_KEY_PREFIX + handle.request_id)
+        assert await raw_redis.zscore(FAULTS_QUEUE, request_id) is not None
+        assert await raw_redis.exists(IN_PROGRESS_PREFIX + request_id) == 0
+        await raw_redis.zrem(FAULTS_QUEUE, request_id)  # no worker serves this queue any more
+        await raw_redis.delete(JOB_KEY_PREFIX + request_id)
 
 
 async def test_a_front_end_that_dies_while_starting_fails_the_whole_worker(
