@@ -131,6 +131,10 @@ def scheduler_limits(config: VllmConfig) -> dict[str, object]:
     }
 
 
+def log_scheduler_limits(config: VllmConfig) -> None:
+    logger.info("scheduler limits: %s", " ".join(f"{k}={v}" for k, v in scheduler_limits(config).items()))
+
+
 def start_engine(engine_args: AsyncEngineArgs, seat: FrontEndSeat | None = None) -> AsyncLLM:
     """Start the engine; call from inside the event loop it will serve (AsyncLLM is
     bound to the loop it starts on). With a ``seat``, connect to the engine core another
@@ -145,7 +149,7 @@ def start_engine(engine_args: AsyncEngineArgs, seat: FrontEndSeat | None = None)
         engine_args._api_process_rank = seat.index
         client = {"client_addresses": dict(seat.client_config), "client_count": seat.count, "client_index": seat.index}
     config = engine_config(engine_args)
-    logger.info("scheduler limits: %s", " ".join(f"{k}={v}" for k, v in scheduler_limits(config).items()))
+    log_scheduler_limits(config)
     logger.info("structured outputs backend: %s", config.structured_outputs_config.backend)
     engine = AsyncLLM.from_vllm_config(
         vllm_config=config,

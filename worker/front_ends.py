@@ -44,10 +44,10 @@ from vllm.v1.engine.core import EngineCoreProc
 from vllm.v1.engine.utils import CoreEngineProcManager, bind_engine_zmq_listeners, launch_core_engines
 from vllm.v1.executor import Executor
 
-from worker.engine import engine_args_from_namespace, engine_config, scheduler_limits
+from worker.engine import engine_args_from_namespace, engine_config, log_scheduler_limits
 from worker.options import FrontEndSeat
 from worker.orphans import OrphanReaper
-from worker.scheduling import lower_cpu_weight
+from worker.scheduling import lower_worker_cpu_weight
 from worker.shared_slots import SharedSlots
 from worker.state import ENGINE_DEAD_EXIT_CODE
 
@@ -113,15 +113,12 @@ class FrontEndsSupervisor:
 
     def run(self) -> int:
         """Serve until a signal or the engine's death; the exit code."""
-        changed = lower_cpu_weight(self.args.cpu_nice)
-        if changed:
-            logger.info("CPU weight lowered so Redis and clients on this host are not starved: %s", "; ".join(changed))
+        lower_worker_cpu_weight(self.args.cpu_nice)  # the engine core and the front ends inherit it
         engine_args = engine_args_from_namespace(self.args)
         engine_args._api_process_count = self.count
         engine_args._api_process_rank = -1
         config = engine_config(engine_args)
-        limits = scheduler_limits(config)
-        logger.info("scheduler limits: %s", " ".join(f"{k}={v}" for k, v in limits.items()))
+        log_scheduler_limits(config)
         slots = SharedSlots(self.args.max_jobs or config.scheduler_config.max_num_seqs, self.count)
         listeners = bind_engine_zmq_listeners(config, self.count)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

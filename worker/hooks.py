@@ -23,7 +23,7 @@ from worker.logs import quiet_request_failures
 from worker.options import WorkerOptions, options_of
 from worker.presence import Presence, served_model_name
 from worker.publisher import EventPublisher, Refusal, coalesce_from_env
-from worker.scheduling import cpu_nice_from_env, lower_cpu_weight
+from worker.scheduling import cpu_nice_from_env, lower_worker_cpu_weight
 from worker.state import STATE_KEY, WorkerState, new_worker_id
 from worker.stats_report import StatsReporter
 
@@ -83,10 +83,9 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     quiet_request_failures()
     options = options_of(ctx)
     redis = ctx["redis"]
-    # Before the engine starts: its processes inherit the lower weight.
-    changed = lower_cpu_weight(options.cpu_nice if options.cpu_nice is not None else cpu_nice_from_env())
-    if changed:
-        logger.info("CPU weight lowered so Redis and clients on this host are not starved: %s", "; ".join(changed))
+    if options.front_end is None:  # a front end inherits the weight its parent lowered
+        # Before the engine starts: its processes inherit the lower weight.
+        lower_worker_cpu_weight(options.cpu_nice if options.cpu_nice is not None else cpu_nice_from_env())
     async with AsyncExitStack() as closing:
         # Before the engine: a data plane that is not a whole cluster fails the start in seconds.
         events_url = options.events_redis_url if options.events_redis_url is not None else events_url_from_env()

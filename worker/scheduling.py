@@ -52,6 +52,13 @@ def lower_cpu_weight(nice: int = DEFAULT_CPU_NICE) -> list[str]:
     return changed
 
 
+def lower_worker_cpu_weight(nice: int) -> None:
+    """``lower_cpu_weight`` for a worker about to start its engine, said in its log."""
+    changed = lower_cpu_weight(nice)
+    if changed:
+        logger.info("CPU weight lowered so Redis and clients on this host are not starved: %s", "; ".join(changed))
+
+
 def _lower_cgroup_weight(nice: int) -> list[str]:
     """cgroup v2 ``cpu.weight.nice``, or v1 ``cpu.shares``, of this process's own cgroup."""
     try:
