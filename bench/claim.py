@@ -120,7 +120,7 @@ def _measure(
     jobs = 0
     for _ in range(claims):
         reply = client.execute_command("EVALSHA", sha, 1, QUEUE, *args)
-        claimed = [job_id.decode() for job_id in reply[1::2]]
+        claimed = [job_id.decode() for job_id in reply[(4 if new else 1) :: 2]]
         jobs += len(claimed)
         pipe = client.pipeline(transaction=False)
         for job_id in claimed:

@@ -91,7 +91,14 @@ from streamq.protocol import (
     parse_request,
     serialize_job,
 )
-from streamq.protocol.names import DEFAULT_TENANT, REQUEST_RESERVATION_PREFIX
+from streamq.protocol.affinity import affinity_keys, check_affinity_key
+from streamq.protocol.names import (
+    AFFINITY_BALANCE_SLACK,
+    AFFINITY_WINDOW_MS,
+    DEFAULT_TENANT,
+    MAX_AFFINITY_WINDOW_MS,
+    REQUEST_RESERVATION_PREFIX,
+)
 from streamq.protocol.scripts import register_script
 from streamq.protocol.status import RequestStatus
 
@@ -129,6 +136,8 @@ class Completion:
     """One entry per prompt token (``None`` for the first), when ``prompt_logprobs`` was asked for."""
     prompt_token_ids: list[int] | None = None
     """The prompt's tokens (after the chat template), when ``prompt_logprobs`` was asked for."""
+    worker: str | None = None
+    """The worker that ran the request to its end (the final event's ``worker``)."""
 
     @property
     def text(self) -> str:
@@ -182,6 +191,7 @@ class _CompletionParts:
             logprobs=None if self.logprobs is None else [self.logprobs.get(i, []) for i in range(n)],
             prompt_logprobs=self.prompt_logprobs,
             prompt_token_ids=self.prompt_token_ids,
+            worker=final.worker,
         )
 
 
@@ -387,11 +397,17 @@ class StreamqClient:
         queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
+        affinity_window_ms: int = AFFINITY_WINDOW_MS,
     ) -> None:
         """A client on an open pool (``connect`` opens one); ``queue`` as in ``connect``;
         ``data``: the data plane's client, when a Redis Cluster carries the events."""
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
+        if not (isinstance(affinity_window_ms, int) and 0 <= affinity_window_ms <= MAX_AFFINITY_WINDOW_MS):
+            raise ValueError(f"affinity_window_ms must be 0 to {MAX_AFFINITY_WINDOW_MS}, got {affinity_window_ms!r}")
+        self.affinity_window_ms = affinity_window_ms
+        """How long a request is held for the worker that served its prefix before any
+        worker may take it (docs/affinity.md); 0 turns prefix-aware pickup off."""
         self._redis = redis
         self.silence_check_s = silence_check_s
         """After this many seconds without an event, a handle checks that its request is
@@ -422,6 +438,7 @@ class StreamqClient:
         queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
+        affinity_window_ms: int = AFFINITY_WINDOW_MS,
     ) -> StreamqClient:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS; see
         ``streamq.broker.connection``); requests without a ``model`` go to ``queue``.
@@ -431,7 +448,8 @@ class StreamqClient:
         ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the requests' events
         (docs/redis-cluster.md); unset, the Redis of ``url`` carries them. ``max_queue_depth``
         bounds every queue this client submits to (see ``submit``); ``silence_check_s`` is the
-        handles' watchdog."""
+        handles' watchdog; ``affinity_window_ms`` bounds how long a request waits for the
+        worker that served its prefix (docs/affinity.md)."""
         url = redis_url_from_env() if url is None else url
         events_url = events_url_from_env() if events_url is None else check_events_url(events_url)
         queue = queue_from_env() if queue is None else queue
@@ -446,7 +464,14 @@ class StreamqClient:
         except BaseException:
             await close_pool(redis)
             raise
-        return cls(redis, data=data, queue=queue, max_queue_depth=max_queue_depth, silence_check_s=silence_check_s)
+        return cls(
+            redis,
+            data=data,
+            queue=queue,
+            max_queue_depth=max_queue_depth,
+            silence_check_s=silence_check_s,
+            affinity_window_ms=affinity_window_ms,
+        )
 
     @classmethod
     async def from_args(cls, args: argparse.Namespace, *, max_queue_depth: int | None = None) -> StreamqClient:
@@ -499,6 +524,8 @@ class StreamqClient:
         priority: int = 0,
         tenant: str | None = None,
         defer_s: float = 0,
+        affinity_key: str | None = None,
+        affinity: bool = True,
         cancel_on_close: bool = False,
         **sampling: Unpack[SamplingOptions],
     ) -> RequestHandle:
@@ -536,8 +563,17 @@ class StreamqClient:
         ``priority`` (lower runs sooner, as in vLLM) and ``tenant`` (fair share between
         tenants within a priority) order the queue; ``defer_s`` keeps the job from
         starting for that many seconds (on Redis's clock).
+
+        The worker that served the request's prefix (its leading text, or its chat
+        messages before the last turn) gets first pick of it for ``affinity_window_ms``,
+        so its prefix cache is reused (docs/affinity.md). ``affinity_key`` names the
+        conversation or document instead; ``affinity=False`` opts the request out.
         """
         _check_sampling_names(sampling)
+        try:
+            check_affinity_key(affinity_key)
+        except ValueError as exc:
+            raise InvalidParameter(str(exc), param="affinity_key") from None
         if not (isinstance(defer_s, int | float) and 0 <= defer_s <= JOB_EXPIRY_MS / 1000):
             limit_s = JOB_EXPIRY_MS // 1000
             raise InvalidParameter(f"defer_s must be a number from 0 to {limit_s}, got {defer_s!r}", param="defer_s")
@@ -556,6 +592,7 @@ class StreamqClient:
             }
         )
         job = _job_payload(request)
+        prefixes = affinity_keys(request.prompt, request.messages, affinity_key) if affinity else []
         queue = self.queue
         if model is not None:
             routes = await self._routes_serving(model)
@@ -570,7 +607,7 @@ class StreamqClient:
         )
         limit = -1 if self.max_queue_depth is None else self.max_queue_depth
         try:
-            outcome = await self._enqueue(request, job, queue, limit, defer_s)
+            outcome = await self._enqueue(request, job, queue, limit, defer_s, prefixes)
         except BaseException:
             await _close_when_subscribed(subscribing)
             raise
@@ -586,7 +623,9 @@ class StreamqClient:
             raise
         return handle
 
-    async def _enqueue(self, request: GenerateRequest, job: bytes, queue: str, limit: int, defer_s: float) -> int:
+    async def _enqueue(
+        self, request: GenerateRequest, job: bytes, queue: str, limit: int, defer_s: float, prefixes: list[str]
+    ) -> int:
         """Run the enqueue script: 1 (queued), 0 (id in use) or -1 (queue full). Where the
         logs live on a cluster, an id whose log is still kept is in use, and the enqueue
         reserves the id on the control plane (two requests racing for one id: one wins)."""
@@ -613,10 +652,14 @@ class StreamqClient:
         ]
         if request.callback is not None:  # kept where the paths ending it outside a worker find it
             args += [callback_key(request_id), msgspec.json.encode(request.callback), JOB_EXPIRY_MS + LOG_TTL_MS]
-        elif reserving:
+        elif reserving or prefixes:
             args += ["", "", 0]
         if reserving:
             args.append(JOB_EXPIRY_MS + LOG_TTL_MS)
+        elif prefixes:
+            args.append("")
+        if prefixes and self.affinity_window_ms > 0:
+            args += [",".join(prefixes), self.affinity_window_ms, AFFINITY_BALANCE_SLACK]
         return int(await self._enqueue_script(keys=keys, args=args))
 
     async def generate(
@@ -632,6 +675,8 @@ class StreamqClient:
         priority: int = 0,
         tenant: str | None = None,
         defer_s: float = 0,
+        affinity_key: str | None = None,
+        affinity: bool = True,
         timeout: float | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> Completion:
@@ -654,6 +699,8 @@ class StreamqClient:
             priority=priority,
             tenant=tenant,
             defer_s=defer_s,
+            affinity_key=affinity_key,
+            affinity=affinity,
             cancel_on_close=True,
             **sampling,
         )

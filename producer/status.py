@@ -113,6 +113,7 @@ def status_from(request_id: str, found: _Found) -> RequestStatus:
         status.state = "finished"
         status.finish_reasons = [str(reason) for reason in last.finish_reasons]
         status.prompt_tokens, status.completion_tokens = last.prompt_tokens, last.completion_tokens
+        status.worker_id = last.worker
         status.ended_ms = ended_ms
     elif isinstance(last, ErrorEvent):
         status.state = "failed"

@@ -31,7 +31,13 @@ from streamq.protocol import (
     ErrorEvent,
     is_valid_request_id,
 )
-from streamq.protocol.names import CLAIM_SCAN_INTERVAL_MS, TENANT_WEIGHTS_KEY, running_key
+from streamq.protocol.names import (
+    AFFINITY_FREE_TTL_MS,
+    AFFINITY_OWNER_TTL_MS,
+    CLAIM_SCAN_INTERVAL_MS,
+    TENANT_WEIGHTS_KEY,
+    running_key,
+)
 from streamq.protocol.scripts import register_script
 from streamq.tasks import stop_task
 from worker import metrics
@@ -92,6 +98,18 @@ class StreamqWorker(Worker):
         finally:
             await stop_task(listener)
             await wakeups.aclose()
+            await self._release_affinity()
+
+    async def _release_affinity(self) -> None:
+        """Stop attracting jobs by prefix and give back those held for this worker, so a
+        stopping worker delays nobody by a window (``release_affinity.lua``)."""
+        try:
+            released = await self._release(keys=[self.queue_name], args=[state_of(self.ctx).worker_id, WAKEUP_CHANNEL])
+        except Exception as exc:  # Redis away: the windows lapse on their own
+            logger.warning("could not give back the jobs held for this worker: %s", exc)
+            return
+        if released:
+            logger.info("gave back %d job(s) held for this worker by prefix", released)
 
     def handle_sig(self, signum: signal.Signals) -> None:
         """arq's immediate shutdown (cancel the jobs and the loop), the loop told too."""
@@ -124,6 +142,7 @@ class StreamqWorker(Worker):
         self.ctx["redis"] = self.pool
         self._claim = register_script(self.pool, "claim_jobs")
         self._finish_script = register_script(self.pool, "finish_job")
+        self._release = register_script(self.pool, "release_affinity")
         if self.on_startup:
             await self.on_startup(self.ctx)
         if self._max_jobs_from_engine:
@@ -156,7 +175,7 @@ class StreamqWorker(Worker):
         state = state_of(self.ctx)
         ttl_ms = state.leases.ttl_ms
         asked_at = timestamp_ms()
-        redis_now, *reply = await self._claim(
+        redis_now, hits, misses, expired, *reply = await self._claim(
             keys=[self.queue_name],
             args=[
                 free,
@@ -166,9 +185,16 @@ class StreamqWorker(Worker):
                 state.worker_id,
                 TENANT_WEIGHTS_KEY,
                 CLAIM_SCAN_INTERVAL_MS,
+                AFFINITY_OWNER_TTL_MS,
+                AFFINITY_FREE_TTL_MS,
+                self.job_counter,
             ],
         )
         state.clock.observe(int(redis_now), asked_at, timestamp_ms())
+        if hits or misses or expired:
+            metrics.AFFINITY_HITS.inc(hits)
+            metrics.AFFINITY_MISSES.inc(misses)
+            metrics.AFFINITY_EXPIRED.inc(expired)
         started = 0
         for job_id, score in zip(reply[::2], reply[1::2], strict=True):
             job_id = job_id.decode()

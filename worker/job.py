@@ -74,7 +74,12 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     raw = args[0] if args else None
     claimed_id = raw.get("request_id") if isinstance(raw, dict) else None
     reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
-    events = RequestEvents(state_of(ctx).publisher, reply_to, attempt=ctx["job_try"]) if reply_to is not None else None
+    state = state_of(ctx)
+    events = (
+        RequestEvents(state.publisher, reply_to, attempt=ctx["job_try"], worker_id=state.worker_id)
+        if reply_to is not None
+        else None
+    )
     state_of(ctx).attempts[job_id] = ctx["job_try"]  # arq's bookkeeping is fenced by attempt
 
     request: GenerateRequest | None = None

@@ -70,6 +70,19 @@ PUBLISH_FAILURES = Counter(
     "streamq_publish_failed_events",
     "Events Redis refused for good or could not take within the retry budget; their requests fail",
 )
+AFFINITY_HITS = Counter(
+    "streamq_affinity_hits",
+    "Jobs this worker claimed that enqueue had held for it, as it served their prefix (docs/affinity.md)",
+)
+AFFINITY_MISSES = Counter(
+    "streamq_affinity_misses",
+    "Jobs with prefix keys this worker claimed from the shared index: no worker known for their prefix, "
+    "that worker busy or gone, or its window passed",
+)
+AFFINITY_EXPIRED = Counter(
+    "streamq_affinity_expired",
+    "Jobs held for a worker whose window passed before it claimed them; this worker's claim put them back",
+)
 LEASES_LOST = Counter(
     "streamq_leases_lost", "Running jobs whose lease another worker holds now: this worker's attempt stops"
 )

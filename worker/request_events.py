@@ -23,9 +23,19 @@ class RequestEvents:
     that is not its last, joins that chunk instead of taking a number of its own.
     """
 
-    def __init__(self, publisher: EventPublisher, request_id: str, *, next_seq: int = 0, attempt: int = 1) -> None:
+    def __init__(
+        self,
+        publisher: EventPublisher,
+        request_id: str,
+        *,
+        next_seq: int = 0,
+        attempt: int = 1,
+        worker_id: str | None = None,
+    ) -> None:
         self.request_id = request_id
         self.attempt = attempt
+        self.worker_id = worker_id
+        """Named in the final event: the worker that served the request."""
         self._publisher = publisher
         self.next_seq = next_seq
         self.closed = False
@@ -110,6 +120,7 @@ class RequestEvents:
             finish_reasons=finish_reasons,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            worker=self.worker_id,
         )
         self._publish(event)
         self.closed = True

@@ -318,6 +318,10 @@ class FinalEvent(_Event, tag="final", kw_only=True):
     finish_reasons: list[str | None]
     prompt_tokens: int
     completion_tokens: int
+    worker: str | None = None
+    """The id of the worker that ran the request to its end (absent when it ended in the
+    queue: cancelled or timed out there): follow-ups of a conversation that keep finding
+    the same worker are reusing its prefix cache (docs/affinity.md)."""
 
 
 class ErrorEvent(_Event, tag="error", kw_only=True):

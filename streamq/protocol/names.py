@@ -135,6 +135,23 @@ TENANT_WEIGHTS_KEY: Final = "streamq:tenant-weights"
 CLAIM_SCAN_INTERVAL_MS: Final = 1000
 """The claim reads arq's queue itself (for jobs nobody indexed) at most this often per
 queue, all workers together; the index and lapsed leases are read at every claim."""
+# --- prefix-aware pickup (docs/affinity.md) ---------------------------------------------
+AFFINITY_WINDOW_MS: Final = 200
+"""How long a job routed to the worker that served its prefix waits for that worker
+alone; past it, any worker takes it (``enqueue`` ARGV[16])."""
+MAX_AFFINITY_WINDOW_MS: Final = 10_000
+"""A longer window would let one worker's stall hold requests that another could serve."""
+AFFINITY_BALANCE_SLACK: Final = 8
+"""A job is routed to its prefix's worker only if that worker runs at most this many jobs
+more than the least busy live worker of the queue (``enqueue`` ARGV[17]): a prefix many
+conversations share must not pull them all onto one worker."""
+AFFINITY_OWNER_TTL_MS: Final = 300_000
+"""How long a worker counts as holding a prefix it served, renewed at each claim of a
+request with that prefix (``claim_jobs`` ARGV[8]); vLLM may evict it sooner."""
+AFFINITY_FREE_TTL_MS: Final = 1000
+"""A worker's ``<queue>:free:<worker>`` (its free slots, set at each claim: every
+``poll_delay`` while it has one) lapses this long after its last claim: a full, stalled or
+dead worker stops attracting jobs within it (``claim_jobs`` ARGV[9])."""
 MAX_CALLBACK_URL_CHARS: Final = 2048
 """A callback URL's length bound."""
 
@@ -242,6 +259,16 @@ def waiting_key(queue: str, priority: int) -> str:
 def callback_key(request_id: str) -> str:
     """Name of the hash holding ``request_id``'s callback and its delivery."""
     return CALLBACK_KEY_PREFIX + request_id
+
+
+def affinity_owner_key(queue: str, key: str) -> str:
+    """``<queue>:owner:<key>``: the worker that last claimed a request with prefix ``key``."""
+    return f"{queue}:owner:{key}"
+
+
+def affinity_free_key(queue: str, worker_id: str) -> str:
+    """``<queue>:free:<worker>``: the worker's free slots as of its last claim (lapses)."""
+    return f"{queue}:free:{worker_id}"
 
 
 def running_key(queue: str) -> str:

@@ -42,7 +42,8 @@ class RequestStatus(msgspec.Struct, omit_defaults=True):
     run_at_ms: int | None = None
     """Queued and deferred: the Unix ms from which a worker may take it."""
     worker_id: str | None = None
-    """Running: the worker holding its lease."""
+    """Running: the worker holding its lease; finished: the worker that ran it to its end
+    (its final event's ``worker``)."""
     attempt: int | None = None
     """Running: which try of the job this is (1 for the first)."""
     finish_reasons: list[str] | None = None

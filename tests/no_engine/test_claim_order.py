@@ -1,7 +1,9 @@
 """The claim script's order on a real Redis: lapsed leases first, then strict priority,
 stride-scheduled fair share between a band's tenants (by weight), FIFO within a tenant;
-deferred jobs only when due; unindexed jobs by a throttled scan of arq's queue. Jobs
-are queued with the enqueue script, as the library does, and cancelled with cancel."""
+deferred jobs only when due; unindexed jobs by a throttled scan of arq's queue; a job
+held for the worker that served its prefix, first for that worker within its band, for
+the others once its window passed. Jobs are queued with the enqueue script, as the
+library does, and cancelled with cancel."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 import redis.asyncio as aioredis
@@ -18,6 +21,19 @@ from streamq.protocol.names import running_key, waiting_key
 from streamq.protocol.scripts import register_script
 
 LEASE_MS = 3000
+
+
+@dataclass(frozen=True)
+class AffinityCounts:
+    """What claims counted: jobs held for their claimer, jobs with keys from the shared
+    index, held jobs whose window passed."""
+
+    hits: int = 0
+    misses: int = 0
+    expired: int = 0
+
+    def __add__(self, other: AffinityCounts) -> AffinityCounts:
+        return AffinityCounts(self.hits + other.hits, self.misses + other.misses, self.expired + other.expired)
 
 
 class Queue:
@@ -32,16 +48,44 @@ class Queue:
         self._cancel = register_script(redis, "cancel")
         self.ids: set[str] = set()
 
-    async def enqueue(self, request_id: str, priority: int = 0, tenant: str = "default", delay_ms: int = 0) -> None:
+        self._release = register_script(redis, "release_affinity")
+        self.affinity = AffinityCounts()
+
+    async def enqueue(
+        self,
+        request_id: str,
+        priority: int = 0,
+        tenant: str = "default",
+        delay_ms: int = 0,
+        *,
+        prefixes: list[str] | None = None,
+        window_ms: int = 60_000,
+        slack: int = 8,
+    ) -> None:
+        """Queue a job as the library does; with ``prefixes``, its affinity keys."""
         self.ids.add(request_id)
         keys = [JOB_KEY_PREFIX + request_id, self.name, f"streamq:events:{request_id}"]
-        args = ["{}", 60_000, request_id, WAKEUP_CHANNEL, self.name, -1, f"arq:result:{request_id}"]
-        assert await self._enqueue(keys=keys, args=[*args, priority, tenant, delay_ms]) == 1
+        args: list[str | int] = ["{}", 60_000, request_id, WAKEUP_CHANNEL, self.name, -1, f"arq:result:{request_id}"]
+        args += [priority, tenant, delay_ms]
+        if prefixes is not None:
+            args += ["", "", 0, "", ",".join(prefixes), window_ms, slack]
+        assert await self._enqueue(keys=keys, args=args) == 1
 
-    async def claim(self, wanted: int = 1, *, lease_ms: int = LEASE_MS, scan_ms: int = 1000) -> list[str]:
-        args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, "w1", self.weights, scan_ms]
-        _, *reply = await self._claim(keys=[self.name], args=args)
+    async def claim(
+        self, wanted: int = 1, *, lease_ms: int = LEASE_MS, scan_ms: int = 1000, worker: str = "w1", running: int = 0
+    ) -> list[str]:
+        """A claim by ``worker``, which runs ``running`` jobs; it takes part in affinity."""
+        args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, worker, self.weights, scan_ms, 60_000, 60_000, running]
+        _, hits, misses, expired, *reply = await self._claim(keys=[self.name], args=args)
+        self.affinity += AffinityCounts(hits, misses, expired)
         return [job_id.decode() for job_id in reply[::2]]
+
+    async def release(self, worker: str) -> int:
+        return int(await self._release(keys=[self.name], args=[worker, WAKEUP_CHANNEL]))
+
+    async def claim_each_by(self, worker: str, count: int) -> list[str]:
+        """``count`` claims of one job each by ``worker``."""
+        return [job_id for _ in range(count) for job_id in await self.claim(worker=worker)]
 
     async def claim_each(self, count: int) -> list[str]:
         """``count`` claims of one job each, as a worker whose slots free one by one."""
@@ -137,8 +181,10 @@ async def test_a_cancelled_job_leaves_no_index_entry(queue: Queue) -> None:
         members = await queue.redis.hkeys(key) if key.endswith(":indexed") else await queue.redis.zrange(key, 0, -1)
         assert b"gone" not in members and b"later" not in members, key
     assert await queue.claim_each(2) == ["kept"]
-    # The claim dropped the emptied tenant and band: nothing of the index is left.
-    assert all(key.endswith((":running", ":scan", ":seq")) for key in await queue.keys()), await queue.keys()
+    # The claim dropped the emptied tenant and band: nothing of the index is left (the
+    # claimer's free slots and load are what enqueue reads to route by prefix).
+    kept = (":running", ":scan", ":seq", ":free:w1", ":load")
+    assert all(key.endswith(kept) for key in await queue.keys()), await queue.keys()
 
 
 async def test_a_deferred_job_waits_until_due(queue: Queue) -> None:
@@ -228,3 +274,104 @@ async def test_jobs_queued_in_one_millisecond_keep_their_order(queue: Queue) -> 
         range(40)
     )
     assert await queue.claim(40) == ids
+
+
+async def served_by(queue: Queue, worker: str, prefix: str) -> None:
+    """``worker``, with slots to spare, claims a job with ``prefix`` (it becomes its
+    prefix's worker) and finishes it."""
+    await queue.enqueue(f"first-{prefix}", prefixes=[prefix])
+    assert await queue.claim(8, worker=worker) == [f"first-{prefix}"]
+    await queue.redis.zrem(queue.name, f"first-{prefix}")
+
+
+async def test_a_job_is_held_for_the_worker_that_served_its_prefix_until_the_window_passes(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv-a")
+    await queue.enqueue("follow-up", prefixes=["conv-a-turn-2", "conv-a"], window_ms=300)
+    assert await queue.claim(worker="w2") == []
+    assert await queue.claim(8, worker="w1") == ["follow-up"]
+    assert queue.affinity.hits == 1
+    await queue.enqueue("late", prefixes=["conv-a"], window_ms=300)
+    assert await queue.claim(worker="w2") == []
+    await asyncio.sleep(0.35)
+    assert await queue.claim(worker="w2") == ["late"]
+    assert queue.affinity.expired == 1 and queue.affinity.misses == 2  # the first turn, then "late"
+
+
+async def test_the_longest_known_prefix_routes(queue: Queue) -> None:
+    await served_by(queue, "w1", "shared-instructions")
+    await served_by(queue, "w2", "conversation")
+    await queue.enqueue("next-turn", prefixes=["conversation-turn-2", "conversation", "shared-instructions"])
+    assert await queue.claim(worker="w1") == []
+    assert await queue.claim(worker="w2") == ["next-turn"]
+
+
+async def test_a_worker_without_a_free_slot_gets_nothing_held(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv")
+    await queue.claim(0, worker="w1")  # it claims with no slot free: its free count is 0
+    await queue.enqueue("follow-up", prefixes=["conv"])
+    assert await queue.claim(worker="w2") == ["follow-up"]
+    assert queue.affinity.hits == 0
+
+
+async def test_a_gone_worker_gets_nothing_held(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv")
+    await queue.redis.delete(f"{queue.name}:free:w1")  # lapsed: it stopped claiming
+    await queue.enqueue("follow-up", prefixes=["conv"])
+    assert await queue.claim(worker="w2") == ["follow-up"]
+
+
+@pytest.mark.parametrize(("owner_running", "held"), [(11, True), (12, False)])
+async def test_a_job_is_held_only_for_a_worker_within_the_slack_of_the_least_busy(
+    queue: Queue, owner_running: int, held: bool
+) -> None:
+    await served_by(queue, "w1", "conv")
+    await queue.claim(8, worker="w1", running=owner_running)
+    await queue.claim(8, worker="w2", running=3)
+    await queue.enqueue("follow-up", prefixes=["conv"], slack=8)
+    assert await queue.claim(worker="w2") == ([] if held else ["follow-up"])
+
+
+async def test_held_jobs_never_pass_a_more_urgent_band(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv")
+    await queue.enqueue("held-low", priority=5, prefixes=["conv"])
+    await queue.enqueue("urgent", priority=0)
+    await queue.enqueue("held-urgent", priority=0, prefixes=["conv"])
+    await queue.enqueue("later", priority=0)
+    assert await queue.claim_each_by("w1", 4) == ["held-urgent", "urgent", "later", "held-low"]
+
+
+async def test_held_jobs_count_against_their_tenants_share(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv")
+    for i in range(4):
+        await queue.enqueue(f"a-{i}", tenant="a")
+        await queue.enqueue(f"b-{i}", tenant="b")
+    for i in range(4):
+        await queue.enqueue(f"a-held-{i}", tenant="a", prefixes=["conv"])
+    order = await queue.claim_each_by("w1", 8)
+    # the four held jobs first (tenant a's), then tenant b catches up: b's four before a's
+    assert order[:4] == [f"a-held-{i}" for i in range(4)]
+    assert order[4:] == ["b-0", "b-1", "b-2", "b-3"], order
+
+
+async def test_a_stopping_worker_gives_its_held_jobs_back_in_their_place(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv")
+    await queue.enqueue("before", tenant="t")
+    await queue.enqueue("held", tenant="t", prefixes=["conv"])
+    await queue.enqueue("after", tenant="t")
+    assert await queue.release("w1") == 1
+    assert await queue.redis.exists(f"{queue.name}:free:w1") == 0
+    assert await queue.claim_each_by("w2", 3) == ["before", "held", "after"]
+    await queue.enqueue("next", prefixes=["conv"])  # w1 is no longer routed to
+    assert await queue.claim(worker="w2") == ["next"]
+
+
+async def test_a_cancelled_held_job_leaves_nothing_behind(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv")
+    await queue.enqueue("held", prefixes=["conv"])
+    assert await queue.cancel("held") == "queued"
+    for key in await queue.keys():
+        if key.endswith((":held", ":indexed")):
+            assert await queue.redis.hexists(key, "held") == 0, key
+        elif not key.endswith((":seq", ":free:w1", ":owner:conv", ":scan")):
+            assert await queue.redis.zscore(key, "held") is None, key
+    assert await queue.claim(worker="w1") == []

@@ -21,11 +21,17 @@ for _, queue in ipairs(queues) do
     local meta = redis.call('HGET', queue .. ':indexed', id)
     if meta then
       -- An emptied tenant or band is dropped by the next claim that meets it.
-      local prio, tenant = string.match(meta, '^(%S+) (%S+)$')
+      local prio, tenant = string.match(meta, '^(%S+) (%S+)')
       redis.call('HDEL', queue .. ':indexed', id)
       redis.call('ZREM', queue .. ':waiting:' .. prio, id)
       redis.call('ZREM', queue .. ':fifo:' .. prio .. ':' .. tenant, id)
       redis.call('ZREM', queue .. ':deferred', id)
+      local owner = redis.call('HGET', queue .. ':held', id) -- held for the worker of its prefix
+      if owner then
+        redis.call('HDEL', queue .. ':held', id)
+        redis.call('ZREM', queue .. ':affine:' .. owner .. ':' .. prio, id)
+        redis.call('ZREM', queue .. ':affine-due', id)
+      end
     end
     redis.call('ZREM', queue .. ':running', id)
     -- An attempt whose lease lapsed (Redis was away) may still be running: stop it too.

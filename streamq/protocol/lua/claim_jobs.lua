@@ -1,18 +1,26 @@
 -- KEYS[1]: the queue. ARGV: how many to claim, in-progress TTL (ms), queue entries to
 -- read per page, the in-progress key prefix, this worker's id (the lease's holder), the
--- tenant weights hash (only read), the minimum ms between two scans of the whole queue.
--- Returns Redis's time (ms), then id, score, id, score, ... of the jobs claimed (score:
--- the job's score in the queue). Jobs are due by Redis's clock, never a worker's.
+-- tenant weights hash (only read), the minimum ms between two scans of the whole queue,
+-- then for prefix-aware pickup (default: off) how long this worker counts as holding the
+-- prefixes it claims (ms), how long its free-slot count lives (ms), and how many jobs it
+-- runs now. Returns Redis's time (ms), the affinity hits, misses and expired windows of
+-- this claim, then id, score, id, score, ... of the jobs claimed (score: the job's score in
+-- the queue). Jobs are due by Redis's clock, never a worker's.
 --
 -- arq's queue stays the source of truth (a job is queued or running while it is in it);
 -- the claim takes, in this order, until it has enough:
 -- 1. claimed jobs whose lease lapsed (their worker died or handed them back) or whose
 --    arq Retry is due, from <queue>:running (id -> when to look at it again): a taken-over
 --    request has a subscriber waiting mid-stream;
--- 2. the index of waiting jobs, after promoting due ones from <queue>:deferred: the
---    lowest priority band first; in a band, the tenant with the lowest pass (stride
---    scheduling: a pick adds 1/weight; a tenant starts at the band's virtual time, the
---    pass of the band's last pick, so an idle tenant banks no credit); FIFO in a tenant;
+-- 2. the index of waiting jobs, after promoting due ones from <queue>:deferred and the
+--    jobs held for a worker whose window passed (<queue>:affine-due): the lowest priority
+--    band first; in a band, the jobs held for this worker (enqueue routed them here, as
+--    this worker served their prefix), then the tenant with the lowest pass (stride
+--    scheduling: a pick adds 1/weight, a held job's too; a tenant starts at the band's
+--    virtual time, the pass of the band's last pick, so an idle tenant banks no credit);
+--    FIFO in a tenant. A claimed job's prefix keys name this worker for the owner TTL
+--    (<queue>:owner:<key>); a claim of a job with keys that was not held for this worker
+--    is a miss; the worker's free slots and load are set for enqueue to read;
 -- 3. at most once per scan interval (all workers together), arq's queue itself, in score
 --    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script.
 local q = KEYS[1]
@@ -20,8 +28,31 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local wanted, ttl, page, prefix, me = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local weights, scan_ms = ARGV[6] or 'streamq:tenant-weights', ARGV[7] or '1000'
+local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
 local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
-local claimed, n = {now}, 0
+local held, held_due, my_bands = q .. ':held', q .. ':affine-due', q .. ':affine-bands:' .. me
+local claimed, n = {now, 0, 0, 0}, 0
+
+-- A claimed job's prefix keys (after priority and tenant in its index entry) name this worker.
+local function own_prefixes(meta)
+  local keys = meta and string.match(meta, '^%S+ %S+ (%S+)$')
+  if keys and owner_ttl > 0 then
+    for key in string.gmatch(keys, '[^,]+') do
+      redis.call('SET', q .. ':owner:' .. key, me, 'PX', owner_ttl)
+    end
+  end
+  return keys ~= nil
+end
+
+-- Back in its band's index: a job that stayed queued (not deferred) since enqueue.
+local function reindex(id, band, tenant)
+  local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
+  if score then
+    redis.call('ZADD', q .. ':fifo:' .. band .. ':' .. tenant, score, id)
+    redis.call('ZADD', q .. ':tenants:' .. band, 'NX', 0, tenant)
+    redis.call('ZADD', bands, band, band)
+  end
+end
 
 local function take(id, score)
   if redis.call('SET', prefix .. id, me, 'NX', 'PX', ttl) then
@@ -61,7 +92,7 @@ for i = 1, #due, 2 do
   redis.call('ZREM', deferred, id)
   local meta = redis.call('HGET', indexed, id)
   if meta then
-    local prio, tenant = string.match(meta, '^(%S+) (%S+)$')
+    local prio, tenant = string.match(meta, '^(%S+) (%S+)')
     local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
     redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
     redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
@@ -70,36 +101,88 @@ for i = 1, #due, 2 do
   end
 end
 
--- The index: the most urgent band, its tenant of lowest pass, that tenant's oldest job.
+-- Jobs held for a worker whose window passed join the index at their place.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', held_due, '-inf', now, 'LIMIT', 0, page)) do
+  redis.call('ZREM', held_due, id)
+  local owner = redis.call('HGET', held, id)
+  redis.call('HDEL', held, id)
+  local meta = redis.call('HGET', indexed, id)
+  if owner and meta then
+    local band, tenant = string.match(meta, '^(%S+) (%S+)')
+    if redis.call('ZREM', q .. ':affine:' .. owner .. ':' .. band, id) == 1 then
+      reindex(id, band, tenant)
+      claimed[4] = claimed[4] + 1
+    end
+  end
+end
+
+-- A pick charged to its tenant's pass in its band (1/weight), from at least the band's time.
+local function charge(band, tenant, pass)
+  local weight = tonumber(redis.call('HGET', weights, tenant))
+  if not weight or weight <= 0 then weight = 1 end
+  redis.call('ZADD', q .. ':tenants:' .. band, pass + 1 / weight, tenant)
+end
+
+-- The index: the most urgent band; in it, the jobs held for this worker, then the tenant
+-- of lowest pass, that tenant's oldest job.
 while n < wanted do
   local band = redis.call('ZRANGE', bands, 0, 0)[1]
-  if not band then break end
-  local tenants = q .. ':tenants:' .. band
-  local top = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
-  if #top == 0 then
-    redis.call('ZREM', bands, band)
-    redis.call('HDEL', vtimes, band)
-  else
-    local tenant = top[1]
-    local fifo = q .. ':fifo:' .. band .. ':' .. tenant
-    local head = redis.call('ZPOPMIN', fifo)
+  local mine = redis.call('ZRANGE', my_bands, 0, 0)[1]
+  if mine and (not band or tonumber(mine) <= tonumber(band)) then
+    local head = redis.call('ZPOPMIN', q .. ':affine:' .. me .. ':' .. mine)
     if #head == 0 then
-      redis.call('ZREM', tenants, tenant)
+      redis.call('ZREM', my_bands, mine)
     else
       local id = head[1]
-      local pass = math.max(tonumber(top[2]), tonumber(redis.call('HGET', vtimes, band) or 0))
-      redis.call('ZREM', q .. ':waiting:' .. band, id)
+      redis.call('ZREM', held_due, id)
+      redis.call('HDEL', held, id)
+      redis.call('ZREM', q .. ':waiting:' .. mine, id)
+      local meta = redis.call('HGET', indexed, id)
       redis.call('HDEL', indexed, id)
-      if redis.call('EXISTS', fifo) == 1 then
-        local weight = tonumber(redis.call('HGET', weights, tenant))
-        if not weight or weight <= 0 then weight = 1 end
-        redis.call('ZADD', tenants, pass + 1 / weight, tenant)
-      else
-        redis.call('ZREM', tenants, tenant)
+      if meta then
+        local tenant = string.match(meta, '^%S+ (%S+)')
+        local pass = redis.call('ZSCORE', q .. ':tenants:' .. mine, tenant)
+        if pass then
+          charge(mine, tenant, math.max(tonumber(pass), tonumber(redis.call('HGET', vtimes, mine) or 0)))
+        end
       end
-      redis.call('HSET', vtimes, band, pass)
       local score = redis.call('ZSCORE', q, id)
-      if score then take(id, score) end -- gone: cancelled or expired outside the scripts
+      if score and take(id, score) then
+        own_prefixes(meta)
+        claimed[2] = claimed[2] + 1
+      end
+    end
+  elseif not band then
+    break
+  else
+    local tenants = q .. ':tenants:' .. band
+    local top = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
+    if #top == 0 then
+      redis.call('ZREM', bands, band)
+      redis.call('HDEL', vtimes, band)
+    else
+      local tenant = top[1]
+      local fifo = q .. ':fifo:' .. band .. ':' .. tenant
+      local head = redis.call('ZPOPMIN', fifo)
+      if #head == 0 then
+        redis.call('ZREM', tenants, tenant)
+      else
+        local id = head[1]
+        local pass = math.max(tonumber(top[2]), tonumber(redis.call('HGET', vtimes, band) or 0))
+        redis.call('ZREM', q .. ':waiting:' .. band, id)
+        local meta = redis.call('HGET', indexed, id)
+        redis.call('HDEL', indexed, id)
+        if redis.call('EXISTS', fifo) == 1 then
+          charge(band, tenant, pass)
+        else
+          redis.call('ZREM', tenants, tenant)
+        end
+        redis.call('HSET', vtimes, band, pass)
+        local score = redis.call('ZSCORE', q, id)
+        if score and take(id, score) and own_prefixes(meta) then -- gone: cancelled or expired outside the scripts
+          claimed[3] = claimed[3] + 1
+        end
+      end
     end
   end
 end
@@ -117,5 +200,11 @@ if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
     end
     offset = offset + page
   end
+end
+-- What enqueue reads to route a job here: this worker's free slots (lapsing unless it
+-- claims again) and how many jobs it runs.
+if free_ttl > 0 then
+  redis.call('SET', q .. ':free:' .. me, wanted - n, 'PX', free_ttl)
+  redis.call('ZADD', q .. ':load', busy + n, me)
 end
 return claimed

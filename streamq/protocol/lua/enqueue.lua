@@ -4,14 +4,20 @@
 -- so not among KEYS: Redis checks declared keys as written too), then optional: the priority
 -- (default 0), the tenant (default 'default'), a delay (ms, default 0), the request's
 -- callback hash, its callback (JSON, '' for none) and the hash's expiry (ms), and the
--- reservation's expiry (ms): with it, KEYS[3] is the reservation, set as the job is queued
--- (the caller checked the log on the cluster first).
+-- reservation's expiry (ms, '' for none): with it, KEYS[3] is the reservation, set as the
+-- job is queued (the caller checked the log on the cluster first); then the request's
+-- affinity keys (comma-separated, longest prefix first; '' for none), the affinity window
+-- (ms) and the balance slack (jobs).
 -- arq's enqueue and the wake-up in one round trip: refuses an id that is queued, running or
 -- has a result, or whose replay log still exists (a second job would splice its events into
 -- the first's); refuses when the queue holds the limit or more; stores the job and queues it
 -- scored with Redis's clock (plus the delay), so a producer's skewed clock cannot defer it.
 -- The job is indexed for the claim (<queue>:indexed, and its priority's waiting set and
--- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs).
+-- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs). A job whose longest
+-- prefix key names a worker (<queue>:owner:<key>) that has a free slot (<queue>:free:<worker>
+-- exists, > 0) and runs at most `slack` jobs more than the least busy live worker
+-- (<queue>:load) is held for that worker instead (<queue>:affine:<worker>:<priority>, due
+-- back in the index at now + window: <queue>:affine-due); see claim_jobs.
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
@@ -26,22 +32,58 @@ local t = redis.call('TIME')
 local at = t[1] * 1000 + math.floor(t[2] / 1000) + delay
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', q, at, id)
-redis.call('HSET', q .. ':indexed', id, prio .. ' ' .. tenant)
+local keys = ARGV[15] or ''
+redis.call('HSET', q .. ':indexed', id, keys == '' and (prio .. ' ' .. tenant) or (prio .. ' ' .. tenant .. ' ' .. keys))
+
+-- The worker that holds the request's longest known prefix, if it should get first pick.
+local function preferred_worker()
+  for key in string.gmatch(keys, '[^,]+') do
+    local owner = redis.call('GET', q .. ':owner:' .. key)
+    if owner then
+      local free = q .. ':free:' .. owner
+      if tonumber(redis.call('GET', free) or '0') <= 0 then return nil end
+      local load = q .. ':load'
+      local mine = tonumber(redis.call('ZSCORE', load, owner) or '0')
+      for _ = 1, 4 do -- the least busy live worker (a dead one's entry is dropped on sight)
+        local low = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
+        if #low == 0 then break end
+        if low[1] == owner or redis.call('EXISTS', q .. ':free:' .. low[1]) == 1 then
+          if mine - tonumber(low[2]) > tonumber(ARGV[17]) then return nil end
+          break
+        end
+        redis.call('ZREM', load, low[1])
+      end
+      redis.call('DECR', free)
+      redis.call('ZINCRBY', load, 1, owner)
+      return owner
+    end
+  end
+  return nil
+end
+
 if delay > 0 then
   redis.call('ZADD', q .. ':deferred', at, id)
 else
   -- The fraction orders the jobs queued in one ms (a Redis sorted set orders ties by name).
   local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
   redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
-  redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
-  redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
-  redis.call('ZADD', q .. ':bands', prio, prio)
+  local owner = keys ~= '' and preferred_worker()
+  if owner then
+    redis.call('ZADD', q .. ':affine:' .. owner .. ':' .. prio, score, id)
+    redis.call('ZADD', q .. ':affine-bands:' .. owner, prio, prio)
+    redis.call('ZADD', q .. ':affine-due', at + tonumber(ARGV[16]), id)
+    redis.call('HSET', q .. ':held', id, owner)
+  else
+    redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
+    redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
+    redis.call('ZADD', q .. ':bands', prio, prio)
+  end
 end
 if ARGV[12] and ARGV[12] ~= '' then
   redis.call('HSET', ARGV[11], 'spec', ARGV[12])
   redis.call('PEXPIRE', ARGV[11], ARGV[13])
 end
-if ARGV[14] then
+if ARGV[14] and ARGV[14] ~= '' then
   redis.call('SET', KEYS[3], '1', 'PX', ARGV[14])
 end
 redis.call('PUBLISH', ARGV[4], ARGV[5])
