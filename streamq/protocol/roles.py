@@ -254,6 +254,8 @@ PRODUCER = Role(
         Writes(("set", "del"), (JOB_KEY_PREFIX + "*",)),  # store a job; drop a cancelled one
         Writes(("zadd", "zrem"), QUEUE_KEY_PATTERNS),  # queue it; take a cancelled one off
         Writes(("hset", "hdel", "incr"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
+        # hold it for the worker of its prefix: one free slot and one job more for that worker
+        Writes(("decr", "zincrby"), QUEUE_KEY_PATTERNS),
         # kept power: ending a queued request it cancels (end_request) writes its log
         Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
         Writes(("set",), (OWNER_KEY_PREFIX + "*",)),

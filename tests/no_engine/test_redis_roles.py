@@ -40,13 +40,20 @@ from streamq.protocol import (
     events_channel,
     owner_key,
 )
+from streamq.protocol.affinity import prompt_keys
 from streamq.protocol.names import (
+    AFFINITY_FREE_TTL_MS,
+    AFFINITY_OWNER_TTL_MS,
     API_KEY_NAMES_KEY,
     API_KEYS_KEY,
     DEFAULT_QUEUE,
     RECENT_ENDS_KEY,
+    TENANT_WEIGHTS_KEY,
+    WAKEUP_CHANNEL,
     WORKER_STATS_KEY,
     WORKER_STATS_SEEN_KEY,
+    affinity_free_key,
+    affinity_owner_key,
     running_key,
 )
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
@@ -154,9 +161,13 @@ async def test_a_producer_cannot_store_a_result_drop_a_queue_or_a_log_or_run_adm
 async def test_a_producer_does_its_own_work(redis_server: RedisServer, admin: aioredis.Redis, queue: str) -> None:
     """Submit, follow, read the registry and cancel a queued request (whose stream it
     ends itself), all as the producer's user."""
+    prompt = "A prompt long enough to be routed by its prefix. " * 8
+    await admin.set(affinity_owner_key(queue, prompt_keys(prompt)[0]), "w1")  # w1 served it
+    await admin.set(affinity_free_key(queue, "w1"), 4)
     async with await StreamqClient.connect(redis_server.url_for(PRODUCER), queue=queue) as client:
-        handle = await client.submit("Hello")
+        handle = await client.submit(prompt)
         assert await client.job_state(handle.request_id) == "queued"
+        assert await admin.hget(f"{queue}:held", handle.request_id) == b"w1"
         assert isinstance(await client.live_models(), dict)
         assert await client.cancel(handle.request_id) == "queued"
         completion = await handle.result()
@@ -164,6 +175,7 @@ async def test_a_producer_does_its_own_work(redis_server: RedisServer, admin: ai
         follower = await client.follow(handle.request_id)
         assert (await follower.result()).finish_reasons == ["cancelled"]
     assert await admin.zcard(queue) == 0
+    assert await admin.hlen(f"{queue}:held") == 0
 
 
 async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredis.Redis, queue: str) -> None:
@@ -176,8 +188,12 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
     request_id = f"test-{uuid.uuid4().hex}"
     await admin.zadd(queue, {request_id: 0})
     claim = register_script(worker, "claim_jobs")
-    _, claimed, _ = await claim(keys=[queue], args=[1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, name])
+    args = [1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, name, TENANT_WEIGHTS_KEY, 1000]
+    *_, claimed, _ = await claim(keys=[queue], args=[*args, AFFINITY_OWNER_TTL_MS, AFFINITY_FREE_TTL_MS, 0])
     assert claimed == request_id.encode()
+    assert await admin.get(affinity_free_key(queue, name)) == b"0"  # what enqueue reads to route here
+    assert await register_script(worker, "release_affinity")(keys=[queue], args=[name, WAKEUP_CHANNEL]) == 0
+    assert await admin.exists(affinity_free_key(queue, name)) == 0
     lost: list[tuple[str, int]] = []
     leases = Leases(worker, worker_id=name, on_lost=lambda *job: lost.append(job))
     with leases.held(request_id, 1):

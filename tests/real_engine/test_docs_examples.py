@@ -27,6 +27,7 @@ OUTPUT: dict[str, str] = {
     "openai_logprobs.py": r"^\[\(",
     "structured_outputs.py": r"\[('stop'|'length')\]\n(yes|no)\n$",
     "openai_structured_outputs.py": r" (stop|length)\n",
+    "affinity_follow_up.py": r"^(\S+) \1 True\n$",
 }
 """What an example's output must match (a regular expression, searched), beyond running
 without error: the parts that do not depend on the tiny model's random text."""
