@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -46,6 +47,7 @@ from streamq.protocol import (
     FinalEvent,
     is_valid_request_id,
 )
+from streamq.protocol.affinity import check_affinity_key
 from streamq.protocol.names import TENANT_PATTERN
 
 logger = logging.getLogger("streamq.gateway")
@@ -55,6 +57,12 @@ REQUEST_ID_HEADER = "x-streamq-request-id"
 TENANT_HEADER = "x-streamq-tenant"
 """The tenant of a request whose API key is not one stored in Redis (whose name is its
 tenant): fair share between tenants in the queue (see ``producer.tenants_cli``)."""
+AFFINITY_KEY_HEADER = "x-streamq-affinity-key"
+"""Names the request's conversation or document for prefix-aware pickup (docs/affinity.md):
+the worker that served that key gets first pick, instead of the one that served the prefix."""
+AFFINITY_HEADER = "x-streamq-affinity"
+"""``off`` (or ``false``, ``0``) opts the request out of prefix-aware pickup."""
+AFFINITY_OFF_VALUES = frozenset({"off", "false", "0"})
 HEALTH_TIMEOUT_S = 2.0
 
 
@@ -197,6 +205,26 @@ def _queue_tenant(request: Request, key: Tenant | None) -> str | None:
     return header
 
 
+def _affinity(request: Request) -> dict[str, Any]:
+    """``submit``'s affinity arguments from the ``X-Streamq-Affinity-Key`` and
+    ``X-Streamq-Affinity`` headers (checked: a value the library would refuse, or one
+    that is not an off value, is a 400 naming the header); empty without them."""
+    kwargs: dict[str, Any] = {}
+    key = request.headers.get(AFFINITY_KEY_HEADER)
+    if key is not None:
+        try:
+            kwargs["affinity_key"] = check_affinity_key(key)
+        except ValueError as exc:
+            raise bad_request(f"{AFFINITY_KEY_HEADER}: {exc}", param=AFFINITY_KEY_HEADER) from None
+    switch = request.headers.get(AFFINITY_HEADER)
+    if switch is not None:
+        if switch.strip().lower() not in AFFINITY_OFF_VALUES:
+            off = ", ".join(sorted(AFFINITY_OFF_VALUES))
+            raise bad_request(f"{AFFINITY_HEADER} takes only {off} (to opt out), got {switch!r}", param=AFFINITY_HEADER)
+        kwargs["affinity"] = False
+    return kwargs
+
+
 async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> Response:
     client: StreamqClient = request.app.state.client
     limiter: KeyLimiter = request.app.state.limiter
@@ -209,6 +237,7 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
     named = request.headers.get(REQUEST_ID_HEADER)
     if named is not None and not is_valid_request_id(named):
         raise bad_request(f"{REQUEST_ID_HEADER} must match {REQUEST_ID_PATTERN.pattern}", param=REQUEST_ID_HEADER)
+    affinity = _affinity(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")
     tenant = account.tenant
     if tenant is not None:
@@ -220,7 +249,11 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
         handle = resumed
     else:
         handle = await client.submit(
-            model=params.model, request_id=named, tenant=_queue_tenant(request, tenant), **params.submit_kwargs
+            model=params.model,
+            request_id=named,
+            tenant=_queue_tenant(request, tenant),
+            **affinity,
+            **params.submit_kwargs,
         )
         if tenant is not None and (named is not None or tenant.record is not None):
             # A stored key sees only its own requests' status (and resumes only its own).

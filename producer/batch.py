@@ -24,13 +24,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from producer import tenants_cli
+from producer.affinity_args import add_affinity_arguments, affinity_kwargs
 from producer.client import Completion, StreamqClient
-from producer.errors import RequestError, StreamqError
+from producer.errors import InvalidParameter, RequestError, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import InvalidRequest
+from streamq.protocol.affinity import check_affinity_key
 
 _LINE_KEY = re.compile(r"line (\d+): ")
 """Error lines of input lines without a custom_id start with their line number, so a
@@ -63,6 +65,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the batch's tenant, for fair share with other tenants (default: 'default')",
     )
+    add_affinity_arguments(parser, scope="the lines whose body sets neither affinity_key nor affinity")
     add_max_n_option(parser)
     add_connection_options(parser)
 
@@ -179,11 +182,15 @@ class BatchRun:
         limits: RequestLimits = DEFAULT_LIMITS,
         priority: int = 0,
         tenant: str | None = None,
+        affinity: dict[str, Any] | None = None,
     ) -> None:
         self.client = client
         self.limits = limits
         self.priority, self.tenant = priority, tenant
         """A body's own ``priority`` wins over ``priority``; every line is ``tenant``'s."""
+        self.affinity = affinity or {}
+        """``submit``'s affinity arguments for a body that sets neither ``affinity_key``
+        nor ``affinity`` (from ``--affinity-key``/``--no-affinity``)."""
         self.out = out
         self.progress = progress
         self.task_id = task_id
@@ -211,7 +218,8 @@ class BatchRun:
         body = dict(line.body)
         callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
         try:
-            kwargs = {"priority": self.priority, **endpoint.to_submit_kwargs(body, limits=self.limits)}
+            affinity = _body_affinity(body) or self.affinity  # streamq's extension too
+            kwargs = {"priority": self.priority, **endpoint.to_submit_kwargs(body, limits=self.limits), **affinity}
             if model is not None and not isinstance(model, str):
                 raise InvalidRequest(f"model must be a string, got {model!r}")
             # Routed by model, as the gateway does; a body without one goes to --queue.
@@ -234,6 +242,25 @@ class BatchRun:
             ok=True,
             tokens=completion.completion_tokens,
         )
+
+
+def _body_affinity(body: dict[str, Any]) -> dict[str, Any]:
+    """Take ``affinity_key`` (a string) and ``affinity`` (a boolean) out of ``body`` (the
+    OpenAI parser refuses fields it does not know) as ``submit``'s arguments; empty when
+    the body sets neither, so that the command line's apply. A bad value is this line's
+    400, as the library would refuse it."""
+    kwargs: dict[str, Any] = {}
+    if "affinity_key" in body:
+        try:
+            kwargs["affinity_key"] = check_affinity_key(body.pop("affinity_key"))
+        except ValueError as exc:
+            raise InvalidParameter(str(exc), param="affinity_key") from None
+    if "affinity" in body:
+        affinity = body.pop("affinity")
+        if not isinstance(affinity, bool):
+            raise InvalidParameter(f"affinity must be true or false, got {affinity!r}", param="affinity")
+        kwargs["affinity"] = affinity
+    return kwargs
 
 
 async def run_batch(args: argparse.Namespace) -> int:
@@ -264,7 +291,16 @@ async def run_batch(args: argparse.Namespace) -> int:
         with args.output.open("a", encoding="utf-8") as out, progress:
             task_id = progress.add_task("batch", total=len(todo), tokens=0)
             limits = RequestLimits(max_n=args.max_n)
-            run = BatchRun(client, out, progress, task_id, limits=limits, priority=args.priority, tenant=args.tenant)
+            run = BatchRun(
+                client,
+                out,
+                progress,
+                task_id,
+                limits=limits,
+                priority=args.priority,
+                tenant=args.tenant,
+                affinity=affinity_kwargs(args),
+            )
             slots = asyncio.Semaphore(args.concurrency)
             tasks: set[asyncio.Task[None]] = set()
             try:

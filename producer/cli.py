@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from producer import batch, keys_cli, status_cli, tenants_cli
+from producer.affinity_args import add_affinity_arguments, affinity_kwargs
 from producer.client import RequestHandle, StreamqClient
 from producer.errors import RequestError, StreamqError
 from producer.structured_args import add_structured_output_arguments, structured_outputs_from_args
@@ -51,6 +52,7 @@ examples:
   %(prog)s batch requests.jsonl results.jsonl
   %(prog)s keys create team-a --rpm 600 --max-streams 16
   %(prog)s --priority -1 --tenant team-a "Urgent question"
+  %(prog)s --affinity-key chat-42 "And what about the second chapter?"
   %(prog)s tenants set team-a --weight 3
 
 Arguments that do not start with a subcommand are submit's. A prompt spelled
@@ -124,6 +126,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="leave the generated text out of the callback's summary",
     )
+    add_affinity_arguments(parser, scope="these prompts")
     add_structured_output_arguments(parser)
 
 
@@ -283,6 +286,7 @@ async def run_submit(args: argparse.Namespace) -> int:
                     tenant=args.tenant,
                     callback=callback,
                     structured_outputs=structured,
+                    **affinity_kwargs(args),
                     **sampling,
                 )
                 for prompt, rid in zip(args.prompts, ids, strict=True)

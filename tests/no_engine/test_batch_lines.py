@@ -121,10 +121,11 @@ class _Client:
         return self.handles[-1]
 
 
-async def run_one(client: _Client, batch_line: BatchLine) -> dict[str, Any]:
+async def run_one(client: _Client, batch_line: BatchLine, affinity: dict[str, Any] | None = None) -> dict[str, Any]:
     out = io.StringIO()
     progress = Progress(disable=True)
-    run = BatchRun(client, out, progress, progress.add_task("batch", total=1))  # type: ignore[arg-type]
+    task_id = progress.add_task("batch", total=1)
+    run = BatchRun(client, out, progress, task_id, affinity=affinity)  # type: ignore[arg-type]
     await run.run_line(batch_line)
     (written,) = out.getvalue().splitlines()
     result: dict[str, Any] = json.loads(written)
@@ -215,6 +216,43 @@ async def test_n_past_the_batch_cap_is_a_400_line_without_submitting() -> None:
 async def test_a_model_that_is_not_a_string_is_a_400_line() -> None:
     result = await run_one(_Client(completion()), read_one(line("a", {"model": 3, "prompt": "Hi"})))
     assert (result["response"]["status_code"], result["error"]) == (400, "model must be a string, got 3")
+
+
+async def test_a_body_takes_an_affinity_key_and_opts_out_of_affinity() -> None:
+    client = _Client(completion())
+    await run_one(client, read_one(line("a", {"prompt": "Hi", "affinity_key": "doc-7"})))
+    await run_one(client, read_one(line("b", {"prompt": "Hi", "affinity": False})))
+    await run_one(client, read_one(line("c", {"prompt": "Hi"})))
+    keyed, off, plain = client.submitted
+    assert (keyed["affinity_key"], keyed["prompt"], "affinity" in keyed) == ("doc-7", "Hi", False)
+    assert (off["affinity"], "affinity_key" in off) == (False, False)
+    assert "affinity" not in plain and "affinity_key" not in plain  # the library's default
+
+
+async def test_the_command_lines_affinity_applies_to_bodies_that_set_none() -> None:
+    client = _Client(completion())
+    command_line = {"affinity": False}
+    await run_one(client, read_one(line("a", {"prompt": "Hi"})), command_line)
+    await run_one(client, read_one(line("b", {"prompt": "Hi", "affinity_key": "doc-7"})), command_line)
+    assert client.submitted[0]["affinity"] is False
+    assert client.submitted[1]["affinity_key"] == "doc-7" and "affinity" not in client.submitted[1]
+
+
+BAD_AFFINITY: list[tuple[dict[str, Any], str]] = [
+    ({"affinity_key": ""}, "affinity_key must be a non-empty string, got ''"),
+    ({"affinity_key": 7}, "affinity_key must be a non-empty string, got 7"),
+    ({"affinity_key": "k" * 257}, "affinity_key is 257 characters; the limit is 256"),
+    ({"affinity": "off"}, "affinity must be true or false, got 'off'"),
+    ({"affinity": 0}, "affinity must be true or false, got 0"),
+]
+
+
+@pytest.mark.parametrize(("fields", "error"), BAD_AFFINITY)
+async def test_a_bad_affinity_field_is_a_400_line_without_submitting(fields: dict[str, Any], error: str) -> None:
+    client = _Client(completion())
+    result = await run_one(client, read_one(line("a", {"prompt": "Hi", **fields})))
+    assert client.submitted == []
+    assert (result["custom_id"], result["response"]["status_code"], result["error"]) == ("a", 400, error)
 
 
 async def test_a_malformed_line_is_written_as_a_400_error_line() -> None:
