@@ -3,9 +3,10 @@
 
 Nothing here counts anything per token: the requests running now are the ``Progress``
 objects their jobs keep anyway (``RunningRequests``), and the counters and latency
-histograms are read from the worker's own Prometheus metrics (``worker/metrics.py``) once
-per report. A report that fails is logged and tried again at the next interval; serving
-never waits on it. The last report, on shutdown, says when and why the worker stopped.
+histograms are read from the worker's own Prometheus metrics (``worker/metrics.py``), and
+vLLM's prefix-cache counters from the same default registry, once per report. A report
+that fails is logged and tried again at the next interval; serving never waits on it.
+The last report, on shutdown, says when and why the worker stopped.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from redis.asyncio import Redis
 
 from streamq.broker.worker_stats import WorkerStatsStore
@@ -32,6 +33,12 @@ from streamq.tasks import stop_task
 from worker import metrics
 
 logger = logging.getLogger("streamq.worker")
+
+VLLM_PREFIX_CACHE_QUERIES: str = "vllm:prefix_cache_queries"
+"""vLLM's counter of prompt tokens looked up in its prefix cache, one series per engine
+(``vllm/v1/metrics/loggers.py``); registered by vLLM in the default registry."""
+VLLM_PREFIX_CACHE_HITS: str = "vllm:prefix_cache_hits"
+"""Of those, the tokens found cached."""
 
 SHUTDOWN: str = "shutdown"
 ENGINE_DIED: str = "engine died"
@@ -110,6 +117,26 @@ def _counter_total(counter: Counter) -> int:
     return int(sum(value for _, value in _samples(counter, "_total")))
 
 
+def registry_counter_total(name: str, registry: CollectorRegistry = REGISTRY) -> int:
+    """The sum over every label set of the ``_total`` samples of the counter family
+    ``name`` in ``registry``, 0 when none is registered (vLLM's metrics are absent with a
+    scripted engine or ``--disable-log-stats``).
+
+    For counters this module does not own (vLLM creates and re-creates its own): the
+    restricted registry collects only that family, not every ``vllm:*`` histogram and
+    the process collectors, so a report stays cheap on the worker's event loop."""
+    sample_name = f"{name}_total"
+    return int(
+        sum(
+            sample.value
+            for family in registry.restricted_registry([sample_name]).collect()
+            if family.name == name
+            for sample in family.samples
+            if sample.name == sample_name
+        )
+    )
+
+
 def _counts_by(counter: Counter, label: str) -> dict[str, int]:
     """Each non-zero value of a labelled counter, by ``label``."""
     return {labels[label]: int(value) for labels, value in _samples(counter, "_total") if value > 0}
@@ -168,6 +195,11 @@ class StatsReporter:
             ttft_count=ttft_count,
             itl_buckets=itl_buckets,
             itl_count=itl_count,
+            affinity_hits=_counter_total(metrics.AFFINITY_HITS),
+            affinity_misses=_counter_total(metrics.AFFINITY_MISSES),
+            affinity_expired=_counter_total(metrics.AFFINITY_EXPIRED),
+            prefix_cache_queries=registry_counter_total(VLLM_PREFIX_CACHE_QUERIES),
+            prefix_cache_hits=registry_counter_total(VLLM_PREFIX_CACHE_HITS),
         )
 
     def start(self) -> None:

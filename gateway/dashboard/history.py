@@ -2,8 +2,8 @@
 recent reports (rates and window totals come from differences between two of them) and
 each model's points for the charts.
 
-Workers report totals since they started; a window's ``finished``, ``errors`` and
-histograms are the increase from the oldest report inside the window (from zero for a
+Workers report totals since they started; a window's ``finished``, ``errors``, affinity
+and prefix-cache counts and histograms are the increase from the oldest report inside the window (from zero for a
 worker that started inside it) to the newest.
 """
 
@@ -39,9 +39,20 @@ class WindowTotals:
     errors: dict[str, int] = field(default_factory=dict)
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
+    affinity_hits: int = 0
+    affinity_misses: int = 0
+    affinity_expired: int = 0
+    prefix_cache_queries: int = 0
+    """Tokens, as vLLM counts them."""
+    prefix_cache_hits: int = 0
 
     def add(self, other: WindowTotals) -> None:
         self.finished += other.finished
+        self.affinity_hits += other.affinity_hits
+        self.affinity_misses += other.affinity_misses
+        self.affinity_expired += other.affinity_expired
+        self.prefix_cache_queries += other.prefix_cache_queries
+        self.prefix_cache_hits += other.prefix_cache_hits
         for code, n in other.errors.items():
             self.errors[code] = self.errors.get(code, 0) + n
         self.ttft.add(other.ttft)
@@ -103,6 +114,11 @@ class WorkerHistory:
         }
         return WindowTotals(
             finished=_increase(latest.requests_finished, base.requests_finished if base else 0),
+            affinity_hits=_increase(latest.affinity_hits, base.affinity_hits if base else 0),
+            affinity_misses=_increase(latest.affinity_misses, base.affinity_misses if base else 0),
+            affinity_expired=_increase(latest.affinity_expired, base.affinity_expired if base else 0),
+            prefix_cache_queries=_increase(latest.prefix_cache_queries, base.prefix_cache_queries if base else 0),
+            prefix_cache_hits=_increase(latest.prefix_cache_hits, base.prefix_cache_hits if base else 0),
             errors=errors,
             ttft=Histogram.of(latest.ttft_buckets, latest.ttft_count).increase_since(
                 Histogram.of(base.ttft_buckets, base.ttft_count) if base else None

@@ -62,6 +62,24 @@ class ModelRow(msgspec.Struct):
     """Requests that ended with a final event in the window (cancelled, timed out too)."""
     errors: dict[str, int]
     """Requests that ended with an error event in the window, by code."""
+    affinity_hits: int
+    """Jobs claimed in the window by the worker enqueue held them for (prefix-aware
+    pickup, docs/affinity.md)."""
+    affinity_misses: int
+    """Jobs with prefix keys claimed in the window from the shared index."""
+    affinity_hit_rate: float | None
+    """``affinity_hits / (affinity_hits + affinity_misses)``; ``None`` when no request
+    claimed in the window had prefix keys (pickup off, or no prefixes sent)."""
+    affinity_expired: int
+    """Held jobs whose hold passed in the window, put back for any worker: requests that
+    waited for a worker that stayed busy past their hold."""
+    prefix_cache_queries: int
+    """Prompt tokens vLLM looked up in its prefix cache in the window."""
+    prefix_cache_hits: int
+    """Of those, tokens it found cached."""
+    prefix_cache_hit_rate: float | None
+    """``prefix_cache_hits / prefix_cache_queries``: what pickup's hits are worth in
+    tokens; ``None`` when vLLM counted no lookup (a scripted engine, ``--disable-log-stats``)."""
     history: list[HistoryPoint]
     """A point every 2 s over the window, oldest first."""
 
@@ -83,6 +101,10 @@ class WorkerRow(msgspec.Struct):
     generated_tokens: int
     requests_finished: int
     errors: int
+    affinity_hits: int
+    """Since the worker started, as ``generated_tokens``: jobs it claimed that were held for it."""
+    affinity_misses: int
+    """Since the worker started: jobs with prefix keys it claimed from the shared index."""
 
 
 class RunningRow(msgspec.Struct):
@@ -113,7 +135,8 @@ class Snapshot(msgspec.Struct):
     now_ms: int
     """Redis's clock when it was read."""
     window_s: int
-    """The window of ``finished``, ``errors``, the percentiles and ``history``; it starts
+    """The window of ``finished``, ``errors``, the affinity and prefix-cache counts, the
+    percentiles and ``history``; it starts
     no earlier than the gateway began watching (the sampler's first reading)."""
     models: list[ModelRow]
     workers: list[WorkerRow]
@@ -210,6 +233,8 @@ class SnapshotBuilder:
                     generated_tokens=report.generated_tokens,
                     requests_finished=report.requests_finished,
                     errors=sum(report.errors.values()),
+                    affinity_hits=report.affinity_hits,
+                    affinity_misses=report.affinity_misses,
                 )
             )
         reported = {r.worker_id for r in reading.reports}
@@ -231,6 +256,8 @@ class SnapshotBuilder:
                         generated_tokens=0,
                         requests_finished=0,
                         errors=0,
+                        affinity_hits=0,
+                        affinity_misses=0,
                     )
                 )
         order = {"live": 0, "stopped": 1, "lost": 1}
@@ -305,6 +332,13 @@ class SnapshotBuilder:
                     itl_ms=_percentiles(window, "itl"),
                     finished=window.finished,
                     errors=dict(sorted(window.errors.items())),
+                    affinity_hits=window.affinity_hits,
+                    affinity_misses=window.affinity_misses,
+                    affinity_hit_rate=_ratio(window.affinity_hits, window.affinity_hits + window.affinity_misses),
+                    affinity_expired=window.affinity_expired,
+                    prefix_cache_queries=window.prefix_cache_queries,
+                    prefix_cache_hits=window.prefix_cache_hits,
+                    prefix_cache_hit_rate=_ratio(window.prefix_cache_hits, window.prefix_cache_queries),
                     history=[
                         HistoryPoint(p.t_ms, p.waiting, p.running, p.tokens_per_s) for p in self._points.of(model)
                     ],
@@ -334,3 +368,9 @@ class SnapshotBuilder:
 def _percentiles(window: WindowTotals, which: Literal["ttft", "itl"]) -> Percentiles | None:
     summary = summary_ms(window.ttft if which == "ttft" else window.itl)
     return None if summary is None else Percentiles(summary["p50"], summary["p90"], summary["p99"])
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    """``part / whole`` to four places (a rate the page shows as a percentage); ``None``
+    when there is nothing to divide, which the page shows as "–", not as 0 %."""
+    return round(part / whole, 4) if whole > 0 else None

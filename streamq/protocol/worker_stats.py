@@ -50,6 +50,23 @@ class WorkerStats(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=Tru
     itl_buckets: list[tuple[float, int]] = []
     """Inter-token latency, the same shape."""
     itl_count: int = 0
+    affinity_hits: int = 0
+    """Jobs this worker claimed that enqueue had held for it, as it served their prefix
+    (``streamq_affinity_hits``): with ``affinity_misses``, how often prefix-aware pickup
+    sent a request where its prefix is likely cached (docs/affinity.md)."""
+    affinity_misses: int = 0
+    """Jobs with prefix keys this worker claimed from the shared index
+    (``streamq_affinity_misses``): nobody held them for it, so its cache may not help."""
+    affinity_expired: int = 0
+    """Held jobs whose window passed before their worker claimed them; this worker's claim
+    put them back (``streamq_affinity_expired``): requests that waited for a worker that
+    stayed busy past their window."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens vLLM looked up in its prefix cache (``vllm:prefix_cache_queries``, all
+    engines of this process); 0 when the engine keeps no such metric (a scripted engine,
+    ``--disable-log-stats``). What a hit of pickup is worth shows here, in tokens."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found cached (``vllm:prefix_cache_hits``)."""
     stopped_ms: int | None = None
     """Set by the worker's last report when it shuts down."""
     stop_reason: str | None = None

@@ -1,11 +1,12 @@
 """The dashboard's HTTP API on a real gateway and Redis, without an engine: the live
-snapshot stream, one request's status, events (replay log, then live) and cancel, the
+snapshot stream (and the overview's figures in it), one request's status, events (replay log, then live) and cancel, the
 page's public routes, and who may read the data."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,10 +21,13 @@ from devkit.redis_server import RedisServer
 from gateway.dashboard import routes
 from producer.client import StreamqClient
 from streamq.broker.api_keys import ApiKeyStore, KeyRecord
+from streamq.broker.registry import WorkerRegistry
 from streamq.broker.replay_log import LogEvent, ReplayLog
+from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import ChunkEvent, Event, FinalEvent, WorkerRegistration, encode_event, events_channel
-from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY
+from streamq.protocol.names import API_KEY_NAMES_KEY, API_KEYS_KEY, WORKER_STATS_KEY, WORKER_STATS_SEEN_KEY
 from streamq.protocol.roles import GATEWAY
+from streamq.protocol.worker_stats import WorkerStats
 from tests.support.gateway_in_process import gateway_client
 
 OPERATOR_KEY = "operator-secret"
@@ -105,6 +109,48 @@ async def test_live_sends_a_snapshot_at_once_and_then_every_second_the_same_to_e
     # both watchers were sent the same readings (Redis's clock of each): one read of Redis
     # a second for all, not one each
     assert len({s["now_ms"] for s in first} & {s["now_ms"] for s in second}) >= 2
+
+
+async def test_live_snapshots_carry_the_overviews_affinity_and_prefix_cache_figures(
+    http: httpx.AsyncClient, admin: aioredis.Redis
+) -> None:
+    """Beside tokens/s and the latencies, the overview shows prefix-aware pickup's hit rate
+    with its expired holds, and vLLM's prefix-cache hit rate: from a live worker's report,
+    over the live stream."""
+    name = f"dash-api-{uuid.uuid4().hex[:8]}"
+    registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
+    report = WorkerStats(
+        worker_id=name,
+        model=name,
+        queue=registration.queue,
+        host="h",
+        pid=1,
+        started_ms=int(time.time() * 1000) - 1000,  # inside the window: its totals are the window's
+        affinity_hits=3,
+        affinity_misses=1,
+        affinity_expired=2,
+        prefix_cache_queries=512,
+        prefix_cache_hits=128,
+    )
+    await WorkerRegistry(admin).register(registration, ttl_ms=120_000)
+    await WorkerStatsStore(admin).report(report)
+    try:
+        async with asyncio.timeout(10), http.stream("GET", "/dashboard/api/live") as response:
+            async for _, data in sse_events(response):
+                snap = json.loads(data)
+                rows = [m for m in snap["models"] if m["model"] == name]
+                if rows:
+                    break
+    finally:
+        await WorkerRegistry(admin).unregister(registration)
+        await admin.hdel(WORKER_STATS_KEY, name)  # type: ignore[misc]
+        await admin.zrem(WORKER_STATS_SEEN_KEY, name)
+    (row,) = rows
+    assert (row["affinity_hits"], row["affinity_misses"], row["affinity_expired"]) == (3, 1, 2)
+    assert row["affinity_hit_rate"] == 0.75
+    assert (row["prefix_cache_queries"], row["prefix_cache_hits"], row["prefix_cache_hit_rate"]) == (512, 128, 0.25)
+    (worker,) = [w for w in snap["workers"] if w["worker_id"] == name]
+    assert (worker["affinity_hits"], worker["affinity_misses"]) == (3, 1)
 
 
 # --- one request ------------------------------------------------------------------

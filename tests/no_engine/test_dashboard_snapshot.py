@@ -117,10 +117,21 @@ async def test_a_snapshot_reads_rates_windows_queue_and_workers_from_two_reports
         errors={"invalid_request": 1},
         ttft_buckets=ttft_before,
         ttft_count=5,
+        affinity_hits=10,
+        affinity_misses=5,
+        affinity_expired=1,
+        prefix_cache_queries=1000,
+        prefix_cache_hits=400,
     )
-    d1 = fleet.stats("d", started_ms=t - 1000, in_flight=running_d, requests_finished=2, errors={"timeout": 1})
+    # d's counters count from zero: it started inside the window
+    d_prefix = {"affinity_hits": 2, "prefix_cache_queries": 100, "prefix_cache_hits": 90}
+    d1 = fleet.stats(
+        "d", started_ms=t - 1000, in_flight=running_d, requests_finished=2, errors={"timeout": 1}, **d_prefix
+    )
     # b said it stopped; c went quiet without a word (neither is registered)
-    b = fleet.stats("b", started_ms=t - HOUR_MS, stopped_ms=t, stop_reason="shutdown", requests_finished=4)
+    b = fleet.stats(
+        "b", started_ms=t - HOUR_MS, stopped_ms=t, stop_reason="shutdown", requests_finished=4, affinity_hits=50
+    )
     c = fleet.stats("c", started_ms=t - HOUR_MS, generated_tokens=9, errors={"internal": 2, "timeout": 1})
     seen_a1 = await fleet.report(a1)
     seen_d1 = await fleet.report(d1)
@@ -133,6 +144,9 @@ async def test_a_snapshot_reads_rates_windows_queue_and_workers_from_two_reports
     (row,) = [m for m in first["models"] if m["model"] == fleet.model]
     assert row["tokens_per_s"] == 0  # one report each: no rate yet
     assert row["ttft_ms"] is None and row["finished"] == 2 and row["errors"] == {"timeout": 1}
+    # a's and b's first reports inside the window are their base: only d's counts count
+    assert (row["affinity_hits"], row["affinity_misses"], row["affinity_hit_rate"]) == (2, 0, 1.0)
+    assert (row["prefix_cache_queries"], row["prefix_cache_hits"], row["prefix_cache_hit_rate"]) == (100, 90, 0.9)
 
     time.sleep(0.01)  # a later report, by Redis's clock
     a2 = fleet.stats(
@@ -144,9 +158,20 @@ async def test_a_snapshot_reads_rates_windows_queue_and_workers_from_two_reports
         errors={"invalid_request": 3},
         ttft_buckets=ttft_after,
         ttft_count=15,
+        affinity_hits=16,
+        affinity_misses=7,
+        affinity_expired=4,
+        prefix_cache_queries=1600,
+        prefix_cache_hits=700,
     )
     d2 = fleet.stats(
-        "d", started_ms=t - 1000, in_flight=running_d, generated_tokens=40, requests_finished=2, errors={"timeout": 1}
+        "d",
+        started_ms=t - 1000,
+        in_flight=running_d,
+        generated_tokens=40,
+        requests_finished=2,
+        errors={"timeout": 1},
+        **d_prefix,
     )
     seen_a2 = await fleet.report(a2)
     seen_d2 = await fleet.report(d2)
@@ -168,6 +193,14 @@ async def test_a_snapshot_reads_rates_windows_queue_and_workers_from_two_reports
         "itl_ms": None,
         "finished": 5 + 2,
         "errors": {"invalid_request": 2, "timeout": 1},
+        # a's increases (6 hits, 2 misses, 3 expired) and d's from zero (2 hits)
+        "affinity_hits": 6 + 2,
+        "affinity_misses": 2,
+        "affinity_hit_rate": 0.8,
+        "affinity_expired": 3,
+        "prefix_cache_queries": 600 + 100,
+        "prefix_cache_hits": 300 + 90,
+        "prefix_cache_hit_rate": round(390 / 700, 4),
     }
     assert history and all(second["now_ms"] - 300_000 <= p["t_ms"] <= second["now_ms"] for p in history)
     assert [p["t_ms"] for p in history] == sorted(p["t_ms"] for p in history)
@@ -196,6 +229,8 @@ async def test_a_snapshot_reads_rates_windows_queue_and_workers_from_two_reports
         "generated_tokens": 160,
         "requests_finished": 15,
         "errors": 3,
+        "affinity_hits": 16,  # since it started, as its tokens
+        "affinity_misses": 7,
     }
     assert workers[2]["errors"] == 3 and workers[2]["reported_ms"] == seen_c and workers[2]["in_flight"] == 0
     assert workers[3]["tokens_per_s"] == 0
@@ -227,6 +262,9 @@ async def test_a_model_with_queued_jobs_and_no_live_worker_is_shown(
     await admin.zadd(fleet.queue, {f"{fleet.tag}-job": 1})
     (row,) = [m for m in (await snapshot(http))["models"] if m["model"] == fleet.model]
     assert (row["live_workers"], row["waiting"], row["running"], row["tokens_per_s"]) == (0, 1, 0, 0)
+    # nothing claimed with prefix keys, no prefix-cache lookup: no rate (the page shows "–"), not 0
+    assert (row["affinity_hits"], row["affinity_misses"], row["affinity_expired"]) == (0, 0, 0)
+    assert row["affinity_hit_rate"] is None and row["prefix_cache_hit_rate"] is None
 
 
 async def test_recent_ends_newest_first_with_their_model_where_known(

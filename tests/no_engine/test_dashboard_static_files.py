@@ -1,11 +1,14 @@
 """The dashboard page's files: self-contained (nothing fetched from another host, as many
-deployments have no internet), data inserted as text only, and shipped in the package."""
+deployments have no internet), data inserted as text only, reading only fields the
+Snapshot has, and shipped in the package."""
 
 from __future__ import annotations
 
 import re
 import tomllib
 from pathlib import Path
+
+from gateway.dashboard.snapshot import ModelRow, WorkerRow
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "gateway" / "dashboard" / "static"
@@ -35,6 +38,26 @@ def test_the_script_inserts_data_as_text_only() -> None:
     script = (STATIC / "dashboard.js").read_text()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert sink not in script, f"dashboard.js uses {sink}: data must reach the page as text"
+
+
+def test_the_script_reads_only_fields_the_snapshot_has() -> None:
+    """A field renamed on one side only would show "–" (or "NaN%") on the page, silently:
+    every ``model.<field>`` of an overview card and ``w.<field>`` of a worker row is one
+    of ``ModelRow``'s and ``WorkerRow``'s."""
+    script = (STATIC / "dashboard.js").read_text()
+    for variable, row in (("model", ModelRow), ("w", WorkerRow)):
+        read = set(re.findall(rf"\b{variable}\.([a-z_]+)\b", script))
+        assert read, f"no {variable}.<field> in dashboard.js"
+        assert read <= set(row.__struct_fields__), f"{row.__name__} lacks {sorted(read - set(row.__struct_fields__))}"
+
+
+def test_the_overview_and_workers_show_prefix_aware_pickup_and_the_prefix_cache() -> None:
+    script = (STATIC / "dashboard.js").read_text()
+    for field in ("affinity_hit_rate", "affinity_expired", "prefix_cache_hit_rate"):
+        assert f"model.{field}" in script, f"the overview's cards do not show {field}"
+    for testid in ("model-affinity-hit-rate", "model-affinity-expired", "model-prefix-cache-hit-rate"):
+        assert f'"{testid}"' in script, testid
+    assert "w.affinity_hits" in script and "w.affinity_misses" in script, "the workers' rows show their hits"
 
 
 def test_the_files_are_package_data() -> None:

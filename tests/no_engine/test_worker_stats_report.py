@@ -1,5 +1,6 @@
 """``StatsReporter`` on a real Redis, as the worker role, without an engine: what runs
-now comes from the jobs' progress, the counters from the worker's Prometheus metrics;
+now comes from the jobs' progress, the counters from the worker's Prometheus metrics
+(and vLLM's prefix-cache counters from the same registry);
 the last report says why it stopped; a Redis that refuses a report costs a warning only."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY, Counter
 
 from devkit.redis_server import RedisServer
 from streamq.broker.worker_stats import WorkerStatsStore
@@ -57,6 +59,9 @@ async def test_the_report_lists_running_requests_and_reads_the_metrics(
         metrics.REQUEST_ERRORS.labels(code="worker_lost").inc()
         metrics.TIME_TO_FIRST_TOKEN.observe(0.003)
         metrics.INTER_TOKEN_LATENCY.observe(100.0)  # past the last finite bucket
+        metrics.AFFINITY_HITS.inc(3)
+        metrics.AFFINITY_MISSES.inc(2)
+        metrics.AFFINITY_EXPIRED.inc()
         reporter.start()
         try:
             stats = reporter.stats()
@@ -75,6 +80,11 @@ async def test_the_report_lists_running_requests_and_reads_the_metrics(
             assert ttft[0.0025] == dict(before.ttft_buckets)[0.0025]
             assert stats.itl_count == before.itl_count + 1
             assert stats.itl_buckets == before.itl_buckets, "counted only in +Inf, which is not sent"
+            assert (stats.affinity_hits, stats.affinity_misses, stats.affinity_expired) == (
+                before.affinity_hits + 3,
+                before.affinity_misses + 2,
+                before.affinity_expired + 1,
+            )
             assert (stats.worker_id, stats.model, stats.queue) == (registration.worker_id, "tiny", registration.queue)
             for _ in range(100):  # the first report goes out at once
                 reports = [s for s in await WorkerStatsStore(admin).read() if s.worker_id == registration.worker_id]
@@ -82,11 +92,48 @@ async def test_the_report_lists_running_requests_and_reads_the_metrics(
                     break
                 await asyncio.sleep(0.05)
             assert [r.request_id for r in reports[0].in_flight] == ["r-1"]
+            assert (reports[0].affinity_hits, reports[0].affinity_misses, reports[0].affinity_expired) == (
+                stats.affinity_hits,
+                stats.affinity_misses,
+                stats.affinity_expired,
+            )
         finally:
             await reporter.close()
     assert running.in_flight() == []
     last = await _report_of(admin, registration.worker_id)
     assert last.stop_reason == "shutdown" and last.stopped_ms is not None and last.stopped_ms >= last.started_ms
+
+
+async def test_the_report_sums_vllms_prefix_cache_counters_over_its_engines(
+    worker_redis: aioredis.Redis, admin: aioredis.Redis
+) -> None:
+    """vLLM's counters are in the same default registry, one series per engine (as its
+    ``PrometheusStatLogger`` registers them); without them (a scripted engine) they read 0."""
+    registration = _registration()
+    reporter = StatsReporter(
+        worker_redis, registration=registration, running=RunningRequests(), engine_dead=lambda: False
+    )
+    absent = reporter.stats()
+    assert (absent.prefix_cache_queries, absent.prefix_cache_hits) == (0, 0)
+    labels = ["model_name", "engine"]
+    queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens", labels)
+    hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens", labels)
+    # a family whose name only contains the one wanted is not summed with it
+    external = Counter("vllm:external_prefix_cache_hits", "External prefix cache hits, in tokens", labels)
+    try:
+        queries.labels(model_name="tiny", engine="0").inc(1000)
+        queries.labels(model_name="tiny", engine="1").inc(24)
+        hits.labels(model_name="tiny", engine="0").inc(640)
+        hits.labels(model_name="tiny", engine="1").inc(16)
+        external.labels(model_name="tiny", engine="0").inc(5000)
+        stats = reporter.stats()
+        assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (1024, 656)
+        await reporter.close()
+        stored = await _report_of(admin, registration.worker_id)
+        assert (stored.prefix_cache_queries, stored.prefix_cache_hits) == (1024, 656)
+    finally:
+        for counter in (queries, hits, external):
+            REGISTRY.unregister(counter)
 
 
 async def test_the_last_report_of_a_worker_whose_engine_died_says_so(

@@ -72,6 +72,12 @@ function fmtRate(x) {
   return fmtNumber(x, x >= 100 ? 0 : 1);
 }
 
+/** A fraction (0..1) as a percentage, "62.5%"; "–" when there is none (nothing to divide). */
+function fmtPercent(x) {
+  if (x === null || x === undefined || !Number.isFinite(x)) return "–";
+  return `${fmtNumber(x * 100, 1)}%`;
+}
+
 /** Milliseconds for a person: "12.3 ms", or seconds from 1000 ms on ("1.24 s"). */
 function fmtMs(ms) {
   if (ms === null || ms === undefined || !Number.isFinite(ms)) return "–";
@@ -464,10 +470,10 @@ function legend(items) {
 
 const main = document.getElementById("view");
 
-function stat(label, value, testid, unit) {
+function stat(label, value, testid, unit, title) {
   return h(
     "div",
-    { class: "stat" },
+    { class: "stat", title },
     h("div", { class: "label" }, label),
     h("div", { class: "value", testid }, value, unit ? h("span", { class: "unit" }, unit) : null),
   );
@@ -476,6 +482,28 @@ function stat(label, value, testid, unit) {
 function latencyRow(name, quantiles, testid) {
   const cell = (q) => h("td", { testid: `${testid}-${q}` }, quantiles ? fmtMs(quantiles[q]) : "–");
   return h("tr", {}, h("td", {}, name), cell("p50"), cell("p90"), cell("p99"));
+}
+
+/** Prefix-aware pickup: the share of requests with prefix keys that the worker holding
+ * them claimed, and beside it the holds whose window passed (their worker stayed busy). */
+function affinityStat(model, windowText) {
+  const withPrefix = model.affinity_hits + model.affinity_misses;
+  return h(
+    "div",
+    {
+      class: "stat",
+      title: withPrefix
+        ? `${fmtNumber(model.affinity_hits)} of ${fmtNumber(withPrefix)} requests with prefix keys went to the worker that served their prefix; ${fmtNumber(model.affinity_expired)} held requests waited out their window`
+        : "no request with prefix keys was claimed",
+    },
+    h("div", { class: "label" }, `Affinity hits, ${windowText}`),
+    h(
+      "div",
+      { class: "value" },
+      h("span", { testid: "model-affinity-hit-rate" }, fmtPercent(model.affinity_hit_rate)),
+      h("span", { class: "unit", testid: "model-affinity-expired" }, `${fmtNumber(model.affinity_expired)} expired`),
+    ),
+  );
 }
 
 function modelCard(model, snap) {
@@ -507,6 +535,16 @@ function modelCard(model, snap) {
       stat("Tokens/s", fmtRate(model.tokens_per_s), "model-tokens-per-s"),
       stat(`Finished, ${windowText}`, fmtNumber(model.finished), "model-finished"),
       stat(`Errors, ${windowText}`, fmtNumber(errorTotal), "model-errors-total"),
+      affinityStat(model, windowText),
+      stat(
+        `Prefix cache hits, ${windowText}`,
+        fmtPercent(model.prefix_cache_hit_rate),
+        "model-prefix-cache-hit-rate",
+        null,
+        model.prefix_cache_queries
+          ? `${fmtNumber(model.prefix_cache_hits)} of ${fmtNumber(model.prefix_cache_queries)} prompt tokens found in vLLM's prefix cache`
+          : "vLLM counted no prefix-cache lookup (a scripted engine, or --disable-log-stats)",
+      ),
     ),
     h(
       "table",
@@ -596,6 +634,18 @@ function overviewView() {
   };
 }
 
+/** A worker's affinity hits of the requests with prefix keys it claimed, since it started. */
+function affinityCell(w) {
+  const withPrefix = w.affinity_hits + w.affinity_misses;
+  return {
+    text: withPrefix ? `${fmtNumber(w.affinity_hits)} / ${fmtNumber(withPrefix)}` : "–",
+    title: withPrefix
+      ? `${fmtPercent(w.affinity_hits / withPrefix)} of the requests with prefix keys it claimed were held for it (since it started)`
+      : "it claimed no request with prefix keys",
+    testid: "worker-affinity",
+  };
+}
+
 function workersView() {
   const table = keyedTable(
     [
@@ -610,6 +660,7 @@ function workersView() {
       { title: "Tokens/s", num: true },
       { title: "Finished", num: true },
       { title: "Errors", num: true },
+      { title: "Affinity hits", num: true },
     ],
     { testid: "workers-table", rowTestid: "worker-row", empty: "No worker has reported yet." },
   );
@@ -660,6 +711,7 @@ function workersView() {
             },
             fmtNumber(w.requests_finished),
             { text: fmtNumber(w.errors), cls: w.errors ? "bad" : "" },
+            affinityCell(w),
           ];
         },
       );
