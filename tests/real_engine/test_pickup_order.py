@@ -1,9 +1,12 @@
-"""Priorities and fair share between tenants, on a real worker with two slots.
+"""Who takes which job, on real workers: priorities, fair share between tenants, and
+prefix-aware pickup (docs/affinity.md).
 
 One module-scoped worker (``--max-num-seqs 2 --scheduling-policy priority``) serves a
-queue of its own. Backlogs are queued with the library's enqueue script in one pipeline,
-so they are in place before a slot frees; what a user observes is read with the
-library: a job's state (``job_state``), its events and its result.
+queue of its own; the tests after the priority tests add a second real worker on it
+(``other_worker``, started once, SIGKILLed by the last test). Backlogs are queued with
+the library's enqueue script in one pipeline, so they are in place before a slot frees;
+what a user observes is read with the library: a job's state (``job_state``), its
+events, its result and the worker its final event names.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
-from producer.client import RequestHandle, StreamqClient, _job_payload
+from producer.client import Completion, RequestHandle, StreamqClient, _job_payload
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
-from streamq.protocol.names import waiting_key
+from streamq.protocol.names import affinity_free_key, waiting_key
 from streamq.protocol.scripts import register_script
 from tests.support.events import job_result
 from tests.support.session import MAX_MODEL_LEN
@@ -45,6 +48,23 @@ def two_slot_worker(
     flags += ["--max-num-seqs", "2", "--scheduling-policy", "priority"]
     log_path = tmp_path_factory.mktemp("prio-worker") / "worker.log"
     process = WorkerProcess(worker_url, flags, queue=queue, log_path=log_path).start().wait_ready()
+    yield process
+    process.kill()
+
+
+@pytest.fixture(scope="module")
+def other_worker(
+    two_slot_worker: WorkerProcess, tiny_model: Path, queue: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """A second real worker on the queue (the engine's default slots), ready to take jobs."""
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    log_path = tmp_path_factory.mktemp("other-worker") / "worker.log"
+    process = WorkerProcess(two_slot_worker.redis_url, flags, queue=queue, log_path=log_path).start()
+    deadline = time.monotonic() + 300
+    while "max_jobs set" not in process.log_tail(200):  # its engine is up (the queue's health check is not its own)
+        assert process.process is not None and process.process.poll() is None, process.log_tail()
+        assert time.monotonic() < deadline, process.log_tail()
+        time.sleep(0.2)
     yield process
     process.kill()
 
@@ -120,9 +140,12 @@ async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
         await holders[1].cancel()
         assert (await urgent.result()).finish_reasons == ["length"]
         await until_state(prio_client, low[9], "finished")
-        # arq's result of each job records when it started ("st", the worker's clock).
+        # arq's result of each job records when it started ("st", the worker's clock, in
+        # ms). Two jobs claimed at once (both slots freed together) start in either order
+        # within a ms or so; a job two places later was claimed later.
         started = [(await job_result(raw_redis, request_id))["st"] for request_id in [urgent.request_id, *low[:10]]]
-        assert started == sorted(started), "the backlog did not start in its order"
+        assert started[0] <= min(started[1:]), "the urgent request did not start first"
+        assert all(a <= b for a, b in zip(started, started[2:], strict=False)), f"out of order: {started}"
     finally:
         await cancel_all(prio_client, low)
         for handle in [*holders, urgent]:
@@ -168,33 +191,154 @@ async def test_a_job_queued_by_a_bare_zadd_still_runs(prio_client: StreamqClient
     await handle.close()
 
 
+INSTRUCTIONS = "You answer questions about the tiny model in short plain sentences. " * 5
+"""A system prompt long enough (over 256 characters) to route by."""
+
+
+def pid_of(worker_id: str | None) -> int:
+    """The process id in a worker id (``host-pid-random``)."""
+    assert worker_id is not None, "the final event names no worker"
+    return int(worker_id.rsplit("-", 2)[1])
+
+
+def runs_on(completion: Completion, worker: WorkerProcess) -> bool:
+    assert worker.process is not None
+    return pid_of(completion.worker) == worker.process.pid
+
+
+async def until_claiming(redis: aioredis.Redis, queue: str, worker_id: str) -> None:
+    """Wait until ``worker_id`` claims again with a free slot (after a pause): until then
+    enqueue holds nothing for it."""
+    async with asyncio.timeout(30):
+        while not await redis.exists(affinity_free_key(queue, worker_id)):
+            await asyncio.sleep(0.01)
+
+
+class Conversation:
+    """A chat whose every turn sends the earlier turns, replies included, as a chat
+    client does."""
+
+    def __init__(self, client: StreamqClient) -> None:
+        self.client = client
+        self.topic = uuid.uuid4().hex[:8]
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": f"Topic {self.topic}. {INSTRUCTIONS}"}]
+        self.turns: list[Completion] = []
+
+    def question(self) -> dict[str, str]:
+        return {"role": "user", "content": f"Question {len(self.turns) + 1} about {self.topic}?"}
+
+    async def submit(self, **options: Any) -> RequestHandle:
+        """The next turn, submitted."""
+        return await self.client.submit(
+            messages=[*self.messages, self.question()], max_tokens=6, ignore_eos=True, **options
+        )
+
+    async def took(self, handle: RequestHandle) -> Completion:
+        """The turn's completion, kept (with its question and reply) for the next turn."""
+        async with asyncio.timeout(120):
+            completion = await handle.result()
+        self.messages += [self.question(), {"role": "assistant", "content": completion.text}]
+        self.turns.append(completion)
+        await handle.close()
+        return completion
+
+    async def turn(self, **options: Any) -> Completion:
+        return await self.took(await self.submit(**options))
+
+
+async def held_for(redis: aioredis.Redis, queue: str, request_id: str) -> str | None:
+    """The worker enqueue held the request for, while it is held."""
+    held = await redis.hget(f"{queue}:held", request_id)
+    return None if held is None else held.decode()
+
+
+async def test_a_conversations_follow_ups_go_to_the_worker_of_its_first_turn(
+    other_worker: WorkerProcess, prio_client: StreamqClient
+) -> None:
+    """Four conversations of three turns, one turn at a time (every worker has a free
+    slot): each follow-up is served by the worker that served its first turn."""
+    conversations = [Conversation(prio_client) for _ in range(4)]
+    for _ in range(3):
+        for conversation in conversations:
+            await conversation.turn()
+    for conversation in conversations:
+        workers = {completion.worker for completion in conversation.turns}
+        assert len(workers) == 1, f"a conversation's turns ran on {workers}"
+
+
+async def test_a_follow_up_goes_elsewhere_at_once_when_its_worker_is_full(
+    two_slot_worker: WorkerProcess, other_worker: WorkerProcess, prio_client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """A conversation served by the two-slot worker, which then runs two long requests:
+    its follow-up is not held for it, and the other worker serves it."""
+    conversation = Conversation(prio_client)
+    with paused(other_worker):
+        assert runs_on(await conversation.turn(), two_slot_worker)
+        holders = [await prio_client.submit("Hold on", **LONG) for _ in range(2)]
+        for holder in holders:
+            await until_state(prio_client, holder.request_id, "running")
+    try:
+        follow_up = await conversation.submit()
+        assert await held_for(raw_redis, prio_client.queue, follow_up.request_id) is None
+        assert runs_on(await conversation.took(follow_up), other_worker)
+    finally:
+        for holder in holders:
+            await holder.cancel()
+            await holder.close()
+
+
+async def test_an_explicit_key_routes_unrelated_prompts_together_and_an_opt_out_is_never_held(
+    two_slot_worker: WorkerProcess, other_worker: WorkerProcess, prio_client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """Short prompts (no prefix of their own) with one ``affinity_key`` go to one worker.
+    A follow-up that opts out, its worker stalled, is not held for it: the other worker
+    serves it, without becoming the conversation's worker."""
+    for _ in range(3):
+        key = f"document-{uuid.uuid4().hex[:8]}"
+        first = await prio_client.generate("Summarise it", affinity_key=key, max_tokens=2)
+        second = await prio_client.generate("Quote it", affinity_key=key, max_tokens=2)
+        assert second.worker == first.worker
+
+    conversation = Conversation(prio_client)
+    first = await conversation.turn()
+    owner, elsewhere = sorted([two_slot_worker, other_worker], key=lambda worker: not runs_on(first, worker))
+    with paused(owner):
+        opted_out = await conversation.submit(affinity=False)
+        assert await held_for(raw_redis, prio_client.queue, opted_out.request_id) is None
+        assert runs_on(await conversation.took(opted_out), elsewhere)
+    assert first.worker is not None
+    await until_claiming(raw_redis, prio_client.queue, first.worker)
+    assert (await conversation.turn()).worker == first.worker
+
+
 async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
     two_slot_worker: WorkerProcess,
+    other_worker: WorkerProcess,
     prio_client: StreamqClient,
     raw_redis: aioredis.Redis,
     queue: str,
-    tiny_model: Path,
-    tmp_path: Path,
 ) -> None:
-    """A second worker streams a request and is SIGKILLed; with its lease lapsed and 20
-    more urgent jobs queued meanwhile, the two-slot worker takes the request over first
-    (its subscriber waits mid-stream) and finishes it before the backlog."""
-    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
-    doomed = WorkerProcess(two_slot_worker.redis_url, flags, queue=queue, log_path=tmp_path / "doomed.log").start()
+    """The other worker serves a conversation's first turn, streams a request and is
+    SIGKILLed; the conversation's follow-up, submitted at once, is held for the dead
+    worker (its free slots have not lapsed yet). With its lease lapsed and 20 more urgent
+    jobs queued meanwhile, the two-slot worker takes the request over first (its
+    subscriber waits mid-stream) and finishes it before the backlog; the follow-up
+    (more urgent still) is served by the two-slot worker once its window passed."""
+    doomed = other_worker
+    assert doomed.process is not None
+    target = new_id("target")
+    backlog: list[str] = []
+    conversation = Conversation(prio_client)
     try:
-        deadline = time.monotonic() + 300
-        while "max_jobs set" not in doomed.log_tail(200):  # its engine is up (the queue's health check is not its own)
-            assert doomed.process is not None and doomed.process.poll() is None, doomed.log_tail()
-            assert time.monotonic() < deadline, doomed.log_tail()
-            await asyncio.sleep(0.2)
-        target = new_id("target")
-        backlog: list[str] = []
         with paused(two_slot_worker):
+            assert runs_on(await conversation.turn(), doomed)
             handle = await prio_client.submit(request_id=target, prompt="Keep going", max_tokens=120, ignore_eos=True)
             async with asyncio.timeout(120):
                 while await raw_redis.xlen(events_channel(target)) < 3:
                     await asyncio.sleep(0.005)
             doomed.kill()
+            follow_up = await conversation.submit(priority=-10)
+            assert pid_of(await held_for(raw_redis, queue, follow_up.request_id)) == doomed.process.pid
             deadline = time.monotonic() + 30
             while await prio_client.job_state(target) == "running":  # the lease lapses
                 assert time.monotonic() < deadline
@@ -207,6 +351,7 @@ async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
         async with asyncio.timeout(120):
             completion = await handle.result()
         assert completion.finish_reasons == ["length"] and completion.completion_tokens == 120
+        assert runs_on(await conversation.took(follow_up), two_slot_worker)
         finished = (await states(prio_client, backlog)).count("finished")
         assert finished == 0, f"{finished} of 20 backlog jobs finished before the taken-over request"
     finally:
