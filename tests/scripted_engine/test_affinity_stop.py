@@ -1,0 +1,64 @@
+"""A worker that stops (SIGTERM) stops attracting the requests that share its prefixes at
+once, while it drains: they go to another worker, not held for a window. Two real
+worker processes on the scripted engine (this is about the queue, not the model) on a
+queue of their own; the real engine's cases are in tests/real_engine/test_pickup_order.py."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.worker_process import WorkerProcess, scripted_worker
+from producer.client import StreamqClient
+from streamq.protocol import ChunkEvent
+from streamq.protocol.names import affinity_free_key
+
+
+def pid_of(worker_id: str | None) -> int:
+    """The process id in a worker id (``host-pid-random``)."""
+    assert worker_id is not None, "the final event names no worker"
+    return int(worker_id.rsplit("-", 2)[1])
+
+
+@pytest.fixture
+def two_workers(worker_url: str, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
+    queue = f"streamq:queue:affinity-stop-{uuid.uuid4().hex[:8]}"
+    workers = [
+        scripted_worker(worker_url, tmp_path / f"worker-{i}.log", tokens_per_s=100, queue=queue).start()
+        for i in range(2)
+    ]
+    for worker in workers:
+        worker.wait_ready()
+    yield workers
+    for worker in workers:
+        worker.kill()
+
+
+async def test_a_stopping_worker_gets_no_more_requests_held_for_it(
+    two_workers: list[WorkerProcess], producer_url: str, raw_redis: aioredis.Redis
+) -> None:
+    queue = two_workers[0].queue
+    key = f"conversation-{uuid.uuid4().hex[:8]}"
+    async with await StreamqClient.connect(producer_url, queue=queue) as client:
+        first = await client.generate("Hello", affinity_key=key, max_tokens=4)
+        (owner,) = [w for w in two_workers if w.process is not None and w.process.pid == pid_of(first.worker)]
+        (other,) = [w for w in two_workers if w is not owner]
+        draining = await client.submit("Keep going", affinity_key=key, max_tokens=200, ignore_eos=True)
+        assert isinstance(await anext(aiter(draining)), ChunkEvent)  # it runs on its owner
+        assert owner.process is not None
+        owner.process.terminate()  # SIGTERM: it drains its running request
+        async with asyncio.timeout(10):
+            while await raw_redis.exists(affinity_free_key(queue, str(first.worker))):
+                await asyncio.sleep(0.01)
+        follow_up = await client.submit("Again", affinity_key=key, max_tokens=4)
+        assert await raw_redis.hget(f"{queue}:held", follow_up.request_id) is None
+        assert other.process is not None and pid_of((await follow_up.result()).worker) == other.process.pid
+        assert owner.process.poll() is None, "the follow-up waited for the drain to end"
+        completion = await draining.result()
+        assert completion.completion_tokens == 200 and pid_of(completion.worker) == owner.process.pid
+    assert owner.process.wait(timeout=30) == 0
