@@ -1,5 +1,5 @@
 """``python -m bench.claim``: Redis CPU per claimed job, the priority-and-tenant claim
-against the claim it replaced, side by side, in one run.
+against the claim it replaced, and what prefix-aware pickup adds, side by side, in one run.
 
 For each depth (jobs running, jobs waiting, tenants) a fresh database is filled the way
 each claim finds it in service, then ``--claims`` claims of one job each (a worker whose
@@ -15,7 +15,14 @@ the finishing commands too, the same on both sides).
 - The new claim (``streamq/protocol/lua/claim_jobs.lua``) starts with every running job's
   lease due for a look (as once per lease period in service: each renewed lease is
   rescored once per 3 s), then pops the index. The jobs are queued with the new enqueue
-  script, spread over the tenants in turn.
+  script, spread over the tenants in turn, without affinity keys.
+- The claim before prefix-aware pickup (``bench/baseline_claim_jobs_pre_affinity.lua``, a
+  verbatim copy), on the same jobs: what affinity costs a claim of a job without keys
+  (the held-job and expiry checks, the worker's free slots and load).
+- The new claim on jobs with four affinity keys each, every one held for the claiming
+  worker by enqueue (the claim takes it from the worker's own set and names the worker
+  the owner of its longest and shortest keys), and the same jobs not held (no worker
+  known: taken from the index, the two owner keys set).
 """
 
 from __future__ import annotations
@@ -31,11 +38,23 @@ from bench.config import int_list
 from bench.cpu import cpu_seconds
 from devkit.redis_server import RedisServer
 from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, LEASE_TTL_MS, WAKEUP_CHANNEL
-from streamq.protocol.names import CLAIM_SCAN_INTERVAL_MS, TENANT_WEIGHTS_KEY, running_key
+from streamq.protocol.names import (
+    AFFINITY_FREE_TTL_MS,
+    AFFINITY_OWNER_TTL_MS,
+    CLAIM_SCAN_INTERVAL_MS,
+    TENANT_WEIGHTS_KEY,
+    affinity_free_key,
+    affinity_owner_key,
+    running_key,
+)
 from streamq.protocol.scripts import script_text
 
 QUEUE = "streamq:queue"
 BASELINE = Path(__file__).with_name("baseline_claim_jobs.lua")
+PRE_AFFINITY = Path(__file__).with_name("baseline_claim_jobs_pre_affinity.lua")
+WORKER = "bench-worker"
+AFFINITY_KEYS = 4
+"""Keys per job: a conversation's third turn, or a prompt of 2-4k characters."""
 PAGE = 100
 """arq's ``queue_read_limit`` for a worker of up to 20 slots (``max(max_jobs * 5, 100)``)."""
 SETUP_BATCH = 2000
@@ -70,10 +89,19 @@ class Row:
     tenants: int
     old: Cost
     new: Cost
+    pre_affinity: Cost
+    held: Cost
+    """Jobs with keys, held for the claiming worker."""
+    keyed: Cost
+    """Jobs with keys, no worker known for them."""
 
     @property
     def ratio(self) -> float:
         return self.new.us_per_job / self.old.us_per_job
+
+    def affinity_ratio(self, cost: Cost) -> float:
+        """What a claim costs with affinity, against the claim before it."""
+        return cost.us_per_job / self.pre_affinity.us_per_job
 
 
 def _fill_running(client: redis.Redis, running: int, *, new: bool, now_ms: int) -> None:
@@ -88,31 +116,46 @@ def _fill_running(client: redis.Redis, running: int, *, new: bool, now_ms: int) 
     pipe.execute()
 
 
-def _fill_waiting(client: redis.Redis, count: int, tenants: int, *, new: bool, now_ms: int) -> None:
+def keys_of(job_id: str) -> list[str]:
+    return [JOB_KEY_PREFIX + job_id, QUEUE, f"streamq:events:{job_id}"]
+
+
+def _fill_waiting(client: redis.Redis, count: int, tenants: int, *, new: bool, now_ms: int, keys: bool = False) -> None:
     """``count`` jobs queued after the running ones: by the new enqueue script (indexed,
-    tenants in turn) or, for the old claim, by the ``ZADD`` its enqueue made."""
+    tenants in turn; with ``keys``, four affinity keys each) or, for the old claim, by the
+    ``ZADD`` its enqueue made."""
     enqueue = client.register_script(script_text("enqueue"))
     for start in range(0, count, SETUP_BATCH):
         pipe = client.pipeline(transaction=False)
         for i in range(start, min(count, start + SETUP_BATCH)):
             job_id = f"waiting-{i}"
             if new:
-                keys = [JOB_KEY_PREFIX + job_id, QUEUE, f"streamq:events:{job_id}"]
                 args: list[str | int] = ["{}", 600_000, job_id, WAKEUP_CHANNEL, QUEUE, -1, f"arq:result:{job_id}"]
                 args += [0, f"t{i % tenants}"]
-                enqueue(keys=keys, args=args, client=pipe)
+                if keys:
+                    prefixes = [f"{i:012x}-{level}" for level in range(AFFINITY_KEYS - 1)] + ["shared-prefix"]
+                    args += [0, "", "", 0, "", ",".join(prefixes), 60_000, 1_000_000]
+                enqueue(keys=keys_of(job_id), args=args, client=pipe)
             else:
                 pipe.zadd(QUEUE, {job_id: now_ms - 1_000_000 + i})
         pipe.execute()
 
 
 def _measure(
-    server: RedisServer, client: redis.Redis, script: str, args: list[str | int], claims: int, *, new: bool
+    server: RedisServer,
+    client: redis.Redis,
+    script: str,
+    args: list[str | int],
+    claims: int,
+    *,
+    new: bool,
+    counts: int = 0,
 ) -> Cost:
     """``claims`` claims of one job each; each job claimed then finishes at once (arq's
     ``ZREM`` and ``DEL``), so the running jobs stay as many as the depth says. For the new
     claim its entry in ``<queue>:running`` is left due for a look, so the claims pay for
-    clearing it as in service."""
+    clearing it as in service. ``counts``: the claim's reply starts with that many counts
+    (the affinity claim's hits, misses and expired holds) after Redis's time."""
     sha = client.execute_command("SCRIPT LOAD", script)
     assert server.process is not None
     client.config_resetstat()
@@ -120,7 +163,7 @@ def _measure(
     jobs = 0
     for _ in range(claims):
         reply = client.execute_command("EVALSHA", sha, 1, QUEUE, *args)
-        claimed = [job_id.decode() for job_id in reply[(4 if new else 1) :: 2]]
+        claimed = [job_id.decode() for job_id in reply[1 + counts :: 2]]
         jobs += len(claimed)
         pipe = client.pipeline(transaction=False)
         for job_id in claimed:
@@ -135,26 +178,42 @@ def _measure(
 
 
 def measure_case(server: RedisServer, running: int, waiting: int, tenants: int, claims: int) -> Row:
-    """One depth: the old claim, then the new one, each on a freshly filled database."""
+    """One depth: each claim on a freshly filled database."""
     client = redis.Redis.from_url(server.url)
+    pre_affinity = PRE_AFFINITY.read_text(encoding="utf-8")
+    common: list[str | int] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, WORKER]
+    indexed: list[str | int] = [*common, TENANT_WEIGHTS_KEY, CLAIM_SCAN_INTERVAL_MS]
+    affine: list[str | int] = [*indexed, AFFINITY_OWNER_TTL_MS, AFFINITY_FREE_TTL_MS, running]
+
+    def fill(*, new: bool, keys: bool = False, held: bool = False) -> None:
+        client.flushall()
+        now_ms = int(client.execute_command("TIME")[0]) * 1000
+        if held:  # the worker served the prefix every job shares, and has room
+            client.set(affinity_owner_key(QUEUE, "shared-prefix"), WORKER)
+            client.set(affinity_free_key(QUEUE, WORKER), 10 * (waiting + claims))
+        _fill_running(client, running, new=new, now_ms=now_ms)
+        _fill_waiting(client, waiting + claims, tenants, new=new, now_ms=now_ms, keys=keys)
+        if new:
+            client.hset(TENANT_WEIGHTS_KEY, mapping={f"t{i}": 1 + i % 3 for i in range(tenants)})
+
+    def measure(script: str, args: list[str | int], *, new: bool = True, counts: int = 0) -> Cost:
+        cost = _measure(server, client, script, args, claims, new=new, counts=counts)
+        assert cost.jobs == claims, f"claimed {cost.jobs} of {claims}"
+        return cost
+
     try:
-        costs: dict[bool, Cost] = {}
-        for new in (False, True):
-            client.flushall()
-            now_ms = int(client.execute_command("TIME")[0]) * 1000
-            _fill_running(client, running, new=new, now_ms=now_ms)
-            _fill_waiting(client, waiting + claims, tenants, new=new, now_ms=now_ms)
-            if new:
-                client.hset(TENANT_WEIGHTS_KEY, mapping={f"t{i}": 1 + i % 3 for i in range(tenants)})
-                script = script_text("claim_jobs")
-                extra: list[str | int] = [TENANT_WEIGHTS_KEY, CLAIM_SCAN_INTERVAL_MS]
-            else:
-                script = BASELINE.read_text(encoding="utf-8")
-                extra = []
-            args: list[str | int] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, "bench-worker", *extra]
-            costs[new] = _measure(server, client, script, args, claims, new=new)
-            assert costs[new].jobs == claims, f"claimed {costs[new].jobs} of {claims}"
-        return Row(running, waiting, tenants, old=costs[False], new=costs[True])
+        fill(new=False)
+        old = measure(BASELINE.read_text(encoding="utf-8"), common, new=False)
+        fill(new=True)
+        pre = measure(pre_affinity, indexed)
+        fill(new=True)
+        new = measure(script_text("claim_jobs"), affine, counts=3)
+        fill(new=True, keys=True, held=True)
+        held = measure(script_text("claim_jobs"), affine, counts=3)
+        assert client.hlen(f"{QUEUE}:held") == waiting, "every job was held for the worker"
+        fill(new=True, keys=True)
+        keyed = measure(script_text("claim_jobs"), affine, counts=3)
+        return Row(running, waiting, tenants, old=old, new=new, pre_affinity=pre, held=held, keyed=keyed)
     finally:
         client.close()
 
@@ -168,6 +227,22 @@ def table(rows: list[Row]) -> str:
         f"| {r.running} | {r.waiting} | {r.tenants} | {r.old.us_per_job:.1f} | {r.new.us_per_job:.1f} "
         f"| {r.ratio:.2f} | {r.old.cpu_us_per_job:.0f} | {r.new.cpu_us_per_job:.0f} "
         f"| {r.old.round_trips_per_job:.1f}, {r.new.round_trips_per_job:.1f} |"
+        for r in rows
+    ]
+    return "\n".join([header, *lines])
+
+
+def affinity_table(rows: list[Row]) -> str:
+    """Redis time per claimed job with prefix-aware pickup against the claim before it."""
+    header = (
+        "| running | waiting | tenants | before µs/job | no keys µs/job (×) | held, 4 keys µs/job (×) "
+        "| not held, 4 keys µs/job (×) | round trips/job |\n|---|---|---|---|---|---|---|---|"
+    )
+    lines = [
+        f"| {r.running} | {r.waiting} | {r.tenants} | {r.pre_affinity.us_per_job:.1f} "
+        f"| {r.new.us_per_job:.1f} ({r.affinity_ratio(r.new):.2f}) "
+        f"| {r.held.us_per_job:.1f} ({r.affinity_ratio(r.held):.2f}) "
+        f"| {r.keyed.us_per_job:.1f} ({r.affinity_ratio(r.keyed):.2f}) | {r.held.round_trips_per_job:.1f} |"
         for r in rows
     ]
     return "\n".join([header, *lines])
@@ -188,6 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = run(args.running, args.waiting, args.tenants, args.claims)
     print("Redis time in the claim script per claimed job (INFO commandstats), old claim vs new:\n")
     print(table(rows))
+    print("\nWhat prefix-aware pickup adds per claimed job, against the claim before it (target: ≤ 1.2×):\n")
+    print(affinity_table(rows))
 
 
 if __name__ == "__main__":

@@ -375,3 +375,10 @@ async def test_a_cancelled_held_job_leaves_nothing_behind(queue: Queue) -> None:
         elif not key.endswith((":seq", ":free:w1", ":owner:conv", ":scan")):
             assert await queue.redis.zscore(key, "held") is None, key
     assert await queue.claim(worker="w1") == []
+
+
+async def test_a_claim_names_its_worker_for_the_longest_and_the_shortest_key(queue: Queue) -> None:
+    await queue.enqueue("turn-3", prefixes=["turn-3", "turn-2", "turn-1", "system"])
+    assert await queue.claim(worker="w1") == ["turn-3"]
+    owners = [await queue.redis.get(f"{queue.name}:owner:{key}") for key in ["turn-3", "turn-2", "turn-1", "system"]]
+    assert owners == [b"w1", None, None, b"w1"]

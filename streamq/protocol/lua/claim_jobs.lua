@@ -18,8 +18,8 @@
 --    this worker served their prefix), then the tenant with the lowest pass (stride
 --    scheduling: a pick adds 1/weight, a held job's too; a tenant starts at the band's
 --    virtual time, the pass of the band's last pick, so an idle tenant banks no credit);
---    FIFO in a tenant. A claimed job's prefix keys name this worker for the owner TTL
---    (<queue>:owner:<key>); a claim of a job with keys that was not held for this worker
+--    FIFO in a tenant. A claimed job's longest and shortest prefix keys name this worker
+--    for the owner TTL (<queue>:owner:<key>); a claim of a job with keys that was not held for this worker
 --    is a miss; the worker's free slots and load are set for enqueue to read;
 -- 3. at most once per scan interval (all workers together), arq's queue itself, in score
 --    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script.
@@ -33,12 +33,16 @@ local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. '
 local held, held_due, my_bands = q .. ':held', q .. ':affine-due', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
 
--- A claimed job's prefix keys (after priority and tenant in its index entry) name this worker.
+-- A claimed job's prefix keys (after priority and tenant in its index entry) name this
+-- worker: its longest, which the request's follow-ups share, and its shortest, which
+-- requests that open alike share (the keys between cost a SET each for rarer matches).
 local function own_prefixes(meta)
   local keys = meta and string.match(meta, '^%S+ %S+ (%S+)$')
   if keys and owner_ttl > 0 then
-    for key in string.gmatch(keys, '[^,]+') do
-      redis.call('SET', q .. ':owner:' .. key, me, 'PX', owner_ttl)
+    local longest, shortest = string.match(keys, '^([^,]+)'), string.match(keys, '([^,]+)$')
+    redis.call('SET', q .. ':owner:' .. longest, me, 'PX', owner_ttl)
+    if shortest ~= longest then
+      redis.call('SET', q .. ':owner:' .. shortest, me, 'PX', owner_ttl)
     end
   end
   return keys ~= nil
