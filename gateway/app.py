@@ -58,7 +58,7 @@ TENANT_HEADER = "x-streamq-tenant"
 """The tenant of a request whose API key is not one stored in Redis (whose name is its
 tenant): fair share between tenants in the queue (see ``producer.tenants_cli``)."""
 AFFINITY_KEY_HEADER = "x-streamq-affinity-key"
-"""Names the request's conversation or document for prefix-aware pickup (docs/affinity.md):
+"""Names the request's conversation or document for prefix-aware pickup (docs/features/prefix-aware-pickup.md):
 the worker that served that key gets first pick, instead of the one that served the prefix."""
 AFFINITY_HEADER = "x-streamq-affinity"
 """``off`` (or ``false``, ``0``) opts the request out of prefix-aware pickup."""

@@ -1,5 +1,5 @@
 """The ``--affinity-key KEY`` and ``--no-affinity`` options of the commands that submit
-requests (``submit``, ``batch``): prefix-aware pickup (docs/affinity.md).
+requests (``submit``, ``batch``): prefix-aware pickup (docs/features/prefix-aware-pickup.md).
 
 A key is checked by argparse (exit status 2 with the reason) with the library's own rule,
 ``check_affinity_key``, so the command line refuses exactly what ``submit`` would.
@@ -39,7 +39,7 @@ def add_affinity_arguments(parser: argparse.ArgumentParser, *, scope: str) -> No
         "--no-affinity",
         dest="affinity",
         action="store_false",
-        help=f"opt {scope} out of prefix-aware pickup: any worker takes them (see docs/affinity.md)",
+        help=f"opt {scope} out of prefix-aware pickup: any worker takes them (see docs/features/prefix-aware-pickup.md)",
     )
 
 

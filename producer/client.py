@@ -407,7 +407,7 @@ class StreamqClient:
             raise ValueError(f"affinity_window_ms must be 0 to {MAX_AFFINITY_WINDOW_MS}, got {affinity_window_ms!r}")
         self.affinity_window_ms = affinity_window_ms
         """How long a request is held for the worker that served its prefix before any
-        worker may take it (docs/affinity.md); 0 turns prefix-aware pickup off."""
+        worker may take it (docs/features/prefix-aware-pickup.md); 0 turns prefix-aware pickup off."""
         self._redis = redis
         self.silence_check_s = silence_check_s
         """After this many seconds without an event, a handle checks that its request is
@@ -449,7 +449,7 @@ class StreamqClient:
         (docs/redis-cluster.md); unset, the Redis of ``url`` carries them. ``max_queue_depth``
         bounds every queue this client submits to (see ``submit``); ``silence_check_s`` is the
         handles' watchdog; ``affinity_window_ms`` bounds how long a request waits for the
-        worker that served its prefix (docs/affinity.md)."""
+        worker that served its prefix (docs/features/prefix-aware-pickup.md)."""
         url = redis_url_from_env() if url is None else url
         events_url = events_url_from_env() if events_url is None else check_events_url(events_url)
         queue = queue_from_env() if queue is None else queue
@@ -566,7 +566,7 @@ class StreamqClient:
 
         The worker that served the request's prefix (its leading text, or its chat
         messages before the last turn) gets first pick of it for ``affinity_window_ms``,
-        so its prefix cache is reused (docs/affinity.md). ``affinity_key`` names the
+        so its prefix cache is reused (docs/features/prefix-aware-pickup.md). ``affinity_key`` names the
         conversation or document instead; ``affinity=False`` opts the request out.
         """
         _check_sampling_names(sampling)

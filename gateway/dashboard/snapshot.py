@@ -64,7 +64,7 @@ class ModelRow(msgspec.Struct):
     """Requests that ended with an error event in the window, by code."""
     affinity_hits: int
     """Jobs claimed in the window by the worker enqueue held them for (prefix-aware
-    pickup, docs/affinity.md)."""
+    pickup, docs/features/prefix-aware-pickup.md)."""
     affinity_misses: int
     """Jobs with prefix keys claimed in the window from the shared index."""
     affinity_hit_rate: float | None

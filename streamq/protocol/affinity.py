@@ -1,5 +1,5 @@
 """A request's prefix identity: the keys by which the worker that served a prefix gets
-first pick of the next request that shares it (docs/affinity.md, PROTOCOL.md "Affinity").
+first pick of the next request that shares it (docs/features/prefix-aware-pickup.md, PROTOCOL.md "Prefix affinity").
 
 The producer side imports no tokenizer, so a prefix is named by its text: the keys are
 64-bit BLAKE2b digests of leading parts of the prompt, longest first, each part at least

@@ -321,7 +321,7 @@ class FinalEvent(_Event, tag="final", kw_only=True):
     worker: str | None = None
     """The id of the worker that ran the request to its end (absent when it ended in the
     queue: cancelled or timed out there): follow-ups of a conversation that keep finding
-    the same worker are reusing its prefix cache (docs/affinity.md)."""
+    the same worker are reusing its prefix cache (docs/features/prefix-aware-pickup.md)."""
 
 
 class ErrorEvent(_Event, tag="error", kw_only=True):

@@ -135,7 +135,7 @@ TENANT_WEIGHTS_KEY: Final = "streamq:tenant-weights"
 CLAIM_SCAN_INTERVAL_MS: Final = 1000
 """The claim reads arq's queue itself (for jobs nobody indexed) at most this often per
 queue, all workers together; the index and lapsed leases are read at every claim."""
-# --- prefix-aware pickup (docs/affinity.md) ---------------------------------------------
+# --- prefix-aware pickup (docs/features/prefix-aware-pickup.md) ---------------------------------------------
 AFFINITY_WINDOW_MS: Final = 200
 """How long a job routed to the worker that served its prefix waits for that worker
 alone; past it, any worker takes it (``enqueue`` ARGV[16])."""

@@ -53,7 +53,7 @@ class WorkerStats(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=Tru
     affinity_hits: int = 0
     """Jobs this worker claimed that enqueue had held for it, as it served their prefix
     (``streamq_affinity_hits``): with ``affinity_misses``, how often prefix-aware pickup
-    sent a request where its prefix is likely cached (docs/affinity.md)."""
+    sent a request where its prefix is likely cached (docs/features/prefix-aware-pickup.md)."""
     affinity_misses: int = 0
     """Jobs with prefix keys this worker claimed from the shared index
     (``streamq_affinity_misses``): nobody held them for it, so its cache may not help."""

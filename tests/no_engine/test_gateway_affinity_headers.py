@@ -1,4 +1,4 @@
-"""The gateway's affinity headers (docs/affinity.md): ``X-Streamq-Affinity-Key`` names a
+"""The gateway's affinity headers (docs/features/prefix-aware-pickup.md): ``X-Streamq-Affinity-Key`` names a
 request's conversation, ``X-Streamq-Affinity: off`` opts it out of prefix-aware pickup, and
 a bad value of either is a 400 in OpenAI's error shape before anything is queued. No
 engine: the served gateway's client records what it would submit instead of queueing it."""

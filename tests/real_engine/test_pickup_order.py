@@ -1,5 +1,5 @@
 """Who takes which job, on real workers: priorities, fair share between tenants, and
-prefix-aware pickup (docs/affinity.md).
+prefix-aware pickup (docs/features/prefix-aware-pickup.md).
 
 One module-scoped worker (``--max-num-seqs 2 --scheduling-policy priority``) serves a
 queue of its own; the tests after the priority tests add a second real worker on it
