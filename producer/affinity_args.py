@@ -39,7 +39,7 @@ def add_affinity_arguments(parser: argparse.ArgumentParser, *, scope: str) -> No
         "--no-affinity",
         dest="affinity",
         action="store_false",
-        help=f"opt {scope} out of prefix-aware pickup: any worker takes them (see docs/features/prefix-aware-pickup.md)",
+        help=f"opt {scope} out of prefix-aware pickup: any worker takes them (docs/features/prefix-aware-pickup.md)",
     )
 
 

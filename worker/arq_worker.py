@@ -170,8 +170,10 @@ class StreamqWorker(Worker):
                     logger.error("job %s: arq could not finish it: %r", job_id, task.exception())
         await self.heart_beat()
 
-    async def _claim_and_start(self, free: int) -> int:
-        """Claim up to ``free`` due jobs in one round trip and start them; how many started."""
+    async def _claim_and_start(self, free: int, spare: int = 0) -> int:
+        """Claim up to ``free`` due jobs in one round trip and start them; how many started.
+        ``spare``: free slots beyond ``free`` that this claim does not take (a front end
+        claims a share of the engine's), told to enqueue with those the claim leaves."""
         state = state_of(self.ctx)
         ttl_ms = state.leases.ttl_ms
         asked_at = timestamp_ms()
@@ -188,6 +190,7 @@ class StreamqWorker(Worker):
                 AFFINITY_OWNER_TTL_MS,
                 AFFINITY_FREE_TTL_MS,
                 self.job_counter,
+                spare,
             ],
         )
         state.clock.observe(int(redis_now), asked_at, timestamp_ms())
@@ -218,7 +221,7 @@ class StreamqWorker(Worker):
         started = 0
         try:
             if taken:
-                started = await self._claim_and_start(taken)
+                started = await self._claim_and_start(taken, spare=min(room - taken, slots.free()))
         finally:
             slots.give(index, taken - started)  # the claim found fewer, or failed
         if taken < batch:

@@ -72,7 +72,8 @@ PUBLISH_FAILURES = Counter(
 )
 AFFINITY_HITS = Counter(
     "streamq_affinity_hits",
-    "Jobs this worker claimed that enqueue had held for it, as it served their prefix (docs/features/prefix-aware-pickup.md)",
+    "Jobs this worker claimed that enqueue had held for it, as it served their prefix "
+    "(docs/features/prefix-aware-pickup.md)",
 )
 AFFINITY_MISSES = Counter(
     "streamq_affinity_misses",

@@ -65,6 +65,10 @@ class SharedSlots:
             self._short.value = 0
         return went_short and count > 0
 
+    def free(self) -> int:
+        """The slots no front end holds now (a snapshot: siblings take and give meanwhile)."""
+        return max(0, self.limit - sum(int(held.value) for held in self._held))
+
     def held(self, front_end: int) -> int:
         """The slots ``front_end`` holds (its running requests and its claim in flight)."""
         return int(self._held[front_end].value)

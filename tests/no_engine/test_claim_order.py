@@ -382,3 +382,19 @@ async def test_a_claim_names_its_worker_for_the_longest_and_the_shortest_key(que
     assert await queue.claim(worker="w1") == ["turn-3"]
     owners = [await queue.redis.get(f"{queue.name}:owner:{key}") for key in ["turn-3", "turn-2", "turn-1", "system"]]
     assert owners == [b"w1", None, None, b"w1"]
+
+
+async def test_a_dead_workers_expired_holds_leave_nothing_behind(queue: Queue) -> None:
+    await served_by(queue, "w1", "conv")
+    await queue.enqueue("held", priority=3, prefixes=["conv"], window_ms=100)  # w1 dies now
+    await asyncio.sleep(0.15)
+    assert await queue.claim(worker="w2") == ["held"]
+    assert queue.affinity.expired == 1
+    assert [key for key in await queue.keys() if ":affine" in key or key.endswith(":held")] == []
+
+
+async def test_spare_slots_beyond_the_claim_are_told_to_enqueue(queue: Queue) -> None:
+    """A front end claims its share of its engine's slots and names the others spare."""
+    args = [2, LEASE_MS, 100, IN_PROGRESS_PREFIX, "fe-1", queue.weights, 1000, 60_000, 60_000, 0, 5]
+    await queue._claim(keys=[queue.name], args=args)
+    assert await queue.redis.get(f"{queue.name}:free:fe-1") == b"7"

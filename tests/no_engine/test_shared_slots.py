@@ -64,3 +64,11 @@ def test_slots_taken_in_a_spawned_front_end_are_seen_by_its_parent() -> None:
 def test_an_engine_without_slots_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one"):
         SharedSlots(limit=0, front_ends=2)
+
+
+def test_free_counts_the_slots_no_front_end_holds() -> None:
+    slots = SharedSlots(limit=6, front_ends=2)
+    assert slots.take(0, 2) == 2 and slots.take(1, 1) == 1
+    assert slots.free() == 3
+    slots.give_back_all_of(0)
+    assert slots.free() == 5

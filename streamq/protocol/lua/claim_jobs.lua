@@ -2,8 +2,9 @@
 -- read per page, the in-progress key prefix, this worker's id (the lease's holder), the
 -- tenant weights hash (only read), the minimum ms between two scans of the whole queue,
 -- then for prefix-aware pickup (default: off) how long this worker counts as holding the
--- prefixes it claims (ms), how long its free-slot count lives (ms), and how many jobs it
--- runs now. Returns Redis's time (ms), the affinity hits, misses and expired windows of
+-- prefixes it claims (ms), how long its free-slot count lives (ms), how many jobs it
+-- runs now, and how many free slots it has beyond those it asks for (one of several front
+-- ends of an engine asks for its share). Returns Redis's time (ms), the affinity hits, misses and expired windows of
 -- this claim, then id, score, id, score, ... of the jobs claimed (score: the job's score in
 -- the queue). Jobs are due by Redis's clock, never a worker's.
 --
@@ -29,6 +30,7 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local wanted, ttl, page, prefix, me = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local weights, scan_ms = ARGV[6] or 'streamq:tenant-weights', ARGV[7] or '1000'
 local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
+local spare = tonumber(ARGV[11] or '0')
 local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
 local held, held_due, my_bands = q .. ':held', q .. ':affine-due', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
@@ -113,9 +115,13 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', held_due, '-inf', now, 'LIMIT', 
   local meta = redis.call('HGET', indexed, id)
   if owner and meta then
     local band, tenant = string.match(meta, '^(%S+) (%S+)')
-    if redis.call('ZREM', q .. ':affine:' .. owner .. ':' .. band, id) == 1 then
+    local mine = q .. ':affine:' .. owner .. ':' .. band
+    if redis.call('ZREM', mine, id) == 1 then
       reindex(id, band, tenant)
       claimed[4] = claimed[4] + 1
+      if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
+        redis.call('ZREM', q .. ':affine-bands:' .. owner, band)
+      end
     end
   end
 end
@@ -208,7 +214,7 @@ end
 -- What enqueue reads to route a job here: this worker's free slots (lapsing unless it
 -- claims again) and how many jobs it runs.
 if free_ttl > 0 then
-  redis.call('SET', q .. ':free:' .. me, wanted - n, 'PX', free_ttl)
+  redis.call('SET', q .. ':free:' .. me, wanted - n + spare, 'PX', free_ttl)
   redis.call('ZADD', q .. ':load', busy + n, me)
 end
 return claimed
