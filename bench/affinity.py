@@ -1,0 +1,609 @@
+"""Prefix-aware pickup: multi-turn chats on two real workers, affinity on against off.
+
+``python -m bench.affinity`` starts one Redis and ``--workers`` (2) ``python -m worker``
+processes on the tiny random Llama (real vLLM CPU engine, prefix caching on: vLLM's default),
+each serving ``/metrics`` on a port of its own. It then runs the same workload twice on those
+workers, prefix-aware pickup on (the client's default) and off (``affinity=False`` on every
+submit), with fresh texts each time, so the second run gets nothing cached by the first:
+``--conversations`` (8) chats at once, ``--turns`` (4) turns each. Every conversation opens
+with a system message shared by all of the run's conversations (the few-shot part,
+``--shared-chars``) and a long system message of its own (``--system-chars``); each turn sends
+the whole conversation, then appends the reply the worker wrote (as the assistant message) and
+a new user message (``--user-chars``). ``max_tokens`` is ``--max-tokens`` with ``ignore_eos``,
+temperature 0, so turns are comparable.
+
+Per mode it reports the follow-ups' (turns 2 and later) time from submit to first chunk at the
+client (p50, p90), how often a follow-up ran on the worker of its conversation's previous turn
+(``FinalEvent.worker``), vLLM's prefix-cache hit rate (the deltas of
+``vllm:prefix_cache_hits`` over ``vllm:prefix_cache_queries``, tokens, both workers summed),
+the workers' ``streamq_affinity_hits/misses/expired`` deltas, and completion tokens over the
+mode's wall time; then off/on of the TTFT p50 and on/off of tok/s, beside the issue's targets.
+Writes ``bench/results/<run>-affinity.json`` and ``.md``; worker logs land beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.config import ENGINE_FLAGS_ENV, SERVE_MAX_NUM_BATCHED_TOKENS
+from bench.scale_out import READY_LINE, wait_logged
+from devkit.redis_server import RedisServer, free_ports
+from devkit.tiny_model import build_tiny_model
+from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+from producer.client import StreamqClient
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
+from streamq.protocol.names import AFFINITY_WINDOW_MS
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_DIR = ROOT / ".cache" / "tiny-llama-8k"
+"""The benchmark's tiny model (same weights and byte-level tokenizer, ``build_tiny_model``'s
+defaults) with 8,192 positions instead of 1,024: the tokenizer makes about one token of 1.3
+characters of these texts, so a conversation of the default sizes runs to about 4,300 tokens."""
+MAX_POSITIONS = 8192
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+COUNTERS = {
+    "queries": "vllm:prefix_cache_queries",
+    "hits": "vllm:prefix_cache_hits",
+    "affinity_hits": "streamq_affinity_hits",
+    "affinity_misses": "streamq_affinity_misses",
+    "affinity_expired": "streamq_affinity_expired",
+}
+"""What is scraped from each worker's ``/metrics``: the counter families (their ``_total``
+samples, summed over label sets), by the name this module gives them."""
+
+TARGET_SAME_WORKER = 0.90
+TARGET_TTFT_RATIO = 1.5
+TARGET_TOK_S_RATIO = 0.98
+
+_WORD_LIST = (
+    "river stone lantern harbor meadow copper violet thunder garden winter ladder orchard silver canyon "
+    "pocket window market candle forest island marble anchor feather glacier compass saddle pepper velvet "
+    "tunnel cobalt falcon timber kettle mirror basket quartz heron bridge cotton desert pillow rocket "
+    "shadow walnut cradle engine fabric goblet hollow jungle kennel lemon magnet needle oyster parrot quiver "
+    "ribbon summit tavern umbrella valley wagon yarrow zephyr amber blossom cinder dune ember fjord grove"
+)
+_WORDS = _WORD_LIST.split()
+
+
+# --- the workload ---------------------------------------------------------------------------
+
+
+def words(rng: random.Random, chars: int) -> str:
+    """Random words from a fixed list, at least ``chars`` characters in all."""
+    out: list[str] = []
+    length = -1
+    while length < chars:
+        word = rng.choice(_WORDS)
+        out.append(word)
+        length += len(word) + 1
+    return " ".join(out)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One mode's conversations: sizes in characters, and a seed that makes its texts."""
+
+    conversations: int = 8
+    turns: int = 4
+    shared_chars: int = 1500
+    system_chars: int = 3000
+    user_chars: int = 200
+    max_tokens: int = 32
+    seed: int = 0
+
+
+@dataclass
+class Conversation:
+    """A chat that grows by turns: its messages so far, ending with a user message, and the
+    user messages still to come."""
+
+    index: int
+    messages: list[dict[str, str]]
+    pending: list[str]
+
+    def add_turn(self, reply: str) -> None:
+        """The reply to the last user message, then the next user message."""
+        self.messages.append({"role": "assistant", "content": reply})
+        self.messages.append({"role": "user", "content": self.pending.pop(0)})
+
+
+def build_conversations(workload: Workload, tag: str) -> list[Conversation]:
+    """``workload.conversations`` chats whose texts depend on ``tag`` (the mode) and the seed:
+    a system message the mode's conversations share (its start names the mode, so no two
+    modes share a cached block), a system message of each conversation's own and the first
+    user message; the later user messages wait in ``pending``."""
+    rng = random.Random(f"{workload.seed}:{tag}")
+    shared = f"Run {tag}. You answer in the style of these examples. " + words(rng, workload.shared_chars)
+    shared = shared[: workload.shared_chars]
+    conversations = []
+    for i in range(workload.conversations):
+        system = f"Conversation {tag}-{i}. Background for this user: " + words(rng, workload.system_chars)
+        users = [f"Question {k + 1}: " + words(rng, workload.user_chars) for k in range(workload.turns)]
+        messages = [
+            {"role": "system", "content": shared},
+            {"role": "system", "content": system[: workload.system_chars]},
+            {"role": "user", "content": users[0][: workload.user_chars]},
+        ]
+        conversations.append(Conversation(i, messages, [u[: workload.user_chars] for u in users[1:]]))
+    return conversations
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One request of a conversation, as the client saw it."""
+
+    conversation: int
+    turn: int  # 1 = the conversation's first request
+    ttft_s: float  # submit to first chunk event
+    worker: str | None  # FinalEvent.worker
+    prompt_tokens: int
+    completion_tokens: int
+
+
+async def run_conversation(
+    client: StreamqClient, conversation: Conversation, turns: int, max_tokens: int, affinity: bool
+) -> list[Turn]:
+    """Send the conversation's turns one after the other, each as soon as the previous ended."""
+    out = []
+    for k in range(1, turns + 1):
+        started = time.perf_counter()
+        handle = await client.submit(
+            messages=conversation.messages, max_tokens=max_tokens, ignore_eos=True, temperature=0, affinity=affinity
+        )
+        first: float | None = None
+        text: list[str] = []
+        async for event in handle:
+            if isinstance(event, ChunkEvent):
+                first = time.perf_counter() if first is None else first
+                text.append(event.text)
+            elif isinstance(event, FinalEvent):
+                assert first is not None, "a final event before any chunk"
+                out.append(
+                    Turn(
+                        conversation.index,
+                        k,
+                        first - started,
+                        event.worker,
+                        event.prompt_tokens,
+                        event.completion_tokens,
+                    )
+                )
+            elif isinstance(event, ErrorEvent):
+                raise RuntimeError(f"conversation {conversation.index} turn {k} failed: {event.code}: {event.message}")
+        if k < turns:
+            conversation.add_turn("".join(text))
+    return out
+
+
+# --- the figures ----------------------------------------------------------------------------
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The ``COUNTERS`` of the worker serving ``/metrics`` on ``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return counters(response.read().decode())
+
+
+def counters(text: str) -> dict[str, float]:
+    """The ``COUNTERS`` in a Prometheus text exposition, each summed over its label sets (0 when absent)."""
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    short = {family: key for key, family in COUNTERS.items()}
+    for family in text_string_to_metric_families(text):
+        if family.name not in short:
+            continue
+        for sample in family.samples:
+            if sample.name == family.name + "_total":
+                totals[short[family.name]] += sample.value
+    return totals
+
+
+def delta(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """What the counters grew by, all workers summed."""
+    return {key: sum(a[key] - b[key] for b, a in zip(before, after, strict=True)) for key in COUNTERS}
+
+
+def percentile_ms(values: Sequence[float], q: float) -> float | None:
+    """numpy's linear percentile of seconds, in ms (as ``bench.timing``); None for no values."""
+    return 1000 * float(np.percentile(values, q)) if values else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+@dataclass
+class ModeResult:
+    """One mode's figures (``summarize``)."""
+
+    mode: str  # "on" or "off"
+    requests: int
+    follow_ups: int
+    first_ttft_p50_ms: float | None
+    follow_up_ttft_p50_ms: float | None
+    follow_up_ttft_p90_ms: float | None
+    same_worker: int  # follow-ups on their previous turn's worker
+    completion_tokens: int
+    wall_s: float
+    max_prompt_tokens: int
+    counters: dict[str, float]  # the COUNTERS' deltas over the mode, all workers
+    requests_by_worker: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def same_worker_rate(self) -> float | None:
+        return ratio(self.same_worker, self.follow_ups)
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        return ratio(self.counters["hits"], self.counters["queries"])
+
+    @property
+    def tok_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
+
+
+def summarize(
+    mode: str,
+    turns: Iterable[Turn],
+    wall_s: float,
+    counter_deltas: Mapping[str, float],
+    worker_ids: Sequence[str] = (),
+) -> ModeResult:
+    """A mode's figures from its turns; ``requests_by_worker`` lists ``worker_ids`` first, in
+    that order, at 0 if they ran none."""
+    rows = sorted(turns, key=lambda t: (t.conversation, t.turn))
+    previous = {(t.conversation, t.turn): t.worker for t in rows}
+    follow_ups = [t for t in rows if t.turn > 1]
+    same = sum(1 for t in follow_ups if t.worker is not None and previous.get((t.conversation, t.turn - 1)) == t.worker)
+    firsts = [t.ttft_s for t in rows if t.turn == 1]
+    later = [t.ttft_s for t in follow_ups]
+    return ModeResult(
+        mode=mode,
+        requests=len(rows),
+        follow_ups=len(follow_ups),
+        first_ttft_p50_ms=percentile_ms(firsts, 50),
+        follow_up_ttft_p50_ms=percentile_ms(later, 50),
+        follow_up_ttft_p90_ms=percentile_ms(later, 90),
+        same_worker=same,
+        completion_tokens=sum(t.completion_tokens for t in rows),
+        wall_s=wall_s,
+        max_prompt_tokens=max((t.prompt_tokens for t in rows), default=0),
+        counters=dict(counter_deltas),
+        requests_by_worker=dict.fromkeys(worker_ids, 0) | dict(Counter(t.worker or "?" for t in rows)),
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _met(ok: bool | None) -> str:
+    return "" if ok is None else ("yes" if ok else "**no**")
+
+
+def target_checks(on: ModeResult, off: ModeResult) -> dict[str, tuple[float | None, bool | None]]:
+    """The issue's targets: each measured figure, and whether it is met (None: not measured)."""
+    same = on.same_worker_rate
+    ttft = ratio(off.follow_up_ttft_p50_ms, on.follow_up_ttft_p50_ms)
+    tok = ratio(on.tok_s, off.tok_s)
+    return {
+        "same_worker_rate_on": (same, None if same is None else same >= TARGET_SAME_WORKER),
+        "follow_up_ttft_p50_off_over_on": (ttft, None if ttft is None else ttft >= TARGET_TTFT_RATIO),
+        "tok_s_on_over_off": (tok, None if tok is None else tok >= TARGET_TOK_S_RATIO),
+    }
+
+
+def table(on: ModeResult, off: ModeResult, workers: int) -> str:
+    """The two modes side by side, the ratios and the targets."""
+    checks = target_checks(on, off)
+    ttft_ratio, ttft_met = checks["follow_up_ttft_p50_off_over_on"]
+    same_rate, same_met = checks["same_worker_rate_on"]
+    tok_ratio, tok_met = checks["tok_s_on_over_off"]
+
+    def affinity(r: ModeResult) -> str:
+        c = r.counters
+        return f"{c['affinity_hits']:.0f} / {c['affinity_misses']:.0f} / {c['affinity_expired']:.0f}"
+
+    def cache(r: ModeResult) -> str:
+        return f"{_pct(r.cache_hit_rate)} ({r.counters['hits']:,.0f} / {r.counters['queries']:,.0f})"
+
+    def split(r: ModeResult) -> str:
+        return " / ".join(str(n) for n in r.requests_by_worker.values())
+
+    rows = [
+        ("follow-up TTFT p50 (ms)", _ms(on.follow_up_ttft_p50_ms), _ms(off.follow_up_ttft_p50_ms),
+         f"off/on {_x(ttft_ratio)}", f"off/on >= {TARGET_TTFT_RATIO}x", _met(ttft_met)),
+        ("follow-up TTFT p90 (ms)", _ms(on.follow_up_ttft_p90_ms), _ms(off.follow_up_ttft_p90_ms),
+         f"off/on {_x(ratio(off.follow_up_ttft_p90_ms, on.follow_up_ttft_p90_ms))}", "", ""),
+        ("first-turn TTFT p50 (ms)", _ms(on.first_ttft_p50_ms), _ms(off.first_ttft_p50_ms), "", "", ""),
+        ("same-worker rate of follow-ups", f"{_pct(same_rate)} ({on.same_worker}/{on.follow_ups})",
+         f"{_pct(off.same_worker_rate)} ({off.same_worker}/{off.follow_ups})", "",
+         f"on >= {TARGET_SAME_WORKER:.0%} (off: ~1 in {workers})", _met(same_met)),
+        ("vLLM prefix-cache hit rate (hit / queried tokens)", cache(on), cache(off), "", "", ""),
+        ("streamq affinity hits / misses / expired", affinity(on), affinity(off), "", "", ""),
+        ("requests per worker (same order in both)", split(on), split(off), "", "", ""),
+        ("completion tokens / wall s", f"{on.completion_tokens:,} / {on.wall_s:.1f}",
+         f"{off.completion_tokens:,} / {off.wall_s:.1f}", "", "", ""),
+        ("output tok/s", f"{on.tok_s:,.1f}", f"{off.tok_s:,.1f}", f"on/off {_x(tok_ratio)}",
+         f"on/off >= {TARGET_TOK_S_RATIO}x", _met(tok_met)),
+    ]  # fmt: skip
+    lines = ["| | affinity on | affinity off | ratio | target | met |", "|---|---:|---:|---:|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AffinityConfig:
+    workload: Workload
+    workers: int
+    model_dir: str
+    max_model_len: int
+    results_dir: Path
+    run_id: str
+    affinity_window_ms: int = AFFINITY_WINDOW_MS  # the client's
+    bind_engines: bool = True  # each engine on a CPU of its own (engine_env)
+
+    def engine_flags(self) -> list[str]:
+        """The benchmark's engine flags (``bench.config``) with this run's context length."""
+        return [
+            *tiny_engine_flags(self.model_dir, max_model_len=self.max_model_len),
+            "--max-num-seqs",
+            str(max(128, self.workload.conversations)),
+            "--max-num-batched-tokens",
+            str(SERVE_MAX_NUM_BATCHED_TOKENS),
+            *shlex.split(os.environ.get(ENGINE_FLAGS_ENV, "")),
+        ]
+
+
+async def run_mode(
+    config: AffinityConfig, redis_url: str, ports: Sequence[int], mode: str, worker_ids: Sequence[str]
+) -> tuple[ModeResult, list[Turn]]:
+    """One mode's conversations ("on" or "off"; texts of the mode's own), all at once,
+    between two scrapes of every worker."""
+    workload = config.workload
+    conversations = build_conversations(workload, mode)
+    async with await StreamqClient.connect(redis_url, affinity_window_ms=config.affinity_window_ms) as client:
+        before = [scrape(port) for port in ports]
+        started = time.perf_counter()
+        per_conversation = await asyncio.gather(
+            *(run_conversation(client, c, workload.turns, workload.max_tokens, mode == "on") for c in conversations)
+        )
+        wall_s = time.perf_counter() - started
+        await asyncio.sleep(0.5)  # vLLM counts a request's cache figures on its next stats step
+        after = [scrape(port) for port in ports]
+    turns = [t for conversation in per_conversation for t in conversation]
+    result = summarize(mode, turns, wall_s, delta(before, after), worker_ids)
+    print(
+        f"[affinity] {mode}: {result.requests} requests in {wall_s:.1f} s, follow-up TTFT p50 "
+        f"{_ms(result.follow_up_ttft_p50_ms)} ms, same worker {_pct(result.same_worker_rate)}, cache hits "
+        f"{_pct(result.cache_hit_rate)}, longest prompt {result.max_prompt_tokens} tokens",
+        flush=True,
+    )
+    return result, turns
+
+
+async def warm_up(redis_url: str, workload: Workload, workers: int, rounds: int = 10) -> list[str]:
+    """Requests shaped like a first turn (texts of their own, no affinity, 4 tokens), a round of
+    ``workers`` at a time, until every worker has run one, so each engine has prefilled a long
+    prompt before the clock (the first mode would pay for it otherwise); the workers' ids, as
+    first seen."""
+    seen: list[str] = []
+    shape = replace(workload, conversations=workers, turns=1)
+    async with await StreamqClient.connect(redis_url) as client:
+        for round_ in range(rounds):
+            handles = [
+                await client.submit(messages=c.messages, max_tokens=4, ignore_eos=True, affinity=False)
+                for c in build_conversations(shape, f"warm-up-{round_}")
+            ]
+            for handle in handles:
+                worker = (await handle.result()).worker
+                if worker is not None and worker not in seen:
+                    seen.append(worker)
+            if len(seen) >= workers:
+                break
+    if len(seen) < workers:
+        print(f"[affinity] warm-up reached {len(seen)} of {workers} workers", flush=True)
+    return seen
+
+
+def engine_env(index: int, cpus: int, bind: bool) -> dict[str, str]:
+    """Worker ``index``'s environment: with ``bind``, its engine's OpenMP threads on CPU
+    ``index % cpus`` (``VLLM_CPU_OMP_THREADS_BIND``, unless set already; GPU builds ignore it).
+    vLLM's ``auto`` puts every engine of a machine on the same cores (here all on CPU 0, one
+    kept for the rest), so two engines would share one core: not two workers' worth of compute."""
+    if not bind or BIND_ENV in os.environ:
+        return worker_env()
+    return worker_env(**{BIND_ENV: str(index % max(cpus, 1))})
+
+
+def run(config: AffinityConfig) -> tuple[list[ModeResult], dict[str, list[Turn]]]:
+    ports = free_ports(config.workers)
+    results: list[ModeResult] = []
+    turns: dict[str, list[Turn]] = {}
+    with RedisServer() as redis_server:
+        workers = [
+            WorkerProcess(
+                redis_server.url,
+                config.engine_flags(),
+                log_path=config.results_dir / f"{config.run_id}-affinity-worker{i}.log",
+                env=engine_env(i, os.cpu_count() or 1, config.bind_engines),
+                metrics_port=port,
+            ).start()
+            for i, port in enumerate(ports)
+        ]
+        try:
+            for worker in workers:
+                wait_logged(worker, READY_LINE, timeout_s=300)
+            worker_ids = asyncio.run(warm_up(redis_server.url, config.workload, config.workers))
+            for mode in ("on", "off"):
+                result, mode_turns = asyncio.run(run_mode(config, redis_server.url, ports, mode, worker_ids))
+                results.append(result)
+                turns[mode] = mode_turns
+        finally:
+            for i, worker in enumerate(workers):
+                code = worker.stop()
+                if code != 0:
+                    print(f"[affinity] worker {i} exited with {code}; see {worker.log_path}", flush=True)
+    return results, turns
+
+
+def code_version() -> str:
+    """The commit the workers and the client run, ``+ changes`` if the code they load
+    (worker, producer, streamq) differs from it; "unknown" outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "status", "--porcelain", "--", "worker", "producer", "streamq"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + (" + changes" if changes else "")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Workload()
+    parser = argparse.ArgumentParser(prog="python -m bench.affinity", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default %(default)s)")
+    parser.add_argument(
+        "--conversations", type=int, default=defaults.conversations, help="at once (default %(default)s)"
+    )
+    parser.add_argument("--turns", type=int, default=defaults.turns, help="per conversation (default %(default)s)")
+    parser.add_argument(
+        "--shared-chars",
+        type=int,
+        default=defaults.shared_chars,
+        help="the shared system message (default %(default)s)",
+    )
+    parser.add_argument(
+        "--system-chars",
+        type=int,
+        default=defaults.system_chars,
+        help="each conversation's own system message (default %(default)s)",
+    )
+    parser.add_argument(
+        "--user-chars", type=int, default=defaults.user_chars, help="each user message (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=defaults.max_tokens, help="per turn, ignore_eos (default %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="of the texts (default %(default)s)")
+    parser.add_argument(
+        "--affinity-window-ms",
+        type=int,
+        default=AFFINITY_WINDOW_MS,
+        help="the client's affinity_window_ms (default %(default)s, the client's)",
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=MAX_POSITIONS, help="the engines' context (default %(default)s)"
+    )
+    parser.add_argument(
+        "--shared-engine-cores",
+        action="store_true",
+        help=f"leave {BIND_ENV} to vLLM ('auto': every engine on the same cores) instead of one CPU per engine",
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, default=MODEL_DIR, help=f"built if absent ({MAX_POSITIONS} positions)"
+    )
+    parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    os.chdir(ROOT)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    model_dir = build_tiny_model(args.model_dir, max_position_embeddings=max(MAX_POSITIONS, args.max_model_len))
+    workload = Workload(
+        conversations=args.conversations,
+        turns=args.turns,
+        shared_chars=args.shared_chars,
+        system_chars=args.system_chars,
+        user_chars=args.user_chars,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+    config = AffinityConfig(
+        workload=workload,
+        workers=args.workers,
+        model_dir=str(model_dir),
+        max_model_len=args.max_model_len,
+        results_dir=args.results_dir,
+        run_id=run_id,
+        affinity_window_ms=args.affinity_window_ms,
+        bind_engines=not args.shared_engine_cores,
+    )
+    started = time.monotonic()
+    version = code_version()
+    (on, off), turns = run(config)
+    engines = (
+        f"{BIND_ENV} {os.environ[BIND_ENV]!r} for both engines"
+        if BIND_ENV in os.environ or not config.bind_engines
+        else f"each engine on a CPU of its own ({BIND_ENV} 0, 1, ...)"
+    )
+    if not config.bind_engines and BIND_ENV not in os.environ:
+        engines = f"{BIND_ENV} left to vLLM ('auto')"
+    header = (
+        f"# Prefix-aware pickup {run_id}\n\n`{shlex.join(['python', '-m', 'bench.affinity', *sys.argv[1:]])}`: "
+        f"{config.workers} workers on one Redis, tiny random Llama ({model_dir}, engine flags "
+        f"`{' '.join(config.engine_flags())}`, {engines}); {workload.conversations} conversations at once x "
+        f"{workload.turns} turns, system messages of {workload.shared_chars} characters (shared) and "
+        f"{workload.system_chars} (each conversation's), user messages of {workload.user_chars}, "
+        f"max_tokens {workload.max_tokens} (ignore_eos); longest prompt "
+        f"{max(on.max_prompt_tokens, off.max_prompt_tokens)} tokens; code at {version}; {os.cpu_count()} CPUs; "
+        f"{time.monotonic() - started:.0f} s in all."
+    )
+    text = f"{header}\n\n{table(on, off, config.workers)}\n"
+    base = args.results_dir / f"{run_id}-affinity"
+    base.with_suffix(".md").write_text(text)
+    payload = {
+        "run_id": run_id,
+        "code": version,
+        "config": {**asdict(config), "results_dir": str(config.results_dir)},
+        "modes": [
+            asdict(r) | {"same_worker_rate": r.same_worker_rate, "cache_hit_rate": r.cache_hit_rate, "tok_s": r.tok_s}
+            for r in (on, off)
+        ],  # fmt: skip
+        "targets": {name: {"measured": value, "met": met} for name, (value, met) in target_checks(on, off).items()},
+        "turns": {mode: [asdict(t) for t in rows] for mode, rows in turns.items()},
+    }
+    base.with_suffix(".json").write_text(json.dumps(payload, indent=1))
+    print("\n" + text)
+    print(f"written: {base}.json, {base}.md", flush=True)
+
+
+if __name__ == "__main__":
+    main()
