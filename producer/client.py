@@ -93,6 +93,7 @@ from streamq.protocol import (
 )
 from streamq.protocol.affinity import affinity_keys, check_affinity_key
 from streamq.protocol.names import (
+    AFFINITY_BALANCE_FRACTION,
     AFFINITY_BALANCE_SLACK,
     AFFINITY_WINDOW_MS,
     DEFAULT_TENANT,
@@ -659,7 +660,7 @@ class StreamqClient:
         elif prefixes:
             args.append("")
         if prefixes and self.affinity_window_ms > 0:
-            args += [",".join(prefixes), self.affinity_window_ms, AFFINITY_BALANCE_SLACK]
+            args += [",".join(prefixes), self.affinity_window_ms, AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION]
         return int(await self._enqueue_script(keys=keys, args=args))
 
     async def generate(

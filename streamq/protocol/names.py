@@ -141,10 +141,13 @@ AFFINITY_WINDOW_MS: Final = 200
 alone; past it, any worker takes it (``enqueue`` ARGV[16])."""
 MAX_AFFINITY_WINDOW_MS: Final = 10_000
 """A longer window would let one worker's stall hold requests that another could serve."""
-AFFINITY_BALANCE_SLACK: Final = 8
-"""A job is routed to its prefix's worker only if that worker runs at most this many jobs
-more than the least busy live worker of the queue (``enqueue`` ARGV[17]): a prefix many
-conversations share must not pull them all onto one worker."""
+AFFINITY_BALANCE_SLACK: Final = 2
+AFFINITY_BALANCE_FRACTION: Final = 0.25
+"""A job is held for its prefix's worker only if that worker runs at most
+``max(AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION x theirs)`` jobs more than the
+least busy live worker of the queue (``enqueue`` ARGV[17] and [18]); otherwise it is held
+for the least busy one: conversations that start together on one worker (a burst claimed
+at once), or a prefix many share, must not keep that worker busier than the others."""
 AFFINITY_OWNER_TTL_MS: Final = 300_000
 """How long a worker counts as holding a prefix it served, renewed at each claim of a
 request with that prefix (``claim_jobs`` ARGV[8]); vLLM may evict it sooner."""

@@ -61,6 +61,7 @@ class Queue:
         prefixes: list[str] | None = None,
         window_ms: int = 60_000,
         slack: int = 8,
+        fraction: float = 0,
     ) -> None:
         """Queue a job as the library does; with ``prefixes``, its affinity keys."""
         self.ids.add(request_id)
@@ -68,7 +69,7 @@ class Queue:
         args: list[str | int] = ["{}", 60_000, request_id, WAKEUP_CHANNEL, self.name, -1, f"arq:result:{request_id}"]
         args += [priority, tenant, delay_ms]
         if prefixes is not None:
-            args += ["", "", 0, "", ",".join(prefixes), window_ms, slack]
+            args += ["", "", 0, "", ",".join(prefixes), window_ms, slack, fraction]
         assert await self._enqueue(keys=keys, args=args) == 1
 
     async def claim(
@@ -277,11 +278,11 @@ async def test_jobs_queued_in_one_millisecond_keep_their_order(queue: Queue) -> 
 
 
 async def served_by(queue: Queue, worker: str, prefix: str) -> None:
-    """``worker``, with slots to spare, claims a job with ``prefix`` (it becomes its
-    prefix's worker) and finishes it."""
-    await queue.enqueue(f"first-{prefix}", prefixes=[prefix])
-    assert await queue.claim(8, worker=worker) == [f"first-{prefix}"]
-    await queue.redis.zrem(queue.name, f"first-{prefix}")
+    """``worker`` served ``prefix`` (a claim named it the owner:
+    ``test_a_claim_names_its_worker_for_the_longest_and_the_shortest_key``) and has
+    claimed since with slots to spare."""
+    await queue.redis.set(f"{queue.name}:owner:{prefix}", worker)
+    assert await queue.claim(8, worker=worker) == []
 
 
 async def test_a_job_is_held_for_the_worker_that_served_its_prefix_until_the_window_passes(queue: Queue) -> None:
@@ -294,7 +295,7 @@ async def test_a_job_is_held_for_the_worker_that_served_its_prefix_until_the_win
     assert await queue.claim(worker="w2") == []
     await asyncio.sleep(0.35)
     assert await queue.claim(worker="w2") == ["late"]
-    assert queue.affinity.expired == 1 and queue.affinity.misses == 2  # the first turn, then "late"
+    assert queue.affinity.expired == 1 and queue.affinity.misses == 1
 
 
 async def test_the_longest_known_prefix_routes(queue: Queue) -> None:
@@ -320,15 +321,33 @@ async def test_a_gone_worker_gets_nothing_held(queue: Queue) -> None:
     assert await queue.claim(worker="w2") == ["follow-up"]
 
 
-@pytest.mark.parametrize(("owner_running", "held"), [(11, True), (12, False)])
-async def test_a_job_is_held_only_for_a_worker_within_the_slack_of_the_least_busy(
-    queue: Queue, owner_running: int, held: bool
+@pytest.mark.parametrize(
+    ("owner_running", "least_running", "fraction", "held"),
+    [(11, 3, 0, True), (12, 3, 0, False), (30, 20, 0.5, True), (31, 20, 0.5, False)],
+)
+async def test_a_job_is_held_for_its_worker_within_the_slack_of_the_least_busy_else_for_the_least_busy(
+    queue: Queue, owner_running: int, least_running: int, fraction: float, held: bool
 ) -> None:
+    """Held for its prefix's worker if it runs at most max(8, fraction x the least busy's)
+    jobs more than the least busy worker; else steered to the least busy (a miss)."""
     await served_by(queue, "w1", "conv")
     await queue.claim(8, worker="w1", running=owner_running)
-    await queue.claim(8, worker="w2", running=3)
-    await queue.enqueue("follow-up", prefixes=["conv"], slack=8)
+    await queue.claim(8, worker="w2", running=least_running)
+    await queue.enqueue("follow-up", prefixes=["conv"], slack=8, fraction=fraction)
     assert await queue.claim(worker="w2") == ([] if held else ["follow-up"])
+    assert queue.affinity.misses == (0 if held else 1)
+
+
+async def test_requests_no_worker_served_yet_are_spread_over_the_least_busy(queue: Queue) -> None:
+    """A burst of first turns would go to the first worker that claims; each is held for
+    the least busy worker with a free slot instead, counting the ones held before it."""
+    await queue.claim(8, worker="w1")
+    await queue.claim(8, worker="w2")
+    for i in range(4):
+        await queue.enqueue(f"first-turn-{i}", prefixes=[f"conversation-{i}"])
+    assert sorted(await queue.claim(8, worker="w1")) == ["first-turn-0", "first-turn-2"]
+    assert sorted(await queue.claim(8, worker="w2")) == ["first-turn-1", "first-turn-3"]
+    assert queue.affinity == AffinityCounts(hits=0, misses=4)
 
 
 async def test_held_jobs_never_pass_a_more_urgent_band(queue: Queue) -> None:

@@ -16,7 +16,8 @@
 -- 2. the index of waiting jobs, after promoting due ones from <queue>:deferred and the
 --    jobs held for a worker whose window passed (<queue>:affine-due): the lowest priority
 --    band first; in a band, the jobs held for this worker (enqueue routed them here, as
---    this worker served their prefix), then the tenant with the lowest pass (stride
+--    this worker served their prefix, or steered them here as the least busy: a miss),
+--    then the tenant with the lowest pass (stride
 --    scheduling: a pick adds 1/weight, a held job's too; a tenant starts at the band's
 --    virtual time, the pass of the band's last pick, so an idle tenant banks no credit);
 --    FIFO in a tenant. A claimed job's longest and shortest prefix keys name this worker
@@ -39,7 +40,7 @@ local claimed, n = {now, 0, 0, 0}, 0
 -- worker: its longest, which the request's follow-ups share, and its shortest, which
 -- requests that open alike share (the keys between cost a SET each for rarer matches).
 local function own_prefixes(meta)
-  local keys = meta and string.match(meta, '^%S+ %S+ (%S+)$')
+  local keys = meta and string.match(meta, '^%S+ %S+ (%S+)')
   if keys and owner_ttl > 0 then
     local longest, shortest = string.match(keys, '^([^,]+)'), string.match(keys, '([^,]+)$')
     redis.call('SET', q .. ':owner:' .. longest, me, 'PX', owner_ttl)
@@ -159,7 +160,11 @@ while n < wanted do
       local score = redis.call('ZSCORE', q, id)
       if score and take(id, score) then
         own_prefixes(meta)
-        claimed[2] = claimed[2] + 1
+        if meta and string.match(meta, ' steered$') then -- held for balance: a miss
+          claimed[3] = claimed[3] + 1
+        else
+          claimed[2] = claimed[2] + 1
+        end
       end
     end
   elseif not band then

@@ -7,17 +7,19 @@
 -- reservation's expiry (ms, '' for none): with it, KEYS[3] is the reservation, set as the
 -- job is queued (the caller checked the log on the cluster first); then the request's
 -- affinity keys (comma-separated, longest prefix first; '' for none), the affinity window
--- (ms) and the balance slack (jobs).
+-- (ms), and the balance slack: jobs (absolute), and a fraction of the least busy worker's.
 -- arq's enqueue and the wake-up in one round trip: refuses an id that is queued, running or
 -- has a result, or whose replay log still exists (a second job would splice its events into
 -- the first's); refuses when the queue holds the limit or more; stores the job and queues it
 -- scored with Redis's clock (plus the delay), so a producer's skewed clock cannot defer it.
 -- The job is indexed for the claim (<queue>:indexed, and its priority's waiting set and
--- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs). A job whose longest
--- prefix key names a worker (<queue>:owner:<key>) that has a free slot (<queue>:free:<worker>
--- exists, > 0) and runs at most `slack` jobs more than the least busy live worker
--- (<queue>:load) is held for that worker instead (<queue>:affine:<worker>:<priority>, due
--- back in the index at now + window: <queue>:affine-due); see claim_jobs.
+-- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs). A job with affinity
+-- keys is held instead (<queue>:affine:<worker>:<priority>, due back in the index at now +
+-- window: <queue>:affine-due; see claim_jobs) for the worker its longest known key names
+-- (<queue>:owner:<key>) if that worker has a free slot (<queue>:free:<worker> > 0) and runs
+-- at most max(slack, fraction x theirs) jobs more than the least busy live worker
+-- (<queue>:load); else for the least busy live worker, if it has a free slot (marked
+-- 'steered' in the index: a balance pick, not a cache hit).
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
@@ -33,47 +35,62 @@ local at = t[1] * 1000 + math.floor(t[2] / 1000) + delay
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', q, at, id)
 local keys = ARGV[15] or ''
-redis.call('HSET', q .. ':indexed', id, keys == '' and (prio .. ' ' .. tenant) or (prio .. ' ' .. tenant .. ' ' .. keys))
+local indexed = keys == '' and (prio .. ' ' .. tenant) or (prio .. ' ' .. tenant .. ' ' .. keys)
 
--- The worker that holds the request's longest known prefix, if it should get first pick.
-local function preferred_worker()
+-- The least busy live worker (fewest jobs, by its claims and the holds since) if it has a
+-- free slot, and its load; a worker whose free slots lapsed (dead) is dropped on sight.
+local function least_busy()
+  local load = q .. ':load'
+  for _ = 1, 4 do
+    local low = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
+    if #low == 0 then return nil, nil end
+    local free = redis.call('GET', q .. ':free:' .. low[1])
+    if free then
+      return tonumber(free) > 0 and low[1] or nil, tonumber(low[2])
+    end
+    redis.call('ZREM', load, low[1])
+  end
+  return nil, nil
+end
+
+-- Who gets first pick: the worker of the request's longest known prefix, if it has a free
+-- slot and is not far busier than the least busy worker; else the least busy worker with a
+-- free slot (steered: balance, not the cache). Returns the worker and whether it was steered.
+local function first_pick()
+  local least, least_load = least_busy()
   for key in string.gmatch(keys, '[^,]+') do
     local owner = redis.call('GET', q .. ':owner:' .. key)
     if owner then
-      local free = q .. ':free:' .. owner
-      if tonumber(redis.call('GET', free) or '0') <= 0 then return nil end
-      local load = q .. ':load'
-      local mine = tonumber(redis.call('ZSCORE', load, owner) or '0')
-      for _ = 1, 4 do -- the least busy live worker (a dead one's entry is dropped on sight)
-        local low = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
-        if #low == 0 then break end
-        if low[1] == owner or redis.call('EXISTS', q .. ':free:' .. low[1]) == 1 then
-          if mine - tonumber(low[2]) > tonumber(ARGV[17]) then return nil end
-          break
-        end
-        redis.call('ZREM', load, low[1])
+      if tonumber(redis.call('GET', q .. ':free:' .. owner) or '0') > 0 then
+        local mine = tonumber(redis.call('ZSCORE', q .. ':load', owner) or '0')
+        local slack = math.max(tonumber(ARGV[17]), (least_load or 0) * tonumber(ARGV[18] or '0'))
+        if not least_load or mine - least_load <= slack then return owner, false end
       end
-      redis.call('DECR', free)
-      redis.call('ZINCRBY', load, 1, owner)
-      return owner
+      break
     end
   end
-  return nil
+  return least, true
 end
 
 if delay > 0 then
+  redis.call('HSET', q .. ':indexed', id, indexed)
   redis.call('ZADD', q .. ':deferred', at, id)
 else
   -- The fraction orders the jobs queued in one ms (a Redis sorted set orders ties by name).
   local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
   redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
-  local owner = keys ~= '' and preferred_worker()
-  if owner then
-    redis.call('ZADD', q .. ':affine:' .. owner .. ':' .. prio, score, id)
-    redis.call('ZADD', q .. ':affine-bands:' .. owner, prio, prio)
+  local worker, steered = nil, false
+  if keys ~= '' then worker, steered = first_pick() end
+  if worker then
+    redis.call('HSET', q .. ':indexed', id, steered and (indexed .. ' steered') or indexed)
+    redis.call('DECR', q .. ':free:' .. worker)
+    redis.call('ZINCRBY', q .. ':load', 1, worker)
+    redis.call('ZADD', q .. ':affine:' .. worker .. ':' .. prio, score, id)
+    redis.call('ZADD', q .. ':affine-bands:' .. worker, prio, prio)
     redis.call('ZADD', q .. ':affine-due', at + tonumber(ARGV[16]), id)
-    redis.call('HSET', q .. ':held', id, owner)
+    redis.call('HSET', q .. ':held', id, worker)
   else
+    redis.call('HSET', q .. ':indexed', id, indexed)
     redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
     redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
     redis.call('ZADD', q .. ':bands', prio, prio)
