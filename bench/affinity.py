@@ -5,7 +5,8 @@ processes on the tiny random Llama (real vLLM CPU engine, prefix caching on: vLL
 each serving ``/metrics`` on a port of its own. It then runs the same workload twice on those
 workers, prefix-aware pickup on (the client's default) and off (``affinity=False`` on every
 submit), with fresh texts each time, so the second run gets nothing cached by the first:
-``--conversations`` (8) chats at once, ``--turns`` (4) turns each. Every conversation opens
+``--conversations`` (8) chats at once, ``--turns`` (5) turns each, ``--rounds`` (4) times per
+mode, the modes taking turns to go first. Every conversation opens
 with a system message shared by all of the run's conversations (the few-shot part,
 ``--shared-chars``) and a long system message of its own (``--system-chars``); each turn sends
 the whole conversation, then appends the reply the worker wrote (as the assistant message) and
@@ -39,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.config import ENGINE_FLAGS_ENV, SERVE_MAX_NUM_BATCHED_TOKENS
@@ -48,13 +50,13 @@ from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
-from streamq.protocol.names import AFFINITY_WINDOW_MS
+from streamq.protocol.names import AFFINITY_WINDOW_MS, RESULT_KEY_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / ".cache" / "tiny-llama-8k"
 """The benchmark's tiny model (same weights and byte-level tokenizer, ``build_tiny_model``'s
 defaults) with 8,192 positions instead of 1,024: the tokenizer makes about one token of 1.3
-characters of these texts, so a conversation of the default sizes runs to about 4,300 tokens."""
+characters of these texts, so a conversation of the default sizes runs to about 6,000 tokens."""
 MAX_POSITIONS = 8192
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
@@ -101,9 +103,9 @@ class Workload:
     """One mode's conversations: sizes in characters, and a seed that makes its texts."""
 
     conversations: int = 8
-    turns: int = 4
-    shared_chars: int = 1500
-    system_chars: int = 3000
+    turns: int = 5
+    shared_chars: int = 1000
+    system_chars: int = 6000
     user_chars: int = 200
     max_tokens: int = 32
     seed: int = 0
@@ -155,6 +157,9 @@ class Turn:
     worker: str | None  # FinalEvent.worker
     prompt_tokens: int
     completion_tokens: int
+    request_id: str = ""
+    queue_wait_s: float | None = None
+    """From its enqueue to its start on a worker (arq's result: ``st - et``, one machine's clock)."""
 
 
 async def run_conversation(
@@ -183,6 +188,7 @@ async def run_conversation(
                         event.worker,
                         event.prompt_tokens,
                         event.completion_tokens,
+                        handle.request_id,
                     )
                 )
             elif isinstance(event, ErrorEvent):
@@ -243,6 +249,8 @@ class ModeResult:
     wall_s: float
     max_prompt_tokens: int
     counters: dict[str, float]  # the COUNTERS' deltas over the mode, all workers
+    queue_wait_p50_ms: float | None = None
+    queue_wait_max_ms: float | None = None
     requests_by_worker: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -273,6 +281,7 @@ def summarize(
     same = sum(1 for t in follow_ups if t.worker is not None and previous.get((t.conversation, t.turn - 1)) == t.worker)
     firsts = [t.ttft_s for t in rows if t.turn == 1]
     later = [t.ttft_s for t in follow_ups]
+    waits = [t.queue_wait_s for t in rows if t.queue_wait_s is not None]
     return ModeResult(
         mode=mode,
         requests=len(rows),
@@ -286,6 +295,8 @@ def summarize(
         max_prompt_tokens=max((t.prompt_tokens for t in rows), default=0),
         counters=dict(counter_deltas),
         requests_by_worker=dict.fromkeys(worker_ids, 0) | dict(Counter(t.worker or "?" for t in rows)),
+        queue_wait_p50_ms=percentile_ms(waits, 50),
+        queue_wait_max_ms=percentile_ms(waits, 100),
     )
 
 
@@ -305,21 +316,30 @@ def _met(ok: bool | None) -> str:
     return "" if ok is None else ("yes" if ok else "**no**")
 
 
-def target_checks(on: ModeResult, off: ModeResult) -> dict[str, tuple[float | None, bool | None]]:
-    """The issue's targets: each measured figure, and whether it is met (None: not measured)."""
+def target_checks(
+    on: ModeResult, off: ModeResult, window_ms: int = AFFINITY_WINDOW_MS
+) -> dict[str, tuple[float | None, bool | None]]:
+    """The issue's targets: each measured figure, and whether it is met (None: not measured).
+    The longest extra wait from affinity is read as the longest queue wait with it beyond the
+    longest without it."""
     same = on.same_worker_rate
     ttft = ratio(off.follow_up_ttft_p50_ms, on.follow_up_ttft_p50_ms)
     tok = ratio(on.tok_s, off.tok_s)
+    extra = None
+    if on.queue_wait_max_ms is not None and off.queue_wait_max_ms is not None:
+        extra = max(0.0, on.queue_wait_max_ms - off.queue_wait_max_ms)
     return {
+        "longest_extra_queue_wait_ms": (extra, None if extra is None else extra <= window_ms),
         "same_worker_rate_on": (same, None if same is None else same >= TARGET_SAME_WORKER),
         "follow_up_ttft_p50_off_over_on": (ttft, None if ttft is None else ttft >= TARGET_TTFT_RATIO),
         "tok_s_on_over_off": (tok, None if tok is None else tok >= TARGET_TOK_S_RATIO),
     }
 
 
-def table(on: ModeResult, off: ModeResult, workers: int) -> str:
+def table(on: ModeResult, off: ModeResult, workers: int, window_ms: int = AFFINITY_WINDOW_MS) -> str:
     """The two modes side by side, the ratios and the targets."""
-    checks = target_checks(on, off)
+    checks = target_checks(on, off, window_ms)
+    extra, extra_met = checks["longest_extra_queue_wait_ms"]
     ttft_ratio, ttft_met = checks["follow_up_ttft_p50_off_over_on"]
     same_rate, same_met = checks["same_worker_rate_on"]
     tok_ratio, tok_met = checks["tok_s_on_over_off"]
@@ -350,6 +370,9 @@ def table(on: ModeResult, off: ModeResult, workers: int) -> str:
          f"{off.completion_tokens:,} / {off.wall_s:.1f}", "", "", ""),
         ("output tok/s", f"{on.tok_s:,.1f}", f"{off.tok_s:,.1f}", f"on/off {_x(tok_ratio)}",
          f"on/off >= {TARGET_TOK_S_RATIO}x", _met(tok_met)),
+        ("queue wait p50 / longest (ms)", f"{_ms(on.queue_wait_p50_ms)} / {_ms(on.queue_wait_max_ms)}",
+         f"{_ms(off.queue_wait_p50_ms)} / {_ms(off.queue_wait_max_ms)}", f"extra {_ms(extra)}",
+         f"extra <= the window ({window_ms} ms)", _met(extra_met)),
     ]  # fmt: skip
     lines = ["| | affinity on | affinity off | ratio | target | met |", "|---|---:|---:|---:|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -368,6 +391,7 @@ class AffinityConfig:
     results_dir: Path
     run_id: str
     affinity_window_ms: int = AFFINITY_WINDOW_MS  # the client's
+    rounds: int = 4  # of each mode, taking turns
     bind_engines: bool = True  # each engine on a CPU of its own (engine_env)
 
     def engine_flags(self) -> list[str]:
@@ -382,13 +406,43 @@ class AffinityConfig:
         ]
 
 
+async def with_queue_waits(redis_url: str, turns: list[Turn]) -> list[Turn]:
+    """``turns`` with their queue waits, from arq's stored results (written as a job ends,
+    which its final event precedes: waited for a moment)."""
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        out = []
+        for turn in turns:
+            raw = None
+            for _ in range(100):
+                if (raw := await redis.get(RESULT_KEY_PREFIX + turn.request_id)) is not None:
+                    break
+                await asyncio.sleep(0.02)
+            result = json.loads(raw) if raw is not None else {}
+            wait = (result["st"] - result["et"]) / 1000 if "st" in result and "et" in result else None
+            out.append(replace(turn, queue_wait_s=wait))
+        return out
+    finally:
+        await redis.aclose()
+
+
+@dataclass
+class ModeRun:
+    """What one mode's rounds gathered: every turn, their wall time, the counters' deltas."""
+
+    turns: list[Turn] = field(default_factory=list)
+    wall_s: float = 0.0
+    counters: Counter[str] = field(default_factory=Counter)
+
+
 async def run_mode(
-    config: AffinityConfig, redis_url: str, ports: Sequence[int], mode: str, worker_ids: Sequence[str]
-) -> tuple[ModeResult, list[Turn]]:
-    """One mode's conversations ("on" or "off"; texts of the mode's own), all at once,
-    between two scrapes of every worker."""
+    config: AffinityConfig, redis_url: str, ports: Sequence[int], mode: str, round_: int, into: ModeRun
+) -> None:
+    """One round of a mode ("on" or "off"): its conversations (texts of the mode's and round's
+    own, numbered after the earlier rounds'), all at once, between two scrapes of every worker;
+    what it measured is added to ``into``."""
     workload = config.workload
-    conversations = build_conversations(workload, mode)
+    conversations = build_conversations(workload, f"{mode}-{round_}")
     async with await StreamqClient.connect(redis_url, affinity_window_ms=config.affinity_window_ms) as client:
         before = [scrape(port) for port in ports]
         started = time.perf_counter()
@@ -398,15 +452,19 @@ async def run_mode(
         wall_s = time.perf_counter() - started
         await asyncio.sleep(0.5)  # vLLM counts a request's cache figures on its next stats step
         after = [scrape(port) for port in ports]
-    turns = [t for conversation in per_conversation for t in conversation]
-    result = summarize(mode, turns, wall_s, delta(before, after), worker_ids)
+    offset = round_ * workload.conversations
+    turns = [replace(t, conversation=t.conversation + offset) for done in per_conversation for t in done]
+    turns = await with_queue_waits(redis_url, turns)
+    result = summarize(mode, turns, wall_s, delta(before, after))
     print(
-        f"[affinity] {mode}: {result.requests} requests in {wall_s:.1f} s, follow-up TTFT p50 "
+        f"[affinity] {mode}, round {round_ + 1}: {result.requests} requests in {wall_s:.1f} s, follow-up TTFT p50 "
         f"{_ms(result.follow_up_ttft_p50_ms)} ms, same worker {_pct(result.same_worker_rate)}, cache hits "
         f"{_pct(result.cache_hit_rate)}, longest prompt {result.max_prompt_tokens} tokens",
         flush=True,
     )
-    return result, turns
+    into.turns += turns
+    into.wall_s += wall_s
+    into.counters.update(delta(before, after))
 
 
 async def warm_up(redis_url: str, workload: Workload, workers: int, rounds: int = 10) -> list[str]:
@@ -462,10 +520,14 @@ def run(config: AffinityConfig) -> tuple[list[ModeResult], dict[str, list[Turn]]
             for worker in workers:
                 wait_logged(worker, READY_LINE, timeout_s=300)
             worker_ids = asyncio.run(warm_up(redis_server.url, config.workload, config.workers))
-            for mode in ("on", "off"):
-                result, mode_turns = asyncio.run(run_mode(config, redis_server.url, ports, mode, worker_ids))
-                results.append(result)
-                turns[mode] = mode_turns
+            runs = {"on": ModeRun(), "off": ModeRun()}
+            for round_ in range(config.rounds):
+                # The modes take turns going first, so neither always runs on a warmer machine.
+                for mode in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
+                    asyncio.run(run_mode(config, redis_server.url, ports, mode, round_, runs[mode]))
+            for mode, gathered in runs.items():
+                results.append(summarize(mode, gathered.turns, gathered.wall_s, gathered.counters, worker_ids))
+                turns[mode] = gathered.turns
         finally:
             for i, worker in enumerate(workers):
                 code = worker.stop()
@@ -521,6 +583,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="of the texts (default %(default)s)")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=AffinityConfig.rounds,
+        help="of each mode, taking turns to go first, fresh texts each (default %(default)s)",
+    )
+    parser.add_argument(
         "--affinity-window-ms",
         type=int,
         default=AFFINITY_WINDOW_MS,
@@ -564,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results_dir=args.results_dir,
         run_id=run_id,
         affinity_window_ms=args.affinity_window_ms,
+        rounds=args.rounds,
         bind_engines=not args.shared_engine_cores,
     )
     started = time.monotonic()
@@ -579,14 +648,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     header = (
         f"# Prefix-aware pickup {run_id}\n\n`{shlex.join(['python', '-m', 'bench.affinity', *sys.argv[1:]])}`: "
         f"{config.workers} workers on one Redis, tiny random Llama ({model_dir}, engine flags "
-        f"`{' '.join(config.engine_flags())}`, {engines}); {workload.conversations} conversations at once x "
+        f"`{' '.join(config.engine_flags())}`, {engines}); {config.rounds} rounds of each mode (taking turns "
+        f"to go first) of {workload.conversations} conversations at once x "
         f"{workload.turns} turns, system messages of {workload.shared_chars} characters (shared) and "
         f"{workload.system_chars} (each conversation's), user messages of {workload.user_chars}, "
         f"max_tokens {workload.max_tokens} (ignore_eos); longest prompt "
         f"{max(on.max_prompt_tokens, off.max_prompt_tokens)} tokens; code at {version}; {os.cpu_count()} CPUs; "
         f"{time.monotonic() - started:.0f} s in all."
     )
-    text = f"{header}\n\n{table(on, off, config.workers)}\n"
+    text = f"{header}\n\n{table(on, off, config.workers, config.affinity_window_ms)}\n"
     base = args.results_dir / f"{run_id}-affinity"
     base.with_suffix(".md").write_text(text)
     payload = {
@@ -597,7 +667,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             asdict(r) | {"same_worker_rate": r.same_worker_rate, "cache_hit_rate": r.cache_hit_rate, "tok_s": r.tok_s}
             for r in (on, off)
         ],  # fmt: skip
-        "targets": {name: {"measured": value, "met": met} for name, (value, met) in target_checks(on, off).items()},
+        "targets": {name: {"measured": value, "met": met} for name, (value, met) in target_checks(on, off, config.affinity_window_ms).items()},
         "turns": {mode: [asdict(t) for t in rows] for mode, rows in turns.items()},
     }
     base.with_suffix(".json").write_text(json.dumps(payload, indent=1))

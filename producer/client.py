@@ -639,7 +639,7 @@ class StreamqClient:
             queue,
             REQUEST_RESERVATION_PREFIX + request_id if reserving else names.events(request_id),
         ]
-        args: list[bytes | int | str] = [
+        args: list[bytes | int | float | str] = [
             job,
             JOB_EXPIRY_MS,
             request_id,

@@ -141,8 +141,8 @@ AFFINITY_WINDOW_MS: Final = 200
 alone; past it, any worker takes it (``enqueue`` ARGV[16])."""
 MAX_AFFINITY_WINDOW_MS: Final = 10_000
 """A longer window would let one worker's stall hold requests that another could serve."""
-AFFINITY_BALANCE_SLACK: Final = 2
-AFFINITY_BALANCE_FRACTION: Final = 0.25
+AFFINITY_BALANCE_SLACK: Final = 4
+AFFINITY_BALANCE_FRACTION: Final = 0.5
 """A job is held for its prefix's worker only if that worker runs at most
 ``max(AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION x theirs)`` jobs more than the
 least busy live worker of the queue (``enqueue`` ARGV[17] and [18]); otherwise it is held
