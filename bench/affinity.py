@@ -659,6 +659,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     text = f"{header}\n\n{table(on, off, config.workers, config.affinity_window_ms)}\n"
     base = args.results_dir / f"{run_id}-affinity"
     base.with_suffix(".md").write_text(text)
+    checks = target_checks(on, off, config.affinity_window_ms)
     payload = {
         "run_id": run_id,
         "code": version,
@@ -667,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             asdict(r) | {"same_worker_rate": r.same_worker_rate, "cache_hit_rate": r.cache_hit_rate, "tok_s": r.tok_s}
             for r in (on, off)
         ],  # fmt: skip
-        "targets": {name: {"measured": value, "met": met} for name, (value, met) in target_checks(on, off, config.affinity_window_ms).items()},
+        "targets": {name: {"measured": value, "met": met} for name, (value, met) in checks.items()},
         "turns": {mode: [asdict(t) for t in rows] for mode, rows in turns.items()},
     }
     base.with_suffix(".json").write_text(json.dumps(payload, indent=1))
