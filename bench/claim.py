@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,7 +246,12 @@ def affinity_table(rows: list[Row]) -> str:
         f"| {r.keyed.us_per_job:.1f} ({r.affinity_ratio(r.keyed):.2f}) | {r.held.round_trips_per_job:.1f} |"
         for r in rows
     ]
-    return "\n".join([header, *lines])
+    medians = [statistics.median(r.affinity_ratio(getattr(r, name)) for r in rows) for name in ("new", "held", "keyed")]
+    summary = (
+        f"\n\nMedian over the {len(rows)} depths: no keys {medians[0]:.2f}x, held {medians[1]:.2f}x, "
+        f"not held {medians[2]:.2f}x."
+    )
+    return "\n".join([header, *lines]) + summary
 
 
 def run(running: list[int], waiting: list[int], tenants: list[int], claims: int) -> list[Row]:

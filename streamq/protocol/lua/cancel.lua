@@ -30,7 +30,6 @@ for _, queue in ipairs(queues) do
       if owner then
         redis.call('HDEL', queue .. ':held', id)
         redis.call('ZREM', queue .. ':affine:' .. owner .. ':' .. prio, id)
-        redis.call('ZREM', queue .. ':affine-due', id)
       end
     end
     redis.call('ZREM', queue .. ':running', id)

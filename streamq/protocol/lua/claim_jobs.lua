@@ -14,7 +14,7 @@
 --    arq Retry is due, from <queue>:running (id -> when to look at it again): a taken-over
 --    request has a subscriber waiting mid-stream;
 -- 2. the index of waiting jobs, after promoting due ones from <queue>:deferred and the
---    jobs held for a worker whose window passed (<queue>:affine-due): the lowest priority
+--    jobs held for a worker whose window passed (also in <queue>:deferred): the lowest priority
 --    band first; in a band, the jobs held for this worker (enqueue routed them here, as
 --    this worker served their prefix, or steered them here as the least busy: a miss),
 --    then the tenant with the lowest pass (stride
@@ -33,7 +33,7 @@ local weights, scan_ms = ARGV[6] or 'streamq:tenant-weights', ARGV[7] or '1000'
 local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
 local spare = tonumber(ARGV[11] or '0')
 local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
-local held, held_due, my_bands = q .. ':held', q .. ':affine-due', q .. ':affine-bands:' .. me
+local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
 
 -- A claimed job's prefix keys (after priority and tenant in its index entry) name this
@@ -91,39 +91,36 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0
   end
 end
 
--- 2. Deferred jobs that are due join the index, scored by their run-at time.
+-- 2. Deferred jobs that are due join the index, scored by their run-at time; jobs held for
+-- a worker whose window passed (their window's end is their score there) join it at their
+-- place.
 local deferred = q .. ':deferred'
 local due = redis.call('ZRANGEBYSCORE', deferred, '-inf', now, 'WITHSCORES', 'LIMIT', 0, page)
 for i = 1, #due, 2 do
   local id, at = due[i], due[i + 1]
   redis.call('ZREM', deferred, id)
   local meta = redis.call('HGET', indexed, id)
-  if meta then
+  local owner = redis.call('HGET', held, id)
+  if owner then
+    redis.call('HDEL', held, id)
+    if meta then
+      local band, tenant = string.match(meta, '^(%S+) (%S+)')
+      local mine = q .. ':affine:' .. owner .. ':' .. band
+      if redis.call('ZREM', mine, id) == 1 then
+        reindex(id, band, tenant)
+        claimed[4] = claimed[4] + 1
+        if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
+          redis.call('ZREM', q .. ':affine-bands:' .. owner, band)
+        end
+      end
+    end
+  elseif meta then
     local prio, tenant = string.match(meta, '^(%S+) (%S+)')
     local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
     redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
     redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
     redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
     redis.call('ZADD', bands, prio, prio)
-  end
-end
-
--- Jobs held for a worker whose window passed join the index at their place.
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', held_due, '-inf', now, 'LIMIT', 0, page)) do
-  redis.call('ZREM', held_due, id)
-  local owner = redis.call('HGET', held, id)
-  redis.call('HDEL', held, id)
-  local meta = redis.call('HGET', indexed, id)
-  if owner and meta then
-    local band, tenant = string.match(meta, '^(%S+) (%S+)')
-    local mine = q .. ':affine:' .. owner .. ':' .. band
-    if redis.call('ZREM', mine, id) == 1 then
-      reindex(id, band, tenant)
-      claimed[4] = claimed[4] + 1
-      if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
-        redis.call('ZREM', q .. ':affine-bands:' .. owner, band)
-      end
-    end
   end
 end
 
@@ -145,7 +142,7 @@ while n < wanted do
       redis.call('ZREM', my_bands, mine)
     else
       local id = head[1]
-      redis.call('ZREM', held_due, id)
+      redis.call('ZREM', q .. ':deferred', id)
       redis.call('HDEL', held, id)
       redis.call('ZREM', q .. ':waiting:' .. mine, id)
       local meta = redis.call('HGET', indexed, id)

@@ -15,7 +15,7 @@
 -- The job is indexed for the claim (<queue>:indexed, and its priority's waiting set and
 -- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs). A job with affinity
 -- keys is held instead (<queue>:affine:<worker>:<priority>, due back in the index at now +
--- window: <queue>:affine-due; see claim_jobs) for the worker its longest known key names
+-- window: its score in <queue>:deferred; see claim_jobs) for the worker its longest known key names
 -- (<queue>:owner:<key>) if that worker has a free slot (<queue>:free:<worker> > 0) and runs
 -- at most max(slack, fraction x theirs) jobs more than the least busy live worker
 -- (<queue>:load); else for the least busy live worker, if it has a free slot (marked
@@ -87,7 +87,7 @@ else
     redis.call('ZINCRBY', q .. ':load', 1, worker)
     redis.call('ZADD', q .. ':affine:' .. worker .. ':' .. prio, score, id)
     redis.call('ZADD', q .. ':affine-bands:' .. worker, prio, prio)
-    redis.call('ZADD', q .. ':affine-due', at + tonumber(ARGV[16]), id)
+    redis.call('ZADD', q .. ':deferred', at + tonumber(ARGV[16]), id) -- its window's end
     redis.call('HSET', q .. ':held', id, worker)
   else
     redis.call('HSET', q .. ':indexed', id, indexed)

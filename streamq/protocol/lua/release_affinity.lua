@@ -10,7 +10,7 @@ local n = 0
 for _, band in ipairs(redis.call('ZRANGE', my_bands, 0, -1)) do
   local mine = q .. ':affine:' .. me .. ':' .. band
   for _, id in ipairs(redis.call('ZRANGE', mine, 0, -1)) do
-    redis.call('ZREM', q .. ':affine-due', id)
+    redis.call('ZREM', q .. ':deferred', id) -- its window's end
     redis.call('HDEL', q .. ':held', id)
     local meta = redis.call('HGET', q .. ':indexed', id)
     local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
