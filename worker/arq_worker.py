@@ -68,6 +68,8 @@ class StreamqWorker(Worker):
         slots its siblings leave free."""
         self._wake = asyncio.Event()
         self._more_may_wait = False
+        self._affinity_released = False
+        """This worker gave back what was held for it: it claims no more (a drain, a stop)."""
         self._stopping = False
         """arq asked the loop to end. It does so by cancelling the main task once, and on
         Python 3.11 a cancellation that lands as an ``asyncio.wait_for`` inside the loop
@@ -102,7 +104,11 @@ class StreamqWorker(Worker):
 
     async def _release_affinity(self) -> None:
         """Stop attracting jobs by prefix and give back those held for this worker, so a
-        stopping worker delays nobody by a window (``release_affinity.lua``)."""
+        stopping worker delays nobody by a window (``release_affinity.lua``). Once: when
+        it stops claiming (arq's graceful stop drains first), or when its loop ends."""
+        if self._affinity_released:
+            return
+        self._affinity_released = True
         try:
             released = await self._release(keys=[self.queue_name], args=[state_of(self.ctx).worker_id, WAKEUP_CHANNEL])
         except Exception as exc:  # Redis away: the windows lapse on their own
@@ -159,6 +165,8 @@ class StreamqWorker(Worker):
                 await self._claim_and_start(free)
             else:
                 await self._claim_and_start_in_shared_slots(free)
+        elif not self.allow_pick_jobs:  # draining to stop
+            await self._release_affinity()
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):

@@ -2,11 +2,11 @@
 -- read per page, the in-progress key prefix, this worker's id (the lease's holder), the
 -- tenant weights hash (only read), the minimum ms between two scans of the whole queue,
 -- then for prefix-aware pickup (default: off) how long this worker counts as holding the
--- prefixes it claims (ms), how long its free-slot count lives (ms), how many jobs it
--- runs now, and how many free slots it has beyond those it asks for (one of several front
--- ends of an engine asks for its share). Returns Redis's time (ms), the affinity hits, misses and expired windows of
--- this claim, then id, score, id, score, ... of the jobs claimed (score: the job's score in
--- the queue). Jobs are due by Redis's clock, never a worker's.
+-- prefixes it claims (ms), how long its free-slot count lives (ms), how many jobs it runs
+-- now, and how many free slots it has beyond those it asks for (one of several front ends
+-- of an engine asks for its share). Returns Redis's time (ms), the affinity hits, misses
+-- and expired windows of this claim, then id, score, id, score, ... of the jobs claimed
+-- (score: the job's score in the queue). Jobs are due by Redis's clock, never a worker's.
 --
 -- arq's queue stays the source of truth (a job is queued or running while it is in it);
 -- the claim takes, in this order, until it has enough:
@@ -14,15 +14,15 @@
 --    arq Retry is due, from <queue>:running (id -> when to look at it again): a taken-over
 --    request has a subscriber waiting mid-stream;
 -- 2. the index of waiting jobs, after promoting due ones from <queue>:deferred and the
---    jobs held for a worker whose window passed (also in <queue>:deferred): the lowest priority
---    band first; in a band, the jobs held for this worker (enqueue routed them here, as
---    this worker served their prefix, or steered them here as the least busy: a miss),
---    then the tenant with the lowest pass (stride
---    scheduling: a pick adds 1/weight, a held job's too; a tenant starts at the band's
---    virtual time, the pass of the band's last pick, so an idle tenant banks no credit);
---    FIFO in a tenant. A claimed job's longest and shortest prefix keys name this worker
---    for the owner TTL (<queue>:owner:<key>); a claim of a job with keys that was not held for this worker
---    is a miss; the worker's free slots and load are set for enqueue to read;
+--    jobs held for a worker whose window passed (also in <queue>:deferred): the lowest
+--    priority band first; in a band, the jobs held for this worker (enqueue routed them
+--    here, as this worker served their prefix, or steered them here as the least busy: a
+--    miss), then the tenant with the lowest pass (stride scheduling: a pick adds
+--    1/weight, a held job's too; a tenant starts at the band's virtual time, the pass of
+--    the band's last pick, so an idle tenant banks no credit); FIFO in a tenant. A claimed
+--    job's longest and shortest prefix keys name this worker for the owner TTL
+--    (<queue>:owner:<key>); a claim of a job with keys not held for this worker is a
+--    miss; the worker's free slots and load are set for enqueue to read;
 -- 3. at most once per scan interval (all workers together), arq's queue itself, in score
 --    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script.
 local q = KEYS[1]
