@@ -26,6 +26,7 @@ from streamq.protocol import (
     RESULT_KEY_PREFIX,
     ChunkEvent,
     ErrorEvent,
+    FinalEvent,
     callback_key,
     encode_event,
     events_channel,
@@ -152,6 +153,14 @@ def test_a_finished_result_without_its_log_is_finished() -> None:
         4,
         9,
     )
+
+
+def test_a_finished_request_names_the_worker_its_final_event_names() -> None:
+    final = FinalEvent(
+        request_id="r", seq=3, finish_reasons=["length"], prompt_tokens=2, completion_tokens=3, worker="host-9-xyz"
+    )
+    status = status_from("r", _Found(now=10, last=encode_event(final).decode()))
+    assert (status.state, status.worker_id) == ("finished", "host-9-xyz")
 
 
 def test_a_lease_as_claimed_takes_the_attempt_from_the_try_count() -> None:
