@@ -60,7 +60,13 @@ from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
-from streamq.environment import check_events_url, events_url_from_env, queue_from_env, redis_url_from_env
+from streamq.environment import (
+    affinity_window_from_env,
+    check_events_url,
+    events_url_from_env,
+    queue_from_env,
+    redis_url_from_env,
+)
 from streamq.protocol import (
     CANCEL_CHANNEL,
     IN_PROGRESS_PREFIX,
@@ -95,7 +101,6 @@ from streamq.protocol.affinity import affinity_keys, check_affinity_key
 from streamq.protocol.names import (
     AFFINITY_BALANCE_FRACTION,
     AFFINITY_BALANCE_SLACK,
-    AFFINITY_WINDOW_MS,
     DEFAULT_TENANT,
     MAX_AFFINITY_WINDOW_MS,
     REQUEST_RESERVATION_PREFIX,
@@ -398,12 +403,14 @@ class StreamqClient:
         queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
-        affinity_window_ms: int = AFFINITY_WINDOW_MS,
+        affinity_window_ms: int | None = None,
     ) -> None:
         """A client on an open pool (``connect`` opens one); ``queue`` as in ``connect``;
         ``data``: the data plane's client, when a Redis Cluster carries the events."""
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
+        if affinity_window_ms is None:
+            affinity_window_ms = affinity_window_from_env()
         if not (isinstance(affinity_window_ms, int) and 0 <= affinity_window_ms <= MAX_AFFINITY_WINDOW_MS):
             raise ValueError(f"affinity_window_ms must be 0 to {MAX_AFFINITY_WINDOW_MS}, got {affinity_window_ms!r}")
         self.affinity_window_ms = affinity_window_ms
@@ -439,7 +446,7 @@ class StreamqClient:
         queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
-        affinity_window_ms: int = AFFINITY_WINDOW_MS,
+        affinity_window_ms: int | None = None,
     ) -> StreamqClient:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS; see
         ``streamq.broker.connection``); requests without a ``model`` go to ``queue``.
@@ -449,8 +456,9 @@ class StreamqClient:
         ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the requests' events
         (docs/redis-cluster.md); unset, the Redis of ``url`` carries them. ``max_queue_depth``
         bounds every queue this client submits to (see ``submit``); ``silence_check_s`` is the
-        handles' watchdog; ``affinity_window_ms`` bounds how long a request waits for the
-        worker that served its prefix (docs/features/prefix-aware-pickup.md)."""
+        handles' watchdog; ``affinity_window_ms`` (else ``$STREAMQ_AFFINITY_WINDOW_MS``, else
+        200) bounds how long a request waits for the worker that served its prefix
+        (docs/features/prefix-aware-pickup.md)."""
         url = redis_url_from_env() if url is None else url
         events_url = events_url_from_env() if events_url is None else check_events_url(events_url)
         queue = queue_from_env() if queue is None else queue

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Final
 
 from streamq.protocol.names import (
+    AFFINITY_WINDOW_ENV,
+    AFFINITY_WINDOW_MS,
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_QUEUE,
     DEFAULT_REDIS_URL,
@@ -54,6 +56,18 @@ def redis_url_from_env(environ: Mapping[str, str] = os.environ) -> str:
 def queue_from_env(environ: Mapping[str, str] = os.environ) -> str:
     """``$STREAMQ_QUEUE``, else ``DEFAULT_QUEUE``."""
     return environ.get(QUEUE_ENV, DEFAULT_QUEUE)
+
+
+def affinity_window_from_env(environ: Mapping[str, str] = os.environ) -> int:
+    """``$STREAMQ_AFFINITY_WINDOW_MS``, else ``AFFINITY_WINDOW_MS``; a value that is not an
+    integer is a ``ValueError`` naming the variable."""
+    raw = environ.get(AFFINITY_WINDOW_ENV)
+    if raw is None:
+        return AFFINITY_WINDOW_MS
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"${AFFINITY_WINDOW_ENV} must be an integer (ms), got {raw!r}") from None
 
 
 def drain_seconds_from_env(environ: Mapping[str, str] = os.environ) -> int:

@@ -208,6 +208,9 @@ CALLBACK_SECRET_ENV: Final = "STREAMQ_CALLBACK_SECRET"
 KEEP_RESULT_ENV: Final = "STREAMQ_KEEP_RESULT_S"
 """The worker only: seconds arq keeps a finished job's result (``arq:result:<id>``)."""
 DEFAULT_KEEP_RESULT_S: Final = 3600
+AFFINITY_WINDOW_ENV: Final = "STREAMQ_AFFINITY_WINDOW_MS"
+"""The producer only (library, command line, gateway): its ``affinity_window_ms`` when not
+given (default ``AFFINITY_WINDOW_MS``; 0 turns prefix-aware pickup off for it)."""
 COALESCE_ENV: Final = "STREAMQ_COALESCE"
 """``0`` stops a worker from merging a request's waiting chunks into one event (default ``1``)."""
 

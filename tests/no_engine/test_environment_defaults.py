@@ -7,14 +7,22 @@ import argparse
 import pytest
 
 from streamq.broker.connection import add_connection_options
-from streamq.environment import drain_seconds_from_env, queue_from_env, redis_url_from_env
+from streamq.environment import affinity_window_from_env, drain_seconds_from_env, queue_from_env, redis_url_from_env
 from streamq.protocol import DEFAULT_DRAIN_SECONDS, DEFAULT_QUEUE, DEFAULT_REDIS_URL
+from streamq.protocol.names import AFFINITY_WINDOW_MS
 
 
 def test_unset_variables_give_the_defaults() -> None:
     assert queue_from_env({}) == DEFAULT_QUEUE
     assert drain_seconds_from_env({}) == DEFAULT_DRAIN_SECONDS
     assert redis_url_from_env({}) == DEFAULT_REDIS_URL
+    assert affinity_window_from_env({}) == AFFINITY_WINDOW_MS
+
+
+def test_the_affinity_window_comes_from_the_environment_and_a_bad_one_is_named() -> None:
+    assert affinity_window_from_env({"STREAMQ_AFFINITY_WINDOW_MS": "0"}) == 0
+    with pytest.raises(ValueError, match="STREAMQ_AFFINITY_WINDOW_MS must be an integer"):
+        affinity_window_from_env({"STREAMQ_AFFINITY_WINDOW_MS": "fast"})
 
 
 def test_set_variables_win() -> None:
