@@ -169,9 +169,11 @@ class StreamqWorker(Worker):
             await self._release_affinity()
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
+        ended_jobs = state_of(self.ctx).ended_jobs
         for job_id, task in list(self.tasks.items()):
             if task.done():
                 del self.tasks[job_id]
+                ended_jobs.discard(job_id)
                 if not task.cancelled() and task.exception() is not None:
                     # arq's own bookkeeping failed (Redis away at the end of the job):
                     # the job stays queued, its lease lapses and it runs again.
@@ -185,6 +187,8 @@ class StreamqWorker(Worker):
         state = state_of(self.ctx)
         ttl_ms = state.leases.ttl_ms
         asked_at = timestamp_ms()
+        # Slots whose request already ended count as free for enqueue's routing (only).
+        spare += sum(1 for job_id in state.ended_jobs if job_id in self.tasks and not self.tasks[job_id].done())
         redis_now, hits, misses, expired, *reply = await self._claim(
             keys=[self.queue_name],
             args=[

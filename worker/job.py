@@ -202,8 +202,12 @@ def _render_chat(engine_tokenizer: Any, messages: list[Any]) -> list[int]:
 
 async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents) -> dict[str, Any]:
     """Run the request, listed among the worker's running requests (its stats report) meanwhile."""
-    with state_of(ctx).running.track(request, events.attempt) as running:
-        return await _run(ctx, request, events, running)
+    state = state_of(ctx)
+    try:
+        with state.running.track(request, events.attempt) as running:
+            return await _run(ctx, request, events, running)
+    finally:
+        state.ended_jobs.add(ctx["job_id"])
 
 
 async def _run(

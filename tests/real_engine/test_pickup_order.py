@@ -12,6 +12,7 @@ events, its result and the worker its final event names.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import Completion, RequestHandle, StreamqClient, _job_payload
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
 from streamq.protocol.names import affinity_free_key, waiting_key
@@ -56,10 +57,13 @@ def two_slot_worker(
 def other_worker(
     two_slot_worker: WorkerProcess, tiny_model: Path, queue: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    """A second real worker on the queue (the engine's default slots), ready to take jobs."""
+    """A second real worker on the queue (the engine's default slots), ready to take jobs. Its
+    engine computes on the second CPU: vLLM binds every engine of a host to the first by
+    default, where the two-slot worker's long requests would starve its prefills."""
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
     log_path = tmp_path_factory.mktemp("other-worker") / "worker.log"
-    process = WorkerProcess(two_slot_worker.redis_url, flags, queue=queue, log_path=log_path).start()
+    env = worker_env(VLLM_CPU_OMP_THREADS_BIND=str(min(1, (os.cpu_count() or 1) - 1)))
+    process = WorkerProcess(two_slot_worker.redis_url, flags, queue=queue, log_path=log_path, env=env).start()
     deadline = time.monotonic() + 300
     while "max_jobs set" not in process.log_tail(200):  # its engine is up (the queue's health check is not its own)
         assert process.process is not None and process.process.poll() is None, process.log_tail()
@@ -307,11 +311,12 @@ async def test_a_follow_up_goes_elsewhere_at_once_when_its_worker_is_full(
         follow_up = await conversation.submit()
         held = await held_for(raw_redis, chat_client.queue, follow_up.request_id)
         assert held is None or pid_of(held) != pid_of_process(two_slot_worker), "held for the full worker"
-        assert runs_on(await conversation.took(follow_up), other_worker)
+        await first_event(follow_up)  # started elsewhere: the long requests have done their part
     finally:
         for holder in holders:
             await holder.cancel()
             await holder.close()
+    assert runs_on(await conversation.took(follow_up), other_worker)
 
 
 async def test_an_explicit_key_routes_unrelated_prompts_together_and_an_opt_out_is_never_held(
