@@ -18,7 +18,9 @@ client (p50, p90), how often a follow-up ran on the worker of its conversation's
 (``FinalEvent.worker``), vLLM's prefix-cache hit rate (the deltas of
 ``vllm:prefix_cache_hits`` over ``vllm:prefix_cache_queries``, tokens, both workers summed),
 the workers' ``streamq_affinity_hits/misses/expired`` deltas, and completion tokens over the
-mode's wall time; then off/on of the TTFT p50 and on/off of tok/s, beside the issue's targets.
+mode's wall time; then off/on of the TTFT p50 and on/off of tok/s, beside the goals that make
+pickup by prefix worth its cost (``TARGET_*``: most follow-ups on their worker, a clearly faster
+first token, no throughput lost).
 Writes ``bench/results/<run>-affinity.json`` and ``.md``; worker logs land beside them.
 """
 
@@ -319,7 +321,8 @@ def _met(ok: bool | None) -> str:
 def target_checks(
     on: ModeResult, off: ModeResult, window_ms: int = AFFINITY_WINDOW_MS
 ) -> dict[str, tuple[float | None, bool | None]]:
-    """The issue's targets: each measured figure, and whether it is met (None: not measured).
+    """Each goal (``TARGET_*``, the window for the extra wait): the measured figure, and
+    whether it is met (None: not measured).
     The longest extra wait from affinity is read as the longest queue wait with it beyond the
     longest without it."""
     same = on.same_worker_rate
