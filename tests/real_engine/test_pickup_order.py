@@ -29,7 +29,7 @@ from streamq.protocol.names import affinity_free_key, waiting_key
 from streamq.protocol.scripts import register_script
 from tests.support.events import job_result
 from tests.support.session import MAX_MODEL_LEN
-from tests.support.worker_faults import paused
+from tests.support.worker_faults import paused, pid_of
 
 LONG = {"max_tokens": MAX_MODEL_LEN - 16, "ignore_eos": True}
 """Holds a slot for the whole context: cancelled by the test, never left to finish."""
@@ -207,12 +207,6 @@ async def chat_client(other_worker: WorkerProcess, producer_url: str, queue: str
 
 INSTRUCTIONS = "You answer questions about the tiny model in short plain sentences. " * 5
 """A system prompt long enough (over 256 characters) to route by."""
-
-
-def pid_of(worker_id: str | None) -> int:
-    """The process id in a worker id (``host-pid-random``)."""
-    assert worker_id is not None, "the final event names no worker"
-    return int(worker_id.rsplit("-", 2)[1])
 
 
 def pid_of_process(worker: WorkerProcess) -> int:

@@ -18,12 +18,7 @@ from devkit.worker_process import WorkerProcess, scripted_worker
 from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent
 from streamq.protocol.names import affinity_free_key
-
-
-def pid_of(worker_id: str | None) -> int:
-    """The process id in a worker id (``host-pid-random``)."""
-    assert worker_id is not None, "the final event names no worker"
-    return int(worker_id.rsplit("-", 2)[1])
+from tests.support.worker_faults import pid_of
 
 
 @pytest.fixture

@@ -14,6 +14,12 @@ from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from tests.support.session import MAX_MODEL_LEN
 
 
+def pid_of(worker_id: str | None) -> int:
+    """The process id in a worker id (``host-pid-random``)."""
+    assert worker_id is not None, "the final event names no worker"
+    return int(worker_id.rsplit("-", 2)[1])
+
+
 @contextmanager
 def paused(worker: WorkerProcess) -> Iterator[None]:
     """SIGSTOP the worker so that it takes no job until the block ends."""
