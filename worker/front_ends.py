@@ -49,11 +49,10 @@ from worker.options import FrontEndSeat
 from worker.orphans import OrphanReaper
 from worker.scheduling import lower_worker_cpu_weight
 from worker.shared_slots import SharedSlots
+from worker.startup import configure_logging, parse_args, run_worker
 from worker.state import ENGINE_DEAD_EXIT_CODE
 
 logger = logging.getLogger("streamq.worker")
-
-FRONT_ENDS_ENV = "STREAMQ_FRONT_ENDS"
 
 START_FAILED_EXIT_CODE = 1
 STOP_GRACE_S = 30.0
@@ -62,15 +61,8 @@ ANNOUNCE_LINGER_S = 2.0
 """How long the news of the engine's death may wait for a front end to take it."""
 
 
-def front_ends_from_env() -> int:
-    """``$STREAMQ_FRONT_ENDS`` or 1: one process, the engine core its own child."""
-    return int(os.environ.get(FRONT_ENDS_ENV, "1"))
-
-
 def run_front_end(argv: list[str], seat: FrontEndSeat) -> None:
     """A front end's process: the worker's command line, run as front end ``seat.index``."""
-    from worker.__main__ import configure_logging, parse_args, run_worker
-
     args = parse_args(argv)
     configure_logging(args, front_ends=True)
     raise SystemExit(run_worker(args, seat))

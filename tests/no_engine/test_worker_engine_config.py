@@ -25,7 +25,6 @@ with warnings.catch_warnings():
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from worker.__main__ import build_parser
     from worker.engine import (
         ENGINE_ARGS_ENV,
         engine_args_from_env,
@@ -33,6 +32,7 @@ with warnings.catch_warnings():
         engine_config,
         scheduler_limits,
     )
+    from worker.startup import build_parser
 
 FLAG_SETS = {
     "vLLM's defaults": [],

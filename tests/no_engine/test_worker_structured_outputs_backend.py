@@ -18,8 +18,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
     from vllm.config.structured_outputs import StructuredOutputsConfig
 
-    from worker.__main__ import build_parser
     from worker.engine import DEFAULT_STRUCTURED_OUTPUTS_BACKEND, engine_args_from_namespace, engine_config
+    from worker.startup import build_parser
 
 
 def structured_outputs_config(tiny_model: Path, *flags: str) -> StructuredOutputsConfig:

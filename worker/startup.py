@@ -1,0 +1,208 @@
+"""The worker's start-up, shared by ``python -m worker`` and each front end of
+``--front-ends N``: the command line (worker options first, then vLLM's engine flags as
+``vllm serve`` spells them), logging, and running one arq worker until it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from streamq.broker.connection import (
+    add_connection_options,
+    events_url_from_args,
+    redis_settings_for,
+    redis_url_from_args,
+)
+from streamq.broker.replay_log import log_limits_from_env
+from streamq.environment import drain_seconds_from_env
+from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
+from streamq.protocol.names import CALLBACK_SECRET_ENV, COALESCE_ENV, KEEP_RESULT_ENV
+from worker.arq_worker import StreamqWorker
+from worker.callbacks import CallbackPolicy
+from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
+from worker.metrics import metrics_port_from_env
+from worker.options import OPTIONS_KEY, FrontEndSeat, WorkerOptions
+from worker.publisher import coalesce_from_env
+from worker.scheduling import cpu_nice_from_env
+from worker.settings import WorkerSettings, keep_result_from_env, worker_settings
+from worker.state import ENGINE_DEAD_EXIT_CODE, STATE_KEY, WorkerState
+
+FRONT_ENDS_ENV = "STREAMQ_FRONT_ENDS"
+
+
+def front_ends_from_env() -> int:
+    """``$STREAMQ_FRONT_ENDS`` or 1: one process, the engine core its own child."""
+    return int(os.environ.get(FRONT_ENDS_ENV, "1"))
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {number}")
+    return number
+
+
+def build_parser() -> FlexibleArgumentParser:
+    parser = FlexibleArgumentParser(
+        prog="python -m worker",
+        description="streamq worker: pulls prompts from Redis, streams tokens to pub/sub.",
+        epilog=f"Engine flags may also come from ${ENGINE_ARGS_ENV}; flags given here win.",
+    )
+    group = parser.add_argument_group("worker")
+    add_connection_options(group)
+    group.add_argument(
+        "--max-jobs", type=int, default=None, help="requests run at once (default: the engine's max_num_seqs)"
+    )
+    group.add_argument(
+        "--front-ends",
+        type=_positive_int,
+        default=front_ends_from_env(),
+        metavar="N",
+        help="feed one engine core from N worker processes, as vllm serve --api-server-count N does: each "
+        "claims jobs and streams their tokens, together never more than the engine runs at once; more than "
+        f"one when a single process cannot keep up with the GPU (default: ${FRONT_ENDS_ENV} or %(default)s)",
+    )
+    group.add_argument(
+        "--drain-seconds",
+        type=int,
+        default=drain_seconds_from_env(),
+        help="on SIGTERM, time running requests get to finish before they are handed back "
+        f"to the queue (default: ${DRAIN_SECONDS_ENV} or %(default)s)",
+    )
+    group.add_argument(
+        "--job-timeout",
+        type=float,
+        default=WorkerSettings.job_timeout,
+        help="hard limit on one job's run, in seconds: past it the request ends with an error event "
+        "(code timeout); a request's own deadline is its timeout_s (default: %(default)s)",
+    )
+    group.add_argument(
+        "--engine-factory",
+        default=None,
+        metavar="MODULE:CALLABLE",
+        help="build the engine with this callable instead of vLLM's AsyncLLM "
+        "(a scripted engine for load tests; default: $STREAMQ_ENGINE_FACTORY or none)",
+    )
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        default=metrics_port_from_env(),
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics; 0 turns them off "
+        "(default: $STREAMQ_METRICS_PORT or %(default)s)",
+    )
+    group.add_argument(
+        "--cpu-nice",
+        type=int,
+        default=cpu_nice_from_env(),
+        help="lower the CPU weight of the worker and its engine processes (and of their session or cgroup) by "
+        "this nice value, so that Redis and clients on the same host are never starved by the busy engine; "
+        "0 leaves it alone (default: $STREAMQ_CPU_NICE or %(default)s)",
+    )
+    log_maxlen, log_ttl_ms = log_limits_from_env()
+    group.add_argument(
+        "--log-ttl-s",
+        type=float,
+        default=log_ttl_ms / 1000,
+        help=f"how long a request's replay log (its events, for late and reconnecting subscribers and for "
+        f"a take-over elsewhere) outlives its last event (default: ${LOG_TTL_ENV} or %(default)g)",
+    )
+    group.add_argument(
+        "--log-maxlen",
+        type=int,
+        default=log_maxlen,
+        help=f"events kept in a request's replay log; a longer request's oldest events are trimmed "
+        f"(default: ${LOG_MAXLEN_ENV} or %(default)s)",
+    )
+    group.add_argument(
+        "--no-coalesce",
+        dest="coalesce",
+        action="store_false",
+        default=coalesce_from_env(),
+        help="send every engine DELTA as a chunk event of its own, even under load; by default a request's "
+        "DELTAs that wait behind a batch in flight to Redis go out merged into one chunk "
+        f"(default: merge, unless ${COALESCE_ENV}=0)",
+    )
+    group.add_argument(
+        "--keep-result-s",
+        type=float,
+        default=keep_result_from_env(),
+        help="how long arq keeps a finished job's result; status tells how a request ended while its result "
+        f"or its replay log (--log-ttl-s) is kept (default: ${KEEP_RESULT_ENV} or %(default)g)",
+    )
+    policy = CallbackPolicy()
+    group.add_argument(
+        "--callback-tries",
+        type=int,
+        default=policy.tries,
+        help="tries of a completion callback's delivery, in all (default: %(default)s)",
+    )
+    group.add_argument(
+        "--callback-backoff-s",
+        type=float,
+        default=policy.backoff_s,
+        help="wait before a callback's first retry; each next one waits twice as long (default: %(default)g)",
+    )
+    group.add_argument(
+        "--callback-timeout-s",
+        type=float,
+        default=policy.timeout_s,
+        help=f"time one callback try may take; deliveries are signed with ${CALLBACK_SECRET_ENV} "
+        "(default: %(default)g)",
+    )
+    add_engine_args(parser)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` after the flags in ``$STREAMQ_ENGINE_ARGS`` (those given win), parsed."""
+    args: argparse.Namespace = build_parser().parse_args(shlex.split(os.environ.get(ENGINE_ARGS_ENV, "")) + argv)
+    return args
+
+
+def configure_logging(args: argparse.Namespace, *, front_ends: bool = False) -> None:
+    """Log at vLLM's ``--log-level``; with several front ends, each line names its process."""
+    log_level = str(getattr(args, "log_level", "info")).upper()
+    where = " %(processName)s" if front_ends else ""
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
+
+
+def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> int:
+    """Run one worker (or one front end of ``--front-ends N``) until it stops; its exit code."""
+    overrides: dict[str, object] = {
+        "redis_settings": redis_settings_for(redis_url_from_args(args)),
+        "queue_name": args.queue,
+        "job_completion_wait": args.drain_seconds,
+        "job_timeout": args.job_timeout,
+        "keep_result": args.keep_result_s,
+        # With a scripted engine vLLM's arguments are unused (and would name a hub model).
+        "ctx": {
+            OPTIONS_KEY: WorkerOptions(
+                engine_args=None if args.engine_factory else engine_args_from_namespace(args),
+                engine_factory=args.engine_factory,
+                metrics_port=args.metrics_port,
+                cpu_nice=args.cpu_nice,
+                queue_name=args.queue,
+                events_redis_url=events_url_from_args(args),
+                log_ttl_ms=round(args.log_ttl_s * 1000),
+                log_maxlen=args.log_maxlen,
+                coalesce=args.coalesce,
+                callback_tries=args.callback_tries,
+                callback_backoff_s=args.callback_backoff_s,
+                callback_timeout_s=args.callback_timeout_s,
+                front_end=seat,
+            )
+        },
+    }
+    if args.max_jobs is not None:
+        overrides["max_jobs"] = args.max_jobs
+    worker = StreamqWorker(**worker_settings(**overrides), max_jobs_from_engine=args.max_jobs is None, seat=seat)
+    worker.run()
+    state = worker.ctx.get(STATE_KEY)
+    if isinstance(state, WorkerState) and state.engine_dead:
+        return ENGINE_DEAD_EXIT_CODE  # make supervisors (and compose) restart us
+    return 0
