@@ -5,7 +5,8 @@ measured or tested alone. Two scripts, one interface (``ScriptedEngine``):
 
 - ``ClockedEngine``, the scripted engine of ``python -m worker --engine-factory
   devkit.scripted_engine:create`` (``SCRIPTED_ENGINE`` in ``devkit.worker_process``): every
-  running request gets the same token once per step, at a set rate. It measures the queue
+  running request gets the same token once per step, at a set rate, and an output as vLLM
+  sends them (every token, or every ``stream_interval`` tokens). It measures the queue
   layer alone (``bench``'s scale-out and gateway runs) and serves the tests of Redis
   faults and connections. ``$STREAMQ_SCRIPTED_TOKENS_PER_S`` (default 100) and
   ``$STREAMQ_SCRIPTED_MAX_NUM_SEQS`` (256) set it.
@@ -89,10 +90,14 @@ class _FixedPromptTokenizer:
 class _Running:
     """One request being stepped: its outputs waiting for its generator."""
 
-    def __init__(self, request_id: str, max_tokens: int, n: int) -> None:
+    def __init__(self, request_id: str, max_tokens: int, n: int, stream_interval: int) -> None:
         self.request_id = request_id
         self.remaining = max_tokens
         self.n = n
+        self.stream_interval = stream_interval
+        """An output every this many tokens (the first and the last at once), as vLLM sends them."""
+        self.generated = 0
+        self.unsent = 0
         self.outputs: deque[RequestOutput] = deque()
         self.ready = asyncio.Event()
 
@@ -114,7 +119,9 @@ class ClockedEngine(ScriptedEngine):
     ) -> AsyncGenerator[RequestOutput, None]:
         if self._stepper is None:
             self._stepper = asyncio.get_running_loop().create_task(self._step_forever(), name="scripted-steps")
-        running = _Running(request_id, sampling_params.max_tokens or 16, sampling_params.n)
+        running = _Running(
+            request_id, sampling_params.max_tokens or 16, sampling_params.n, sampling_params.stream_interval or 1
+        )
         self._running[request_id] = running
         self._has_work.set()
         try:
@@ -141,14 +148,22 @@ class ClockedEngine(ScriptedEngine):
             await asyncio.sleep(next_step - time.monotonic())
 
     def _step(self) -> None:
-        """One engine step: one token for every running request."""
+        """One engine step: one token for every running request, an output for those whose
+        stream interval is up."""
         for running in list(self._running.values()):
             if running.remaining <= 0:
                 continue
             running.remaining -= 1
+            running.generated += 1
+            running.unsent += 1
             finish = "length" if running.remaining == 0 else None
+            if finish is None and running.generated > 1 and running.unsent < running.stream_interval:
+                continue
+            tokens, running.unsent = running.unsent, 0
             running.outputs.append(
-                _delta(running.request_id, PROMPT_TOKEN_IDS, running.n, TOKEN_TEXT, [TOKEN_ID], finish)
+                _delta(
+                    running.request_id, PROMPT_TOKEN_IDS, running.n, TOKEN_TEXT * tokens, [TOKEN_ID] * tokens, finish
+                )
             )
             running.ready.set()
 

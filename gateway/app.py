@@ -252,6 +252,7 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
             model=params.model,
             request_id=named,
             tenant=_queue_tenant(request, tenant),
+            stream=params.stream,  # a whole response is written in checkpoints, not token by token
             **affinity,
             **params.submit_kwargs,
         )

@@ -3,6 +3,11 @@
 Reads what ``vllm run-batch`` reads (``{"custom_id", "method", "url", "body"}`` a line)
 and appends its output lines as each request finishes; a re-run skips every ``custom_id``
 the output holds. A malformed line becomes an error line and the batch goes on.
+
+The file is read as room frees, never whole: memory holds the requests in flight and the
+``custom_id`` of each line read (to refuse duplicates and skip lines already done). By
+default as many requests are in flight as keep every live worker's engine full
+(``StreamqClient.generate_many``); none of them is streamed (``stream=False``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import re
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -25,9 +30,9 @@ from rich.text import Text
 
 from producer import tenants_cli
 from producer.affinity_args import add_affinity_arguments, affinity_kwargs
-from producer.client import Completion, StreamqClient
+from producer.client import MIN_IN_FLIGHT, Completion, StreamqClient
 from producer.errors import InvalidParameter, RequestError, StreamqError
-from producer.openai_api.endpoints import ENDPOINTS
+from producer.openai_api.endpoints import ENDPOINTS, Endpoint
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option
 from streamq.broker.connection import add_connection_options
@@ -50,7 +55,14 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, metavar="INPUT.jsonl")
     parser.add_argument("output", type=Path, metavar="OUTPUT.jsonl")
     parser.add_argument(
-        "--concurrency", type=int, default=64, help="requests queued or running at once (default: %(default)s)"
+        "--max-in-flight",
+        "--concurrency",
+        dest="max_in_flight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N requests queued or running at once (default: twice the live workers' slots, so that "
+        f"every engine stays full; at least {MIN_IN_FLIGHT})",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (a summary line still ends)")
     parser.add_argument(
@@ -82,10 +94,11 @@ class BatchLine:
     error: str | None = None
 
 
-def read_batch(text: str) -> Iterator[BatchLine]:
-    """Parse the input file's lines; malformed ones come back with ``error`` set."""
+def read_batch(lines: Iterable[str]) -> Iterator[BatchLine]:
+    """Parse the input file's lines (read one at a time); malformed ones come back with
+    ``error`` set."""
     seen: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         line = _parse_line(number, raw)
@@ -169,8 +182,18 @@ class _TokensPerSecond(ProgressColumn):
         return Text(f"{rate:,.0f} tok/s", style="progress.data.speed")
 
 
+@dataclass(frozen=True)
+class _Running:
+    """What a line's output needs once its request ends."""
+
+    custom_id: str | None
+    endpoint: Endpoint
+    model: str | None
+
+
 class BatchRun:
-    """Runs the lines of one batch with at most ``concurrency`` requests outstanding."""
+    """Runs the lines of one batch through ``generate_many``, writing each output line as
+    its request ends."""
 
     def __init__(
         self,
@@ -183,6 +206,7 @@ class BatchRun:
         priority: int = 0,
         tenant: str | None = None,
         affinity: dict[str, Any] | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
         self.client = client
         self.limits = limits
@@ -191,12 +215,15 @@ class BatchRun:
         self.affinity = affinity or {}
         """``submit``'s affinity arguments for a body that sets neither ``affinity_key``
         nor ``affinity`` (from ``--affinity-key``/``--no-affinity``)."""
+        self.max_in_flight = max_in_flight
         self.out = out
         self.progress = progress
         self.task_id = task_id
         self.succeeded = 0
         self.failed = 0
         self.tokens = 0
+        self._running: dict[str, _Running] = {}
+        """Request id -> its line, while the request is in flight."""
 
     def write(self, line: dict[str, Any], *, ok: bool, tokens: int = 0) -> None:
         self.out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -208,40 +235,60 @@ class BatchRun:
         self.tokens += tokens
         self.progress.update(self.task_id, advance=1, tokens=self.tokens)
 
-    async def run_line(self, line: BatchLine) -> None:
-        request_id = uuid.uuid4().hex
-        if line.error is not None or line.body is None:
-            self.write(output_line(line.custom_id, request_id, status=400, body=None, error=line.error), ok=False)
-            return
-        endpoint = ENDPOINTS[line.url]
-        model = line.body.get("model")
-        body = dict(line.body)
-        callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
-        try:
-            affinity = _body_affinity(body) or self.affinity  # streamq's extension too
-            kwargs = {"priority": self.priority, **endpoint.to_submit_kwargs(body, limits=self.limits), **affinity}
-            if model is not None and not isinstance(model, str):
-                raise InvalidRequest(f"model must be a string, got {model!r}")
-            # Routed by model, as the gateway does; a body without one goes to --queue.
-            handle = await self.client.submit(
-                request_id=request_id, model=model, tenant=self.tenant, callback=callback, **kwargs
-            )
-            handle.cancel_on_close = True  # an interrupted batch stops what it was running
-            try:
-                completion: Completion = await handle.result()
-            finally:
-                await handle.close()
-        except StreamqError as exc:  # InvalidRequest too: this request only; Redis failing ends the batch
-            status = api_error_for(exc).status  # the status the gateway would answer with
-            error = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
-            self.write(output_line(line.custom_id, request_id, status=status, body=None, error=error), ok=False)
-            return
-        body = endpoint.to_response(completion, model=model or "streamq")
-        self.write(
-            output_line(line.custom_id, request_id, status=200, body=body, error=None),
-            ok=True,
-            tokens=completion.completion_tokens,
+    async def run(self, lines: Iterable[BatchLine]) -> None:
+        """Run ``lines``: each valid one a request, at most ``max_in_flight`` at once; a line
+        that cannot run gets its error line at once. Returns once every line is answered."""
+        results = self.client.generate_many(
+            self._requests(lines), max_in_flight=self.max_in_flight, return_exceptions=True
         )
+        async for result in results:
+            if isinstance(result, StreamqError):  # InvalidRequest too: this request only
+                self._write_failure(result)
+            else:
+                self._write_completion(result)
+
+    async def _requests(self, lines: Iterable[BatchLine]) -> AsyncIterator[dict[str, Any]]:
+        """``generate_many``'s items: the arguments of each line that can run."""
+        for line in lines:
+            request_id = uuid.uuid4().hex
+            try:
+                kwargs = self._generate_kwargs(line)
+            except StreamqError as exc:
+                status = api_error_for(exc).status
+                self.write(output_line(line.custom_id, request_id, status=status, body=None, error=str(exc)), ok=False)
+                continue
+            assert line.body is not None, "a line that can run has a body"
+            model = kwargs.get("model")
+            self._running[request_id] = _Running(line.custom_id, ENDPOINTS[line.url], model)
+            yield {"request_id": request_id, **kwargs}
+
+    def _generate_kwargs(self, line: BatchLine) -> dict[str, Any]:
+        """``generate``'s arguments for ``line``; raises ``InvalidRequest`` for a line that cannot run."""
+        if line.error is not None or line.body is None:
+            raise InvalidRequest(line.error or "no body")
+        endpoint = ENDPOINTS[line.url]
+        body = dict(line.body)
+        model = body.get("model")
+        callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
+        affinity = _body_affinity(body) or self.affinity  # streamq's extension too
+        kwargs = {"priority": self.priority, **endpoint.to_submit_kwargs(body, limits=self.limits), **affinity}
+        if model is not None and not isinstance(model, str):
+            raise InvalidRequest(f"model must be a string, got {model!r}")
+        # Routed by model, as the gateway does; a body without one goes to --queue.
+        return {"model": model, "tenant": self.tenant, "callback": callback, **kwargs}
+
+    def _write_completion(self, completion: Completion) -> None:
+        running = self._running.pop(completion.request_id)
+        body = running.endpoint.to_response(completion, model=running.model or "streamq")
+        line = output_line(running.custom_id, completion.request_id, status=200, body=body, error=None)
+        self.write(line, ok=True, tokens=completion.completion_tokens)
+
+    def _write_failure(self, exc: StreamqError) -> None:
+        assert exc.request_id is not None, "generate_many names the request of every error"
+        running = self._running.pop(exc.request_id)
+        status = api_error_for(exc).status  # the status the gateway would answer with
+        error = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
+        self.write(output_line(running.custom_id, exc.request_id, status=status, body=None, error=error), ok=False)
 
 
 def _body_affinity(body: dict[str, Any]) -> dict[str, Any]:
@@ -264,20 +311,18 @@ def _body_affinity(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_batch(args: argparse.Namespace) -> int:
-    if args.concurrency < 1:
-        print("error: --concurrency must be at least 1", file=sys.stderr)
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        print("error: --max-in-flight must be at least 1", file=sys.stderr)
         return 2
     try:
-        text = args.input.read_text()
+        total = _count_lines(args.input)
     except OSError as exc:
         print(f"error: cannot read {args.input}: {exc}", file=sys.stderr)
         return 2
     done = done_keys(args.output)
-    lines = list(read_batch(text))
-    todo = [line for line in lines if line.key not in done]
     console = Console(stderr=True)
-    if len(todo) < len(lines):
-        console.print(f"{len(lines) - len(todo)} of {len(lines)} requests already in {args.output}; skipping them")
+    if done:
+        console.print(f"{len(done)} requests already in {args.output}; skipping them")
     progress = Progress(
         TextColumn("batch"),
         BarColumn(),
@@ -287,39 +332,46 @@ async def run_batch(args: argparse.Namespace) -> int:
         console=console,
         disable=args.no_progress,
     )
+    skipped = 0
+
+    def todo(lines: Iterable[BatchLine]) -> Iterator[BatchLine]:
+        nonlocal skipped
+        for line in lines:
+            if line.key in done:
+                skipped += 1
+                progress.update(task_id, total=max(0, total - skipped))
+            else:
+                yield line
+
     async with await StreamqClient.from_args(args) as client:
-        with args.output.open("a", encoding="utf-8") as out, progress:
-            task_id = progress.add_task("batch", total=len(todo), tokens=0)
-            limits = RequestLimits(max_n=args.max_n)
+        with args.input.open(encoding="utf-8") as source, args.output.open("a", encoding="utf-8") as out, progress:
+            task_id = progress.add_task("batch", total=total, tokens=0)
             run = BatchRun(
                 client,
                 out,
                 progress,
                 task_id,
-                limits=limits,
+                limits=RequestLimits(max_n=args.max_n),
                 priority=args.priority,
                 tenant=args.tenant,
                 affinity=affinity_kwargs(args),
+                max_in_flight=args.max_in_flight,
             )
-            slots = asyncio.Semaphore(args.concurrency)
-            tasks: set[asyncio.Task[None]] = set()
-            try:
-                for line in todo:
-                    await slots.acquire()
-                    task = asyncio.create_task(run.run_line(line))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    task.add_done_callback(lambda _: slots.release())
-                await asyncio.gather(*tasks)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await run.run(todo(read_batch(source)))
     console.print(
-        f"{run.succeeded} succeeded, {run.failed} failed, {len(lines) - len(todo)} skipped; "
+        f"{run.succeeded} succeeded, {run.failed} failed, {skipped} skipped; "
         f"{run.tokens} completion tokens; results in {args.output}"
     )
     return 0 if run.failed == 0 else 1
+
+
+def _count_lines(path: Path) -> int:
+    """The lines of ``path`` that hold something (the progress bar's total), read in blocks."""
+    count = 0
+    with path.open("rb") as source:
+        for raw in source:
+            count += bool(raw.strip())
+    return count
 
 
 def main(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ import difflib
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Unpack, cast
@@ -536,6 +536,7 @@ class StreamqClient:
         affinity_key: str | None = None,
         affinity: bool = True,
         cancel_on_close: bool = False,
+        stream: bool = True,
         **sampling: Unpack[SamplingOptions],
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events
@@ -577,6 +578,11 @@ class StreamqClient:
         messages before the last turn) gets first pick of it for ``affinity_window_ms``,
         so its prefix cache is reused (docs/features/prefix-aware-pickup.md). ``affinity_key`` names the
         conversation or document instead; ``affinity=False`` opts the request out.
+
+        ``stream=False`` says that nobody follows the request token by token (only its end
+        matters: ``result()``, a callback): the worker writes its tokens in checkpoints
+        rather than one event per engine step, which costs per request what the engine
+        costs. Its events are the same kinds, fewer and larger; ``generate`` sends it.
         """
         _check_sampling_names(sampling)
         try:
@@ -598,6 +604,7 @@ class StreamqClient:
                 "callback": msgspec.to_builtins(callback) if callback is not None else None,
                 "priority": priority,
                 "tenant": tenant,
+                "stream": stream,
             }
         )
         job = _job_payload(request)
@@ -711,10 +718,85 @@ class StreamqClient:
             affinity_key=affinity_key,
             affinity=affinity,
             cancel_on_close=True,
+            stream=False,
             **sampling,
         )
         async with handle:
             return await handle.result(timeout)
+
+    async def generate_many(
+        self,
+        requests: Iterable[str | Mapping[str, Any]] | AsyncIterable[str | Mapping[str, Any]],
+        *,
+        max_in_flight: int | None = None,
+        return_exceptions: bool = False,
+        **common: Any,
+    ) -> AsyncIterator[Completion | StreamqError]:
+        """Run many requests with a bounded number in flight and yield each ``Completion``
+        as its request ends (in the order they end, not the order given), for batch work
+        from code: ``async for completion in client.generate_many(prompts, max_tokens=32)``.
+
+        Each item of ``requests`` (an iterable, or an async one, read as room frees) is a
+        prompt, or a mapping of ``generate``'s keyword arguments; ``common`` holds those
+        shared by every item (an item's own win). Give an item a ``request_id`` to match
+        its completion (``Completion.request_id``) to it; else each gets a random one.
+        Every request is sent with ``stream=False`` (``submit``).
+
+        ``max_in_flight`` bounds the requests queued or running at once. By default it is
+        as many as keep every live worker's engine full: twice the slots of the workers of
+        ``common``'s ``model`` (of every live worker without one), so that a slot that frees
+        finds a request waiting; re-read as workers come and go, at least ``MIN_IN_FLIGHT``.
+
+        A request that fails raises its ``StreamqError`` here, and the others still in flight
+        are cancelled (so is everything in flight when the loop is left early); with
+        ``return_exceptions=True`` the error is yielded in its place and the rest go on.
+        Every error yielded or raised names its request (``StreamqError.request_id``).
+        """
+        if max_in_flight is not None and max_in_flight < 1:
+            raise InvalidParameter(f"max_in_flight must be 1 or more, got {max_in_flight}", param="max_in_flight")
+        window = _InFlightWindow(self, max_in_flight, common.get("model"))
+        ended: asyncio.Queue[asyncio.Task[Completion]] = asyncio.Queue()
+        running: set[asyncio.Task[Completion]] = set()
+        items = _aiter_of(requests)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(running) < await window.size():
+                    try:
+                        item = await anext(items)
+                    except StopAsyncIteration:
+                        exhausted = True
+                        break
+                    task = asyncio.create_task(self._generate_one(item, common))
+                    running.add(task)
+                    task.add_done_callback(ended.put_nowait)
+                if not running:
+                    return
+                task = await ended.get()
+                running.discard(task)
+                if task.cancelled():
+                    raise asyncio.CancelledError
+                error = task.exception()
+                if error is None:
+                    yield task.result()
+                elif return_exceptions and isinstance(error, StreamqError):
+                    yield error
+                else:
+                    raise error
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _generate_one(self, item: str | Mapping[str, Any], common: Mapping[str, Any]) -> Completion:
+        """``generate`` for one item of ``generate_many``; its error names its request."""
+        kwargs = {**common, "prompt": item} if isinstance(item, str) else {**common, **item}
+        request_id = kwargs.setdefault("request_id", uuid.uuid4().hex)
+        try:
+            return await self.generate(**kwargs)
+        except StreamqError as exc:
+            exc.request_id = request_id
+            raise
 
     async def follow(self, request_id: str, *, from_seq: int = 0) -> RequestHandle:
         """Follow ``request_id`` from event ``from_seq`` on: the replay log first,
@@ -866,3 +948,43 @@ async def _close_when_subscribed(subscribing: asyncio.Future[RequestHandle]) -> 
     except Exception:
         return  # the subscription failed too: nothing to close
     await handle.close()
+
+
+MIN_IN_FLIGHT = 64
+"""``generate_many``'s (and ``streamq batch``'s) fewest requests in flight when it sizes them
+to the live workers: what it keeps while no worker is live, so work waits queued for one."""
+IN_FLIGHT_READ_S = 5.0
+"""How often ``generate_many`` reads the live workers' slots again while it runs."""
+
+
+class _InFlightWindow:
+    """How many requests ``generate_many`` keeps in flight: the caller's bound, or twice the
+    live workers' slots (a request waits for each slot as it frees), read again every
+    ``IN_FLIGHT_READ_S`` as workers come and go."""
+
+    def __init__(self, client: StreamqClient, bound: int | None, model: str | None) -> None:
+        self._client = client
+        self._bound = bound
+        self._model = model
+        self._size = MIN_IN_FLIGHT
+        self._read_at: float | None = None
+
+    async def size(self) -> int:
+        if self._bound is not None:
+            return self._bound
+        now = time.monotonic()
+        if self._read_at is None or now - self._read_at >= IN_FLIGHT_READ_S:
+            self._read_at = now
+            slots = (await self._client.routes()).slots(self._model)
+            self._size = max(MIN_IN_FLIGHT, 2 * slots)
+        return self._size
+
+
+async def _aiter_of(items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """``items`` as an async iterator, whichever kind it is."""
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item

@@ -17,7 +17,8 @@ from streamq.tasks import stop_task
 from worker import metrics
 from worker.callbacks import CallbackPolicy, CallbackSender, secret_from_env
 from worker.cancel import CancelListener
-from worker.engine import engine_args_from_env, start_engine
+from worker.delivery import checkpoint_tokens_from_env
+from worker.engine import engine_args_from_env, max_batch_size, start_engine
 from worker.lease import Leases
 from worker.logs import quiet_request_failures
 from worker.options import WorkerOptions, options_of
@@ -74,6 +75,14 @@ def _callback_policy(options: WorkerOptions) -> CallbackPolicy:
     )
 
 
+def _slots(options: WorkerOptions, engine: Any) -> int:
+    """The requests this worker runs at once, as it registers them: ``--max-jobs`` or the
+    engine's batch, a front end's share of it."""
+    slots = options.max_jobs or max_batch_size(engine)
+    seat = options.front_end
+    return slots if seat is None else -(-slots // seat.count)
+
+
 async def on_startup(ctx: dict[str, Any]) -> None:
     """Start the engine inside arq's loop, and beside it the publisher, the cancel
     listener, the leases and the stats report; store them in ``ctx`` as one ``WorkerState``.
@@ -112,7 +121,14 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         leases.start()
         closing.push_async_callback(leases.close)
         model, max_model_len = served_model_name(engine)
-        presence = Presence(redis, worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len)
+        presence = Presence(
+            redis,
+            worker_id=worker_id,
+            model=model,
+            queue=queue,
+            max_model_len=max_model_len,
+            slots=_slots(options, engine),
+        )
         callbacks = CallbackSender(redis, replay_log, _callback_policy(options))
         callbacks.start()
         closing.push_async_callback(callbacks.close)
@@ -125,6 +141,9 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             leases=leases,
             presence=presence,
             callbacks=callbacks,
+            checkpoint_tokens=(
+                options.checkpoint_tokens if options.checkpoint_tokens is not None else checkpoint_tokens_from_env()
+            ),
         )
         engine_watch = asyncio.create_task(_watch_engine(state), name="engine-watch")
         closing.push_async_callback(stop_task, engine_watch)

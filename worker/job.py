@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -32,12 +33,13 @@ from streamq.protocol import (
     parse_request,
 )
 from worker import metrics
+from worker.delivery import Delivery
 from worker.engine import engine_priority
 from worker.logprobs import LogprobsReader
 from worker.presence import Presence
-from worker.progress import Progress, thread_tokenizer
+from worker.progress import Continuation, Progress, thread_tokenizer
 from worker.publisher import PublishFailed, Refusal
-from worker.regeneration import RegenerationDiffers, with_take_over_seed
+from worker.regeneration import Regeneration, RegenerationDiffers, with_take_over_seed
 from worker.request_events import RequestEvents
 from worker.state import WorkerState, state_of
 from worker.stats_report import RunningRequest
@@ -213,19 +215,40 @@ async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestE
 async def _run(
     ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents, running: RunningRequest
 ) -> dict[str, Any]:
+    """One request's flow, the same steps streamed or not (``worker/delivery.py`` holds the
+    difference): take over what an earlier attempt logged, keep the deadlines, run the
+    engine while each output is emitted, settle."""
     state = state_of(ctx)
-    engine: AsyncLLM = state.engine
-    cancels = state.cancels
+    delivery = Delivery.of(request, state.checkpoint_tokens)
+    events.checkpoint_tokens = delivery.checkpoint_tokens
     # The seed a take-over would need to generate the request again is fixed now.
-    params = with_take_over_seed(sampling_params_for(request), request.request_id)
-    chat_ids = await _prompt_token_ids(engine, request)
-    progress = Progress(params.n)
-    if events.attempt > 1:
-        progress = await Progress.take_over(state.replay_log, request.request_id, events.attempt, params.n)
-        if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
-            return progress.summary(request.request_id)
-        if progress.superseded:  # a newer attempt took it over first
-            return _superseded(state, request.request_id, events.attempt)
+    params = delivery.sampling_params(with_take_over_seed(sampling_params_for(request), request.request_id))
+    chat_ids = await _prompt_token_ids(state.engine, request)
+    progress = await _take_over(state, request, events, params.n)
+    if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
+        return progress.summary(request.request_id)
+    if progress.superseded:  # a newer attempt took it over first
+        return _superseded(state, request.request_id, events.attempt)
+    running.progress = progress
+    time_left = _time_left(state, ctx["score"], request, events.attempt)
+    if isinstance(time_left, FinishReason):
+        return await _end(ctx, events, request, progress, time_left)
+    generation = await _generation(state.engine, request, progress, chat_ids, params)
+    if generation is None:  # finished (or out of budget) before the final event went out
+        return await _end(ctx, events, request, progress, FinishReason.LENGTH)
+    # The prompt's logprobs go out with the request's first chunk: an attempt that goes on
+    # from tokens already sent does not send them again.
+    reader = LogprobsReader.for_request(params, state.engine, with_prompt=isinstance(generation, _FirstRun))
+    return await _run_engine(ctx, request, events, progress, generation, reader, time_left)
+
+
+async def _take_over(state: WorkerState, request: GenerateRequest, events: RequestEvents, n: int) -> Progress:
+    """The request's progress: none for a first attempt; for a later one, what the earlier
+    attempts logged (earlier attempts fenced off), its events numbered on from there."""
+    if events.attempt == 1:
+        return Progress(n)
+    progress = await Progress.take_over(state.replay_log, request.request_id, events.attempt, n)
+    if not (progress.ended or progress.superseded):
         events.next_seq = progress.next_seq
         logger.info(
             "request %s: attempt %d takes over after %d tokens",
@@ -233,32 +256,71 @@ async def _run(
             events.attempt,
             progress.completion_tokens,
         )
-    running.progress = progress
+    return progress
 
-    waited = state.clock.seconds_since(ctx["score"])
-    if request.queue_timeout_s is not None and events.attempt == 1 and waited > request.queue_timeout_s:
-        return await _end(ctx, events, request, progress, FinishReason.QUEUE_TIMEOUT)
-    time_left = None if request.timeout_s is None else request.timeout_s - waited
-    if time_left is not None and time_left <= 0:
-        return await _end(ctx, events, request, progress, FinishReason.TIMEOUT)
 
-    prompt: str | TokensPrompt
-    if chat_ids is not None:
-        prompt = TokensPrompt(prompt_token_ids=chat_ids)
-    else:
-        assert request.prompt is not None, "validated: a request has a prompt or messages"
-        prompt = request.prompt
-    continuation = None
+def _time_left(
+    state: WorkerState, queued_at_ms: int, request: GenerateRequest, attempt: int
+) -> float | None | FinishReason:
+    """Seconds left before the request's deadline (``None``: it has none), or the finish
+    reason that ends it at once: it waited past its ``queue_timeout_s``, or its
+    ``timeout_s`` passed, both counted from its enqueue on Redis's clock."""
+    waited = state.clock.seconds_since(queued_at_ms)
+    if request.queue_timeout_s is not None and attempt == 1 and waited > request.queue_timeout_s:
+        return FinishReason.QUEUE_TIMEOUT
+    if request.timeout_s is None:
+        return None
+    time_left = request.timeout_s - waited
+    return time_left if time_left > 0 else FinishReason.TIMEOUT
+
+
+class _FirstRun:
+    """A request's generation from its prompt: the engine's own outputs."""
+
+    def __init__(self, prompt: str | TokensPrompt, params: SamplingParams) -> None:
+        self._prompt = prompt
+        self._params = params
+
+    def generate(self, engine: AsyncLLM, request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        return engine.generate(
+            request_id=request_id, prompt=self._prompt, sampling_params=self._params, priority=priority
+        )
+
+
+async def _generation(
+    engine: AsyncLLM,
+    request: GenerateRequest,
+    progress: Progress,
+    chat_ids: list[int] | None,
+    params: SamplingParams,
+) -> _FirstRun | Continuation | Regeneration | None:
+    """What generates the request's outputs: from its prompt, or after a take-over the rest
+    of the answer (``Progress.continuation``); ``None`` when nothing is left to generate."""
     if progress.completion_tokens:
-        continuation = await progress.continuation(engine, request, chat_ids, params)
-        if continuation is None:  # finished (or out of budget) before the final event went out
-            return await _end(ctx, events, request, progress, FinishReason.LENGTH)
+        return await progress.continuation(engine, request, chat_ids, params)
+    if chat_ids is not None:
+        return _FirstRun(TokensPrompt(prompt_token_ids=chat_ids), params)
+    assert request.prompt is not None, "validated: a request has a prompt or messages"
+    return _FirstRun(request.prompt, params)
 
+
+async def _run_engine(
+    ctx: dict[str, Any],
+    request: GenerateRequest,
+    events: RequestEvents,
+    progress: Progress,
+    generation: _FirstRun | Continuation | Regeneration,
+    reader: LogprobsReader | None,
+    time_left: float | None,
+) -> dict[str, Any]:
+    """Run the generation with the request's lease held and its cancel heard, emitting each
+    output; then settle. A cancel or the deadline ends it with a final event; the worker's
+    shutdown hands it back (the ``CancelledError`` goes on to arq)."""
+    state = state_of(ctx)
+    engine: AsyncLLM = state.engine
+    cancels = state.cancels
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
-    # The prompt's logprobs went out with the request's first chunk, unless this attempt
-    # is the first to send one.
-    reader = LogprobsReader.for_request(params, engine, with_prompt=continuation is None)
     started = time.monotonic()
     logger.info("request %s started (attempt %d)", request.request_id, events.attempt)
     try:
@@ -266,25 +328,8 @@ async def _run(
         with cancels.registered(*this_attempt), state.leases.held(*this_attempt):
             async with asyncio.timeout(time_left):
                 priority = engine_priority(engine, request.priority)
-                outputs = (
-                    continuation.generate(engine, request.request_id, priority)
-                    if continuation is not None
-                    else engine.generate(
-                        request_id=request.request_id, prompt=prompt, sampling_params=params, priority=priority
-                    )
-                )
-                async for output in outputs:
-                    if reader is not None:
-                        _chunks_with_logprobs(events, output, reader)
-                    for completion in output.outputs:
-                        if reader is None:
-                            events.chunk(
-                                completion.index, completion.text, completion.token_ids, completion.finish_reason
-                            )
-                        progress.add(completion.index, completion.token_ids, completion.finish_reason)
-                    if output.finished:
-                        progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
-                        events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
+                async for output in generation.generate(engine, request.request_id, priority):
+                    _emit(events, progress, output, reader)
     except asyncio.CancelledError:
         stop = cancels.take_stop(request.request_id, events.attempt)
         if stop is None and not cancels.was_cancelled(request.request_id):
@@ -310,6 +355,22 @@ async def _run(
     return progress.summary(request.request_id)
 
 
+def _emit(events: RequestEvents, progress: Progress, output: RequestOutput, reader: LogprobsReader | None) -> None:
+    """Hand one engine output to the request's events (its DELTAs, with the logprobs the
+    request asked for; the final event once it finished) and tally its tokens."""
+    prompt_logprobs = reader.prompt(output) if reader is not None else None
+    for completion in output.outputs:
+        logprobs = reader.sample(completion) if reader is not None else None
+        events.chunk(
+            completion.index, completion.text, completion.token_ids, completion.finish_reason, logprobs, prompt_logprobs
+        )
+        prompt_logprobs = None
+        progress.add(completion.index, completion.token_ids, completion.finish_reason)
+    if output.finished:
+        progress.set_prompt_tokens(len(output.prompt_token_ids or ()))
+        events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
+
+
 async def _settled(ctx: dict[str, Any], events: RequestEvents, stop: Refusal | None = None) -> Refusal | None:
     """Wait until every event of this attempt has reached Redis, then say whether it still
     owns the request: ``None`` if its events were logged (its end too, if it wrote one),
@@ -331,17 +392,6 @@ def _superseded(state: WorkerState, request_id: str, attempt: int) -> dict[str, 
     state.superseded_jobs.add(request_id)
     logger.info("request %s: attempt %d stopped; the attempt that owns the request ends it", request_id, attempt)
     return {"request_id": request_id, "superseded": True}
-
-
-def _chunks_with_logprobs(events: RequestEvents, output: RequestOutput, reader: LogprobsReader) -> None:
-    """Publish an output's DELTAs with the logprobs the request asked for."""
-    prompt_logprobs = reader.prompt(output)
-    for completion in output.outputs:
-        logprobs = reader.sample(completion)
-        events.chunk(
-            completion.index, completion.text, completion.token_ids, completion.finish_reason, logprobs, prompt_logprobs
-        )
-        prompt_logprobs = None
 
 
 async def _end(

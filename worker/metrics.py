@@ -57,6 +57,13 @@ REQUESTS_FINISHED = Counter(
     "streamq_requests_finished",
     "Requests this worker ended with a final event (cancelled and timed out too)",
 )
+REQUEST_EVENTS = Histogram(
+    "streamq_request_events",
+    "Events one attempt of a request published (chunks and its end), by whether it was streamed: "
+    "a request that is not streamed writes a checkpoint every --checkpoint-tokens tokens",
+    ["streamed"],
+    buckets=_BATCH_BUCKETS,
+)
 REQUEST_ERRORS = Counter("streamq_request_errors", "Requests that ended with an error event, by error code", ["code"])
 PUBLISH_SECONDS = Histogram(
     "streamq_publish_seconds",

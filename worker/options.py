@@ -42,6 +42,8 @@ class WorkerOptions:
     engine_factory: str | None = None
     """``module:callable`` building the engine instead of vLLM's ``AsyncLLM``."""
     metrics_port: int | None = None
+    max_jobs: int | None = None
+    """Requests run at once (``--max-jobs``); ``None``: the engine's ``max_num_seqs``."""
     cpu_nice: int | None = None
     queue_name: str | None = None
     events_redis_url: str | None = None
@@ -52,6 +54,8 @@ class WorkerOptions:
     log_maxlen: int | None = None
     coalesce: bool | None = None
     """Merge a request's DELTAs waiting behind a batch in flight into one chunk event."""
+    checkpoint_tokens: int | None = None
+    """Tokens per checkpoint of a request that is not streamed."""
     callback_tries: int | None = None
     callback_backoff_s: float | None = None
     callback_timeout_s: float | None = None

@@ -36,10 +36,17 @@ class Presence:
     """Registers the worker now and renews the registration every ``WORKER_RENEW_S``."""
 
     def __init__(
-        self, redis: Redis, *, worker_id: str, model: str, queue: str, max_model_len: int | None = None
+        self,
+        redis: Redis,
+        *,
+        worker_id: str,
+        model: str,
+        queue: str,
+        max_model_len: int | None = None,
+        slots: int | None = None,
     ) -> None:
         self.registration = WorkerRegistration(
-            worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len
+            worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len, slots=slots
         )
         self._registry = WorkerRegistry(redis)
         self._task: asyncio.Task[None] | None = None

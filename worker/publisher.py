@@ -164,11 +164,12 @@ class EventPublisher:
         self._pending.append(LogEvent(request_id, seq, attempt, payload, terminal))
         self._has_pending.set()
 
-    def publish_chunk(self, event: ChunkEvent) -> int:
-        """Queue a chunk, still open to ``extend``; returns the buffer's generation,
-        which ``extendable`` takes. The chunk is encoded when the flusher takes it."""
+    def publish_chunk(self, event: ChunkEvent, *, deltas: int = 1) -> int:
+        """Queue a chunk (of ``deltas`` engine DELTAs), still open to ``extend``; returns the
+        buffer's generation, which ``extendable`` takes. The chunk is encoded when the
+        flusher takes it."""
         self._pending.append(event)
-        self._deltas += 1
+        self._deltas += deltas
         self._has_pending.set()
         return self._generation
 

@@ -1,7 +1,9 @@
 """The events of one request, numbered and handed to the publisher.
 
 Every event of a request passes here, so this is also where its latency metrics are
-taken, per engine DELTA (``worker/metrics.py``); the publisher counts what it sends.
+taken, per engine DELTA of a streamed request, and its events counted (``worker/metrics.py``);
+the publisher counts what it sends. A request that is not streamed has its DELTAs held
+here until a checkpoint's worth (``worker/delivery.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ class RequestEvents:
     tell a gap or a duplicate from the numbers alone. A DELTA that finds the request's
     last event still waiting in the publisher's buffer, a chunk of the same completion
     that is not its last, joins that chunk instead of taking a number of its own.
+
+    With ``checkpoint_tokens`` (a request that is not streamed) each completion's DELTAs
+    are held and published as one chunk once that many tokens are held, when the
+    completion finishes, or before the request's end: a checkpoint.
     """
 
     def __init__(
@@ -31,13 +37,20 @@ class RequestEvents:
         next_seq: int = 0,
         attempt: int = 1,
         worker_id: str | None = None,
+        checkpoint_tokens: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.attempt = attempt
         self.worker_id = worker_id
         """Named in the final event: the worker that served the request."""
+        self.checkpoint_tokens = checkpoint_tokens
+        """``None``: streamed, each DELTA published as it comes; else tokens per checkpoint."""
         self._publisher = publisher
         self.next_seq = next_seq
+        self._first_seq = next_seq
+        self._held: dict[int, tuple[ChunkEvent, int]] = {}
+        """Completion index -> its DELTAs held since its last checkpoint, as one chunk
+        (numbered when published), and how many DELTAs it holds."""
         self.closed = False
         self._started = time.perf_counter()  # the job's start: created as the job begins
         self._last_chunk_at: dict[int, float] = {}  # per completion index, for inter-token latency
@@ -49,6 +62,11 @@ class RequestEvents:
         seq = self.next_seq
         self.next_seq += 1
         return seq
+
+    @property
+    def published(self) -> int:
+        """Events this attempt has published (chunks, merged ones counting once, and its end)."""
+        return self.next_seq - self._first_seq
 
     def _publish(self, event: Event) -> None:
         terminal = isinstance(event, TERMINAL_EVENTS)
@@ -67,6 +85,9 @@ class RequestEvents:
         """Publish one DELTA of completion ``index``, with its tokens' ``logprobs`` when
         the request asked for them (and the prompt's token ids and logprobs, on the
         request's first chunk)."""
+        if self.checkpoint_tokens is not None:
+            self._hold(index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
+            return
         now = time.perf_counter()
         last = self._last_chunk_at.get(index)
         if last is not None:
@@ -85,8 +106,20 @@ class RequestEvents:
         ):
             publisher.extend(open_chunk, text, token_ids, finish_reason, logprobs)
             return
-        seq = self.next_seq
-        self.next_seq = seq + 1
+        event = self._new_chunk(self._take_seq(), index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
+        self._open = event
+        self._open_generation = publisher.publish_chunk(event)
+
+    def _new_chunk(
+        self,
+        seq: int,
+        index: int,
+        text: str,
+        token_ids: Sequence[int],
+        finish_reason: str | None,
+        logprobs: list[TokenLogprob] | None,
+        prompt_logprobs: tuple[list[int], list[TokenLogprob | None]] | None,
+    ) -> ChunkEvent:
         event = ChunkEvent(
             request_id=self.request_id,
             seq=seq,
@@ -100,8 +133,52 @@ class RequestEvents:
             event.logprobs = logprobs
         if prompt_logprobs is not None:
             event.prompt_token_ids, event.prompt_logprobs = prompt_logprobs
-        self._open = event
-        self._open_generation = publisher.publish_chunk(event)
+        return event
+
+    def _hold(
+        self,
+        index: int,
+        text: str,
+        token_ids: Sequence[int],
+        finish_reason: str | None,
+        logprobs: list[TokenLogprob] | None,
+        prompt_logprobs: tuple[list[int], list[TokenLogprob | None]] | None,
+    ) -> None:
+        """Add a DELTA to what completion ``index`` holds; publish it as a checkpoint once
+        it holds ``checkpoint_tokens`` tokens or the completion finished."""
+        assert self.checkpoint_tokens is not None
+        if index in self._held:
+            held, deltas = self._held[index]
+            held.text += text
+            held.token_ids += token_ids
+            held.finish_reason = finish_reason
+            if logprobs is not None:
+                held.logprobs = [*held.logprobs, *logprobs] if held.logprobs else logprobs
+            if prompt_logprobs is not None:
+                held.prompt_token_ids, held.prompt_logprobs = prompt_logprobs
+            self._held[index] = (held, deltas + 1)
+        else:
+            held = self._new_chunk(-1, index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
+            self._held[index] = (held, 1)
+        if finish_reason is not None or len(held.token_ids) >= self.checkpoint_tokens:
+            self._checkpoint(index)
+
+    def _checkpoint(self, index: int) -> None:
+        """Publish what completion ``index`` holds as one chunk event."""
+        held, deltas = self._held.pop(index)
+        held.seq = self._take_seq()
+        self._open = None
+        self._publisher.publish_chunk(held, deltas=deltas)
+
+    def _end(self, event: FinalEvent | ErrorEvent) -> None:
+        """Publish the request's last event, after whatever is still held."""
+        for index in sorted(self._held):
+            self._checkpoint(index)
+        event.seq = self._take_seq()
+        self._publish(event)
+        self.closed = True
+        streamed = "true" if self.checkpoint_tokens is None else "false"
+        metrics.REQUEST_EVENTS.labels(streamed=streamed).observe(self.published)
 
     def final(
         self,
@@ -115,23 +192,18 @@ class RequestEvents:
         metrics.REQUESTS_FINISHED.inc()
         event = FinalEvent(
             request_id=self.request_id,
-            seq=self._take_seq(),
+            seq=-1,
             attempt=self.attempt,
             finish_reasons=finish_reasons,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             worker=self.worker_id,
         )
-        self._publish(event)
-        self.closed = True
+        self._end(event)
 
     def error(self, code: str, message: str) -> None:
         """Publish the event that ends a failed request."""
-        event = ErrorEvent(
-            request_id=self.request_id, seq=self._take_seq(), attempt=self.attempt, code=code, message=message
-        )
-        self._publish(event)
-        self.closed = True
+        self._end(ErrorEvent(request_id=self.request_id, seq=-1, attempt=self.attempt, code=code, message=message))
 
     async def delivered(self) -> None:
         """Wait until every event published so far has reached Redis."""

@@ -21,9 +21,10 @@ from streamq.broker.connection import (
 from streamq.broker.replay_log import log_limits_from_env
 from streamq.environment import drain_seconds_from_env
 from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
-from streamq.protocol.names import CALLBACK_SECRET_ENV, COALESCE_ENV, KEEP_RESULT_ENV
+from streamq.protocol.names import CALLBACK_SECRET_ENV, CHECKPOINT_TOKENS_ENV, COALESCE_ENV, KEEP_RESULT_ENV
 from worker.arq_worker import StreamqWorker
 from worker.callbacks import CallbackPolicy
+from worker.delivery import checkpoint_tokens_from_env
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
 from worker.options import OPTIONS_KEY, FrontEndSeat, WorkerOptions
@@ -128,6 +129,15 @@ def build_parser() -> FlexibleArgumentParser:
         f"(default: merge, unless ${COALESCE_ENV}=0)",
     )
     group.add_argument(
+        "--checkpoint-tokens",
+        type=_positive_int,
+        default=checkpoint_tokens_from_env(),
+        metavar="N",
+        help="a request that is not streamed (a batch line, stream: false) is asked of the engine and written "
+        "to Redis every N tokens (a checkpoint) instead of every token: a worker's death costs at most N tokens "
+        f"per completion generated again (default: ${CHECKPOINT_TOKENS_ENV} or %(default)s)",
+    )
+    group.add_argument(
         "--keep-result-s",
         type=float,
         default=keep_result_from_env(),
@@ -185,12 +195,14 @@ def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> in
                 engine_args=None if args.engine_factory else engine_args_from_namespace(args),
                 engine_factory=args.engine_factory,
                 metrics_port=args.metrics_port,
+                max_jobs=args.max_jobs,
                 cpu_nice=args.cpu_nice,
                 queue_name=args.queue,
                 events_redis_url=events_url_from_args(args),
                 log_ttl_ms=round(args.log_ttl_s * 1000),
                 log_maxlen=args.log_maxlen,
                 coalesce=args.coalesce,
+                checkpoint_tokens=args.checkpoint_tokens,
                 callback_tries=args.callback_tries,
                 callback_backoff_s=args.callback_backoff_s,
                 callback_timeout_s=args.callback_timeout_s,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamq.broker.replay_log import ReplayLog
+from streamq.protocol.names import DEFAULT_CHECKPOINT_TOKENS
 from worker.callbacks import CallbackSender
 from worker.cancel import CancelListener
 from worker.lease import Leases
@@ -73,6 +74,8 @@ class WorkerState:
     presence: Presence
     callbacks: CallbackSender | None = None
     """Sends completion callbacks; ``None`` in a state built without one."""
+    checkpoint_tokens: int = DEFAULT_CHECKPOINT_TOKENS
+    """Tokens per checkpoint of a request that is not streamed (``worker/delivery.py``)."""
     closing: AsyncExitStack = field(default_factory=AsyncExitStack)
     """Stops the parts started with this state, last started first (the start-up hook fills it)."""
     clock: RedisClock = field(default_factory=RedisClock)

@@ -28,6 +28,9 @@ from streamq.protocol.scripts import ReadOnlyScript, register_script
 
 logger = logging.getLogger("streamq.registry")
 
+DEFAULT_SLOTS = 64
+"""The slots counted for a live worker whose registration names none."""
+
 
 @dataclass(frozen=True)
 class Routes:
@@ -46,6 +49,11 @@ class Routes:
         fit whichever takes it); ``None`` when none reports one."""
         lengths = [w.max_model_len for w in self.workers if w.model == model and w.max_model_len is not None]
         return min(lengths, default=None)
+
+    def slots(self, model: str | None = None) -> int:
+        """Requests the live workers of ``model`` (of every model, for ``None``) run at once,
+        summed; a worker that reports no ``slots`` counts ``DEFAULT_SLOTS``."""
+        return sum(w.slots or DEFAULT_SLOTS for w in self.workers if model is None or w.model == model)
 
 
 class WorkerRegistry:

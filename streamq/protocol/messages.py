@@ -170,6 +170,12 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     """Whose request this is: within a priority, workers take turns between tenants
     with waiting jobs (``DEFAULT_TENANT`` when absent)."""
     callback: Callback | None = None
+    stream: bool = True
+    """Whether someone follows the request token by token. ``False`` for a request whose
+    only consumer is its end (a batch line, a ``stream: false`` call, a callback): the
+    worker asks the engine for no per-token output and writes the tokens in checkpoints
+    (every ``DEFAULT_CHECKPOINT_TOKENS`` tokens, as the worker sets) and at the end; the
+    events are the same kinds, fewer and larger."""
 
     def __post_init__(self) -> None:
         if not is_valid_request_id(self.request_id):
@@ -205,6 +211,9 @@ class StreamqError(Exception):
     """Base of the errors streamq raises to its users. Defined with the wire contract
     because ``InvalidRequest``, which ``parse_request`` raises, is one of them."""
 
+    request_id: str | None = None
+    """The request the error is about, where one is known (every error of ``generate_many``)."""
+
 
 class InvalidRequest(StreamqError, ValueError):
     """A job payload that can never succeed; reported to the requester, never retried.
@@ -234,6 +243,9 @@ class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defau
     model: str
     queue: str
     max_model_len: int | None = None
+    slots: int | None = None
+    """Requests the worker runs at once (its engine's ``max_num_seqs``, or ``--max-jobs``): what
+    a batch keeps in flight for it."""
     v: int = PROTOCOL_VERSION
 
 

@@ -213,6 +213,13 @@ AFFINITY_WINDOW_ENV: Final = "STREAMQ_AFFINITY_WINDOW_MS"
 given (default ``AFFINITY_WINDOW_MS``; 0 turns prefix-aware pickup off for it)."""
 COALESCE_ENV: Final = "STREAMQ_COALESCE"
 """``0`` stops a worker from merging a request's waiting chunks into one event (default ``1``)."""
+CHECKPOINT_TOKENS_ENV: Final = "STREAMQ_CHECKPOINT_TOKENS"
+"""The worker only: tokens per checkpoint of a request that is not streamed (default
+``DEFAULT_CHECKPOINT_TOKENS``)."""
+DEFAULT_CHECKPOINT_TOKENS: Final = 256
+"""A request that is not streamed (``"stream": false``) has its tokens written to its log
+every this many tokens of a completion, and when it ends: what a take-over after a worker's
+death must generate again is at most this many tokens per completion."""
 
 
 def events_channel(request_id: str) -> str:

@@ -1,10 +1,12 @@
 """The batch runner's lines: what it reads, what it skips on a re-run, and what it writes for each request.
 
-No Redis: requests go to a stand-in for ``StreamqClient`` that answers or fails as told.
+No Redis: requests go through ``StreamqClient.generate_many`` and ``generate`` to a stand-in
+``submit`` that answers or fails as told.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -15,8 +17,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.progress import Progress
 
 from producer.batch import BatchLine, BatchRun, done_keys, read_batch
-from producer.client import Completion
+from producer.client import Completion, StreamqClient
 from producer.errors import NoLiveWorker, RequestError, UnknownModel
+from streamq.broker.registry import Routes
 from streamq.protocol import ErrorCode
 
 
@@ -27,7 +30,7 @@ def line(custom_id: str, body: dict[str, Any], url: str = "/v1/completions", **e
 def test_valid_lines_are_read_in_order_and_blank_lines_skipped() -> None:
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}
     text = "\n".join([line("a", {"prompt": "x"}), "", "   ", line("b", chat, url="/v1/chat/completions")])
-    lines = list(read_batch(text))
+    lines = list(read_batch(text.splitlines()))
     assert [(x.key, x.custom_id, x.url, x.body, x.error) for x in lines] == [
         ("a", "a", "/v1/completions", {"prompt": "x"}, None),
         ("b", "b", "/v1/chat/completions", chat, None),
@@ -48,14 +51,14 @@ MALFORMED: list[tuple[str, str, str | None, str]] = [
 
 @pytest.mark.parametrize(("raw", "key", "custom_id", "reason"), MALFORMED)
 def test_a_malformed_line_comes_back_with_its_reason(raw: str, key: str, custom_id: str | None, reason: str) -> None:
-    (parsed,) = read_batch(raw)
+    (parsed,) = read_batch([raw])
     assert (parsed.key, parsed.custom_id, parsed.body) == (key, custom_id, None)
     assert parsed.error is not None and parsed.error.startswith(reason)
 
 
 def test_a_duplicate_custom_id_is_reported_under_its_line_number() -> None:
     text = "\n".join([line("a", {"prompt": "x"}), line("b", {"prompt": "y"}), line("a", {"prompt": "z"})])
-    first, _, duplicate = read_batch(text)
+    first, _, duplicate = read_batch(text.splitlines())
     assert first.error is None
     assert (duplicate.key, duplicate.custom_id) == ("line 3", None)
     assert duplicate.error == "line 3: duplicate custom_id 'a': custom_ids must be unique in a batch"
@@ -86,26 +89,34 @@ def test_a_rerun_skips_exactly_what_the_output_holds(tmp_path: Path) -> None:
     out.write_text(json.dumps({"custom_id": "a"}) + "\n" + json.dumps({"custom_id": None, "error": "line 2: x"}) + "\n")
     text = "\n".join([line("a", {"prompt": "x"}), "{bad", line("c", {"prompt": "z"})])
     done = done_keys(out)
-    assert [x.key for x in read_batch(text) if x.key not in done] == ["c"]
+    assert [x.key for x in read_batch(text.splitlines()) if x.key not in done] == ["c"]
 
 
 class _Handle:
-    def __init__(self, outcome: Completion | BaseException) -> None:
+    def __init__(self, outcome: Completion | BaseException, *, cancel_on_close: bool) -> None:
         self.outcome = outcome
-        self.cancel_on_close = False
+        self.cancel_on_close = cancel_on_close
         self.closed = False
 
-    async def result(self) -> Completion:
+    async def __aenter__(self) -> _Handle:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.closed = True
+
+    async def result(self, timeout: float | None = None) -> Completion:
         if isinstance(self.outcome, BaseException):
             raise self.outcome
-        return self.outcome
-
-    async def close(self) -> None:
-        self.closed = True
+        return dataclasses.replace(self.outcome, request_id=self.request_id)  # type: ignore[attr-defined]
 
 
 class _Client:
-    """Answers every submit with ``outcome``: a completion, or the failure to raise."""
+    """``StreamqClient``'s ``generate_many`` and ``generate`` over a ``submit`` that answers
+    every request with ``outcome``: a completion, or the failure to raise."""
+
+    generate_many = StreamqClient.generate_many
+    generate = StreamqClient.generate
+    _generate_one = StreamqClient._generate_one
 
     def __init__(self, outcome: Completion | BaseException, *, on_submit: BaseException | None = None) -> None:
         self.outcome = outcome
@@ -113,12 +124,17 @@ class _Client:
         self.submitted: list[dict[str, Any]] = []
         self.handles: list[_Handle] = []
 
-    async def submit(self, **kwargs: Any) -> _Handle:
-        self.submitted.append(kwargs)
+    async def routes(self) -> Routes:
+        return Routes(workers=[], known_models={})
+
+    async def submit(self, prompt: str | None = None, **kwargs: Any) -> _Handle:
+        self.submitted.append({"prompt": prompt, **kwargs})
         if self.on_submit is not None:
             raise self.on_submit
-        self.handles.append(_Handle(self.outcome))
-        return self.handles[-1]
+        handle = _Handle(self.outcome, cancel_on_close=kwargs["cancel_on_close"])
+        handle.request_id = kwargs["request_id"]  # type: ignore[attr-defined]
+        self.handles.append(handle)
+        return handle
 
 
 async def run_one(client: _Client, batch_line: BatchLine, affinity: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -126,7 +142,7 @@ async def run_one(client: _Client, batch_line: BatchLine, affinity: dict[str, An
     progress = Progress(disable=True)
     task_id = progress.add_task("batch", total=1)
     run = BatchRun(client, out, progress, task_id, affinity=affinity)  # type: ignore[arg-type]
-    await run.run_line(batch_line)
+    await run.run([batch_line])
     (written,) = out.getvalue().splitlines()
     result: dict[str, Any] = json.loads(written)
     assert result["id"] == f"batch-{result['response']['request_id']}"
@@ -135,7 +151,7 @@ async def run_one(client: _Client, batch_line: BatchLine, affinity: dict[str, An
 
 
 def read_one(raw: str) -> BatchLine:
-    (parsed,) = read_batch(raw)
+    (parsed,) = read_batch([raw])
     return parsed
 
 
@@ -156,6 +172,7 @@ async def test_a_finished_request_writes_the_response_body_and_routes_by_model()
     assert client.submitted[0]["model"] == "tiny" and client.submitted[0]["prompt"] == "Hi"
     assert client.submitted[0]["max_tokens"] == 3
     assert client.handles[0].cancel_on_close and client.handles[0].closed
+    assert client.submitted[0]["stream"] is False, "a batch line is not streamed"
     assert (result["custom_id"], result["error"], result["response"]["status_code"]) == ("a", None, 200)
     body = result["response"]["body"]
     assert (body["object"], body["model"], body["choices"][0]["text"]) == ("text_completion", "tiny", "ok")
@@ -224,9 +241,9 @@ async def test_a_body_takes_an_affinity_key_and_opts_out_of_affinity() -> None:
     await run_one(client, read_one(line("b", {"prompt": "Hi", "affinity": False})))
     await run_one(client, read_one(line("c", {"prompt": "Hi"})))
     keyed, off, plain = client.submitted
-    assert (keyed["affinity_key"], keyed["prompt"], "affinity" in keyed) == ("doc-7", "Hi", False)
-    assert (off["affinity"], "affinity_key" in off) == (False, False)
-    assert "affinity" not in plain and "affinity_key" not in plain  # the library's default
+    assert (keyed["affinity_key"], keyed["prompt"], keyed["affinity"]) == ("doc-7", "Hi", True)
+    assert (off["affinity"], off["affinity_key"]) == (False, None)
+    assert (plain["affinity"], plain["affinity_key"]) == (True, None)  # the library's defaults
 
 
 async def test_the_command_lines_affinity_applies_to_bodies_that_set_none() -> None:
@@ -235,7 +252,7 @@ async def test_the_command_lines_affinity_applies_to_bodies_that_set_none() -> N
     await run_one(client, read_one(line("a", {"prompt": "Hi"})), command_line)
     await run_one(client, read_one(line("b", {"prompt": "Hi", "affinity_key": "doc-7"})), command_line)
     assert client.submitted[0]["affinity"] is False
-    assert client.submitted[1]["affinity_key"] == "doc-7" and "affinity" not in client.submitted[1]
+    assert client.submitted[1]["affinity_key"] == "doc-7" and client.submitted[1]["affinity"] is True
 
 
 BAD_AFFINITY: list[tuple[dict[str, Any], str]] = [
@@ -267,5 +284,5 @@ async def test_redis_failing_ends_the_batch_instead_of_writing_a_line() -> None:
     progress = Progress(disable=True)
     run = BatchRun(client, out, progress, progress.add_task("batch", total=1))  # type: ignore[arg-type]
     with pytest.raises(RedisConnectionError):
-        await run.run_line(read_one(line("a", {"prompt": "Hi"})))
+        await run.run([read_one(line("a", {"prompt": "Hi"}))])
     assert out.getvalue() == ""

@@ -36,8 +36,8 @@ def test_subcommands_take_their_own_arguments() -> None:
     tail = parse("tail", "req-1", "--from-seq", "3")
     assert (tail["request_id"], tail["from_seq"]) == ("req-1", 3)
     assert parse("cancel", "req-2")["request_id"] == "req-2"
-    batch = parse("batch", "in.jsonl", "out.jsonl", "--concurrency", "4")
-    assert (str(batch["input"]), str(batch["output"]), batch["concurrency"]) == ("in.jsonl", "out.jsonl", 4)
+    batch = parse("batch", "in.jsonl", "out.jsonl", "--max-in-flight", "4")
+    assert (str(batch["input"]), str(batch["output"]), batch["max_in_flight"]) == ("in.jsonl", "out.jsonl", 4)
 
 
 def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:

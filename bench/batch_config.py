@@ -1,0 +1,91 @@
+"""What one run of ``python -m bench.batch`` measures, shared by the parent and the paths'
+processes: the model, the engine flags, the prompts and the batch file made of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from bench.config import ENGINE_FLAGS_ENV, SERVE_MAX_NUM_BATCHED_TOKENS
+from devkit.worker_process import tiny_engine_flags
+
+
+@dataclass(frozen=True)
+class BatchBenchConfig:
+    """One side-by-side run: a batch of ``num_prompts`` greedy requests of ``output_len`` tokens."""
+
+    model_dir: str
+    num_prompts: int
+    input_len: int
+    output_len: int
+    max_num_seqs: int
+    seed: int
+    results_dir: str
+    run_id: str
+
+    def engine_flags(self) -> list[str]:
+        """The engine flags of every path, as ``vllm serve`` spells them."""
+        return [
+            *tiny_engine_flags(self.model_dir, max_model_len=self.input_len + self.output_len + 64),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(SERVE_MAX_NUM_BATCHED_TOKENS),
+            *shlex.split(os.environ.get(ENGINE_FLAGS_ENV, "")),
+        ]
+
+    def custom_id(self, index: int) -> str:
+        return f"request-{index}"
+
+    def prompts(self) -> list[str]:
+        """``num_prompts`` prompts of vLLM's ``random`` dataset, ``input_len`` tokens each."""
+        return list(_prompts(self.model_dir, self.num_prompts, self.input_len, self.output_len, self.seed))
+
+    def batch_lines(self, prompts: list[str]) -> list[str]:
+        """The batch file (``/v1/completions``, as ``vllm run-batch`` and ``streamq batch`` read it)."""
+        return [
+            json.dumps(
+                {
+                    "custom_id": self.custom_id(i),
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {
+                        "model": self.model_dir,
+                        "prompt": prompt,
+                        "max_tokens": self.output_len,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                }
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, path: Path) -> BatchBenchConfig:
+        return cls(**json.loads(path.read_text()))
+
+
+@cache
+def _prompts(model_dir: str, count: int, input_len: int, output_len: int, seed: int) -> tuple[str, ...]:
+    from vllm.benchmarks.datasets import RandomDataset
+    from vllm.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer(model_dir, tokenizer_mode="auto", trust_remote_code=False)
+    requests = RandomDataset(random_seed=seed).sample(
+        tokenizer=tokenizer, num_requests=count, input_len=input_len, output_len=output_len, range_ratio=0.0
+    )
+    return tuple(str(r.prompt) for r in requests)
+
+
+def completion_text(body: dict[str, Any]) -> str:
+    """The text of a ``/v1/completions`` response body's first choice."""
+    return str(body["choices"][0]["text"])
