@@ -19,12 +19,14 @@ commands and the events per request. ``--rounds N`` runs every path N times, in 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from datetime import datetime
@@ -35,6 +37,7 @@ import redis
 
 from bench.batch_config import BatchBenchConfig, completion_text
 from bench.cpu import CpuWindow, descendants
+from bench.profiling import PySpyRecording
 from devkit.redis_server import RedisServer, free_port
 from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
 from devkit.worker_process import WorkerProcess, worker_env
@@ -55,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random dataset (default %(default)s)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR, help="tiny model, built if absent")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--worker-args", default="", help="more arguments for the worker, e.g. '--max-jobs 256'")
+    parser.add_argument("--profile", action="store_true", help="record the worker with py-spy (perturbs it)")
     parser.add_argument("--batch-args", default="", help="more arguments for streamq batch, e.g. '--max-in-flight 128'")
     return parser
 
@@ -83,32 +88,57 @@ def _metric(port: int, name: str, labels: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def _peak_kib(pid: int) -> int | None:
+    """The process's peak resident memory so far (``VmHWM``, reset by ``exec``, unlike
+    ``ru_maxrss``, which would count the memory of this process it was forked from)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
 def _run_batch_command(
     config: BatchBenchConfig, redis_url: str, queue: str, batch: Path, out: Path, extra: list[str]
 ) -> tuple[float, float, int]:
-    """``streamq batch`` as a user runs it, a session of its own: wall seconds, CPU seconds, peak KiB."""
+    """``streamq batch`` as a user runs it, a session of its own: wall seconds, CPU seconds,
+    peak resident KiB (sampled every 50 ms)."""
     command = [sys.executable, "-m", "producer", "batch", str(batch), str(out), "--no-progress"]
     command += ["--redis-url", redis_url, "--queue", queue, *extra]
     started = time.perf_counter()
     child = subprocess.Popen(
         command, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    peaks: list[int] = [0]
+
+    def sample() -> None:
+        while child.returncode is None:
+            peaks.append(_peak_kib(child.pid) or 0)
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     _, status, usage = os.wait4(child.pid, 0)
     wall_s = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    sampler.join()
+    peak = max(peaks)
     assert child.stdout is not None
     output = child.stdout.read().decode(errors="replace")
-    child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
         raise SystemExit(f"streamq batch failed with exit code {child.returncode}:\n{output}")
-    return wall_s, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+    return wall_s, usage.ru_utime + usage.ru_stime, peak
 
 
-def run_streamq(config: BatchBenchConfig, batch_args: list[str]) -> dict[str, Any]:
+def run_streamq(
+    config: BatchBenchConfig, batch_args: list[str], worker_args: list[str], *, profile: bool = False
+) -> dict[str, Any]:
     """Redis, a worker and ``streamq batch`` over the batch file."""
     results = Path(config.results_dir)
     metrics_port = free_port()
     with RedisServer() as server:
-        flags = [*config.engine_flags(), "--metrics-port", str(metrics_port)]
+        flags = [*config.engine_flags(), "--metrics-port", str(metrics_port), *worker_args]
         log = results / f"{config.run_id}-streamq-worker.log"
         worker = WorkerProcess(server.url, flags, log_path=log, env=worker_env(), metrics_port=metrics_port)
         try:
@@ -131,10 +161,13 @@ def run_streamq(config: BatchBenchConfig, batch_args: list[str]) -> dict[str, An
             cpu = CpuWindow(roles)
             cpu.start()
             out = results / f"{config.run_id}-streamq-out.jsonl"
-            wall_s, batch_cpu_s, peak_kib = _run_batch_command(
-                config, server.url, worker.queue, results / f"{config.run_id}-batch.jsonl", out, batch_args
-            )
-            window = cpu.stop()
+            with contextlib.ExitStack() as stack:
+                if profile:
+                    stack.enter_context(PySpyRecording(worker.process.pid, results / f"{config.run_id}-worker.pyspy"))
+                wall_s, batch_cpu_s, peak_kib = _run_batch_command(
+                    config, server.url, worker.queue, results / f"{config.run_id}-batch.jsonl", out, batch_args
+                )
+                window = cpu.stop()
             commands = {k: v - commands_before.get(k, 0) for k, v in _commands(client).items()}
             events_sum = _metric(metrics_port, *events) - events_before
             client.close()
@@ -251,7 +284,9 @@ def main() -> None:
         for path in order:
             print(f"--- round {number + 1}: {path}", flush=True)
             if path == "streamq":
-                done[path] = run_streamq(config, args.batch_args.split())
+                done[path] = run_streamq(
+                    config, args.batch_args.split(), args.worker_args.split(), profile=args.profile
+                )
             else:
                 done[path] = run_vllm_path(path, config, config_path)
             print(f"    {done[path]['tokens'] / done[path]['wall_s']:,.0f} tok/s", flush=True)

@@ -47,17 +47,18 @@ class BatchBenchConfig:
         return list(_prompts(self.model_dir, self.num_prompts, self.input_len, self.output_len, self.seed))
 
     def batch_lines(self, prompts: list[str]) -> list[str]:
-        """The batch file (``/v1/completions``, as ``vllm run-batch`` and ``streamq batch`` read it)."""
+        """The batch file: one chat request a prompt (``/v1/chat/completions``, the generation
+        endpoint ``vllm run-batch`` reads; ``streamq batch`` reads it too)."""
         return [
             json.dumps(
                 {
                     "custom_id": self.custom_id(i),
                     "method": "POST",
-                    "url": "/v1/completions",
+                    "url": "/v1/chat/completions",
                     "body": {
                         "model": self.model_dir,
-                        "prompt": prompt,
-                        "max_tokens": self.output_len,
+                        "messages": conversation(prompt),
+                        "max_completion_tokens": self.output_len,
                         "temperature": 0,
                         "ignore_eos": True,
                     },
@@ -86,6 +87,11 @@ def _prompts(model_dir: str, count: int, input_len: int, output_len: int, seed: 
     return tuple(str(r.prompt) for r in requests)
 
 
+def conversation(prompt: str) -> list[dict[str, str]]:
+    """The chat every path sends for ``prompt``: one user message."""
+    return [{"role": "user", "content": prompt}]
+
+
 def completion_text(body: dict[str, Any]) -> str:
-    """The text of a ``/v1/completions`` response body's first choice."""
-    return str(body["choices"][0]["text"])
+    """The text of a ``/v1/chat/completions`` response body's first choice."""
+    return str(body["choices"][0]["message"]["content"])

@@ -1,12 +1,16 @@
 """vLLM's own ways to run a batch, the yardsticks of ``python -m bench.batch``, each run in a
 process of its own (one engine at a time): ``python -m bench.batch_paths PATH CONFIG OUT``.
 
-- ``offline``: ``vllm.LLM(...).generate(prompts, params)``, every prompt at once.
+- ``offline``: ``vllm.LLM(...).chat(conversations, params)`` (``generate`` after the chat
+  template), every prompt at once.
 - ``run-batch``: ``vllm run-batch``'s own ``run_batch`` over the batch file, on the engine
   client its ``main`` builds.
-- ``final-only``: a bare ``AsyncLLM`` with every prompt at once and
-  ``RequestOutputKind.FINAL_ONLY``: what a worker's process adds to the engine's own front
-  end is measured against this process.
+- ``final-only``: a bare ``AsyncLLM`` with every prompt at once (rendered with the chat
+  template in the window, as the worker renders it) and ``RequestOutputKind.FINAL_ONLY``:
+  what a worker's process adds to the engine's own front end is measured against this process.
+
+Every prompt is one user message of a chat (``vllm run-batch`` has no other generation
+endpoint).
 
 Each is timed from its first request to its last output, after a warm-up batch; the engine's
 start is not counted. CPU: this process (``front_end``) and its children (``engine_core``).
@@ -27,11 +31,12 @@ from typing import Any
 
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from bench.batch_config import BatchBenchConfig, completion_text
+from bench.batch_config import BatchBenchConfig, completion_text, conversation
 from bench.cpu import CpuWindow, descendants
 
 WARM_UP_PROMPTS = 8
@@ -53,7 +58,7 @@ def _params(config: BatchBenchConfig, **extra: Any) -> SamplingParams:
 
 
 def offline(config: BatchBenchConfig) -> dict[str, Any]:
-    """``LLM.generate`` over every prompt at once: vLLM's offline batch inference."""
+    """``LLM.chat`` over every prompt at once: vLLM's offline batch inference."""
     args = _engine_args(config, EngineArgs)
     defaults = EngineArgs(model=args.model)
     given = {
@@ -62,12 +67,12 @@ def offline(config: BatchBenchConfig) -> dict[str, Any]:
         if f.init and getattr(args, f.name) != getattr(defaults, f.name)
     }
     llm = LLM(model=args.model, **{k: v for k, v in given.items() if k != "model"})
-    prompts = config.prompts()
-    llm.generate(prompts[:WARM_UP_PROMPTS], _params(config), use_tqdm=False)
+    chats: list[Any] = [conversation(p) for p in config.prompts()]
+    llm.chat(chats[:WARM_UP_PROMPTS], _params(config), use_tqdm=False)
     cpu = CpuWindow(_roles())
     cpu.start()
     started = time.perf_counter()
-    outputs = llm.generate(prompts, _params(config), use_tqdm=False)
+    outputs = llm.chat(chats, _params(config), use_tqdm=False)
     wall_s = time.perf_counter() - started
     window = cpu.stop()
     texts = {config.custom_id(i): output.outputs[0].text for i, output in enumerate(outputs)}
@@ -112,8 +117,12 @@ async def _final_only(config: BatchBenchConfig) -> dict[str, Any]:
     engine = AsyncLLM.from_engine_args(_engine_args(config, AsyncEngineArgs))  # type: ignore[arg-type]
     params = _params(config, output_kind=RequestOutputKind.FINAL_ONLY)
 
+    tokenizer: Any = engine.get_tokenizer()
+
     async def one(prompt: str) -> tuple[str, int]:
-        async for output in engine.generate(request_id=uuid.uuid4().hex, prompt=prompt, sampling_params=params):
+        text = tokenizer.apply_chat_template(conversation(prompt), tokenize=False, add_generation_prompt=True)
+        ids = TokensPrompt(prompt_token_ids=tokenizer.encode(text, add_special_tokens=False))
+        async for output in engine.generate(request_id=uuid.uuid4().hex, prompt=ids, sampling_params=params):
             if output.finished:
                 return output.outputs[0].text, len(output.outputs[0].token_ids)
         raise RuntimeError("the engine ended a request without a finished output")

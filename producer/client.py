@@ -22,10 +22,10 @@ import difflib
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Unpack, cast
+from typing import Any, Literal, Unpack, cast, overload
 
 import msgspec
 from arq.connections import ArqRedis
@@ -724,6 +724,26 @@ class StreamqClient:
         async with handle:
             return await handle.result(timeout)
 
+    @overload
+    def generate_many(
+        self,
+        requests: Iterable[str | Mapping[str, Any]] | AsyncIterable[str | Mapping[str, Any]],
+        *,
+        max_in_flight: int | None = None,
+        return_exceptions: Literal[False] = False,
+        **common: Any,
+    ) -> AsyncGenerator[Completion, None]: ...
+
+    @overload
+    def generate_many(
+        self,
+        requests: Iterable[str | Mapping[str, Any]] | AsyncIterable[str | Mapping[str, Any]],
+        *,
+        max_in_flight: int | None = None,
+        return_exceptions: Literal[True],
+        **common: Any,
+    ) -> AsyncGenerator[Completion | StreamqError, None]: ...
+
     async def generate_many(
         self,
         requests: Iterable[str | Mapping[str, Any]] | AsyncIterable[str | Mapping[str, Any]],
@@ -731,7 +751,7 @@ class StreamqClient:
         max_in_flight: int | None = None,
         return_exceptions: bool = False,
         **common: Any,
-    ) -> AsyncIterator[Completion | StreamqError]:
+    ) -> AsyncGenerator[Completion | StreamqError, None]:
         """Run many requests with a bounded number in flight and yield each ``Completion``
         as its request ends (in the order they end, not the order given), for batch work
         from code: ``async for completion in client.generate_many(prompts, max_tokens=32)``.

@@ -3,7 +3,8 @@ clients cancel, and afterwards every request ended exactly once with exactly its
 
 Its own persistent Redis (ACL user, AOF) and two real workers on a queue of their own;
 a producer keeps a few requests in flight (plain prompts, chat, stop strings, all at
-temperature 0) and follows each with its ``RequestHandle``, while a witness records
+temperature 0; about one in three not streamed, its tokens written in checkpoints of
+``CHECKPOINT_TOKENS``) and follows each with its ``RequestHandle``, while a witness records
 every event that crosses the wire. A driver with a seeded RNG SIGKILLs a worker (a
 replacement starts, so two run again), restarts Redis or SIGKILLs it (down ``REDIS_DOWN_S``,
 data kept), and the producer cancels some requests. References come first, from an undisturbed run
@@ -55,6 +56,11 @@ REPORT_PATH = Path(os.environ.get("STREAMQ_SOAK_REPORT", "bench/results/soak.jso
 QUEUE = "streamq:queue:soak"
 CONCURRENCY = 5
 CANCEL_PROBABILITY = 0.12
+WHOLE_PROBABILITY = 0.33
+"""The share of requests sent with ``stream=False``: their events are checkpoints."""
+CHECKPOINT_TOKENS = 32
+"""The workers' ``--checkpoint-tokens``: a request that is not streamed, killed mid-run, is
+taken over from a checkpoint (the default, 256, lies past every request's ``max_tokens``)."""
 REDIS_DOWN_S = 8.0
 REDIS_FAULTS = ("redis_restart", "redis_crash")
 """Redis stopped (SIGTERM: it writes what it holds and exits) or killed (SIGKILL). Its
@@ -130,6 +136,7 @@ class Run:
 
     request_id: str
     spec: Spec
+    streamed: bool = True
     submitted_at: float = 0.0
     events: list[tuple[float, Event]] = field(default_factory=list)
     error: str | None = None
@@ -299,7 +306,8 @@ class Soak:
         count = 0
         while time.monotonic() < self.ends:
             count += 1
-            run = Run(f"soak-{index}-{count}-{uuid.uuid4().hex[:8]}", rng.choice(self.specs))
+            spec, streamed = rng.choice(self.specs), rng.random() >= WHOLE_PROBABILITY
+            run = Run(f"soak-{index}-{count}-{uuid.uuid4().hex[:8]}", spec, streamed)
             forced = index == 0 and count == 2  # at least one cancel per run
             cancel_after = rng.uniform(0.0, 1.0) if forced or rng.random() < CANCEL_PROBABILITY else None
             self.runs.append(run)
@@ -307,7 +315,9 @@ class Soak:
                 if isinstance(self.witness, ShardedEventWitness):
                     await self.witness.follow(run.request_id)  # no pattern matches sharded channels
                 run.submitted_at = time.monotonic()
-                handle = await self.client.submit(request_id=run.request_id, temperature=0, **run.spec.request)
+                handle = await self.client.submit(
+                    request_id=run.request_id, temperature=0, stream=run.streamed, **run.spec.request
+                )
             canceller = asyncio.create_task(self.cancel_later(handle, run, cancel_after)) if cancel_after else None
             try:
                 async for event in handle:
@@ -411,11 +421,12 @@ def worker_lines(fleet: WorkerFleet, request_id: str, limit: int = 12) -> str:
 def recovery_times(
     faults: list[Fault], kind: str, *, interrupted: bool = False, from_back: bool = False
 ) -> list[float]:
-    """Per fault of ``kind`` and request in flight then: seconds from the fault to the
-    request's stream going on. That is its first event from a newer attempt if it moved
+    """Per fault of ``kind`` and streamed request in flight then: seconds from the fault to
+    the request's stream going on. That is its first event from a newer attempt if it moved
     before the next fault (it was interrupted), else its next event (for a Redis restart,
     the next one after the server was gone). ``interrupted``: only requests that moved;
-    ``from_back``: counted from Redis answering again."""
+    ``from_back``: counted from Redis answering again. (A request that is not streamed
+    writes an event per checkpoint: its next one says nothing of the recovery.)"""
     times = []
     for index, fault in enumerate(faults):
         if fault.kind != kind:
@@ -423,7 +434,7 @@ def recovery_times(
         horizon = faults[index + 1].at if index + 1 < len(faults) else float("inf")
         after = fault.down_at or fault.at
         start = fault.back_at if from_back and fault.back_at is not None else fault.at
-        for run in fault.in_flight:
+        for run in (run for run in fault.in_flight if run.streamed):
             attempt = max((e.attempt for seen, e in run.events if seen <= fault.at), default=1)
             moved = next((seen for seen, e in run.events if fault.at < seen < horizon and e.attempt > attempt), None)
             went_on = moved if moved is not None else run.next_event_after(after)
@@ -457,7 +468,8 @@ def summarize(
         duplicated += was_duplicated
         if problems:
             failures.append(
-                f"{run.request_id} ({run.spec.name}, cancel {run.cancel_outcome}):\n  "
+                f"{run.request_id} ({run.spec.name}, {'streamed' if run.streamed else 'not streamed'}, "
+                f"cancel {run.cancel_outcome}):\n  "
                 + "\n  ".join(problems)
                 + "\n"
                 + worker_lines(fleet, run.request_id)
@@ -477,6 +489,10 @@ def summarize(
         "cancelled": sum(1 for e in finals if e.finish_reasons == ["cancelled"]),
         "tokens": sum(e.completion_tokens for e in finals),
         "taken_over": sum(1 for run in soak.runs if any(event.attempt > 1 for _, event in run.events)),
+        "not_streamed": sum(1 for run in soak.runs if not run.streamed),
+        "not_streamed_taken_over": sum(
+            1 for run in soak.runs if not run.streamed and any(event.attempt > 1 for _, event in run.events)
+        ),
         "faults": {
             "kill": sum(1 for f in soak.faults if f.kind == "kill"),
             "redis_restart": sum(1 for f in soak.faults if f.kind == "redis_restart"),
@@ -516,7 +532,8 @@ def summarize(
     line = (
         f"soak ({soak.shape.name}): seed {SEED}, {soak.shape.seconds:.0f}s, {report['requests']} requests "
         f"({report['completed']} completed, "
-        f"{report['cancelled']} cancelled, {report['taken_over']} taken over), "
+        f"{report['cancelled']} cancelled, {report['taken_over']} taken over; {report['not_streamed']} not "
+        f"streamed, {report['not_streamed_taken_over']} of them taken over), "
         f"faults: {report['faults']['kill']} worker SIGKILLs, {report['faults']['redis_restart']} Redis restarts "
         f"and {report['faults']['redis_crash']} Redis "
         f"SIGKILLs ({REDIS_DOWN_S:.0f}s down), {report['faults']['shard_failover']} shard failovers, "
@@ -562,7 +579,7 @@ async def test_every_request_ends_exactly_once_with_its_tokens_under_chaos(
     server = RedisServer(persistent=True, user="soak", password=uuid.uuid4().hex)
     cluster = RedisCluster(primaries=3, replicas_per_primary=1) if shape.clustered else None
     events_url = {} if cluster is None else {EVENTS_REDIS_URL_ENV: cluster.url}
-    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    flags = [*tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN), "--checkpoint-tokens", str(CHECKPOINT_TOKENS)]
 
     def make(log_path: Path) -> WorkerProcess:
         return WorkerProcess(server.url, flags, queue=QUEUE, log_path=log_path, env=worker_env(**events_url))

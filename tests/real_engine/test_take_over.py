@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 import uuid
 import warnings
@@ -314,3 +316,66 @@ async def test_the_worker_log_holds_no_prompt(worker: WorkerProcess, client: Str
     log = worker.log_path.read_text(errors="replace")
     assert f"{plain.request_id}:generate(<request" in log  # arq still logs each job it starts
     assert secret not in log
+
+
+async def test_a_batch_whose_worker_is_killed_mid_batch_answers_each_line_once_with_the_undisturbed_text(
+    worker: WorkerProcess,
+    client: StreamqClient,
+    raw_redis: aioredis.Redis,
+    producer_url: str,
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    """``streamq batch`` (none of its requests streamed) on a worker that checkpoints every
+    16 tokens, SIGKILLed once some lines are done and others have checkpoints logged: the
+    session worker takes the rest over, from their checkpoints (greedy lines go on from the
+    tokens logged, the seeded one is generated again and what was logged is checked)."""
+    checkpoint = 16
+    doomed = second_worker(worker, tiny_model, tmp_path, "--checkpoint-tokens", str(checkpoint))
+    model = str(tiny_model)
+    prompts = [f"Line {i} of a nightly batch says" for i in range(10)]
+    bodies: dict[str, dict[str, Any]] = {
+        f"greedy-{i}": {"model": model, "prompt": p, "max_tokens": 40 + 20 * i, "temperature": 0, "ignore_eos": True}
+        for i, p in enumerate(prompts)
+    }
+    bodies["seeded"] = {"model": model, "prompt": "A seeded line", "max_tokens": 150, "temperature": 1.0, "seed": 3}
+    bodies["seeded"]["ignore_eos"] = True
+    rows = [{"custom_id": key, "method": "POST", "url": "/v1/completions", "body": b} for key, b in bodies.items()]
+    in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    in_path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
+    command += ["--redis-url", producer_url, "--queue", worker.queue]
+
+    def answered() -> int:
+        return len(out_path.read_text().splitlines()) if out_path.exists() else 0
+
+    async def checkpointed() -> int:
+        """Requests still on the queue with a checkpoint (or more) logged."""
+        running = [job.decode() for job in await raw_redis.zrange(worker.queue, 0, -1)]
+        return sum([await raw_redis.xlen(events_channel(request_id)) >= 1 for request_id in running])
+
+    try:
+        with paused(worker):
+            batch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            async with asyncio.timeout(120):  # the shortest lines done, longer ones checkpointed
+                while answered() < 2 or await checkpointed() < 4:
+                    await asyncio.sleep(0.01)
+            doomed.kill()
+        output, _ = await asyncio.to_thread(batch.communicate, timeout=240)
+    finally:
+        doomed.kill()
+    assert batch.returncode == 0, output
+    written = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert sorted(row["custom_id"] for row in written) == sorted(bodies), "each line answered once"
+    taken_over = 0
+    for row in written:
+        request_id = row["response"]["request_id"]
+        events = [json.loads(raw) for raw in await ReplayLog(raw_redis).read(request_id)]
+        assert_well_formed(events, request_id)
+        taken_over += {e["attempt"] for e in events} == {1, 2}
+        body = dict(bodies[row["custom_id"]])
+        body.pop("model")
+        calm = await client.generate(**body)
+        assert row["response"]["body"]["choices"][0]["text"] == calm.text, row["custom_id"]
+        assert row["response"]["body"]["usage"]["completion_tokens"] == body["max_tokens"]
+    assert taken_over >= 3, f"only {taken_over} lines were taken over mid-run"

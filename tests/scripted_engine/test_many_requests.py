@@ -1,0 +1,174 @@
+"""Many requests from code and from a batch file: as many in flight as the live workers'
+engines hold twice over (each slot that frees finds a request waiting), results as they
+end, every one answered once, none of them streamed.
+
+Real worker processes on the scripted engine (this is about the queue, not the model) and
+a Redis of the module's own, so that the live workers are exactly these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from devkit.redis_server import RedisServer, free_port
+from devkit.worker_process import SCRIPTED_MAX_NUM_SEQS_ENV, SCRIPTED_MODEL, WorkerProcess, scripted_worker
+from producer.client import MIN_IN_FLIGHT, Completion, StreamqClient
+from producer.errors import InvalidParameter, RequestError, StreamqError
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import ChunkEvent, FinalEvent, decode_event
+from tests.support.worker_faults import paused
+
+SLOTS = 40
+"""The scripted worker's engine batch: twice it is past ``MIN_IN_FLIGHT``."""
+CHECKPOINT_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def worker(own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    log_path = tmp_path_factory.mktemp("many") / "worker.log"
+    port = free_port()
+    flags = ["--checkpoint-tokens", str(CHECKPOINT_TOKENS), "--metrics-port", str(port)]  # the last flag wins
+    process = scripted_worker(own_redis.url, log_path, *flags, tokens_per_s=200)
+    process.env[SCRIPTED_MAX_NUM_SEQS_ENV] = str(SLOTS)
+    process.metrics_port = port
+    process.start().wait_ready()
+    yield process
+    assert process.stop() == 0, process.log_tail()
+
+
+@pytest.fixture
+async def client(own_redis: RedisServer, worker: WorkerProcess) -> AsyncIterator[StreamqClient]:
+    async with await StreamqClient.connect(own_redis.url, queue=worker.queue) as client:
+        yield client
+
+
+@pytest.fixture
+async def raw(own_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(own_redis.url)
+    yield client
+    await client.aclose()
+
+
+def _events_of_whole_requests(worker: WorkerProcess) -> tuple[float, float]:
+    """The worker's ``streamq_request_events`` sum and count for requests not streamed."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f'streamq_request_events_{part}{{streamed="false"}}'):
+                values[part] = float(line.split()[-1])
+    return values.get("sum", 0.0), values.get("count", 0.0)
+
+
+async def test_generate_many_keeps_twice_the_live_slots_in_flight_and_yields_each_as_it_ends(
+    client: StreamqClient, worker: WorkerProcess, raw: aioredis.Redis
+) -> None:
+    count = 3 * SLOTS * 2
+    prompts = [{"prompt": f"prompt {i}", "request_id": f"many-{uuid.uuid4().hex}"} for i in range(count)]
+    results = client.generate_many(prompts, max_tokens=3)
+    with paused(worker):  # nothing ends: generate_many fills its window and waits
+        first = asyncio.ensure_future(anext(results))
+        async with asyncio.timeout(20):
+            while await raw.zcard(worker.queue) < 2 * SLOTS:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        assert await raw.zcard(worker.queue) == 2 * SLOTS == max(MIN_IN_FLIGHT, 2 * SLOTS)
+    done: list[Completion] = [await first]
+    async with asyncio.timeout(60):
+        done += [completion async for completion in results]
+    assert sorted(c.request_id for c in done) == sorted(p["request_id"] for p in prompts), "each once"
+    assert all(c.completion_tokens == 3 and c.finish_reasons == ["length"] for c in done)
+
+
+async def test_a_request_that_is_not_streamed_writes_checkpoints_then_one_final(
+    client: StreamqClient, worker: WorkerProcess, own_redis: RedisServer
+) -> None:
+    before = _events_of_whole_requests(worker)
+    completion = await client.generate("a long answer", max_tokens=10)
+    assert completion.completion_tokens == 10 and len(completion.token_ids[0]) == 10
+    async with aioredis.Redis.from_url(own_redis.url) as raw:
+        events = [decode_event(raw_event) for raw_event in await ReplayLog(raw).read(completion.request_id)]
+    assert [e.seq for e in events] == list(range(len(events))), "contiguous from 0"
+    # The engine's outputs: token 1 at once (held), then every 4, then the last: 5 + 4 + 1.
+    assert [len(e.token_ids) for e in events if isinstance(e, ChunkEvent)] == [5, 4, 1]
+    assert [type(e) for e in events].count(FinalEvent) == 1 and isinstance(events[-1], FinalEvent)
+    after = _events_of_whole_requests(worker)
+    assert (after[0] - before[0], after[1] - before[1]) == (4, 1)
+
+
+async def test_generate_many_yields_each_failure_naming_its_request_or_raises_it(client: StreamqClient) -> None:
+    requests: list[dict[str, Any]] = [
+        {"prompt": "fine", "request_id": "good-" + uuid.uuid4().hex},
+        {"prompt": "cold", "request_id": "cold-" + uuid.uuid4().hex, "temperature": -1.0},
+        {"prompt": "typo", "request_id": "typo-" + uuid.uuid4().hex, "max_tokenz": 3},
+    ]
+    outcomes = {result.request_id: result async for result in client.generate_many(requests, return_exceptions=True)}
+    assert set(outcomes) == {r["request_id"] for r in requests}
+    good, cold, typo = (outcomes[r["request_id"]] for r in requests)
+    assert isinstance(good, Completion)
+    assert isinstance(cold, RequestError) and cold.code == "invalid_request"
+    assert isinstance(typo, InvalidParameter) and typo.param == "max_tokenz"
+    with pytest.raises(StreamqError) as raised:
+        async for _ in client.generate_many(requests[1:2]):
+            pass
+    assert raised.value.request_id == requests[1]["request_id"]
+
+
+async def test_leaving_generate_many_early_cancels_what_it_had_in_flight(
+    client: StreamqClient, worker: WorkerProcess
+) -> None:
+    ids = [f"early-{uuid.uuid4().hex}" for _ in range(20)]
+    requests = [{"prompt": "x", "request_id": i, "max_tokens": 2 if n == 0 else 2000} for n, i in enumerate(ids)]
+    results = client.generate_many(requests, max_in_flight=5)
+    first = await anext(results)
+    await results.aclose()
+    assert first.request_id == ids[0]
+    for request_id in ids[1:5]:
+        status = await client.status(request_id)
+        assert status.state == "finished" and status.finish_reasons == ["cancelled"], status
+    for request_id in ids[5:]:
+        assert (await client.status(request_id)).state == "unknown", "never sent"
+
+
+def test_a_batch_file_is_answered_once_a_line_with_twice_the_slots_in_flight(
+    own_redis: RedisServer, worker: WorkerProcess, tmp_path: Path
+) -> None:
+    lines = 600
+    in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    body = {"model": SCRIPTED_MODEL, "max_tokens": 2}
+    rows: list[dict[str, Any]] = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {**body, "prompt": f"p{i}"}}
+        for i in range(lines)
+    ]
+    in_path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
+    command += ["--redis-url", own_redis.url]
+    batch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deepest = 0
+    with redis.Redis.from_url(own_redis.url) as probe:
+        while batch.poll() is None:
+            deepest = max(deepest, int(probe.zcard(worker.queue)))
+    output = batch.communicate()[0]
+    assert batch.returncode == 0, output
+    written = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert sorted(row["custom_id"] for row in written) == sorted(row["custom_id"] for row in rows)
+    assert all(row["response"]["status_code"] == 200 for row in written)
+    assert 0 < deepest <= 2 * SLOTS, f"{deepest} requests were queued or running at once"
