@@ -28,6 +28,7 @@ OUTPUT: dict[str, str] = {
     "structured_outputs.py": r"\[('stop'|'length')\]\n(yes|no)\n$",
     "openai_structured_outputs.py": r" (stop|length)\n",
     "affinity_follow_up.py": r"^(\S+) \1 True\n$",
+    "client_generate_many.py": r"^(haiku-\d+ \[('stop'|'length')\] \d+\n){100}$",
 }
 """What an example's output must match (a regular expression, searched), beyond running
 without error: the parts that do not depend on the tiny model's random text."""

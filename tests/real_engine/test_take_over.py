@@ -350,9 +350,12 @@ async def test_a_batch_whose_worker_is_killed_mid_batch_answers_each_line_once_w
         return len(out_path.read_text().splitlines()) if out_path.exists() else 0
 
     async def checkpointed() -> int:
-        """Requests still on the queue with a checkpoint (or more) logged."""
-        running = [job.decode() for job in await raw_redis.zrange(worker.queue, 0, -1)]
-        return sum([await raw_redis.xlen(events_channel(request_id)) >= 1 for request_id in running])
+        """Requests on the queue with a checkpoint (or more) logged and no end yet."""
+        count = 0
+        for job in await raw_redis.zrange(worker.queue, 0, -1):
+            last = await ReplayLog(raw_redis).last(job.decode())
+            count += last is not None and json.loads(last)["type"] == "chunk"
+        return count
 
     try:
         with paused(worker):

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from devkit.redis_server import RedisServer, free_port
@@ -148,8 +147,8 @@ async def test_leaving_generate_many_early_cancels_what_it_had_in_flight(
         assert (await client.status(request_id)).state == "unknown", "never sent"
 
 
-def test_a_batch_file_is_answered_once_a_line_with_twice_the_slots_in_flight(
-    own_redis: RedisServer, worker: WorkerProcess, tmp_path: Path
+async def test_a_batch_file_is_answered_once_a_line_with_twice_the_slots_in_flight(
+    own_redis: RedisServer, worker: WorkerProcess, raw: aioredis.Redis, tmp_path: Path
 ) -> None:
     lines = 600
     in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -161,14 +160,15 @@ def test_a_batch_file_is_answered_once_a_line_with_twice_the_slots_in_flight(
     in_path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
     command += ["--redis-url", own_redis.url]
-    batch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deepest = 0
-    with redis.Redis.from_url(own_redis.url) as probe:
-        while batch.poll() is None:
-            deepest = max(deepest, int(probe.zcard(worker.queue)))
-    output = batch.communicate()[0]
+    with paused(worker):  # nothing ends: the command fills its window and waits
+        batch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        async with asyncio.timeout(30):
+            while await raw.zcard(worker.queue) < 2 * SLOTS:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        assert await raw.zcard(worker.queue) == 2 * SLOTS, "twice the live worker's slots in flight"
+    output, _ = await asyncio.to_thread(batch.communicate, timeout=120)
     assert batch.returncode == 0, output
     written = [json.loads(line) for line in out_path.read_text().splitlines()]
-    assert sorted(row["custom_id"] for row in written) == sorted(row["custom_id"] for row in rows)
+    assert sorted(row["custom_id"] for row in written) == sorted(row["custom_id"] for row in rows), "each once"
     assert all(row["response"]["status_code"] == 200 for row in written)
-    assert 0 < deepest <= 2 * SLOTS, f"{deepest} requests were queued or running at once"
