@@ -148,6 +148,7 @@ def run_streamq(
                 results / f"{config.run_id}-warm-up.jsonl",
                 results / f"{config.run_id}-streamq-wu.jsonl",
             )
+            warm_out.unlink(missing_ok=True)  # a file left by an earlier round would be resumed: nothing to do
             _run_batch_command(config, server.url, worker.queue, warm_up, warm_out, batch_args)
             client = redis.Redis.from_url(server.url)
             commands_before = _commands(client)
@@ -158,9 +159,10 @@ def run_streamq(
                 "engine_core": descendants(worker.process.pid),
                 "redis": [server.process.pid],
             }
+            out = results / f"{config.run_id}-streamq-out.jsonl"
+            out.unlink(missing_ok=True)
             cpu = CpuWindow(roles)
             cpu.start()
-            out = results / f"{config.run_id}-streamq-out.jsonl"
             with contextlib.ExitStack() as stack:
                 if profile:
                     stack.enter_context(PySpyRecording(worker.process.pid, results / f"{config.run_id}-worker.pyspy"))

@@ -9,7 +9,7 @@ and the worker writes what it holds as one chunk event per checkpoint and at the
 
 A checkpoint bounds what a take-over must redo: it goes on from the tokens logged, so a
 worker's death costs at most ``checkpoint_tokens`` tokens per completion generated twice.
-This is the only place where the two kinds differ: the engine's sampling parameters here,
+This is the only place where the two kinds differ: the engine's ``stream_interval`` here,
 the events' holding in ``RequestEvents``.
 """
 
@@ -18,9 +18,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import msgspec
-from vllm import SamplingParams
 
 from streamq.protocol import GenerateRequest
 from streamq.protocol.names import CHECKPOINT_TOKENS_ENV, DEFAULT_CHECKPOINT_TOKENS
@@ -56,11 +53,10 @@ class Delivery:
     def streamed(self) -> bool:
         return self.checkpoint_tokens is None
 
-    def sampling_params(self, params: SamplingParams) -> SamplingParams:
-        """``params``, asking the engine for an output only once a checkpoint's worth of
-        tokens is ready (and the first at once, and the last), when not streamed. The engine
-        takes the larger of this and its own ``--stream-interval``."""
+    def stream_interval(self, requested: int | None) -> int | None:
+        """The ``stream_interval`` to ask the engine for, given the request's own: a
+        checkpoint's worth of tokens when not streamed (the engine sends the first token
+        at once, and the last; it takes the larger of this and its own ``--stream-interval``)."""
         if self.checkpoint_tokens is None:
-            return params
-        interval = max(params.stream_interval or 1, self.checkpoint_tokens)
-        return msgspec.structs.replace(params, stream_interval=interval)
+            return requested
+        return max(requested or 1, self.checkpoint_tokens)

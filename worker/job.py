@@ -167,8 +167,9 @@ def _check_model(request: GenerateRequest, presence: Presence) -> None:
         )
 
 
-def sampling_params_for(request: GenerateRequest) -> SamplingParams:
-    """``SamplingParams`` for ``request``, always streaming DELTAs.
+def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = None) -> SamplingParams:
+    """``SamplingParams`` for ``request``, always DELTAs: every step's, or (``delivery``
+    not streamed) a checkpoint's worth at a time.
 
     vLLM validates the values here and raises ``VLLMValidationError``, a client error.
     """
@@ -176,6 +177,8 @@ def sampling_params_for(request: GenerateRequest) -> SamplingParams:
     structured = fields.pop("structured_outputs", None)
     if structured is not None:
         fields["structured_outputs"] = StructuredOutputsParams(**msgspec.structs.asdict(structured))
+    if delivery is not None:
+        fields["stream_interval"] = delivery.stream_interval(fields.get("stream_interval"))
     return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
 
@@ -222,7 +225,7 @@ async def _run(
     delivery = Delivery.of(request, state.checkpoint_tokens)
     events.checkpoint_tokens = delivery.checkpoint_tokens
     # The seed a take-over would need to generate the request again is fixed now.
-    params = delivery.sampling_params(with_take_over_seed(sampling_params_for(request), request.request_id))
+    params = with_take_over_seed(sampling_params_for(request, delivery), request.request_id)
     chat_ids = await _prompt_token_ids(state.engine, request)
     progress = await _take_over(state, request, events, params.n)
     if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost

@@ -97,8 +97,15 @@ LEASES_LOST = Counter(
 
 for _code in ErrorCode:
     REQUEST_ERRORS.labels(code=_code)  # present at 0 from the start, so rate() sees the first one
-for _reason in FinishReason:
-    COMPLETIONS_FINISHED.labels(finish_reason=_reason)
+COMPLETIONS_BY_REASON: Final = {
+    str(reason): COMPLETIONS_FINISHED.labels(finish_reason=reason) for reason in FinishReason
+}
+"""``COMPLETIONS_FINISHED``'s child of each finish reason, present at 0 from the start (and
+looked up once: ``labels()`` costs more than the increment, once per request)."""
+EVENTS_BY_STREAMED: Final = {
+    streamed: REQUEST_EVENTS.labels(streamed=str(streamed).lower()) for streamed in (True, False)
+}
+"""``REQUEST_EVENTS``'s child for streamed requests (``True``) and the others."""
 
 
 def metrics_port_from_env() -> int:

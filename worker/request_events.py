@@ -177,8 +177,7 @@ class RequestEvents:
         event.seq = self._take_seq()
         self._publish(event)
         self.closed = True
-        streamed = "true" if self.checkpoint_tokens is None else "false"
-        metrics.REQUEST_EVENTS.labels(streamed=streamed).observe(self.published)
+        metrics.EVENTS_BY_STREAMED[self.checkpoint_tokens is None].observe(self.published)
 
     def final(
         self,
@@ -188,7 +187,8 @@ class RequestEvents:
     ) -> None:
         """Publish the event that ends a completed request."""
         for reason in finish_reasons:
-            metrics.COMPLETIONS_FINISHED.labels(finish_reason=str(reason)).inc()
+            by_reason = metrics.COMPLETIONS_BY_REASON.get(str(reason))
+            (by_reason or metrics.COMPLETIONS_FINISHED.labels(finish_reason=str(reason))).inc()
         metrics.REQUESTS_FINISHED.inc()
         event = FinalEvent(
             request_id=self.request_id,

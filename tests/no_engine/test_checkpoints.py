@@ -5,6 +5,7 @@ reassembles to exactly what one event per DELTA would have carried."""
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,7 +13,7 @@ import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from streamq.broker.replay_log import ReplayLog
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, GenerateRequest, TokenLogprob, decode_event
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, GenerateRequest, Sampling, TokenLogprob, decode_event
 from worker.delivery import Delivery, checkpoint_tokens_from_env
 from worker.publisher import EventPublisher
 from worker.request_events import RequestEvents
@@ -119,12 +120,16 @@ def test_a_request_says_whether_it_is_streamed_and_defaults_to_streamed() -> Non
 
 
 def test_the_engine_is_asked_for_an_output_per_checkpoint_not_per_token() -> None:
-    from vllm import SamplingParams
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+        from worker.job import sampling_params_for
 
-    params = SamplingParams(max_tokens=10)
-    assert Delivery(None).sampling_params(params) is params
-    assert Delivery(64).sampling_params(params).stream_interval == 64
-    assert Delivery(64).sampling_params(SamplingParams(stream_interval=100)).stream_interval == 100
+    whole = GenerateRequest(request_id="r", prompt="hi", stream=False, sampling=Sampling(max_tokens=10))
+    assert sampling_params_for(whole, Delivery(64)).stream_interval == 64
+    slow = GenerateRequest(request_id="r", prompt="hi", stream=False, sampling=Sampling(stream_interval=100))
+    assert sampling_params_for(slow, Delivery(64)).stream_interval == 100, "a request may only raise it"
+    streamed = GenerateRequest(request_id="r", prompt="hi", sampling=Sampling(stream_interval=8))
+    assert sampling_params_for(streamed, Delivery(None)).stream_interval == 8
 
 
 @pytest.mark.parametrize(("raw", "message"), [("0", "1 or more"), ("many", "integer")])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from devkit.worker_process import WorkerProcess
+from tests.support.metrics import request_events, scrape
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
@@ -63,7 +64,7 @@ def _run_batch(
 ) -> subprocess.CompletedProcess[str]:
     """The batch command on the session worker's queue, as the producer role."""
     command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path)]
-    command += ["--redis-url", producer_url, "--queue", worker.queue, "--concurrency", "2", "--no-progress"]
+    command += ["--redis-url", producer_url, "--queue", worker.queue, "--max-in-flight", "2", "--no-progress"]
     return subprocess.run(command, capture_output=True, text=True, timeout=240)
 
 
@@ -78,9 +79,14 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     in_path.write_text("\n".join(input_lines(model)) + "\n")
 
+    before = scrape(worker)
     first = _run_batch(worker, producer_url, in_path, out_path)
+    after = scrape(worker)
 
     assert first.returncode == 1, first.stderr  # some lines failed, and it says so
+    # Four lines reached the worker (three answered, one refused by vLLM there), none streamed.
+    assert request_events(after, streamed=False)[1] - request_events(before, streamed=False)[1] == 4
+    assert request_events(after, streamed=True) == request_events(before, streamed=True)
     assert "3 succeeded, 5 failed, 0 skipped" in first.stderr
     lines = _lines(out_path)
     assert len(lines) == 8

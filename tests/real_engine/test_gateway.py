@@ -27,6 +27,7 @@ from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
+from tests.support import metrics as worker_metrics
 from tests.support.session import OPERATOR_KEY
 
 PROMPT = "The key to happiness is"
@@ -109,6 +110,34 @@ async def test_chat_through_the_sdk_streamed_and_not(sdk: openai.OpenAI, model: 
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+async def test_a_whole_response_is_not_streamed_through_the_queue_and_a_stream_is(
+    sdk: openai.OpenAI, model: str, worker: WorkerProcess
+) -> None:
+    """``stream: false`` asks the worker for no per-token events: 40 tokens are one chunk and
+    the final (the worker's events-per-request histogram says); ``stream: true`` streams."""
+    request_events = worker_metrics.request_events
+    before = worker_metrics.scrape(worker)
+    whole = await asyncio.to_thread(
+        sdk.completions.create, model=model, prompt="Once upon a time", max_tokens=40, extra_body={"ignore_eos": True}
+    )
+    assert whole.usage is not None and whole.usage.completion_tokens == 40
+    middle = worker_metrics.scrape(worker)
+    assert request_events(middle, streamed=False) == tuple(
+        a + b for a, b in zip(request_events(before, streamed=False), (2, 1), strict=True)
+    ), "one request of two events: its chunk and its final"
+    assert request_events(middle, streamed=True) == request_events(before, streamed=True)
+
+    def stream() -> list[Any]:
+        kwargs: dict[str, Any] = {"max_tokens": 40, "extra_body": {"ignore_eos": True}, "stream": True}
+        return list(sdk.completions.create(model=model, prompt="Once upon a time", **kwargs))
+
+    chunks = await asyncio.to_thread(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    after = worker_metrics.scrape(worker)
+    assert request_events(after, streamed=True)[1] == request_events(middle, streamed=True)[1] + 1
+    assert request_events(after, streamed=False) == request_events(middle, streamed=False)
 
 
 @pytest.mark.parametrize(

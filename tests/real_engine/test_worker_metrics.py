@@ -8,34 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(worker: WorkerProcess) -> Samples:
-    assert worker.metrics_port, "the session worker serves metrics"
-    with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+from tests.support.metrics import scrape, value
 
 
 async def wait_for(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
