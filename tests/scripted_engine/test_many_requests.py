@@ -172,3 +172,14 @@ async def test_a_batch_file_is_answered_once_a_line_with_twice_the_slots_in_flig
     written = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert sorted(row["custom_id"] for row in written) == sorted(row["custom_id"] for row in rows), "each once"
     assert all(row["response"]["status_code"] == 200 for row in written)
+
+
+async def test_a_request_that_is_not_streamed_ends_at_its_deadline_with_every_token_it_generated(
+    client: StreamqClient,
+) -> None:
+    """The deadline passes between checkpoints: what was generated since the last one is
+    logged with the final event, so the tokens sent match the count it reports."""
+    completion = await client.generate("slow", max_tokens=10_000, ignore_eos=True, timeout_s=0.5)
+    assert completion.finish_reasons == ["timeout"]
+    assert 0 < completion.completion_tokens == len(completion.token_ids[0]) < 10_000
+    assert completion.text == " tok" * completion.completion_tokens
