@@ -252,7 +252,7 @@ async def _take_over(state: WorkerState, request: GenerateRequest, events: Reque
         return Progress(n)
     progress = await Progress.take_over(state.replay_log, request.request_id, events.attempt, n)
     if not (progress.ended or progress.superseded):
-        events.next_seq = progress.next_seq
+        events.go_on_from(progress.next_seq)
         logger.info(
             "request %s: attempt %d takes over after %d tokens",
             request.request_id,

@@ -63,6 +63,11 @@ class RequestEvents:
         self.next_seq += 1
         return seq
 
+    def go_on_from(self, next_seq: int) -> None:
+        """Number this attempt's events on from ``next_seq``: a take-over's first event
+        follows what the earlier attempts logged."""
+        self.next_seq = self._first_seq = next_seq
+
     @property
     def published(self) -> int:
         """Events this attempt has published (chunks, merged ones counting once, and its end)."""

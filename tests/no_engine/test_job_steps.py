@@ -1,0 +1,91 @@
+"""The steps of a request's run in the worker (``worker/job.py``), each alone: the deadlines,
+and emitting an engine output, streamed or in checkpoints."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from streamq.protocol import ChunkEvent, FinalEvent, FinishReason, GenerateRequest, decode_event
+from worker.request_events import RequestEvents
+from worker.state import RedisClock
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from worker.job import _emit, _time_left
+    from worker.progress import Progress
+
+
+class RecordingPublisher:
+    """The publisher's interface as ``RequestEvents`` uses it, recording what it is given."""
+
+    def __init__(self) -> None:
+        self.events: list[ChunkEvent | FinalEvent] = []
+
+    def publish_chunk(self, event: ChunkEvent, *, deltas: int = 1) -> int:
+        self.events.append(event)
+        return 0
+
+    def extendable(self, generation: int) -> bool:
+        return False
+
+    def publish(self, request_id: str, seq: int, attempt: int, payload: bytes, *, terminal: bool = False) -> None:
+        event = decode_event(payload)
+        assert isinstance(event, FinalEvent)
+        self.events.append(event)
+
+
+def _state() -> Any:
+    return SimpleNamespace(clock=RedisClock())
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.mark.parametrize(
+    ("waited_s", "fields", "attempt", "expected"),
+    [
+        (1.0, {}, 1, None),
+        (1.0, {"timeout_s": 10}, 1, 9.0),
+        (11.0, {"timeout_s": 10}, 1, FinishReason.TIMEOUT),
+        (3.0, {"queue_timeout_s": 2}, 1, FinishReason.QUEUE_TIMEOUT),
+        (3.0, {"queue_timeout_s": 2}, 2, None),  # a take-over has left the queue long ago
+    ],
+)
+def test_the_deadlines_count_from_the_enqueue(
+    waited_s: float, fields: dict[str, Any], attempt: int, expected: float | FinishReason | None
+) -> None:
+    request = GenerateRequest(request_id="r", prompt="hi", **fields)
+    left = _time_left(_state(), _now_ms() - round(waited_s * 1000), request, attempt)
+    if isinstance(expected, float):
+        assert isinstance(left, float) and left == pytest.approx(expected, abs=0.5)
+    else:
+        assert left == expected
+
+
+def _output(text: str, ids: list[int], finish: str | None) -> RequestOutput:
+    completion = CompletionOutput(0, text, ids, None, None, finish_reason=finish)
+    return RequestOutput("r", None, [1, 2, 3], None, [completion], finish is not None)
+
+
+@pytest.mark.parametrize("checkpoint_tokens", [None, 3])
+def test_emitting_outputs_tallies_their_tokens_and_ends_with_the_final(checkpoint_tokens: int | None) -> None:
+    publisher = RecordingPublisher()
+    events = RequestEvents(publisher, "r", checkpoint_tokens=checkpoint_tokens)  # type: ignore[arg-type]
+    progress = Progress(1)
+    for output in (_output("a", [1], None), _output("bcd", [2, 3, 4], None), _output("e", [5], "length")):
+        _emit(events, progress, output, None)
+    chunks = [e for e in publisher.events if isinstance(e, ChunkEvent)]
+    streamed = checkpoint_tokens is None
+    assert [c.token_ids for c in chunks] == ([[1], [2, 3, 4], [5]] if streamed else [[1, 2, 3, 4], [5]])
+    final = publisher.events[-1]
+    assert isinstance(final, FinalEvent) and final.completion_tokens == 5 == progress.completion_tokens
+    assert (final.prompt_tokens, final.finish_reasons) == (3, ["length"])
+    assert [e.seq for e in publisher.events] == list(range(len(publisher.events)))
