@@ -94,6 +94,7 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
         names.LOG_TTL_ENV: str(names.LOG_TTL_MS // 1000),
         names.API_KEYS_ENV: "(none)",
         names.COALESCE_ENV: "1",
+        names.CHECKPOINT_TOKENS_ENV: str(names.DEFAULT_CHECKPOINT_TOKENS),
         names.AFFINITY_WINDOW_ENV: str(names.AFFINITY_WINDOW_MS),
         names.KEEP_RESULT_ENV: str(names.DEFAULT_KEEP_RESULT_S),
         names.CALLBACK_SECRET_ENV: "(none)",

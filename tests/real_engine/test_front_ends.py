@@ -87,7 +87,8 @@ async def finished_per_front_end(raw_redis: aioredis.Redis, pids: list[int], exp
     async with asyncio.timeout(30):
         while sum(counts.values()) < expected:
             reports = [decoded(raw) for raw in (await raw_redis.hgetall(WORKER_STATS_KEY)).values()]
-            counts = {r["pid"]: r["requests_finished"] for r in reports if r["pid"] in pids}
+            # A report leaves out a count that is still 0.
+            counts = {r["pid"]: r.get("requests_finished", 0) for r in reports if r["pid"] in pids}
             await asyncio.sleep(0.2)
     return counts
 

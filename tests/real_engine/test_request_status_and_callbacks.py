@@ -74,8 +74,10 @@ async def test_a_queued_request_has_its_position_and_its_cancel_ends_it(idle_cli
     await idle_client.cancel(second.request_id)
 
 
-async def test_a_running_request_names_its_worker_and_counts_its_tokens(client: StreamqClient) -> None:
-    handle = await client.submit(PROMPT, max_tokens=900, ignore_eos=True, temperature=0)
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
+async def test_a_running_request_names_its_worker_and_counts_its_tokens(client: StreamqClient, stream: bool) -> None:
+    """Streamed or not: a request that is not streamed counts the tokens of its checkpoints."""
+    handle = await client.submit(PROMPT, max_tokens=900, ignore_eos=True, temperature=0, stream=stream)
     live = {w.worker_id for w in (await client.routes()).workers if w.queue == client.queue}
     async for event in handle:
         if isinstance(event, ChunkEvent):
@@ -184,11 +186,13 @@ def checked_body(delivery_headers: dict[str, str], body: bytes) -> CallbackBody:
     return msgspec.json.decode(body, type=CallbackBody)
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
 async def test_a_finished_request_calls_back_signed_with_its_text(
-    client: StreamqClient, receiver: CallbackReceiver
+    client: StreamqClient, receiver: CallbackReceiver, stream: bool
 ) -> None:
     path = f"/done-{uuid.uuid4().hex}"
-    handle = await client.submit(PROMPT, max_tokens=12, seed=7, n=2, callback={"url": receiver.url(path)})
+    callback = {"url": receiver.url(path)}
+    handle = await client.submit(PROMPT, max_tokens=12, seed=7, n=2, callback=callback, stream=stream)
     completion = await handle.result()
     (delivery,) = await asyncio.to_thread(receiver.wait, path)
     body = checked_body(delivery.headers, delivery.body)
