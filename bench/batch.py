@@ -22,20 +22,19 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.batch_config import BatchBenchConfig, completion_text
+from bench.command import CommandRun, run_measured
 from bench.cpu import CpuWindow, descendants
 from bench.profiling import PySpyRecording
 from devkit.redis_server import RedisServer, free_port
@@ -82,53 +81,26 @@ def _commands(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
 
 
-def _metric(port: int, name: str, labels: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    match = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
-def _peak_kib(pid: int) -> int | None:
-    """The process's peak resident memory so far (``VmHWM``, reset by ``exec``, unlike
-    ``ru_maxrss``, which would count the memory of this process it was forked from)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
-    return int(match.group(1)) if match else None
+def _events_of_whole_requests(port: int) -> float:
+    """The worker's ``streamq_request_events`` sum over requests that are not streamed."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "streamq_request_events_sum" and sample.labels == {"streamed": "false"}:
+                return float(sample.value)
+    return 0.0
 
 
 def _run_batch_command(
     config: BatchBenchConfig, redis_url: str, queue: str, batch: Path, out: Path, extra: list[str]
-) -> tuple[float, float, int]:
-    """``streamq batch`` as a user runs it, a session of its own: wall seconds, CPU seconds,
-    peak resident KiB (sampled every 50 ms)."""
+) -> CommandRun:
+    """``streamq batch`` as a user runs it, a session of its own."""
     command = [sys.executable, "-m", "producer", "batch", str(batch), str(out), "--no-progress"]
-    command += ["--redis-url", redis_url, "--queue", queue, *extra]
-    started = time.perf_counter()
-    child = subprocess.Popen(
-        command, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    peaks: list[int] = [0]
-
-    def sample() -> None:
-        while child.returncode is None:
-            peaks.append(_peak_kib(child.pid) or 0)
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, status, usage = os.wait4(child.pid, 0)
-    wall_s = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    sampler.join()
-    peak = max(peaks)
-    assert child.stdout is not None
-    output = child.stdout.read().decode(errors="replace")
-    if child.returncode != 0:
-        raise SystemExit(f"streamq batch failed with exit code {child.returncode}:\n{output}")
-    return wall_s, usage.ru_utime + usage.ru_stime, peak
+    run = run_measured([*command, "--redis-url", redis_url, "--queue", queue, *extra], cwd=ROOT)
+    if run.returncode != 0:
+        raise SystemExit(f"streamq batch failed with exit code {run.returncode}:\n{run.output}")
+    return run
 
 
 def run_streamq(
@@ -152,8 +124,7 @@ def run_streamq(
             _run_batch_command(config, server.url, worker.queue, warm_up, warm_out, batch_args)
             client = redis.Redis.from_url(server.url)
             commands_before = _commands(client)
-            events = ("streamq_request_events_sum", 'streamed="false"')
-            events_before = _metric(metrics_port, *events)
+            events_before = _events_of_whole_requests(metrics_port)
             roles = {
                 "worker": [worker.process.pid],
                 "engine_core": descendants(worker.process.pid),
@@ -166,12 +137,12 @@ def run_streamq(
             with contextlib.ExitStack() as stack:
                 if profile:
                     stack.enter_context(PySpyRecording(worker.process.pid, results / f"{config.run_id}-worker.pyspy"))
-                wall_s, batch_cpu_s, peak_kib = _run_batch_command(
+                batch_run = _run_batch_command(
                     config, server.url, worker.queue, results / f"{config.run_id}-batch.jsonl", out, batch_args
                 )
                 window = cpu.stop()
             commands = {k: v - commands_before.get(k, 0) for k, v in _commands(client).items()}
-            events_sum = _metric(metrics_port, *events) - events_before
+            events_sum = _events_of_whole_requests(metrics_port) - events_before
             client.close()
         finally:
             worker.stop()
@@ -184,11 +155,11 @@ def run_streamq(
         texts[line["custom_id"]] = completion_text(body)
         tokens += body["usage"]["completion_tokens"]
     return {
-        "wall_s": wall_s,
+        "wall_s": batch_run.wall_s,
         "tokens": tokens,
         "texts": texts,
-        "cpu_s": {**window.seconds, "batch_command": batch_cpu_s},
-        "batch_peak_kib": peak_kib,
+        "cpu_s": {**window.seconds, "batch_command": batch_run.cpu_s},
+        "batch_peak_kib": batch_run.peak_kib,
         "redis_commands": {k: v for k, v in commands.items() if v},
         "events_per_request": events_sum / config.num_prompts,
     }

@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +25,7 @@ from pathlib import Path
 
 import redis
 
+from bench.command import CommandRun, run_measured
 from devkit.redis_server import RedisServer
 from devkit.worker_process import SCRIPTED_MAX_NUM_SEQS_ENV, WorkerProcess, scripted_worker
 
@@ -44,52 +42,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass
-class CommandRun:
-    """One run of ``streamq batch``: what it did, and what it cost."""
+class BatchRun:
+    """One run of ``streamq batch``, and the queue's length while it ran."""
 
-    wall_s: float
-    peak_kib: int
+    run: CommandRun
     queued_at: list[tuple[float, int]]
     """(seconds since the start, requests queued or running), sampled every 50 ms."""
 
 
-def _peak_kib(pid: int) -> int:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
-    return int(match.group(1)) if match else 0
-
-
-def run_command(command: list[str], redis_url: str, queue: str, *, until_queued: int | None = None) -> CommandRun:
+def run_command(command: list[str], redis_url: str, queue: str, *, until_queued: int | None = None) -> BatchRun:
     """Run ``command`` in a session of its own until it exits (or, with ``until_queued``,
     until that many requests are queued, then stop it), sampling its memory and the queue."""
-    client = redis.Redis.from_url(redis_url)
-    started = time.perf_counter()
-    child = subprocess.Popen(
-        command, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    peak, queued_at = 0, []
-    try:
-        while child.poll() is None:
-            peak = max(peak, _peak_kib(child.pid))
-            queued = int(client.zcard(queue))  # type: ignore[arg-type]
-            queued_at.append((time.perf_counter() - started, queued))
-            if until_queued is not None and queued >= until_queued:
-                break
-            time.sleep(0.05)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-        _, stderr = child.communicate()
-        client.close()
-    if until_queued is None and child.returncode != 0:
-        raise SystemExit(f"streamq batch failed ({child.returncode}): {stderr.decode(errors='replace')[-2000:]}")
-    return CommandRun(time.perf_counter() - started, peak, queued_at)
+    queued_at: list[tuple[float, int]] = []
+    with redis.Redis.from_url(redis_url) as client:
+
+        def sample(elapsed_s: float) -> bool:
+            queued = int(client.zcard(queue))
+            queued_at.append((elapsed_s, queued))
+            return until_queued is not None and queued >= until_queued
+
+        run = run_measured(command, cwd=ROOT, stop_when=sample)
+    if until_queued is None and run.returncode != 0:
+        raise SystemExit(f"streamq batch failed ({run.returncode}): {run.output[-2000:]}")
+    return BatchRun(run, queued_at)
 
 
-def enqueue_rate(run: CommandRun, lines: int) -> float:
+def enqueue_rate(run: BatchRun, lines: int) -> float:
     """Lines queued per second between 10% and 90% of the file (start-up and the tail left out)."""
     low = next(t for t, q in run.queued_at if q >= lines // 10)
     high = next(t for t, q in run.queued_at if q >= lines * 9 // 10)
@@ -122,7 +100,7 @@ def main() -> None:
             until_queued=args.lines,
         )
         rate = enqueue_rate(first, args.lines)
-        print(f"1. enqueue: {rate:,.0f} lines/s, peak {first.peak_kib / 1024:.0f} MiB with every line in flight")
+        print(f"1. enqueue: {rate:,.0f} lines/s, peak {first.run.peak_kib / 1024:.0f} MiB with every line in flight")
 
     with RedisServer() as server:
         workers: list[WorkerProcess] = []
@@ -143,18 +121,18 @@ def main() -> None:
         deepest = max(q for _, q in second.queued_at)
         print(
             f"2. through {args.workers} workers of {args.slots} slots: {answered:,} lines answered in "
-            f"{second.wall_s:.1f}s ({answered / second.wall_s:,.0f} requests/s), "
-            f"peak {second.peak_kib / 1024:.0f} MiB, "
+            f"{second.run.wall_s:.1f}s ({answered / second.run.wall_s:,.0f} requests/s), "
+            f"peak {second.run.peak_kib / 1024:.0f} MiB, "
             f"at most {deepest} requests queued or running"
         )
     summary = {
         "lines": args.lines,
         "enqueue_lines_per_s": round(rate),
-        "peak_mib_all_in_flight": round(first.peak_kib / 1024),
+        "peak_mib_all_in_flight": round(first.run.peak_kib / 1024),
         "workers": args.workers,
         "slots": args.slots,
-        "through_workers_s": round(second.wall_s, 1),
-        "peak_mib_default_window": round(second.peak_kib / 1024),
+        "through_workers_s": round(second.run.wall_s, 1),
+        "peak_mib_default_window": round(second.run.peak_kib / 1024),
         "deepest_queue": deepest,
     }
     (args.results_dir / f"scale-{stamp}.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -257,7 +257,6 @@ class BatchRun:
                 status = api_error_for(exc).status
                 self.write(output_line(line.custom_id, request_id, status=status, body=None, error=str(exc)), ok=False)
                 continue
-            assert line.body is not None, "a line that can run has a body"
             model = kwargs.get("model")
             self._running[request_id] = _Running(line.custom_id, ENDPOINTS[line.url], model)
             yield {"request_id": request_id, **kwargs}
@@ -366,7 +365,8 @@ async def run_batch(args: argparse.Namespace) -> int:
 
 
 def _count_lines(path: Path) -> int:
-    """The lines of ``path`` that hold something (the progress bar's total), read in blocks."""
+    """The lines of ``path`` that hold something: the progress bar's total (one pass over the
+    file, a line at a time, before the run reads it again as room frees)."""
     count = 0
     with path.open("rb") as source:
         for raw in source:

@@ -186,13 +186,8 @@ class EventPublisher:
         finish_reason: str | None,
         logprobs: list[TokenLogprob] | None = None,
     ) -> None:
-        """Append the next DELTA of ``event``'s completion to it (``extendable`` said yes);
-        its ``logprobs``, if any, follow the chunk's as its tokens follow its tokens."""
-        event.text += text
-        event.token_ids += token_ids
-        event.finish_reason = finish_reason
-        if logprobs is not None:
-            event.logprobs = [*event.logprobs, *logprobs] if event.logprobs else logprobs
+        """Append the next DELTA of ``event``'s completion to it (``extendable`` said yes)."""
+        append_delta(event, text, token_ids, finish_reason, logprobs)
         self._deltas += 1
 
     def flushed(self, request_id: str | None = None) -> asyncio.Future[None]:
@@ -316,6 +311,22 @@ class EventPublisher:
                 self._refusals[request_id, attempt] = refusal
             if self._on_refused is not None:
                 self._on_refused(request_id, attempt, refusal)
+
+
+def append_delta(
+    chunk: ChunkEvent,
+    text: str,
+    token_ids: Sequence[int],
+    finish_reason: str | None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> None:
+    """Append the next DELTA of ``chunk``'s completion to it: its text and tokens after the
+    chunk's, its ``logprobs`` (if any) after the chunk's, its finish reason the chunk's."""
+    chunk.text += text
+    chunk.token_ids += token_ids
+    chunk.finish_reason = finish_reason
+    if logprobs is not None:
+        chunk.logprobs = [*chunk.logprobs, *logprobs] if chunk.logprobs else logprobs
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, TokenLogprob, encode_event
 from worker import metrics
-from worker.publisher import EventPublisher
+from worker.publisher import EventPublisher, append_delta
 
 
 class RequestEvents:
@@ -90,8 +90,18 @@ class RequestEvents:
         """Publish one DELTA of completion ``index``, with its tokens' ``logprobs`` when
         the request asked for them (and the prompt's token ids and logprobs, on the
         request's first chunk)."""
-        if self.checkpoint_tokens is not None:
-            self._hold(index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
+        if self.checkpoint_tokens is not None:  # not streamed: held until a checkpoint's worth
+            if index in self._held:
+                held, deltas = self._held[index]
+                append_delta(held, text, token_ids, finish_reason, logprobs)
+                if prompt_logprobs is not None:
+                    held.prompt_token_ids, held.prompt_logprobs = prompt_logprobs
+                self._held[index] = (held, deltas + 1)
+            else:
+                held = self._new_chunk(-1, index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
+                self._held[index] = (held, 1)
+            if finish_reason is not None or len(held.token_ids) >= self.checkpoint_tokens:
+                self._checkpoint(index)
             return
         now = time.perf_counter()
         last = self._last_chunk_at.get(index)
@@ -139,34 +149,6 @@ class RequestEvents:
         if prompt_logprobs is not None:
             event.prompt_token_ids, event.prompt_logprobs = prompt_logprobs
         return event
-
-    def _hold(
-        self,
-        index: int,
-        text: str,
-        token_ids: Sequence[int],
-        finish_reason: str | None,
-        logprobs: list[TokenLogprob] | None,
-        prompt_logprobs: tuple[list[int], list[TokenLogprob | None]] | None,
-    ) -> None:
-        """Add a DELTA to what completion ``index`` holds; publish it as a checkpoint once
-        it holds ``checkpoint_tokens`` tokens or the completion finished."""
-        assert self.checkpoint_tokens is not None
-        if index in self._held:
-            held, deltas = self._held[index]
-            held.text += text
-            held.token_ids += token_ids
-            held.finish_reason = finish_reason
-            if logprobs is not None:
-                held.logprobs = [*held.logprobs, *logprobs] if held.logprobs else logprobs
-            if prompt_logprobs is not None:
-                held.prompt_token_ids, held.prompt_logprobs = prompt_logprobs
-            self._held[index] = (held, deltas + 1)
-        else:
-            held = self._new_chunk(-1, index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
-            self._held[index] = (held, 1)
-        if finish_reason is not None or len(held.token_ids) >= self.checkpoint_tokens:
-            self._checkpoint(index)
 
     def _checkpoint(self, index: int) -> None:
         """Publish what completion ``index`` holds as one chunk event."""
