@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from gateway.dashboard.sampler import DashboardSampler
 from gateway.disconnect import ClientGone, until_disconnected
 from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from gateway.key_metrics import key_usage_exposition
+from gateway.request_group import RequestGroup
 from gateway.request_status import error_response, status_response
 from gateway.sse import DONE, SseEncoder, SseResponse
 from producer.client import RequestHandle, StreamqClient
@@ -35,7 +37,7 @@ from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
-from producer.openai_api.requests import parse_openai_body
+from producer.openai_api.requests import OpenAIRequest, parse_openai_body
 from producer.openai_api.responses import ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
 from streamq.protocol import (
@@ -162,17 +164,38 @@ def create_app(
 
 @dataclass
 class _Account:
-    """The key's side of one request: its admission, finished when the response is."""
+    """What one HTTP request holds until its response is over: its place in the gateway's
+    in-progress gauge and its key's admission. ``close`` releases both, once, whichever
+    way the response ends (a whole body, an error, or a stream when it closes)."""
 
+    limiter: KeyLimiter
     tenant: Tenant | None
     admission: Admission | None = None
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        http_metrics.IN_PROGRESS.inc()
+
+    def charge(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Add what the request used to its key's tally."""
+        if self.admission is not None:
+            self.admission.prompt_tokens += prompt_tokens
+            self.admission.completion_tokens += completion_tokens
+
+    async def close(self, *, succeeded: bool = True) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        http_metrics.IN_PROGRESS.dec()
+        if self.admission is not None:
+            self.admission.counted &= succeeded
+            await self.limiter.finish(self.admission)
 
 
 async def _respond(request: Request, endpoint: Endpoint) -> Response:
     """One completion request, every failure mapped to OpenAI's error shape, counted
     in the gateway's metrics (a stream stays in progress until it closes)."""
-    http_metrics.IN_PROGRESS.inc()
-    account = _Account(getattr(request.state, TENANT_STATE, None))
+    account = _Account(request.app.state.limiter, getattr(request.state, TENANT_STATE, None))
     response: Response | None = None
     try:
         response = await _generate(request, endpoint, account)
@@ -185,11 +208,8 @@ async def _respond(request: Request, endpoint: Endpoint) -> Response:
     except Exception as exc:
         response = error_response(exc)
     finally:
-        if not isinstance(response, SseResponse):
-            http_metrics.IN_PROGRESS.dec()
-            if account.admission is not None:
-                account.admission.counted &= response is not None and response.status_code == 200
-                await request.app.state.limiter.finish(account.admission)
+        if not isinstance(response, SseResponse):  # a stream's own close releases it
+            await account.close(succeeded=response is not None and response.status_code == 200)
     http_metrics.REQUESTS.labels(endpoint=request.url.path, status=str(response.status_code)).inc()
     return response
 
@@ -227,84 +247,112 @@ def _affinity(request: Request) -> dict[str, Any]:
 
 async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> Response:
     client: StreamqClient = request.app.state.client
-    limiter: KeyLimiter = request.app.state.limiter
     arrived = time.monotonic()
     try:
         body = json.loads(await request.body())
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
     params = parse_openai_body(body, chat=endpoint.chat, limits=request.app.state.limits)
-    named = request.headers.get(REQUEST_ID_HEADER)
-    if named is not None and not is_valid_request_id(named):
-        raise bad_request(f"{REQUEST_ID_HEADER} must match {REQUEST_ID_PATTERN.pattern}", param=REQUEST_ID_HEADER)
+    named = _named_request(request, params)
     affinity = _affinity(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")
     tenant = account.tenant
     if tenant is not None:
-        account.admission = await limiter.admit(tenant, params.model, counted=last_event_id is None)
+        account.admission = await account.limiter.admit(tenant, params.model, counted=last_event_id is None)
     if last_event_id is not None:
-        resumed = await _resume(client, named, last_event_id, stream=params.stream, tenant=tenant, limiter=limiter)
+        resumed = await _resume(client, named, last_event_id, stream=params.stream, account=account)
         if resumed is None:  # the client has every event already
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
-        handle = resumed
+        group = RequestGroup([resumed])
     else:
-        handle = await client.submit(
-            model=params.model,
-            request_id=named,
-            tenant=_queue_tenant(request, tenant),
-            stream=params.stream,  # a whole response is written in checkpoints, not token by token
-            **affinity,
-            **params.submit_kwargs,
-        )
-        if tenant is not None and (named is not None or tenant.record is not None):
-            # A stored key sees only its own requests' status (and resumes only its own).
-            await limiter.claim(handle.request_id, tenant)
-    handle.cancel_on_close = named is None  # a named request waits to be resumed instead
-    meta = ResponseMeta(endpoint.chat, handle.request_id, params.model, created=int(time.time()))
-    headers = {"x-request-id": handle.request_id}
-    events = aiter(handle)
+        group = await _submit(request, params, named, affinity, account)
+    for handle in group.handles:
+        handle.cancel_on_close = named is None  # a named request waits to be resumed instead
+    meta = _response_meta(endpoint, params, group)
+    headers = {"x-request-id": meta.request_id}
     try:
         if not params.stream:
-            completion = await until_disconnected(request.receive, handle.result())
-            if account.admission is not None:
-                account.admission.prompt_tokens = completion.prompt_tokens
-                account.admission.completion_tokens = completion.completion_tokens
-            whole = endpoint.to_response(completion, model=params.model, created=meta.created)
+            completions = await until_disconnected(request.receive, group.results())
+            for completion in completions:
+                account.charge(completion.prompt_tokens, completion.completion_tokens)
+            whole = endpoint.to_response(
+                completions, model=params.model, created=meta.created, shape=params.shape, response_id=meta.id
+            )
             return JSONResponse(whole, headers=headers)
         # Wait for the first event before answering, so that parameters vLLM refuses
         # still get a 400 rather than an error inside a 200 stream.
-        first = await until_disconnected(request.receive, _next(events))
+        events = group.events()
+        first = await until_disconnected(request.receive, anext(events))
         http_metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
-        if isinstance(first, ErrorEvent):
-            raise RequestError(handle.request_id, first.code, first.message)
+        if isinstance(first[1], ErrorEvent):
+            raise RequestError(first[1].request_id, first[1].code, first[1].message)
     except BaseException:
-        await handle.close()
+        await group.close()
         raise
     opened = last_event_id is not None and int(last_event_id) >= 0  # its client has the role chunks
-    chunks = ChunkBuilder(meta, params.include_usage, n=params.n, role_sent=opened)
+    chunks = ChunkBuilder(
+        meta, params.include_usage, n=params.n, role_sent=opened, shape=params.shape, prompts=len(group.handles)
+    )
     encoder = SseEncoder(chunks, event_ids=named is not None)
 
-    admission = account.admission
-
     async def close() -> None:
-        http_metrics.IN_PROGRESS.dec()
-        await handle.close()
-        if admission is not None:
-            await limiter.finish(admission)
+        await group.close()
+        await account.close()
 
-    if admission is not None:
-        return SseResponse(_charged_sse_text(encoder, first, events, admission), headers=headers, on_close=close)
-    return SseResponse(_sse_text(encoder, first, events), headers=headers, on_close=close)
+    return SseResponse(_sse_text(encoder, first, events, account), headers=headers, on_close=close)
+
+
+def _named_request(request: Request, params: OpenAIRequest) -> str | None:
+    """The request's own name (``x-streamq-request-id``), checked; it names one request, so
+    not a body with several prompts."""
+    named = request.headers.get(REQUEST_ID_HEADER)
+    if named is None:
+        return None
+    if not is_valid_request_id(named):
+        raise bad_request(f"{REQUEST_ID_HEADER} must match {REQUEST_ID_PATTERN.pattern}", param=REQUEST_ID_HEADER)
+    if len(params.prompts) > 1:
+        raise bad_request(f"{REQUEST_ID_HEADER} names one request: send one prompt with it", param=REQUEST_ID_HEADER)
+    return named
+
+
+async def _submit(
+    request: Request, params: OpenAIRequest, named: str | None, affinity: dict[str, Any], account: _Account
+) -> RequestGroup:
+    """Put the body's requests on the queue: one, or one per prompt (named ``<id>-<i>``
+    after one id, as ``vllm serve`` names its engine requests)."""
+    client: StreamqClient = request.app.state.client
+    tenant = account.tenant
+    submissions = params.submissions()
+    base = uuid.uuid4().hex
+    handles: list[RequestHandle] = []
+    try:
+        for i, kwargs in enumerate(submissions):
+            request_id = named if named is not None or len(submissions) == 1 else f"{base}-{i}"
+            handle = await client.submit(
+                model=params.model,
+                request_id=request_id,
+                tenant=_queue_tenant(request, tenant),
+                stream=params.stream,  # a whole response is written in checkpoints, not token by token
+                **{**kwargs, **affinity},
+            )
+            handles.append(handle)
+            if tenant is not None and (named is not None or tenant.record is not None):
+                # A stored key sees only its own requests' status (and resumes only its own).
+                await account.limiter.claim(handle.request_id, tenant)
+    except BaseException:
+        await RequestGroup(handles).close()
+        raise
+    return RequestGroup(handles, name=base if len(handles) > 1 else None)
+
+
+def _response_meta(endpoint: Endpoint, params: OpenAIRequest, group: RequestGroup) -> ResponseMeta:
+    """The response's id (``cmpl-<id>``: the request's, or for several prompts the id their
+    requests are named after) and what every chunk repeats."""
+    return ResponseMeta(endpoint.chat, group.name, params.model, created=int(time.time()))
 
 
 async def _resume(
-    client: StreamqClient,
-    named: str | None,
-    last_event_id: str,
-    *,
-    stream: bool,
-    tenant: Tenant | None,
-    limiter: KeyLimiter,
+    client: StreamqClient, named: str | None, last_event_id: str, *, stream: bool, account: _Account
 ) -> RequestHandle | None:
     """Follow a named request from the event after ``last_event_id``; ``None`` when that
     was its last event (following would wait forever for an event that never comes)."""
@@ -320,7 +368,8 @@ async def _resume(
         last_seq = -2
     if last_seq < -1:
         raise bad_request("Last-Event-ID must be an event id (-1 for the whole stream)", param="Last-Event-ID")
-    if not await client.exists(named) or (tenant is not None and not await limiter.owns(named, tenant)):
+    tenant = account.tenant
+    if not await client.exists(named) or (tenant is not None and not await account.limiter.owns(named, tenant)):
         message = f"no request {named!r} to resume (unknown, or its log expired)"
         raise ApiError(404, message, code=ApiErrorCode.REQUEST_NOT_FOUND)
     last = await client.last_event(named)
@@ -329,31 +378,22 @@ async def _resume(
     return await client.follow(named, from_seq=last_seq + 1)
 
 
-async def _next(events: AsyncIterator[Event]) -> Event:
-    return await anext(events)
-
-
-async def _sse_text(encoder: SseEncoder, first: Event, rest: AsyncIterator[Event]) -> AsyncGenerator[bytes, None]:
-    yield encoder.encode(first)
-    async for event in rest:
-        if text := encoder.encode(event):
-            yield text
-
-
-async def _charged_sse_text(
-    encoder: SseEncoder, first: Event, rest: AsyncIterator[Event], admission: Admission
+async def _sse_text(
+    encoder: SseEncoder, first: tuple[int, Event], rest: AsyncIterator[tuple[int, Event]], account: _Account
 ) -> AsyncGenerator[bytes, None]:
-    """``_sse_text`` that also tallies what the key used: the tokens it was sent, and the
-    prompt's once the final event arrives (a client that leaves early pays for what it got)."""
-    event = first
+    """The stream's bytes, tallying what the key used: the tokens it was sent, and each
+    prompt's once its final event arrives (a client that leaves early pays for what it got)."""
+    prompt, event = first
     while True:
         if isinstance(event, ChunkEvent):
-            admission.completion_tokens += len(event.token_ids)
+            account.charge(0, len(event.token_ids))
         elif isinstance(event, FinalEvent):
-            admission.prompt_tokens = event.prompt_tokens
-        if text := encoder.encode(event):
+            account.charge(event.prompt_tokens, 0)
+        if text := encoder.encode(event, prompt):
             yield text
+        if encoder.chunks.done:
+            return
         try:
-            event = await anext(rest)
+            prompt, event = await anext(rest)
         except StopAsyncIteration:
             return

@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.disconnect import wait_for_disconnect
 from producer.openai_api.chunks import ChunkBuilder
-from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, FinalEvent
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
 
 DONE: Final = b"data: [DONE]\n\n"
 
@@ -35,10 +35,12 @@ class SseEncoder:
     chunks: ChunkBuilder
     event_ids: bool
 
-    def encode(self, event: ChunkEvent | FinalEvent | ErrorEvent) -> bytes:
+    def encode(self, event: ChunkEvent | FinalEvent | ErrorEvent, prompt: int = 0) -> bytes:
+        """The SSE bytes of ``event`` (of the request of ``prompt``), with ``[DONE]`` once
+        the response is complete."""
         seq = event.seq if self.event_ids else None
-        text = b"".join([sse_event(chunk, seq) for chunk in self.chunks.chunks(event)])
-        return text + DONE if isinstance(event, TERMINAL_EVENTS) else text
+        text = b"".join([sse_event(chunk, seq) for chunk in self.chunks.chunks(event, prompt)])
+        return text + DONE if self.chunks.done else text
 
 
 class SseResponse(StreamingResponse):

@@ -35,6 +35,7 @@ from producer.errors import InvalidParameter, RequestError, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS, Endpoint
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option
+from producer.openai_api.requests import ResponseShape
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import InvalidRequest
 from streamq.protocol.affinity import check_affinity_key
@@ -189,6 +190,7 @@ class _Running:
     custom_id: str | None
     endpoint: Endpoint
     model: str | None
+    shape: ResponseShape
 
 
 class BatchRun:
@@ -258,7 +260,9 @@ class BatchRun:
                 self.write(output_line(line.custom_id, request_id, status=status, body=None, error=str(exc)), ok=False)
                 continue
             model = kwargs.get("model")
-            self._running[request_id] = _Running(line.custom_id, ENDPOINTS[line.url], model)
+            endpoint = ENDPOINTS[line.url]
+            assert line.body is not None, "a line that can run has a body"
+            self._running[request_id] = _Running(line.custom_id, endpoint, model, endpoint.shape(line.body))
             yield {"request_id": request_id, **kwargs}
 
     def _generate_kwargs(self, line: BatchLine) -> dict[str, Any]:
@@ -278,7 +282,7 @@ class BatchRun:
 
     def _write_completion(self, completion: Completion) -> None:
         running = self._running.pop(completion.request_id)
-        body = running.endpoint.to_response(completion, model=running.model or "streamq")
+        body = running.endpoint.to_response([completion], model=running.model or "streamq", shape=running.shape)
         line = output_line(running.custom_id, completion.request_id, status=200, body=body, error=None)
         self.write(line, ok=True, tokens=completion.completion_tokens)
 

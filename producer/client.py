@@ -81,6 +81,7 @@ from streamq.protocol import (
     WAKEUP_CHANNEL,
     Callback,
     ChatMessage,
+    ChatTemplateOptions,
     ChunkEvent,
     ErrorEvent,
     Event,
@@ -88,6 +89,7 @@ from streamq.protocol import (
     FinishReason,
     GenerateRequest,
     InvalidRequest,
+    PromptEcho,
     SamplingOptions,
     StreamqError,
     TokenLogprob,
@@ -141,7 +143,9 @@ class Completion:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     """One entry per prompt token (``None`` for the first), when ``prompt_logprobs`` was asked for."""
     prompt_token_ids: list[int] | None = None
-    """The prompt's tokens (after the chat template), when ``prompt_logprobs`` was asked for."""
+    """The prompt's tokens (after the chat template), when ``prompt_logprobs`` or ``echo`` was asked for."""
+    prompt_echo: PromptEcho | None = None
+    """The prompt as text, when ``echo`` was asked for."""
     worker: str | None = None
     """The worker that ran the request to its end (the final event's ``worker``)."""
 
@@ -162,6 +166,7 @@ class _CompletionParts:
         self.logprobs: dict[int, list[TokenLogprob]] | None = None
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.prompt_token_ids: list[int] | None = None
+        self.prompt_echo: PromptEcho | None = None
         self.final: FinalEvent | None = None
 
     def add(self, event: Event) -> None:
@@ -174,7 +179,10 @@ class _CompletionParts:
                 self.logprobs.setdefault(event.index, []).extend(event.logprobs)
             if event.prompt_logprobs is not UNSET:
                 self.prompt_logprobs = event.prompt_logprobs
-                self.prompt_token_ids = event.prompt_token_ids or None
+            if event.prompt_token_ids is not UNSET:
+                self.prompt_token_ids = event.prompt_token_ids
+            if event.prompt_echo is not UNSET:
+                self.prompt_echo = event.prompt_echo
         elif isinstance(event, ErrorEvent):
             raise RequestError(self.request_id, event.code, event.message)
         else:
@@ -197,6 +205,7 @@ class _CompletionParts:
             logprobs=None if self.logprobs is None else [self.logprobs.get(i, []) for i in range(n)],
             prompt_logprobs=self.prompt_logprobs,
             prompt_token_ids=self.prompt_token_ids,
+            prompt_echo=self.prompt_echo,
             worker=final.worker,
         )
 
@@ -522,7 +531,7 @@ class StreamqClient:
 
     async def submit(
         self,
-        prompt: str | None = None,
+        prompt: str | Sequence[int] | None = None,
         *,
         messages: Sequence[ChatMessage | dict[str, str]] | None = None,
         request_id: str | None = None,
@@ -537,6 +546,8 @@ class StreamqClient:
         affinity: bool = True,
         cancel_on_close: bool = False,
         stream: bool = True,
+        echo: bool = False,
+        chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events
@@ -583,6 +594,13 @@ class StreamqClient:
         matters: ``result()``, a callback): the worker writes its tokens in checkpoints
         rather than one event per engine step, which costs per request what the engine
         costs. Its events are the same kinds, fewer and larger; ``generate`` sends it.
+
+        ``prompt`` may be token ids (a prompt already tokenized for the model, given to
+        the engine as it is). ``echo=True`` sends the prompt back: the first chunk (and
+        the ``Completion``) carry ``prompt_echo`` and ``prompt_token_ids``.
+        ``chat_options`` (a ``ChatTemplateOptions``, or its dict) says how ``messages`` are
+        rendered: ``add_generation_prompt``, ``continue_final_message``, ``documents`` and
+        more template variables, as ``vllm serve`` takes them.
         """
         _check_sampling_names(sampling)
         try:
@@ -595,8 +613,10 @@ class StreamqClient:
         request = parse_request(
             {
                 "request_id": request_id or uuid.uuid4().hex,
-                "prompt": prompt,
+                "prompt": prompt if prompt is None or isinstance(prompt, str) else None,
+                "prompt_token_ids": None if prompt is None or isinstance(prompt, str) else list(prompt),
                 "messages": msgspec.to_builtins(list(messages)) if messages is not None else None,
+                "chat_options": msgspec.to_builtins(chat_options) if chat_options is not None else None,
                 "model": model,
                 "sampling": sampling,
                 "timeout_s": timeout_s,
@@ -605,10 +625,11 @@ class StreamqClient:
                 "priority": priority,
                 "tenant": tenant,
                 "stream": stream,
+                "echo": echo,
             }
         )
         job = _job_payload(request)
-        prefixes = affinity_keys(request.prompt, request.messages, affinity_key) if affinity else []
+        prefixes = affinity_keys(_prefix_text(request), request.messages, affinity_key) if affinity else []
         queue = self.queue
         if model is not None:
             routes = await self._routes_serving(model)
@@ -680,7 +701,7 @@ class StreamqClient:
 
     async def generate(
         self,
-        prompt: str | None = None,
+        prompt: str | Sequence[int] | None = None,
         *,
         messages: Sequence[ChatMessage | dict[str, str]] | None = None,
         request_id: str | None = None,
@@ -694,6 +715,8 @@ class StreamqClient:
         affinity_key: str | None = None,
         affinity: bool = True,
         timeout: float | None = None,
+        echo: bool = False,
+        chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> Completion:
         """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
@@ -719,6 +742,8 @@ class StreamqClient:
             affinity=affinity,
             cancel_on_close=True,
             stream=False,
+            echo=echo,
+            chat_options=chat_options,
             **sampling,
         )
         async with handle:
@@ -949,6 +974,14 @@ def _job_payload(request: GenerateRequest) -> bytes:
     if len(job) > MAX_JOB_BYTES:
         raise InvalidRequest(f"the request is {len(job)} bytes as a job; the limit is {MAX_JOB_BYTES} bytes")
     return job
+
+
+def _prefix_text(request: GenerateRequest) -> str | None:
+    """The text whose prefixes name the request's prefix for affinity: its prompt, or its
+    token ids written out (a shared token prefix is a shared text prefix)."""
+    if request.prompt_token_ids is not None:
+        return " ".join(map(str, request.prompt_token_ids))
+    return request.prompt
 
 
 def _cap_max_tokens(request: GenerateRequest, context: int | None) -> bool:

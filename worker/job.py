@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -19,12 +20,14 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput
+from vllm.renderers.hf import resolve_chat_template_kwargs
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from streamq.protocol import (
     BAD_PAYLOAD_MARKER,
+    ChatTemplateOptions,
     ErrorCode,
     FinishReason,
     GenerateRequest,
@@ -38,6 +41,7 @@ from worker.engine import engine_priority
 from worker.logprobs import LogprobsReader
 from worker.presence import Presence
 from worker.progress import Continuation, Progress, thread_tokenizer
+from worker.prompt_report import PromptReporter
 from worker.publisher import PublishFailed, Refusal
 from worker.regeneration import Regeneration, RegenerationDiffers, with_take_over_seed
 from worker.request_events import RequestEvents
@@ -177,28 +181,46 @@ def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = No
     structured = fields.pop("structured_outputs", None)
     if structured is not None:
         fields["structured_outputs"] = StructuredOutputsParams(**msgspec.structs.asdict(structured))
+    if "logit_bias" in fields:  # clamped as ``vllm serve`` clamps it (``SamplingParams.from_optional``)
+        fields["logit_bias"] = {token: min(100.0, max(-100.0, bias)) for token, bias in fields["logit_bias"].items()}
     if delivery is not None:
         fields["stream_interval"] = delivery.stream_interval(fields.get("stream_interval"))
     return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
 
 async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:
-    """Token ids of a chat prompt (rendered with the chat template); ``None`` for a
-    plain prompt, which vLLM tokenizes itself (in a thread of its own).
+    """Token ids of a chat prompt (rendered with the chat template) or of a token-id
+    prompt (as given); ``None`` for a plain prompt, which vLLM tokenizes itself (in a
+    thread of its own).
 
     Rendering and tokenizing a long conversation takes long enough to stall the
     event loop (and with it lease renewal and every other request), so it runs in a
     thread, on a tokenizer copy of its own."""
+    if request.prompt_token_ids is not None:
+        return request.prompt_token_ids
     if request.messages is None:
         return None
     messages: list[Any] = [{"role": m.role, "content": m.content} for m in request.messages]
-    return await asyncio.to_thread(_render_chat, engine.get_tokenizer(), messages)
+    options = request.chat_options or ChatTemplateOptions()
+    return await asyncio.to_thread(_render_chat, engine.get_tokenizer(), messages, options)
 
 
-def _render_chat(engine_tokenizer: Any, messages: list[Any]) -> list[int]:
+def _render_chat(engine_tokenizer: Any, messages: list[Any], options: ChatTemplateOptions) -> list[int]:
     tokenizer = thread_tokenizer(engine_tokenizer)
     try:
-        text = str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        kwargs = {}
+        if options.kwargs:  # only the variables the template uses, as vLLM passes them
+            kwargs = resolve_chat_template_kwargs(tokenizer, tokenizer.get_chat_template(), options.kwargs)
+        text = str(
+            tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message,
+                documents=options.documents,
+                **kwargs,
+            )
+        )
     except Exception as exc:  # jinja errors, a model without a chat template, ...
         raise InvalidRequest(f"cannot render messages with the model's chat template: {exc}") from exc
     # The template already holds any special tokens, so tokenize without adding more.
@@ -226,7 +248,7 @@ async def _run(
     events.checkpoint_tokens = delivery.checkpoint_tokens
     # The seed a take-over would need to generate the request again is fixed now.
     params = with_take_over_seed(sampling_params_for(request, delivery), request.request_id)
-    chat_ids = await _prompt_token_ids(state.engine, request)
+    prompt_ids = await _prompt_token_ids(state.engine, request)
     progress = await _take_over(state, request, events, params.n)
     if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
         return progress.summary(request.request_id)
@@ -236,13 +258,15 @@ async def _run(
     time_left = _time_left(state, ctx["score"], request, events.attempt)
     if isinstance(time_left, FinishReason):
         return await _end(ctx, events, request, progress, time_left)
-    generation = await _generation(state.engine, request, progress, chat_ids, params)
+    generation = await _generation(state.engine, request, progress, prompt_ids, params)
     if generation is None:  # finished (or out of budget) before the final event went out
         return await _end(ctx, events, request, progress, FinishReason.LENGTH)
     # The prompt's logprobs go out with the request's first chunk: an attempt that goes on
     # from tokens already sent does not send them again.
-    reader = LogprobsReader.for_request(params, state.engine, with_prompt=isinstance(generation, _FirstRun))
-    return await _run_engine(ctx, request, events, progress, generation, reader, time_left)
+    first_run = isinstance(generation, _FirstRun)
+    reporter = PromptReporter.for_request(request, params.prompt_logprobs, state.engine, with_prompt=first_run)
+    reader = LogprobsReader.for_request(params, state.engine)
+    return await _run_engine(ctx, request, events, progress, generation, _Readers(reader, reporter), time_left)
 
 
 async def _take_over(state: WorkerState, request: GenerateRequest, events: RequestEvents, n: int) -> Progress:
@@ -294,15 +318,15 @@ async def _generation(
     engine: AsyncLLM,
     request: GenerateRequest,
     progress: Progress,
-    chat_ids: list[int] | None,
+    prompt_ids: list[int] | None,
     params: SamplingParams,
 ) -> _FirstRun | Continuation | Regeneration | None:
     """What generates the request's outputs: from its prompt, or after a take-over the rest
     of the answer (``Progress.continuation``); ``None`` when nothing is left to generate."""
     if progress.completion_tokens:
-        return await progress.continuation(engine, request, chat_ids, params)
-    if chat_ids is not None:
-        return _FirstRun(TokensPrompt(prompt_token_ids=chat_ids), params)
+        return await progress.continuation(engine, request, prompt_ids, params)
+    if prompt_ids is not None:
+        return _FirstRun(TokensPrompt(prompt_token_ids=prompt_ids), params)
     assert request.prompt is not None, "validated: a request has a prompt or messages"
     return _FirstRun(request.prompt, params)
 
@@ -313,7 +337,7 @@ async def _run_engine(
     events: RequestEvents,
     progress: Progress,
     generation: _FirstRun | Continuation | Regeneration,
-    reader: LogprobsReader | None,
+    readers: _Readers,
     time_left: float | None,
 ) -> dict[str, Any]:
     """Run the generation with the request's lease held and its cancel heard, emitting each
@@ -332,7 +356,7 @@ async def _run_engine(
             async with asyncio.timeout(time_left):
                 priority = engine_priority(engine, request.priority)
                 async for output in generation.generate(engine, request.request_id, priority):
-                    _emit(events, progress, output, reader)
+                    _emit(events, progress, output, readers)
     except asyncio.CancelledError:
         stop = cancels.take_stop(request.request_id, events.attempt)
         if stop is None and not cancels.was_cancelled(request.request_id):
@@ -358,16 +382,27 @@ async def _run_engine(
     return progress.summary(request.request_id)
 
 
-def _emit(events: RequestEvents, progress: Progress, output: RequestOutput, reader: LogprobsReader | None) -> None:
-    """Hand one engine output to the request's events (its DELTAs, with the logprobs the
-    request asked for; the final event once it finished) and tally its tokens."""
-    prompt_logprobs = reader.prompt(output) if reader is not None else None
+@dataclass(frozen=True)
+class _Readers:
+    """What an attempt takes from the engine's outputs beyond text and tokens, when the
+    request asked for it: each token's logprobs, and the prompt's report (first chunk)."""
+
+    logprobs: LogprobsReader | None
+    prompt: PromptReporter | None
+
+
+def _emit(events: RequestEvents, progress: Progress, output: RequestOutput, readers: _Readers) -> None:
+    """Hand one engine output to the request's events (its DELTAs, with the logprobs and
+    prompt report the request asked for; the final event once it finished) and tally its
+    tokens."""
+    prompt = readers.prompt.report(output) if readers.prompt is not None else None
+    reader = readers.logprobs
     for completion in output.outputs:
         logprobs = reader.sample(completion) if reader is not None else None
         events.chunk(
-            completion.index, completion.text, completion.token_ids, completion.finish_reason, logprobs, prompt_logprobs
+            completion.index, completion.text, completion.token_ids, completion.finish_reason, logprobs, prompt
         )
-        prompt_logprobs = None
+        prompt = None
         progress.add(completion.index, completion.token_ids, completion.finish_reason)
     if output.finished:
         progress.set_prompt_tokens(len(output.prompt_token_ids or ()))

@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm import SamplingParams
 from vllm.logprobs import Logprob, PromptLogprobs, SampleLogprobs
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import CompletionOutput
 from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
 from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -88,34 +88,21 @@ def decoder(tokenizer: Any) -> Decode:
 
 
 class LogprobsReader:
-    """Takes the logprobs a request asked for out of the engine's outputs."""
+    """Takes the sampled tokens' logprobs a request asked for out of the engine's outputs
+    (the prompt's are ``worker.prompt_report``'s)."""
 
-    def __init__(self, params: SamplingParams, tokenizer: Any, *, with_prompt: bool) -> None:
-        self._top_k = params.logprobs
-        self._prompt_top_k = params.prompt_logprobs if with_prompt else None
+    def __init__(self, top_k: int, tokenizer: Any) -> None:
+        self._top_k = top_k
         self._decode = decoder(tokenizer)
 
     @classmethod
-    def for_request(cls, params: SamplingParams, engine: AsyncLLM, *, with_prompt: bool) -> LogprobsReader | None:
+    def for_request(cls, params: SamplingParams, engine: AsyncLLM) -> LogprobsReader | None:
         """A reader, or ``None`` when the request asked for no logprobs (the common case:
-        the job's loop then does no logprobs work at all). ``with_prompt``: whether this
-        attempt sends the prompt's (an attempt that goes on from tokens already sent does not:
-        they went out with the request's first chunk)."""
-        if params.logprobs is None and (params.prompt_logprobs is None or not with_prompt):
+        the job's loop then does no logprobs work at all)."""
+        if params.logprobs is None:
             return None
-        return cls(params, engine.get_tokenizer(), with_prompt=with_prompt)
+        return cls(params.logprobs, engine.get_tokenizer())
 
-    def sample(self, completion: CompletionOutput) -> list[TokenLogprob] | None:
-        """The logprobs of a completion's delta, if asked for."""
-        if self._top_k is None:
-            return None
+    def sample(self, completion: CompletionOutput) -> list[TokenLogprob]:
+        """The logprobs of a completion's delta."""
         return sample_logprobs(completion.token_ids, completion.logprobs, self._top_k, self._decode)
-
-    def prompt(self, output: RequestOutput) -> tuple[list[int], list[TokenLogprob | None]] | None:
-        """The prompt's token ids and logprobs, the first time an output carries them, if
-        asked for."""
-        if self._prompt_top_k is None or output.prompt_logprobs is None or output.prompt_token_ids is None:
-            return None
-        top_k, self._prompt_top_k = self._prompt_top_k, None
-        token_ids = list(output.prompt_token_ids)
-        return token_ids, prompt_logprobs(token_ids, output.prompt_logprobs, top_k, self._decode)

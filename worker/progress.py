@@ -115,7 +115,7 @@ class Progress:
         return progress
 
     async def continuation(
-        self, engine: AsyncLLM, request: GenerateRequest, chat_ids: list[int] | None, params: SamplingParams
+        self, engine: AsyncLLM, request: GenerateRequest, prompt_ids: list[int] | None, params: SamplingParams
     ) -> Continuation | Regeneration | None:
         """What generates the rest of the answer; ``None`` when nothing is left to
         generate (every completion finished, or spent its budget, but the final event
@@ -125,7 +125,7 @@ class Progress:
             for generated, finish in zip(self.token_ids, self.finish_reasons, strict=True)
         ):
             return None
-        prompt: str | list[int] | None = request.prompt if chat_ids is None else chat_ids
+        prompt: str | list[int] | None = request.prompt if prompt_ids is None else prompt_ids
         assert prompt is not None, "validated: a request has a prompt or messages"
         reason = regeneration_reason(params)
         if reason is not None:
@@ -140,7 +140,7 @@ class Progress:
         generated = self.token_ids[0]
         tokenizer = engine.get_tokenizer()
         sent_text = "".join(self.texts[0])
-        prompt_ids, detokenizer = await asyncio.to_thread(
+        tokenized, detokenizer = await asyncio.to_thread(
             _replayed_detokenizer,
             request.request_id,
             tokenizer,
@@ -149,8 +149,8 @@ class Progress:
             sent_text,
             params,
         )
-        self.prompt_tokens = len(prompt_ids)
-        return Continuation(prompt_ids, params, generated, detokenizer)
+        self.prompt_tokens = len(tokenized)
+        return Continuation(tokenized, params, generated, detokenizer)
 
 
 def _replayed_detokenizer(

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, TokenLogprob, encode_event
 from worker import metrics
 from worker.publisher import EventPublisher, append_delta
+
+if TYPE_CHECKING:
+    from worker.prompt_report import PromptReport
 
 
 class RequestEvents:
@@ -85,20 +89,20 @@ class RequestEvents:
         token_ids: Sequence[int],
         finish_reason: str | None,
         logprobs: list[TokenLogprob] | None = None,
-        prompt_logprobs: tuple[list[int], list[TokenLogprob | None]] | None = None,
+        prompt: PromptReport | None = None,
     ) -> None:
         """Publish one DELTA of completion ``index``, with its tokens' ``logprobs`` when
-        the request asked for them (and the prompt's token ids and logprobs, on the
+        the request asked for them (and what ``prompt`` reports of the prompt, on the
         request's first chunk)."""
         if self.checkpoint_tokens is not None:  # not streamed: held until a checkpoint's worth
             if index in self._held:
                 held, deltas = self._held[index]
                 append_delta(held, text, token_ids, finish_reason, logprobs)
-                if prompt_logprobs is not None:
-                    held.prompt_token_ids, held.prompt_logprobs = prompt_logprobs
+                if prompt is not None:
+                    prompt.apply(held)
                 self._held[index] = (held, deltas + 1)
             else:
-                held = self._new_chunk(-1, index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
+                held = self._new_chunk(-1, index, text, token_ids, finish_reason, logprobs, prompt)
                 self._held[index] = (held, 1)
             if finish_reason is not None or len(held.token_ids) >= self.checkpoint_tokens:
                 self._checkpoint(index)
@@ -117,11 +121,11 @@ class RequestEvents:
             and open_chunk.index == index
             and open_chunk.finish_reason is None
             and publisher.extendable(self._open_generation)
-            and prompt_logprobs is None
+            and prompt is None
         ):
             publisher.extend(open_chunk, text, token_ids, finish_reason, logprobs)
             return
-        event = self._new_chunk(self._take_seq(), index, text, token_ids, finish_reason, logprobs, prompt_logprobs)
+        event = self._new_chunk(self._take_seq(), index, text, token_ids, finish_reason, logprobs, prompt)
         self._open = event
         self._open_generation = publisher.publish_chunk(event)
 
@@ -133,7 +137,7 @@ class RequestEvents:
         token_ids: Sequence[int],
         finish_reason: str | None,
         logprobs: list[TokenLogprob] | None,
-        prompt_logprobs: tuple[list[int], list[TokenLogprob | None]] | None,
+        prompt: PromptReport | None,
     ) -> ChunkEvent:
         event = ChunkEvent(
             request_id=self.request_id,
@@ -146,8 +150,8 @@ class RequestEvents:
         )
         if logprobs is not None:
             event.logprobs = logprobs
-        if prompt_logprobs is not None:
-            event.prompt_token_ids, event.prompt_logprobs = prompt_logprobs
+        if prompt is not None:
+            prompt.apply(event)
         return event
 
     def _checkpoint(self, index: int) -> None:

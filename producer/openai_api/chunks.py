@@ -12,6 +12,7 @@ whole request (id, object, created, model) is encoded once, each chunk encodes i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -26,24 +27,24 @@ from producer.openai_api.logprobs import (
     completion_logprobs,
     next_text_offset,
 )
+from producer.openai_api.requests import PLAIN, ResponseShape
 from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
-
-ROLE: Final = "assistant"
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, PromptEcho, TokenLogprob
 
 _encode = msgspec.json.Encoder().encode
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):
-    """A streamed ``/v1/completions`` choice."""
+    """A streamed ``/v1/completions`` choice (``token_ids`` with ``return_token_ids``, and
+    ``prompt_token_ids`` on each completion's first chunk)."""
 
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: None = None
-    prompt_token_ids: None = None
-    token_ids: None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatDelta(msgspec.Struct, kw_only=True):
@@ -85,66 +86,140 @@ _CLOSE_LAST: Final = b"]" + _FINGERPRINT
 
 
 @dataclass
+class _Prompt:
+    """What one prompt's first chunk said about it (``echo``, ``return_token_ids``)."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None] | None
+    echo: PromptEcho | None
+
+
+@dataclass
 class ChunkBuilder:
     """Turns one request's events, in order, into the JSON chunks of its streamed response.
 
-    The final event adds a finish chunk for each completion that ended without one
-    (cancelled, timed out, ...) and, with ``include_usage``, the usage chunk with empty
-    ``choices``. ``n`` is the number of completions (a chat stream names the role of
-    each); ``role_sent`` for a stream resumed past its first event, whose client has them.
+    A completion request with several prompts is one response over several requests in
+    the queue: each event names its ``prompt`` (its position), and choice ``prompt * n +
+    index`` is its completion ``index``, as ``vllm serve`` numbers them. A final event adds
+    a finish chunk for each completion of its prompt that ended without one (cancelled,
+    timed out, ...); after the last prompt's, with ``include_usage``, the usage chunk
+    (summed) with empty ``choices``. ``n`` is the number of completions per prompt (a chat
+    stream names the role of each); ``role_sent`` for a stream resumed past its first
+    event, whose client has them.
     """
 
     meta: ResponseMeta
     include_usage: bool
     n: int = 1
     role_sent: bool = False
+    shape: ResponseShape = PLAIN
+    prompts: int = 1
     _with_tokens: set[int] = field(default_factory=set)
-    """Completions that have sent a token (an output before that, with none, is skipped)."""
+    """Choices that have sent a token (an output before that, with none, is skipped)."""
     _finished: set[int] = field(default_factory=set)
+    _started: set[int] = field(default_factory=set)
+    """Choices that have sent a chunk (the first carries the echo, the prompt's token ids)."""
     _text_offsets: dict[int, int] = field(default_factory=dict)
-    """Per completion, where its next token's text starts (completions' ``text_offset``)."""
+    """Per choice, where its next token's text starts (completions' ``text_offset``)."""
+    _prompt: dict[int, _Prompt] = field(default_factory=dict)
+    _usage: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per prompt that ended: its prompt and completion tokens."""
     _open: bytes = b""
+    done: bool = False
+    """Whether the response is complete: every prompt ended, or one failed."""
 
     def __post_init__(self) -> None:
         head = _encode(_Head(self.meta.id, self.meta.object(chunk=True), self.meta.created, self.meta.model))
         self._open = head[:-1] + b',"choices":['
 
-    def chunks(self, event: ChunkEvent | FinalEvent | ErrorEvent) -> list[bytes]:
-        """The chunks ``event`` adds; for an error event, an OpenAI error body."""
+    def chunks(self, event: ChunkEvent | FinalEvent | ErrorEvent, prompt: int = 0) -> list[bytes]:
+        """The chunks ``event`` (of the request of ``prompt``) adds; for an error event, an
+        OpenAI error body."""
         if isinstance(event, ErrorEvent):
+            self.done = True
             return [_encode(request_failed(event.code, event.message).body())]
         out = [] if self.role_sent or not self.meta.chat else self._role_chunks()
         if isinstance(event, ChunkEvent):
+            if event.prompt_token_ids is not UNSET:
+                prompt_lp = None if event.prompt_logprobs is UNSET else event.prompt_logprobs
+                echo = None if event.prompt_echo is UNSET else event.prompt_echo
+                self._prompt[prompt] = _Prompt(event.prompt_token_ids, prompt_lp, echo)
+            choice = prompt * self.n + event.index
             if event.token_ids:
-                self._with_tokens.add(event.index)
-            if event.text or event.index in self._with_tokens:  # nothing at all: a prefill step, as vLLM skips
-                logprobs = None if event.logprobs is UNSET else self._logprobs(event)
-                out.append(self._chunk(event.index, event.text, event.finish_reason, logprobs))
+                self._with_tokens.add(choice)
+            if self.shape.echo and choice not in self._started:
+                out.append(self._echo_chunk(choice, prompt, event))
+            elif event.text or choice in self._with_tokens:  # nothing at all: a prefill step, as vLLM skips
+                logprobs = None if event.logprobs is UNSET else self._logprobs(choice, event.token_ids, event.logprobs)
+                out.append(
+                    self._chunk(choice, event.text, event.finish_reason, logprobs, self._ids(choice, prompt, event))
+                )
             return out
         for index, reason in enumerate(event.finish_reasons):
-            if index not in self._finished:
-                out.append(self._chunk(index, "", reason))
+            choice = prompt * self.n + index
+            if choice not in self._finished:
+                out.append(self._chunk(choice, "", reason))
+        self._usage[prompt] = (event.prompt_tokens, event.completion_tokens)
+        if len(self._usage) < self.prompts:
+            return out
+        self.done = True
         if self.include_usage:
-            prompt, completion = event.prompt_tokens, event.completion_tokens
-            used = StreamUsage(prompt, prompt + completion, completion)
+            prompt_tokens = sum(p for p, _ in self._usage.values())
+            completion = sum(c for _, c in self._usage.values())
+            used = StreamUsage(prompt_tokens, prompt_tokens + completion, completion)
             out.append(self._open + b'],"usage":' + _encode(used) + _FINGERPRINT)
         return out
 
     def _role_chunks(self) -> list[bytes]:
+        """A chat stream's first chunks: each completion's role, then (``echo``) the last
+        message's content, as ``vllm serve`` opens a stream."""
         self.role_sent = True
-        return [
-            self._open + _encode(ChatChoice(index=i, delta=ChatDelta(role=ROLE, content=""))) + _CLOSE_ROLE
+        role = self.shape.role
+        chunks = [
+            self._open + _encode(ChatChoice(index=i, delta=ChatDelta(role=role, content=""))) + _CLOSE_ROLE
             for i in range(self.n)
         ]
+        if self.shape.echo_text:
+            echo = ChatDelta(content=self.shape.echo_text)
+            chunks += [self._open + _encode(ChatChoice(index=i, delta=echo)) + _CLOSE for i in range(self.n)]
+        return chunks
 
-    def _logprobs(self, event: ChunkEvent) -> ChatLogprobs | CompletionLogprobs:
+    def _echo_chunk(self, choice: int, prompt: int, event: ChunkEvent) -> bytes:
+        """A completion's first chunk with its prompt before it (only the prompt, for
+        ``max_tokens`` 0), as ``vllm serve`` echoes."""
+        info = self._prompt[prompt]
+        assert info.echo is not None, "echo: the worker sends the prompt back on the first chunk"
+        prompt_text = "" if self.shape.token_ids else info.echo.text
+        if self.shape.echo_only:
+            text, token_ids, entries = prompt_text, info.token_ids, info.logprobs
+        else:
+            text, token_ids = prompt_text + event.text, [*info.token_ids, *event.token_ids]
+            entries = None if event.logprobs is UNSET else [*(info.logprobs or []), *event.logprobs]
+        logprobs = None
+        if event.logprobs is not UNSET and entries is not None:
+            logprobs = self._logprobs(choice, token_ids, entries, first_token=info.echo.first_token)
+        return self._chunk(choice, text, event.finish_reason, logprobs, self._ids(choice, prompt, event))
+
+    def _ids(self, choice: int, prompt: int, event: ChunkEvent) -> tuple[list[int], list[int] | None] | None:
+        """With ``return_token_ids``: the chunk's token ids, and the prompt's on the first."""
+        first = choice not in self._started
+        self._started.add(choice)
+        if not self.shape.token_ids:
+            return None
+        return event.token_ids, self._prompt[prompt].token_ids if first and prompt in self._prompt else None
+
+    def _logprobs(
+        self, choice: int, token_ids: list[int], entries: Sequence[TokenLogprob | None], first_token: str = ""
+    ) -> ChatLogprobs | CompletionLogprobs:
         """The chunk's logprobs in its endpoint's shape (the event carries them)."""
-        assert event.logprobs is not UNSET
+        as_ids = self.shape.tokens_as_ids
         if self.meta.chat:
-            return chat_logprobs(event.token_ids, event.logprobs)
-        offset = self._text_offsets.get(event.index, 0)
-        logprobs = completion_logprobs(event.token_ids, event.logprobs, offset)
-        self._text_offsets[event.index] = next_text_offset(logprobs, offset)
+            return chat_logprobs(token_ids, [e for e in entries if e is not None], as_ids=as_ids)
+        offset = self._text_offsets.get(choice, 0)
+        logprobs = completion_logprobs(
+            token_ids, entries, offset, top_k=self.shape.logprobs, first_token=first_token, as_ids=as_ids
+        )
+        self._text_offsets[choice] = next_text_offset(logprobs, offset)
         return logprobs
 
     def _chunk(
@@ -153,15 +228,23 @@ class ChunkBuilder:
         text: str,
         finish_reason: str | None,
         logprobs: ChatLogprobs | CompletionLogprobs | None = None,
+        ids: tuple[list[int], list[int] | None] | None = None,
     ) -> bytes:
         choice: ChatChoice | CompletionChoice
         chat_lp = logprobs if isinstance(logprobs, ChatLogprobs) else None
         completion_lp = logprobs if isinstance(logprobs, CompletionLogprobs) else None
+        token_ids, prompt_token_ids = ids if ids is not None else (None, None)
         if finish_reason is None:
             if self.meta.chat:
                 choice = ChatChoice(index=index, delta=ChatDelta(content=text), logprobs=chat_lp, token_ids=None)
             else:
-                choice = CompletionChoice(index=index, text=text, logprobs=completion_lp)
+                choice = CompletionChoice(
+                    index=index,
+                    text=text,
+                    logprobs=completion_lp,
+                    token_ids=token_ids,
+                    prompt_token_ids=prompt_token_ids,
+                )
             return self._open + _encode(choice) + _CLOSE
         self._finished.add(index)
         if self.meta.chat:
@@ -175,6 +258,13 @@ class ChunkBuilder:
                 token_ids=None,
             )
         else:
-            choice = CompletionChoice(index=index, text=text, logprobs=completion_lp, finish_reason=finish_reason)
+            choice = CompletionChoice(
+                index=index,
+                text=text,
+                logprobs=completion_lp,
+                finish_reason=finish_reason,
+                token_ids=token_ids,
+                prompt_token_ids=prompt_token_ids,
+            )
         # The fingerprint goes on the last chunk: the usage chunk when there is one.
         return self._open + _encode(choice) + (_CLOSE if self.include_usage else _CLOSE_LAST)

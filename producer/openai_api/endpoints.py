@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from producer.client import Completion
 from producer.openai_api.limits import RequestLimits
-from producer.openai_api.requests import chat_request_to_submit_kwargs, completion_request_to_submit_kwargs
+from producer.openai_api.requests import (
+    ResponseShape,
+    chat_request_to_submit_kwargs,
+    chat_shape,
+    completion_request_to_submit_kwargs,
+    completion_shape,
+)
 from producer.openai_api.responses import chat_completion_response, completion_response
 
 
@@ -17,7 +23,19 @@ class SubmitKwargsBuilder(Protocol):
 
 
 class ResponseBuilder(Protocol):
-    def __call__(self, completion: Completion, *, model: str, created: int | None = None) -> dict[str, Any]: ...
+    def __call__(
+        self,
+        completions: Sequence[Completion],
+        *,
+        model: str,
+        created: int | None = None,
+        shape: ResponseShape = ...,
+        response_id: str | None = None,
+    ) -> dict[str, Any]: ...
+
+
+class ShapeReader(Protocol):
+    def __call__(self, body: Mapping[str, Any]) -> ResponseShape: ...
 
 
 @dataclass(frozen=True)
@@ -25,13 +43,17 @@ class Endpoint:
     path: str
     chat: bool
     to_submit_kwargs: SubmitKwargsBuilder
-    """The body to ``StreamqClient.submit`` keyword arguments, within the given limits."""
+    """A body with one prompt to ``StreamqClient.submit`` keyword arguments, within the given limits."""
+    shape: ShapeReader
+    """What a (valid) body asks of its response beyond the completions."""
     to_response: ResponseBuilder
-    """A finished request to its non-streaming response body."""
+    """Finished requests (a body's prompts, in order) to the non-streaming response body."""
 
 
-COMPLETIONS: Final = Endpoint("/v1/completions", False, completion_request_to_submit_kwargs, completion_response)
+COMPLETIONS: Final = Endpoint(
+    "/v1/completions", False, completion_request_to_submit_kwargs, completion_shape, completion_response
+)
 CHAT_COMPLETIONS: Final = Endpoint(
-    "/v1/chat/completions", True, chat_request_to_submit_kwargs, chat_completion_response
+    "/v1/chat/completions", True, chat_request_to_submit_kwargs, chat_shape, chat_completion_response
 )
 ENDPOINTS: Final = {endpoint.path: endpoint for endpoint in (COMPLETIONS, CHAT_COMPLETIONS)}

@@ -26,6 +26,9 @@ MAX_STOP_TOKEN_IDS: Final = 1_024
 """Token ids in ``stop_token_ids``."""
 MAX_MESSAGES: Final = 4_096
 """Messages in one chat request."""
+MAX_PROMPTS: Final = 256
+"""Prompts in one ``/v1/completions`` request: each is a request in the queue (an evaluation
+harness sends a batch of them at once)."""
 MAX_MESSAGE_CHARS: Final = MAX_PROMPT_CHARS
 """Characters in one message's content (the whole prompt is bounded by ``MAX_PROMPT_CHARS`` too)."""
 
@@ -40,6 +43,7 @@ class RequestLimits:
     max_stop_token_ids: int = MAX_STOP_TOKEN_IDS
     max_messages: int = MAX_MESSAGES
     max_message_chars: int = MAX_MESSAGE_CHARS
+    max_prompts: int = MAX_PROMPTS
 
     def check_sampling(self, body: Mapping[str, Any]) -> None:
         """``n``, ``best_of``, ``stop`` and ``stop_token_ids`` of a body; raises ``InvalidParameter``."""
@@ -63,6 +67,10 @@ class RequestLimits:
         stop_token_ids = body.get("stop_token_ids")
         if isinstance(stop_token_ids, list):
             _check_count("stop_token_ids", stop_token_ids, self.max_stop_token_ids, "token ids")
+
+    def check_prompts(self, prompts: Sequence[object]) -> None:
+        """The count of a completion request's prompts."""
+        _check_count("prompt", prompts, self.max_prompts, "prompts")
 
     def check_messages(self, messages: Sequence[object]) -> None:
         """The count of a chat request's messages, before any is looked at."""

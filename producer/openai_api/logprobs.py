@@ -20,12 +20,13 @@ from streamq.protocol import TokenLogprob, TopLogprob
 
 
 class CompletionLogprobs(msgspec.Struct):
-    """``/v1/completions``' ``logprobs`` object (vLLM's ``CompletionLogProbs``)."""
+    """``/v1/completions``' ``logprobs`` object (vLLM's ``CompletionLogProbs``); an echoed
+    prompt's first token has ``null`` for its logprob and top logprobs."""
 
     text_offset: list[int]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]
     tokens: list[str]
-    top_logprobs: list[dict[str, float]]
+    top_logprobs: list[dict[str, float] | None]
 
 
 class ChatLogprob(msgspec.Struct):
@@ -54,19 +55,46 @@ def vllm_order(entry: TokenLogprob, token_id: int) -> list[TopLogprob]:
     return [first, *(t for t in entry.top if t.token_id != token_id)]
 
 
+def token_text(token_id: int, text: str, *, as_id: bool = False) -> str:
+    """A token as logprobs name it: its text, or with ``as_id`` (vLLM's
+    ``return_tokens_as_token_ids``) ``token_id:<id>``."""
+    return f"token_id:{token_id}" if as_id else text
+
+
 def completion_logprobs(
-    token_ids: Sequence[int], entries: Sequence[TokenLogprob], text_offset: int = 0
+    token_ids: Sequence[int],
+    entries: Sequence[TokenLogprob | None],
+    text_offset: int = 0,
+    *,
+    top_k: int | None = None,
+    first_token: str = "",
+    as_ids: bool = False,
 ) -> CompletionLogprobs:
     """The completions endpoint's logprobs of ``token_ids``, the first at ``text_offset``
     (where the previous chunk's tokens ended: tokens' text, not the text sent so far,
-    which lags behind a possible stop string)."""
+    which lags behind a possible stop string). ``top_k``: the request's ``logprobs`` (each
+    position lists that many and the token; ``None``: as many as the entry has). A
+    ``None`` entry is an echoed prompt's first token, whose text is ``first_token``."""
     offsets: list[int] = []
-    tops: list[dict[str, float]] = []
+    logprobs: list[float | None] = []
+    tokens: list[str] = []
+    tops: list[dict[str, float] | None] = []
     for token_id, entry in zip(token_ids, entries, strict=True):
         offsets.append(text_offset)
-        text_offset += len(entry.token)
-        tops.append({t.token: t.logprob for t in vllm_order(entry, token_id)[: len(entry.top) + 1]})
-    return CompletionLogprobs(offsets, [e.logprob for e in entries], [e.token for e in entries], tops)
+        if entry is None:
+            token = token_text(token_id, first_token, as_id=as_ids)
+            logprobs.append(None)
+            tops.append(None)
+        else:
+            token = token_text(token_id, entry.token, as_id=as_ids)
+            logprobs.append(entry.logprob)
+            width = len(entry.top) + 1 if top_k is None or top_k < 0 else top_k + 1
+            tops.append(
+                {token_text(t.token_id, t.token, as_id=as_ids): t.logprob for t in vllm_order(entry, token_id)[:width]}
+            )
+        tokens.append(token)
+        text_offset += len(token)
+    return CompletionLogprobs(offsets, logprobs, tokens, tops)
 
 
 def next_text_offset(logprobs: CompletionLogprobs, text_offset: int) -> int:
@@ -76,12 +104,16 @@ def next_text_offset(logprobs: CompletionLogprobs, text_offset: int) -> int:
     return logprobs.text_offset[-1] + len(logprobs.tokens[-1])
 
 
-def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprob]) -> ChatLogprobs:
-    """The chat endpoint's logprobs of ``token_ids``."""
+def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprob], *, as_ids: bool = False) -> ChatLogprobs:
+    """The chat endpoint's logprobs of ``token_ids`` (``as_ids``: tokens named ``token_id:<id>``)."""
     content = []
     for token_id, entry in zip(token_ids, entries, strict=True):
-        top = [ChatLogprob(t.token, t.logprob, _bytes(t.token)) for t in vllm_order(entry, token_id)[: len(entry.top)]]
-        content.append(ChatLogprobContent(entry.token, entry.logprob, _bytes(entry.token), top))
+        top = []
+        for t in vllm_order(entry, token_id)[: len(entry.top)]:
+            name = token_text(t.token_id, t.token, as_id=as_ids)
+            top.append(ChatLogprob(name, t.logprob, _bytes(name)))
+        token = token_text(token_id, entry.token, as_id=as_ids)
+        content.append(ChatLogprobContent(token, entry.logprob, _bytes(token), top))
     return ChatLogprobs(content)
 
 
@@ -109,8 +141,6 @@ def prompt_logprobs(
 
 
 # --- Request fields ----------------------------------------------------------------
-COMPLETION_LOGPROBS_FIELDS: Final = frozenset({"logprobs", "prompt_logprobs"})
-CHAT_LOGPROBS_FIELDS: Final = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
 LOGPROBS_SAMPLING: Final = frozenset({"logprobs", "prompt_logprobs"})
 """The ``SamplingOptions`` fields the body's logprobs fields become."""
 

@@ -1,33 +1,31 @@
 """OpenAI request bodies to ``StreamqClient.submit`` keyword arguments.
 
 A field streamq cannot honour raises ``InvalidRequest`` naming it rather than being
-dropped: a client asking for tools must learn it gets none. Values are
+dropped: a client asking for tools must learn it gets none (``fields`` says which). Values are
 range-checked by vLLM on the worker, as for every streamq request, after the bounds of
 ``limits.RequestLimits`` (``n``, stop strings, messages) are checked here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
 
+from producer.errors import InvalidParameter
+from producer.openai_api.fields import ENDPOINT_FIELDS, LEGACY_FIELDS, Support
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.logprobs import (
-    CHAT_LOGPROBS_FIELDS,
-    COMPLETION_LOGPROBS_FIELDS,
     LOGPROBS_SAMPLING,
     chat_sampling,
     completion_sampling,
 )
 from producer.openai_api.structured import STRUCTURED_FIELDS, structured_outputs_of
-from streamq.protocol import InvalidRequest, Sampling
+from streamq.protocol import ChatTemplateOptions, InvalidRequest, Sampling
+from streamq.protocol.affinity import check_affinity_key
 from streamq.protocol.names import MAX_PRIORITY, MIN_PRIORITY
-
-TRANSPORT_FIELDS: Final = frozenset({"model", "stream", "stream_options", "user"})
-"""Accepted in a body but not mapped to ``submit`` arguments: they say where and how to deliver."""
 
 # OpenAI (and vLLM-extension) names that map one to one onto ``Sampling``.
 _SAMPLING_FIELDS: Final = frozenset(
@@ -47,83 +45,151 @@ _SAMPLING_FIELDS: Final = frozenset(
         "stop_token_ids",
         "skip_special_tokens",
         "include_stop_str_in_output",
+        "spaces_between_special_tokens",
+        "allowed_token_ids",
+        "bad_words",
+        "stream_interval",
     }
 )
 
 
-QUEUE_FIELDS: Final = frozenset({"priority"})
-"""vLLM's ``priority`` (lower runs sooner): streamq orders its queue by it, and a worker
-started with ``--scheduling-policy priority`` passes it to the engine too."""
-
-
 def _queue_fields(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``submit``'s ``priority``, checked here (vLLM takes an integer; streamq's is 32-bit)."""
+    """``submit``'s ``priority`` (vLLM takes an integer; streamq's is 32-bit) and
+    ``affinity_key`` (vLLM's ``session_id``: a stable identity shared by related requests)."""
+    fields: dict[str, Any] = {}
     priority = body.get("priority")
-    if priority is None:
-        return {}
-    if not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidRequest(f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
-    return {"priority": priority}
+    if priority is not None:
+        if not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidRequest(f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
+        fields["priority"] = priority
+    session = body.get("session_id")
+    if session is not None:
+        try:
+            fields["affinity_key"] = check_affinity_key(session)
+        except ValueError as exc:
+            raise InvalidParameter(f"session_id: {exc}", param="session_id") from None
+    return fields
 
 
-def _is_off(value: Any) -> bool:
-    """The neutral values of a feature streamq does not offer (asking for nothing)."""
-    return value is None or value is False or value == 0 or value == {} or value == []
+@dataclass(frozen=True)
+class ResponseShape:
+    """What a request asks of its response beyond the completions themselves."""
+
+    echo: bool = False
+    """The prompt's text (and its logprobs) before each completion's."""
+    echo_only: bool = False
+    """``echo`` with ``max_tokens`` 0: the prompt alone (one token is generated, and
+    counted, as ``vllm serve`` does)."""
+    tokens_as_ids: bool = False
+    """``return_tokens_as_token_ids``: logprobs name tokens ``token_id:<id>``."""
+    token_ids: bool = False
+    """``return_token_ids``: choices carry ``token_ids`` and ``prompt_token_ids``."""
+    logprobs: int | None = None
+    """A completion request's ``logprobs``: how many most likely tokens each position lists."""
+    role: str = "assistant"
+    """A chat response's role: the assistant's, or without ``add_generation_prompt`` the
+    last message's (the model continues that turn)."""
+    echo_text: str = ""
+    """A chat request's ``echo``: the last message's content, when it has the response's role."""
+
+    @property
+    def needs_prompt(self) -> bool:
+        """Whether the worker must send the prompt back (``submit(echo=True)``)."""
+        return self.echo or self.token_ids
 
 
-# Fields OpenAI defines that streamq cannot honour: accepted only with a value that
-# asks for nothing, so that clients sending their defaults still work.
-_UNSUPPORTED_COMMON: Final[dict[str, Callable[[Any], bool]]] = {
-    "logit_bias": _is_off,
-}
-_UNSUPPORTED_COMPLETION: Final[dict[str, Callable[[Any], bool]]] = {
-    **_UNSUPPORTED_COMMON,
-    "echo": _is_off,
-    "suffix": lambda v: v is None or v == "",
-    "best_of": lambda v: True,  # checked against n below
-}
-_UNSUPPORTED_CHAT: Final[dict[str, Callable[[Any], bool]]] = {
-    **_UNSUPPORTED_COMMON,
-    "tools": _is_off,
-    "tool_choice": lambda v: v is None or v == "none",
-    "parallel_tool_calls": lambda v: True,  # meaningless without tools
-    "functions": _is_off,
-    "function_call": lambda v: v is None or v == "none",
-}
+PLAIN: Final = ResponseShape()
+"""A response with nothing beyond its completions."""
+
+Prompt = str | list[int]
+"""One completion prompt: text, or token ids."""
+
+
+@dataclass(frozen=True)
+class CompletionBody:
+    """A ``/v1/completions`` body, validated: its prompts, the ``submit`` arguments every
+    prompt shares, and the response's shape."""
+
+    prompts: list[Prompt]
+    common: dict[str, Any]
+    shape: ResponseShape
+
+
+def parse_completion_body(body: Mapping[str, Any], *, limits: RequestLimits = DEFAULT_LIMITS) -> CompletionBody:
+    """Validate a ``/v1/completions`` body; raises ``InvalidRequest`` naming what is wrong.
+
+    ``prompt`` is a string, a list of strings, token ids or a list of token-id lists, as
+    in ``vllm serve``; each prompt becomes a request of its own. Without ``max_tokens``
+    vLLM's default (16) applies, as OpenAI's does.
+    """
+    body = _require_object(body)
+    _check_fields(body, chat=False)
+    limits.check_sampling(body)
+    prompts = _prompts(body.get("prompt"), limits)
+    shape = completion_shape(body)
+    max_tokens = 1 if shape.echo_only else body.get("max_tokens")  # vLLM generates one token, echoes the prompt alone
+    sampling = {**body, **completion_sampling(body)}
+    if shape.echo and sampling.get("prompt_logprobs") is None:
+        sampling["prompt_logprobs"] = sampling.get("logprobs")  # the echoed prompt's logprobs, as vLLM asks for them
+    common = {**_sampling(sampling, max_tokens=max_tokens), **_queue_fields(body)}
+    if shape.needs_prompt:
+        common["echo"] = True
+    return CompletionBody(prompts, common, shape)
 
 
 def completion_request_to_submit_kwargs(
     body: Mapping[str, Any], *, limits: RequestLimits = DEFAULT_LIMITS
 ) -> dict[str, Any]:
-    """``StreamqClient.submit`` keyword arguments for a ``/v1/completions`` body.
+    """``StreamqClient.submit`` keyword arguments for a ``/v1/completions`` body with one
+    prompt (a batch line: one request per line)."""
+    parsed = parse_completion_body(body, limits=limits)
+    if len(parsed.prompts) != 1:
+        raise InvalidParameter(
+            f"prompt holds {len(parsed.prompts)} prompts; a batch line takes one prompt (the gateway takes several)",
+            param="prompt",
+        )
+    return {"prompt": parsed.prompts[0], **parsed.common}
 
-    ``prompt`` must be one string (or a list holding one string). Without
-    ``max_tokens`` vLLM's default (16) applies, as OpenAI's does.
-    """
-    body = _require_object(body)
-    known = {
-        "prompt",
-        "max_tokens",
-        "stop",
-        *_SAMPLING_FIELDS,
-        *TRANSPORT_FIELDS,
-        *QUEUE_FIELDS,
-        *_UNSUPPORTED_COMPLETION,
-    }
-    known |= COMPLETION_LOGPROBS_FIELDS | STRUCTURED_FIELDS
-    _reject_unknown(body, known, "/v1/completions")
-    _reject_unsupported(body, _UNSUPPORTED_COMPLETION)
-    best_of = body.get("best_of")
-    if best_of is not None and best_of != body.get("n", 1):
-        raise InvalidRequest("best_of is not supported (only best_of equal to n)")
-    limits.check_sampling(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise InvalidRequest("prompt must be a string (one prompt per request; token-id prompts are not supported)")
-    sampling = _sampling({**body, **completion_sampling(body)}, max_tokens=body.get("max_tokens"))
-    return {"prompt": prompt, **sampling, **_queue_fields(body)}
+
+def completion_shape(body: Mapping[str, Any]) -> ResponseShape:
+    """The response shape a ``/v1/completions`` body asks for."""
+    echo = _flag(body, "echo")
+    return ResponseShape(
+        echo=echo,
+        echo_only=echo and body.get("max_tokens") == 0,
+        tokens_as_ids=_flag(body, "return_tokens_as_token_ids"),
+        token_ids=_flag(body, "return_token_ids"),
+        logprobs=body.get("logprobs"),
+    )
+
+
+def chat_shape(body: Mapping[str, Any]) -> ResponseShape:
+    """The response shape a (valid) ``/v1/chat/completions`` body asks for."""
+    last = _message(body["messages"][-1], len(body["messages"]) - 1)
+    role = "assistant" if body.get("add_generation_prompt") in (None, True) else last["role"]
+    echo_text = last["content"] if _flag(body, "echo") and last["role"] == role else ""
+    return ResponseShape(tokens_as_ids=_flag(body, "return_tokens_as_token_ids"), role=role, echo_text=echo_text)
+
+
+_CHAT_OPTIONS: Final = {
+    "add_generation_prompt": "add_generation_prompt",
+    "continue_final_message": "continue_final_message",
+    "documents": "documents",
+    "chat_template_kwargs": "kwargs",
+}
+"""Body fields that say how the messages are rendered → ``ChatTemplateOptions`` fields."""
+
+
+def _chat_options(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``submit``'s ``chat_options`` for a body that sets any, checked now."""
+    given = {option: body[name] for name, option in _CHAT_OPTIONS.items() if body.get(name) is not None}
+    if not given:
+        return {}
+    try:
+        options = msgspec.convert(given, ChatTemplateOptions)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise InvalidRequest(str(exc)) from None
+    return {"chat_options": msgspec.to_builtins(options)} if msgspec.to_builtins(options) else {}
 
 
 def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLimits = DEFAULT_LIMITS) -> dict[str, Any]:
@@ -135,20 +201,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     fill the model's context: the producer does not know the model's length.
     """
     body = _require_object(body)
-    known = {
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        *_SAMPLING_FIELDS,
-        *TRANSPORT_FIELDS,
-        *QUEUE_FIELDS,
-        *_UNSUPPORTED_CHAT,
-        *CHAT_LOGPROBS_FIELDS,
-        *STRUCTURED_FIELDS,
-    }
-    _reject_unknown(body, known, "/v1/chat/completions")
-    _reject_unsupported(body, _UNSUPPORTED_CHAT)
+    _check_fields(body, chat=True)
     limits.check_sampling(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -161,6 +214,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     limits.check_message_lengths(chat)
     return {
         "messages": chat,
+        **_chat_options(body),
         **_sampling({**body, **chat_sampling(body)}, max_tokens=max_tokens),
         **_queue_fields(body),
     }
@@ -175,20 +229,35 @@ class OpenAIRequest:
     stream: bool
     include_usage: bool
     submit_kwargs: dict[str, Any]
-    """``StreamqClient.submit`` keyword arguments: prompt or messages, sampling."""
+    """``StreamqClient.submit`` keyword arguments every prompt shares: sampling, messages."""
+    prompts: list[Prompt] = field(default_factory=list)
+    """A completion request's prompts, each its own request (empty for chat)."""
+    shape: ResponseShape = PLAIN
 
     @property
     def n(self) -> int:
-        """How many completions the request asks for."""
+        """How many completions each prompt asks for."""
         return int(self.submit_kwargs.get("n") or 1)
+
+    def submissions(self) -> list[dict[str, Any]]:
+        """``submit`` keyword arguments per request in the queue: one per prompt, or the chat's one."""
+        if self.chat:
+            return [self.submit_kwargs]
+        return [{"prompt": prompt, **self.submit_kwargs} for prompt in self.prompts]
 
 
 def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAULT_LIMITS) -> OpenAIRequest:
     """Validate a decoded JSON body that must name its model; raises ``InvalidRequest``."""
     if not isinstance(body, dict):
         raise InvalidRequest(f"the request body must be a JSON object, got {type(body).__name__}")
-    to_kwargs = chat_request_to_submit_kwargs if chat else completion_request_to_submit_kwargs
-    kwargs = to_kwargs(body, limits=limits)
+    prompts: list[Prompt] = []
+    shape = ResponseShape()
+    if chat:
+        kwargs = chat_request_to_submit_kwargs(body, limits=limits)
+        shape = chat_shape(body)
+    else:
+        parsed = parse_completion_body(body, limits=limits)
+        prompts, kwargs, shape = parsed.prompts, parsed.common, parsed.shape
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required: the name of a model that /v1/models lists")
@@ -205,7 +274,74 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
         if options.get("continuous_usage_stats"):
             raise InvalidRequest("stream_options.continuous_usage_stats is not supported by streamq")
         include_usage = options.get("include_usage") is True
-    return OpenAIRequest(chat=chat, model=model, stream=stream, include_usage=include_usage, submit_kwargs=kwargs)
+    return OpenAIRequest(
+        chat=chat,
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        submit_kwargs=kwargs,
+        prompts=prompts,
+        shape=shape,
+    )
+
+
+def _check_fields(body: Mapping[str, Any], *, chat: bool) -> None:
+    """Refuse a field no table names, and a refused one that asks for something."""
+    table = ENDPOINT_FIELDS[chat]
+    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+    unknown = sorted(set(body) - set(table) - set(LEGACY_FIELDS) - STRUCTURED_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unsupported field(s) for {endpoint}: {', '.join(unknown)}")
+    for name, value in body.items():
+        spec = table.get(name) or LEGACY_FIELDS.get(name)
+        if spec is not None and spec.support is Support.REFUSED and not spec.is_default(value):
+            raise InvalidParameter(f"{name}={_short(value)} is not supported by streamq: {spec.note}", param=name)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != body.get("n", 1):
+        raise InvalidParameter("best_of is not supported (only best_of equal to n)", param="best_of")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidParameter(f"`{name}` must be true or false, got {_short(value)}", param=name)
+    return value
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _prompts(value: object, limits: RequestLimits) -> list[Prompt]:
+    """A completion body's ``prompt`` as a list of prompts, in ``vllm serve``'s forms."""
+    prompts: list[Prompt]
+    if isinstance(value, str):
+        prompts = [value]
+    elif isinstance(value, list) and value and all(isinstance(p, str) for p in value):
+        prompts = list(value)
+    elif isinstance(value, list) and value and all(_is_token_id(t) for t in value):
+        prompts = [list(value)]
+    elif (
+        isinstance(value, list)
+        and value
+        and all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in value)
+    ):
+        prompts = [list(p) for p in value]
+    else:
+        raise InvalidParameter(
+            "prompt must be a string, a list of strings, a list of token ids (integers >= 0) "
+            "or a list of non-empty token-id lists",
+            param="prompt",
+        )
+    limits.check_prompts(prompts)
+    return prompts
 
 
 def _require_object(body: object) -> Mapping[str, Any]:
@@ -214,21 +350,11 @@ def _require_object(body: object) -> Mapping[str, Any]:
     return body
 
 
-def _reject_unknown(body: Mapping[str, Any], known: set[str], endpoint: str) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise InvalidRequest(f"unsupported field(s) for {endpoint}: {', '.join(unknown)}")
-
-
-def _reject_unsupported(body: Mapping[str, Any], neutral: Mapping[str, Callable[[Any], bool]]) -> None:
-    for name, is_neutral in neutral.items():
-        if name in body and not is_neutral(body[name]):
-            raise InvalidRequest(f"{name}={body[name]!r} is not supported by streamq")
-
-
 def _sampling(body: Mapping[str, Any], *, max_tokens: Any) -> dict[str, Any]:
     """Sampling fields, type-checked now (a bad type fails here, not on a worker)."""
     fields = {name: body[name] for name in _SAMPLING_FIELDS | LOGPROBS_SAMPLING if body.get(name) is not None}
+    if (bias := body.get("logit_bias")) is not None:
+        fields["logit_bias"] = _logit_bias(bias)
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
     stop = body.get("stop")
@@ -242,6 +368,19 @@ def _sampling(body: Mapping[str, Any], *, max_tokens: Any) -> dict[str, Any]:
         raise InvalidRequest(str(exc)) from None
 
 
+def _logit_bias(bias: object) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (token ids as the object's keys) with integer keys."""
+    if not isinstance(bias, Mapping):
+        raise InvalidParameter("logit_bias must be an object from token id to bias", param="logit_bias")
+    try:
+        return {int(token): float(value) for token, value in bias.items()}
+    except (TypeError, ValueError):
+        raise InvalidParameter(
+            "logit_bias contains key(s) that cannot be converted to integers, or values that are not numbers",
+            param="logit_bias",
+        ) from None
+
+
 def _message(message: object, position: int) -> dict[str, str]:
     where = f"messages[{position}]"
     if not isinstance(message, Mapping):
@@ -253,7 +392,8 @@ def _message(message: object, position: int) -> dict[str, str]:
     if not isinstance(role, str):
         raise InvalidRequest(f"{where}.role must be a string")
     if isinstance(content, list):
-        content = "".join(_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content))
+        # Text parts joined by newlines, as vLLM renders them for a template that takes a string.
+        content = "\n".join(_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content))
     if not isinstance(content, str):
         raise InvalidRequest(f"{where}.content must be a string or a list of text parts")
     return {"role": role, "content": content}

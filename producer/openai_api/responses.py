@@ -10,7 +10,7 @@ them where they look.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, cast
@@ -19,7 +19,8 @@ import msgspec
 
 from producer.client import Completion
 from producer.openai_api.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
-from streamq.protocol import WorkerRegistration
+from producer.openai_api.requests import PLAIN, ResponseShape
+from streamq.protocol import TokenLogprob, WorkerRegistration
 
 
 def _fingerprint() -> str:
@@ -74,6 +75,8 @@ def completion_choice(
     finish_reason: str | None,
     logprobs: dict[str, Any] | None = None,
     prompt_logprobs: list[Any] | None = None,
+    token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """A whole ``/v1/completions`` response's choice."""
     return {
@@ -82,19 +85,19 @@ def completion_choice(
         "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": None,
-        "token_ids": None,
+        "token_ids": token_ids,
         "prompt_logprobs": prompt_logprobs,
-        "prompt_token_ids": None,
+        "prompt_token_ids": prompt_token_ids,
         "routed_experts": None,
     }
 
 
 def chat_message_choice(
-    index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
+    index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None, role: str = "assistant"
 ) -> dict[str, Any]:
     """A whole ``/v1/chat/completions`` response's choice."""
     message = {
-        "role": "assistant",
+        "role": role,
         "content": text,
         "refusal": None,
         "annotations": None,
@@ -113,49 +116,106 @@ def chat_message_choice(
     }
 
 
-def completion_response(completion: Completion, *, model: str, created: int | None = None) -> dict[str, Any]:
-    """The non-streaming ``/v1/completions`` response body for ``completion``."""
-    return _whole_response(completion, model, created, chat=False)
+def completion_response(
+    completions: Sequence[Completion],
+    *,
+    model: str,
+    created: int | None = None,
+    shape: ResponseShape = PLAIN,
+    response_id: str | None = None,
+) -> dict[str, Any]:
+    """The non-streaming ``/v1/completions`` response body for the completions of a
+    request's prompts, in order (choices numbered on across them, usage summed)."""
+    choices: list[dict[str, Any]] = []
+    for completion in completions:
+        prompt_lp = _prompt_logprobs(completion)
+        for i in range(len(completion.texts)):
+            choices.append(_completion_choice(len(choices), completion, i, shape, prompt_lp))
+    return _body(completions, choices, model, created, chat=False, response_id=response_id)
 
 
-def chat_completion_response(completion: Completion, *, model: str, created: int | None = None) -> dict[str, Any]:
-    """The non-streaming ``/v1/chat/completions`` response body for ``completion``."""
-    return _whole_response(completion, model, created, chat=True)
-
-
-def _whole_response(completion: Completion, model: str, created: int | None, *, chat: bool) -> dict[str, Any]:
-    meta = ResponseMeta(chat, completion.request_id, model, int(time.time()) if created is None else created)
-    prompt_lp = _prompt_logprobs(completion)
+def chat_completion_response(
+    completions: Sequence[Completion],
+    *,
+    model: str,
+    created: int | None = None,
+    shape: ResponseShape = PLAIN,
+    response_id: str | None = None,
+) -> dict[str, Any]:
+    """The non-streaming ``/v1/chat/completions`` response body for ``completions`` (one)."""
+    (completion,) = completions
     choices = []
     for i, (text, reason) in enumerate(zip(completion.texts, completion.finish_reasons, strict=True)):
-        logprobs = _logprobs(completion, i, chat=chat)
-        if chat:
-            choices.append(chat_message_choice(i, text, reason, logprobs))
-        else:
-            choices.append(completion_choice(i, text, reason, logprobs, prompt_lp))
+        logprobs = None
+        if completion.logprobs is not None:
+            shaped = chat_logprobs(completion.token_ids[i], completion.logprobs[i], as_ids=shape.tokens_as_ids)
+            logprobs = cast(dict[str, Any], msgspec.to_builtins(shaped))
+        choices.append(chat_message_choice(i, shape.echo_text + text, reason, logprobs, role=shape.role))
+    body = _body(completions, choices, model, created, chat=True, response_id=response_id)
+    return body
+
+
+def _body(
+    completions: Sequence[Completion],
+    choices: list[dict[str, Any]],
+    model: str,
+    created: int | None,
+    *,
+    chat: bool,
+    response_id: str | None,
+) -> dict[str, Any]:
+    meta = ResponseMeta(chat, completions[0].request_id, model, int(time.time()) if created is None else created)
+    prompt_tokens = sum(c.prompt_tokens for c in completions)
     body: dict[str, Any] = {
-        "id": meta.id,
+        "id": response_id or meta.id,
         "object": meta.object(chunk=False),
         "created": meta.created,
         "model": meta.model,
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
-        "usage": usage(completion.prompt_tokens, completion.completion_tokens),
+        "usage": usage(prompt_tokens, sum(c.completion_tokens for c in completions)),
     }
     if chat:
-        body.update(prompt_logprobs=prompt_lp, prompt_token_ids=None, prompt_text=None)
+        body.update(prompt_logprobs=_prompt_logprobs(completions[0]), prompt_token_ids=None, prompt_text=None)
     body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
     return body
 
 
-def _logprobs(completion: Completion, index: int, *, chat: bool) -> dict[str, Any] | None:
-    """Completion ``index``'s logprobs in the endpoint's shape, if they were asked for."""
-    if completion.logprobs is None:
-        return None
-    token_ids, entries = completion.token_ids[index], completion.logprobs[index]
-    shape = chat_logprobs(token_ids, entries) if chat else completion_logprobs(token_ids, entries)
-    return cast(dict[str, Any], msgspec.to_builtins(shape))
+def _completion_choice(
+    index: int, completion: Completion, i: int, shape: ResponseShape, prompt_lp: list[Any] | None
+) -> dict[str, Any]:
+    """Completion ``i`` of one prompt as choice ``index``: with the prompt before it for
+    ``echo`` (only the prompt for ``echo`` with ``max_tokens`` 0), as ``vllm serve`` does."""
+    text, token_ids = completion.texts[i], completion.token_ids[i]
+    entries: list[TokenLogprob | None] | None = None if completion.logprobs is None else list(completion.logprobs[i])
+    echo = completion.prompt_echo
+    if shape.echo:
+        assert echo is not None and completion.prompt_token_ids is not None, "echo: the worker sends the prompt back"
+        prompt_text = "" if shape.token_ids else echo.text  # as vLLM: return_token_ids echoes no text
+        prompt_entries = completion.prompt_logprobs
+        if shape.echo_only:
+            text, token_ids, entries = prompt_text, completion.prompt_token_ids, prompt_entries
+        else:
+            text, token_ids = prompt_text + text, [*completion.prompt_token_ids, *token_ids]
+            if entries is not None:
+                entries = [*(prompt_entries or []), *entries]
+    logprobs = None
+    if entries is not None:
+        first = echo.first_token if echo is not None else ""
+        shaped = completion_logprobs(
+            token_ids, entries, top_k=shape.logprobs, first_token=first, as_ids=shape.tokens_as_ids
+        )
+        logprobs = cast(dict[str, Any], msgspec.to_builtins(shaped))
+    return completion_choice(
+        index,
+        text,
+        completion.finish_reasons[i],
+        logprobs,
+        prompt_lp,
+        token_ids=completion.token_ids[i] if shape.token_ids else None,
+        prompt_token_ids=completion.prompt_token_ids if shape.token_ids else None,
+    )
 
 
 def _prompt_logprobs(completion: Completion) -> list[Any] | None:

@@ -12,6 +12,7 @@ from streamq.protocol.names import (
     MAX_CALLBACK_URL_CHARS,
     MAX_PRIORITY,
     MAX_PROMPT_CHARS,
+    MAX_PROMPT_TOKEN_IDS,
     MIN_PRIORITY,
     PROTOCOL_VERSION,
     REQUEST_ID_PATTERN,
@@ -26,6 +27,28 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
 
     role: str
     content: str
+
+
+class ChatTemplateOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """How the worker renders a request's messages with the model's chat template, as
+    ``vllm serve``'s request fields of the same names say."""
+
+    add_generation_prompt: bool = True
+    """End with the template's prompt for the assistant's turn."""
+    continue_final_message: bool = False
+    """Leave the last message open, for the model to continue it (not with
+    ``add_generation_prompt``)."""
+    documents: list[dict[str, str]] | None = None
+    """Documents for a template that supports them (retrieval)."""
+    kwargs: dict[str, Any] | None = None
+    """More variables for the template (``chat_template_kwargs``); those the template does
+    not use are dropped, as vLLM drops them."""
+
+    def __post_init__(self) -> None:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        if self.kwargs is not None and (unexpected := {"chat_template", "tokenize"} & self.kwargs.keys()):
+            raise ValueError(f"Found unexpected chat template kwargs from request: {unexpected}")
 
 
 class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -86,6 +109,14 @@ class Sampling(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     repetition_penalty: float | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    logit_bias: dict[int, float] | None = None
+    """Added to the logits of these token ids before sampling (clamped to -100..100, as
+    ``vllm serve`` clamps it)."""
+    allowed_token_ids: list[int] | None = None
+    """Only these token ids may be sampled."""
+    bad_words: list[str] | None = None
+    """Words that may not be generated."""
     stream_interval: int | None = None
     """Send a chunk every this many tokens (the first and last at once) instead of every
     token: less work per token for consumers that do not need each one."""
@@ -122,6 +153,10 @@ class SamplingOptions(TypedDict, total=False):
     repetition_penalty: float | None
     skip_special_tokens: bool | None
     include_stop_str_in_output: bool | None
+    spaces_between_special_tokens: bool | None
+    logit_bias: dict[int, float] | None
+    allowed_token_ids: list[int] | None
+    bad_words: list[str] | None
     stream_interval: int | None
     logprobs: int | None
     prompt_logprobs: int | None
@@ -147,12 +182,18 @@ class Callback(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """The payload of one job: what to generate and how.
 
-    Exactly one of ``prompt`` (plain text) or ``messages`` (chat) is given.
+    Exactly one of ``prompt`` (plain text), ``prompt_token_ids`` or ``messages`` (chat)
+    is given.
     """
 
     request_id: str
     prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    """A prompt already tokenized for the model (what evaluation harnesses send): given to
+    the engine as it is, no special tokens added."""
     messages: list[ChatMessage] | None = None
+    chat_options: ChatTemplateOptions | None = None
+    """How ``messages`` are rendered (absent: as ``vllm serve`` renders them by default)."""
     model: str | None = None
     """The served model name the request is meant for; a worker serving another model
     refuses it (``invalid_request``) rather than answer with the wrong model."""
@@ -176,6 +217,10 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     worker asks the engine for no per-token output and writes the tokens in checkpoints
     (every ``DEFAULT_CHECKPOINT_TOKENS`` tokens, as the worker sets) and at the end; the
     events are the same kinds, fewer and larger."""
+    echo: bool = False
+    """Send the prompt back: the request's first chunk carries ``prompt_echo`` (its text,
+    a token-id prompt decoded) and ``prompt_token_ids``, so that a reader can answer
+    OpenAI's ``echo`` (and ``return_token_ids``)."""
 
     def __post_init__(self) -> None:
         if not is_valid_request_id(self.request_id):
@@ -183,12 +228,24 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
                 f"request_id must match {REQUEST_ID_PATTERN.pattern} "
                 f"(letters, digits, '._:-', at most 128 characters), got {self.request_id!r}"
             )
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        given = [f for f in ("prompt", "prompt_token_ids", "messages") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of 'prompt', 'prompt_token_ids' or 'messages', got {given or 'none'}")
         if self.prompt is not None and not self.prompt:
             raise ValueError("prompt must not be empty")
+        if self.prompt_token_ids is not None:
+            if not self.prompt_token_ids:
+                raise ValueError("prompt_token_ids must not be empty")
+            if len(self.prompt_token_ids) > MAX_PROMPT_TOKEN_IDS:
+                raise ValueError(
+                    f"prompt_token_ids holds {len(self.prompt_token_ids)} tokens; the limit is {MAX_PROMPT_TOKEN_IDS}"
+                )
+            if min(self.prompt_token_ids) < 0:
+                raise ValueError("prompt_token_ids must not be negative")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
+        if self.chat_options is not None and self.messages is None:
+            raise ValueError("chat_options apply to messages only")
         if self.model is not None and not self.model:
             raise ValueError("model must not be empty")
         for name in ("timeout_s", "queue_timeout_s"):
@@ -302,6 +359,17 @@ class TokenLogprob(msgspec.Struct, array_like=True, frozen=True):
     them when it ranks that high); empty for ``logprobs: 0``."""
 
 
+class PromptEcho(msgspec.Struct, frozen=True):
+    """A request's prompt as the worker gave it to the engine, sent back for ``echo``."""
+
+    text: str
+    """The prompt's text: a text prompt as it was sent, a token-id prompt decoded (with its
+    special tokens, as ``vllm serve`` decodes it for ``echo``)."""
+    first_token: str
+    """The first prompt token's text alone: the one prompt position without logprobs,
+    whose text OpenAI's ``echo`` with ``logprobs`` still lists."""
+
+
 class ChunkEvent(_Event, tag="chunk", kw_only=True):
     """One DELTA from the engine for completion ``index``.
 
@@ -320,7 +388,9 @@ class ChunkEvent(_Event, tag="chunk", kw_only=True):
     """One per prompt token (``None`` for the first, which has nothing before it), on the
     request's first chunk, when the request set ``sampling.prompt_logprobs``."""
     prompt_token_ids: list[int] | UnsetType = UNSET
-    """The prompt's tokens (after the chat template), with ``prompt_logprobs``."""
+    """The prompt's tokens (after the chat template), with ``prompt_logprobs`` or ``prompt_echo``."""
+    prompt_echo: PromptEcho | UnsetType = UNSET
+    """The prompt as text, on the request's first chunk, when the request set ``echo``."""
 
 
 class FinalEvent(_Event, tag="final", kw_only=True):

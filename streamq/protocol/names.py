@@ -180,6 +180,9 @@ REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 one request from reaching another's keys, and 128 characters bound the names."""
 MAX_PROMPT_CHARS: Final = 1_000_000
 """A payload bound that fails fast long before Redis or the tokenizer struggles."""
+MAX_PROMPT_TOKEN_IDS: Final = 1_000_000
+"""Token ids in one ``prompt_token_ids`` (the same bound, in tokens; the model's context
+is the real one, which the engine checks)."""
 MAX_JOB_BYTES: Final = 8_000_000
 """Job payloads larger than this are refused before they are even parsed."""
 LOG_MAXLEN: Final = 100_000

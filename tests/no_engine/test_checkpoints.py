@@ -18,6 +18,10 @@ from worker.delivery import Delivery, checkpoint_tokens_from_env
 from worker.publisher import EventPublisher
 from worker.request_events import RequestEvents
 
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from worker.prompt_report import PromptReport
+
 
 @pytest.fixture
 async def publisher(redis_url: str) -> AsyncIterator[tuple[EventPublisher, ReplayLog]]:
@@ -89,7 +93,7 @@ async def test_held_logprobs_follow_their_tokens(publisher: tuple[EventPublisher
     request_id = uuid.uuid4().hex
     events = RequestEvents(pub, request_id, checkpoint_tokens=8)
     first, second = TokenLogprob(-0.5, 1, "a", []), TokenLogprob(-1.5, 2, "b", [])
-    prompt = ([5, 6], [None, TokenLogprob(-2.0, 3, "p", [])])
+    prompt = PromptReport([5, 6], [None, TokenLogprob(-2.0, 3, "p", [])])
     events.chunk(0, "a", [1], None, [first], prompt)
     events.chunk(0, "b", [2], "stop", [second])
     events.final(["stop"], prompt_tokens=2, completion_tokens=2)
@@ -98,7 +102,7 @@ async def test_held_logprobs_follow_their_tokens(publisher: tuple[EventPublisher
     (chunk, final) = await _logged(log, request_id)
     assert isinstance(chunk, ChunkEvent) and isinstance(final, FinalEvent)
     assert chunk.logprobs == [first, second] and chunk.token_ids == [1, 2]
-    assert chunk.prompt_token_ids == [5, 6] and chunk.prompt_logprobs == prompt[1]
+    assert chunk.prompt_token_ids == [5, 6] and chunk.prompt_logprobs == prompt.logprobs
 
 
 async def test_an_error_ends_a_held_request_after_its_checkpoint(publisher: tuple[EventPublisher, ReplayLog]) -> None:

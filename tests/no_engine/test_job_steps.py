@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
     from vllm.outputs import CompletionOutput, RequestOutput
 
-    from worker.job import _emit, _time_left
+    from worker.job import _emit, _Readers, _time_left
     from worker.progress import Progress
 
 
@@ -81,7 +81,7 @@ def test_emitting_outputs_tallies_their_tokens_and_ends_with_the_final(checkpoin
     events = RequestEvents(publisher, "r", checkpoint_tokens=checkpoint_tokens)  # type: ignore[arg-type]
     progress = Progress(1)
     for output in (_output("a", [1], None), _output("bcd", [2, 3, 4], None), _output("e", [5], "length")):
-        _emit(events, progress, output, None)
+        _emit(events, progress, output, _Readers(None, None))
     chunks = [e for e in publisher.events if isinstance(e, ChunkEvent)]
     streamed = checkpoint_tokens is None
     assert [c.token_ids for c in chunks] == ([[1], [2, 3, 4], [5]] if streamed else [[1, 2, 3, 4], [5]])

@@ -46,6 +46,7 @@ with warnings.catch_warnings():
     from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 
     from worker import logprobs as worker_logprobs
+    from worker.prompt_report import PromptReport
 
 TOKENS = {1: "a", 2: " b", 3: "\ufffd", 4: "c", 5: "a", 6: "é"}
 
@@ -168,7 +169,7 @@ async def test_merged_chunks_keep_their_logprobs_in_token_order(redis: aioredis.
     publisher.start()
     events = RequestEvents(publisher, request_id)
     lps = entries()
-    events.chunk(0, " b", [2], None, lps[:1], ([1, 2], [None, lps[0]]))
+    events.chunk(0, " b", [2], None, lps[:1], PromptReport([1, 2], [None, lps[0]]))
     await log.in_flight()
     for i in range(1, 4):  # these wait behind the batch in flight: merged into one chunk
         events.chunk(0, TOKENS[TOKEN_IDS[i]], [TOKEN_IDS[i]], "length" if i == 3 else None, lps[i : i + 1])
@@ -263,21 +264,21 @@ def completion(logprobs: bool) -> Completion:
 
 
 def test_whole_responses_put_logprobs_where_vllm_does() -> None:
-    body = completion_response(completion(True), model="tiny", created=1)
+    body = completion_response([completion(True)], model="tiny", created=1)
     (choice,) = body["choices"]
     assert choice["logprobs"]["tokens"] == [" b", "\ufffd", "c", "é"]
     assert choice["prompt_logprobs"][0] is None and list(choice["prompt_logprobs"][1]) == ["2", "1", "4"]
-    chat = chat_completion_response(completion(True), model="tiny", created=1)
+    chat = chat_completion_response([completion(True)], model="tiny", created=1)
     assert [c["token"] for c in chat["choices"][0]["logprobs"]["content"]] == [" b", "\ufffd", "c", "é"]
     assert chat["prompt_logprobs"] == choice["prompt_logprobs"]  # chat has them on the response, not the choice
-    plain = completion_response(completion(False), model="tiny", created=1)
+    plain = completion_response([completion(False)], model="tiny", created=1)
     assert plain["choices"][0]["logprobs"] is None and plain["choices"][0]["prompt_logprobs"] is None
 
 
 def test_whole_responses_parse_as_vllms() -> None:
     completion_protocol.CompletionResponse.model_validate(
-        completion_response(completion(True), model="tiny", created=1)
+        completion_response([completion(True)], model="tiny", created=1)
     )
     chat_protocol.ChatCompletionResponse.model_validate(
-        chat_completion_response(completion(True), model="tiny", created=1)
+        chat_completion_response([completion(True)], model="tiny", created=1)
     )

@@ -88,7 +88,7 @@ def test_messages_are_bounded_in_number_and_length() -> None:
     error = refusal(chat(messages=[*messages, HI[0]]), chat=True)
     assert error["param"] == "messages" and f"the limit is {MAX_MESSAGES}" in error["message"]
     limits = RequestLimits(max_message_chars=4)
-    parts = [{"type": "text", "text": "abc"}, {"type": "text", "text": "de"}]  # 5 characters once joined
+    parts = [{"type": "text", "text": "abc"}, {"type": "text", "text": "d"}]  # 5 characters joined by a newline
     error = refusal(chat(messages=[HI[0], {"role": "user", "content": parts}]), chat=True, limits=limits)
     assert error["message"] == "messages[1].content is 5 characters; the limit is 4"
 

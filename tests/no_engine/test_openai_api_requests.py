@@ -93,7 +93,7 @@ CHATS: list[tuple[dict[str, Any], dict[str, Any]]] = [
             "stream": False,
         },
         {
-            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"}],
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"}],
             "n": 3,
             "seed": 1,
             "stop": ["x"],
@@ -104,8 +104,12 @@ CHATS: list[tuple[dict[str, Any], dict[str, Any]]] = [
 BAD_COMPLETIONS: list[tuple[object, str]] = [
     ([], "must be a JSON object"),
     ({}, "prompt must be a string"),
-    ({"prompt": ["a", "b"]}, "one prompt per request"),
-    ({"prompt": [1, 2, 3]}, "token-id prompts"),
+    ({"prompt": []}, "prompt must be a string"),
+    ({"prompt": [[1], "a"]}, "prompt must be a string"),
+    ({"prompt": [1, -2]}, "token ids (integers >= 0)"),
+    ({"prompt": [[1], []]}, "non-empty token-id lists"),
+    ({"prompt": ["a"] * 257}, "prompt holds 257 prompts; the limit is 256"),
+    ({"prompt": ["a", "b"]}, "a batch line takes one prompt"),
     ({"prompt": "Hi", "max_tokens": "ten"}, "max_tokens"),
     ({"prompt": "Hi", "temperature": "hot"}, "temperature"),
     ({"prompt": "Hi", "stop": [1]}, "stop"),
@@ -114,9 +118,12 @@ BAD_COMPLETIONS: list[tuple[object, str]] = [
     ({"prompt": "Hi", "logprobs": "2"}, "logprobs"),
     ({"prompt": "Hi", "prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
     ({"prompt": "Hi", "prompt_logprobs": -1, "stream": True}, "not available when `stream=True`"),
-    ({"prompt": "Hi", "echo": True}, "echo"),
+    ({"prompt": "Hi", "echo": "yes"}, "`echo` must be true or false"),
     ({"prompt": "Hi", "best_of": 3}, "best_of"),
-    ({"prompt": "Hi", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"prompt": "Hi", "logit_bias": {"five": 1}}, "logit_bias contains key(s) that cannot be converted"),
+    ({"prompt": "Hi", "use_beam_search": True}, "use_beam_search=True is not supported by streamq: beam search"),
+    ({"prompt": "Hi", "request_id": "mine"}, "x-streamq-request-id"),
+    ({"prompt": "Hi", "session_id": ""}, "session_id"),
     ({"prompt": "Hi", "suffix": "end"}, "suffix"),
     ({"prompt": "Hi", "frobnicate": 1}, "frobnicate"),
     ({"prompt": "Hi", "messages": []}, "messages"),
@@ -174,7 +181,50 @@ COMPLETION = {"model": "tiny", "prompt": "Hi"}
 def test_a_completion_body_names_model_delivery_and_submit_arguments() -> None:
     parsed = parse_openai_body({**COMPLETION, "max_tokens": 4, "temperature": 0}, chat=False)
     assert (parsed.chat, parsed.model, parsed.stream, parsed.include_usage) == (False, "tiny", False, False)
-    assert parsed.submit_kwargs == {"prompt": "Hi", "max_tokens": 4, "temperature": 0.0}
+    assert parsed.submit_kwargs == {"max_tokens": 4, "temperature": 0.0}
+    assert parsed.submissions() == [{"prompt": "Hi", "max_tokens": 4, "temperature": 0.0}]
+
+
+PROMPT_FORMS: list[tuple[object, list[object]]] = [
+    ("Hi", ["Hi"]),
+    (["Hi", "Yo"], ["Hi", "Yo"]),
+    ([5, 6, 7], [[5, 6, 7]]),
+    ([[5, 6], [7]], [[5, 6], [7]]),
+]
+
+
+@pytest.mark.parametrize(("prompt", "prompts"), PROMPT_FORMS)
+def test_each_prompt_of_a_completion_body_is_a_request_of_its_own(prompt: object, prompts: list[object]) -> None:
+    parsed = parse_openai_body({**COMPLETION, "prompt": prompt, "max_tokens": 2}, chat=False)
+    assert parsed.submissions() == [{"prompt": p, "max_tokens": 2} for p in prompts]
+
+
+def test_echo_asks_the_worker_for_the_prompt_and_its_logprobs_as_vllm_does() -> None:
+    parsed = parse_openai_body({**COMPLETION, "echo": True, "logprobs": 1, "max_tokens": 0}, chat=False)
+    assert parsed.submit_kwargs == {"echo": True, "logprobs": 1, "prompt_logprobs": 1, "max_tokens": 1}
+    assert (parsed.shape.echo, parsed.shape.echo_only, parsed.shape.logprobs) == (True, True, 1)
+    plain = parse_openai_body({**COMPLETION, "echo": True}, chat=False)
+    assert plain.submit_kwargs == {"echo": True} and not plain.shape.echo_only
+
+
+def test_vllms_extra_sampling_fields_reach_the_request() -> None:
+    body = {
+        **COMPLETION,
+        "logit_bias": {"5": 2.5},
+        "allowed_token_ids": [5, 6],
+        "bad_words": ["no"],
+        "spaces_between_special_tokens": False,
+        "stream_interval": 4,
+        "session_id": "conversation-9",
+    }
+    assert parse_openai_body(body, chat=False).submit_kwargs == {
+        "logit_bias": {5: 2.5},
+        "allowed_token_ids": [5, 6],
+        "bad_words": ["no"],
+        "spaces_between_special_tokens": False,
+        "stream_interval": 4,
+        "affinity_key": "conversation-9",
+    }
 
 
 def test_a_chat_body_streams_with_usage_when_asked() -> None:
@@ -199,7 +249,7 @@ BAD_BODIES: list[tuple[object, bool, str]] = [
     ({**CHAT, "stream": True, "stream_options": ["include_usage"]}, True, "takes only include_usage"),
     ({**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}, True, "continuous_usage_stats"),
     ({**CHAT, "frobnicate": 1}, True, "unsupported field(s) for /v1/chat/completions: frobnicate"),
-    ({**COMPLETION, "echo": True}, False, "echo=True is not supported"),
+    ({**COMPLETION, "suffix": "end"}, False, "suffix='end' is not supported"),
     ({**CHAT, "tools": [{"type": "function"}]}, True, "tools="),
     ({"model": "tiny", "messages": [{"role": "user"}]}, True, "messages[0].content"),
     ({"model": "tiny", "messages": "Hi"}, True, "messages must be a non-empty list"),

@@ -32,7 +32,7 @@ COMPLETION = Completion(
 
 
 def test_a_completion_response_has_one_choice_per_completion_and_the_usage() -> None:
-    body = completion_response(COMPLETION, model="tiny", created=9)
+    body = completion_response([COMPLETION], model="tiny", created=9)
     assert list(body) == [
         "id",
         "object",
@@ -73,7 +73,7 @@ def test_a_completion_response_has_one_choice_per_completion_and_the_usage() -> 
 
 
 def test_a_chat_response_answers_as_the_assistant() -> None:
-    body = chat_completion_response(COMPLETION, model="tiny", created=9)
+    body = chat_completion_response([COMPLETION], model="tiny", created=9)
     assert (body["id"], body["object"]) == ("chatcmpl-r7", "chat.completion")
     assert [(c["message"]["role"], c["message"]["content"]) for c in body["choices"]] == [
         ("assistant", "one"),
@@ -88,7 +88,7 @@ def test_a_chat_response_answers_as_the_assistant() -> None:
         "function_call",
         "reasoning",
     ]
-    assert [k for k in body if k not in completion_response(COMPLETION, model="tiny")] == [
+    assert [k for k in body if k not in completion_response([COMPLETION], model="tiny")] == [
         "prompt_logprobs",
         "prompt_token_ids",
         "prompt_text",
@@ -98,13 +98,13 @@ def test_a_chat_response_answers_as_the_assistant() -> None:
 
 def test_created_defaults_to_now() -> None:
     before = int(time.time())
-    assert before <= completion_response(COMPLETION, model="tiny")["created"] <= int(time.time())
+    assert before <= completion_response([COMPLETION], model="tiny")["created"] <= int(time.time())
 
 
 def test_each_endpoint_builds_its_own_response() -> None:
     assert list(ENDPOINTS) == ["/v1/completions", "/v1/chat/completions"]
-    assert COMPLETIONS.to_response(COMPLETION, model="m")["object"] == "text_completion"
-    assert CHAT_COMPLETIONS.to_response(COMPLETION, model="m")["object"] == "chat.completion"
+    assert COMPLETIONS.to_response([COMPLETION], model="m")["object"] == "text_completion"
+    assert CHAT_COMPLETIONS.to_response([COMPLETION], model="m")["object"] == "chat.completion"
     assert CHAT_COMPLETIONS.to_submit_kwargs({"messages": [{"role": "user", "content": "x"}]}) == {
         "messages": [{"role": "user", "content": "x"}]
     }
@@ -134,7 +134,7 @@ def test_the_model_list_names_each_model_once_with_its_worker_count() -> None:
 
 
 def test_completion_response_has_the_shape_vllm_serve_returns() -> None:
-    body = completion_response(COMPLETION, model="tiny", created=123)
+    body = completion_response([COMPLETION], model="tiny", created=123)
     parsed = completion_protocol.CompletionResponse.model_validate(body)
     assert parsed.id == "cmpl-r7" and parsed.object == "text_completion" and parsed.created == 123
     assert [(c.index, c.text, c.finish_reason) for c in parsed.choices] == [(0, "one", "length"), (1, "two", "stop")]
@@ -142,7 +142,7 @@ def test_completion_response_has_the_shape_vllm_serve_returns() -> None:
 
 
 def test_chat_completion_response_has_the_shape_vllm_serve_returns() -> None:
-    body = chat_completion_response(COMPLETION, model="tiny")
+    body = chat_completion_response([COMPLETION], model="tiny")
     parsed = chat_protocol.ChatCompletionResponse.model_validate(body)
     assert parsed.id == "chatcmpl-r7" and parsed.object == "chat.completion" and parsed.model == "tiny"
     assert [(c.message.role, c.message.content, c.finish_reason) for c in parsed.choices] == [

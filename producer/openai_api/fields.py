@@ -1,0 +1,178 @@
+"""Every field of vLLM's ``CompletionRequest`` and ``ChatCompletionRequest``, and what the
+gateway (and the batch command) does with it: one table, read by the request mapping
+(``requests``), rendered into docs/gateway.md, and held against vLLM's own classes by a
+test, so that a field a new vLLM adds fails that test until it is classified here.
+
+- **honoured**: it changes the output as it does in ``vllm serve``;
+- **ignored**: accepted and without effect, as in ``vllm serve`` (a field it reads only on
+  other endpoints, or for features no streamq worker runs);
+- **refused**: a 400 naming it unless it carries its default (so clients that send
+  defaults still work), with the reason in the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final
+
+
+class Support(Enum):
+    HONOURED = "honoured"
+    IGNORED = "ignored"
+    REFUSED = "refused"
+
+
+def _is_off(value: Any) -> bool:
+    """The values that ask for nothing: ``null``, false, 0, empty."""
+    return value is None or value is False or value == 0 or value == {} or value == [] or value == ""
+
+
+@dataclass(frozen=True)
+class Field:
+    """How one request field is treated."""
+
+    support: Support
+    note: str = ""
+    is_default: Callable[[Any], bool] = _is_off
+    """For a refused field: the values accepted all the same (its defaults)."""
+
+
+def _honoured(note: str = "") -> Field:
+    return Field(Support.HONOURED, note)
+
+
+def _ignored(note: str) -> Field:
+    return Field(Support.IGNORED, note)
+
+
+def _refused(note: str, is_default: Callable[[Any], bool] = _is_off) -> Field:
+    return Field(Support.REFUSED, note, is_default)
+
+
+_COMMON: Final[dict[str, Field]] = {
+    "model": _honoured("routes the request to the queue of the workers serving that model"),
+    "frequency_penalty": _honoured(),
+    "logit_bias": _honoured("token ids as keys, clamped to -100..100"),
+    "logprobs": _honoured("see [logprobs](features/logprobs.md)"),
+    "max_tokens": _honoured("lowered to the model's context, as `vllm serve` lowers it; default 16"),
+    "n": _honoured("at most `--max-n`"),
+    "presence_penalty": _honoured(),
+    "seed": _honoured(),
+    "stop": _honoured("at most 64 strings"),
+    "stream": _honoured(),
+    "stream_options": _honoured("`include_usage`; `continuous_usage_stats` is refused"),
+    "temperature": _honoured(),
+    "top_p": _honoured(),
+    "user": _ignored("as in `vllm serve`"),
+    "use_beam_search": _refused(
+        "beam search runs in `vllm serve`'s front end over many engine requests, not one queued request"
+    ),
+    "top_k": _honoured(),
+    "min_p": _honoured(),
+    "repetition_penalty": _honoured(),
+    "watermarking": _refused("not carried by the queue yet"),
+    "length_penalty": _refused("beam search only", lambda v: v is None or v == 1.0),
+    "stop_token_ids": _honoured(),
+    "include_stop_str_in_output": _honoured(),
+    "ignore_eos": _honoured(),
+    "min_tokens": _honoured(),
+    "skip_special_tokens": _honoured(),
+    "spaces_between_special_tokens": _honoured(),
+    "truncate_prompt_tokens": _refused("not carried by the queue yet: truncate the prompt before sending it"),
+    "truncation_side": _refused("goes with `truncate_prompt_tokens`"),
+    "allowed_token_ids": _honoured(),
+    "prompt_logprobs": _honoured("not with `stream`, as in `vllm serve`"),
+    "logprob_token_ids": _refused("not carried by the queue yet"),
+    "bad_words": _honoured(),
+    "response_format": _honoured("see [structured outputs](features/structured-outputs.md)"),
+    "structured_outputs": _honoured("see [structured outputs](features/structured-outputs.md)"),
+    "priority": _honoured("orders the queue; see [priorities](features/priorities-and-tenants.md)"),
+    "request_id": _refused(
+        "name a request with the `x-streamq-request-id` header (it makes the request resumable)",
+        lambda v: v is None,
+    ),
+    "session_id": _honoured("the request's affinity key ([prefix-aware pickup](features/prefix-aware-pickup.md))"),
+    "return_tokens_as_token_ids": _honoured("logprobs' tokens as `token_id:<id>`"),
+    "return_token_ids": _honoured("`token_ids` and `prompt_token_ids` in each choice"),
+    "routed_experts_prompt_start": _refused("routed experts are not returned"),
+    "return_token_offsets": _ignored("read by `vllm serve`'s render endpoints only"),
+    "mm_payload": _ignored("read by `vllm serve`'s render endpoints only"),
+    "return_mm_kwargs": _ignored("read by `vllm serve`'s render endpoints only"),
+    "cache_salt": _refused("not carried by the queue yet"),
+    "kv_transfer_params": _refused("disaggregated prefill is not a queue's: run it behind the worker's engine"),
+    "ec_transfer_params": _refused("disaggregated encoding is not a queue's"),
+    "vllm_xargs": _refused("custom extensions' arguments are not carried by the queue yet"),
+    "repetition_detection": _refused("not carried by the queue yet"),
+    "thinking_token_budget": _refused("not carried by the queue yet", lambda v: v is None or v == -1),
+    "stream_interval": _honoured("raises the worker's interval for this request, as in `vllm serve`"),
+    "add_special_tokens": _refused(
+        "a text prompt is tokenized by the engine with its special tokens: send token ids to choose them",
+        lambda v: v is None or v is True,
+    ),
+}
+
+COMPLETION_FIELDS: Final[dict[str, Field]] = {
+    **_COMMON,
+    "prompt": _honoured(
+        "a string, a list of strings, token ids or a list of token-id lists; each prompt is its own request "
+        "in the queue, at most 256"
+    ),
+    "echo": _honoured("the prompt's text (and its logprobs, `null` first) before the completion; `max_tokens` 0"),
+    "suffix": _refused("as in `vllm serve`, for models without fill-in-the-middle rendering"),
+    "prompt_embeds": _refused("tensors are not carried by the queue"),
+}
+
+CHAT_FIELDS: Final[dict[str, Field]] = {
+    **_COMMON,
+    "add_special_tokens": _refused("the chat template holds the special tokens", lambda v: v is None or v is False),
+    "messages": _honoured("text content (a string or text parts)"),
+    "top_logprobs": _honoured(),
+    "max_completion_tokens": _honoured("wins over `max_tokens`"),
+    "tools": _refused("tool calls are not served yet"),
+    "tool_choice": _refused("tool calls are not served yet", lambda v: v is None or v == "none"),
+    "parallel_tool_calls": _ignored("without tools it has no effect, as in `vllm serve`"),
+    "reasoning_effort": _refused("not carried by the queue yet"),
+    "include_reasoning": _ignored("no reasoning parser runs on the workers yet"),
+    "add_generation_prompt": _honoured(),
+    "continue_final_message": _honoured(),
+    "documents": _honoured("for a template that uses them"),
+    "chat_template": _refused("a request's own template: `vllm serve` refuses it too unless trusted"),
+    "chat_template_kwargs": _honoured("the variables the template uses, as in `vllm serve`"),
+    "media_io_kwargs": _refused("text-only messages"),
+    "mm_processor_kwargs": _refused("text-only messages"),
+    "return_prompt_text": _refused("not carried by the queue yet"),
+    "echo": _honoured("the last message's content before the reply, when it has the reply's role"),
+}
+
+LEGACY_FIELDS: Final[dict[str, Field]] = {
+    "best_of": _refused("OpenAI's legacy field, gone from vLLM: accepted when equal to `n`", lambda v: True),
+    "functions": _refused("OpenAI's legacy tool field"),
+    "function_call": _refused("OpenAI's legacy tool field", lambda v: v is None or v == "none"),
+}
+"""Fields OpenAI clients still send that vLLM's classes no longer have (``vllm serve``
+ignores them; streamq accepts only their neutral values)."""
+
+ENDPOINT_FIELDS: Final[dict[bool, Mapping[str, Field]]] = {False: COMPLETION_FIELDS, True: CHAT_FIELDS}
+"""Per endpoint (``chat``), its table."""
+
+
+def table_markdown(fields: Mapping[str, Field]) -> str:
+    """The table of ``fields`` as docs/gateway.md shows it."""
+    rows = ["| field | | note |", "|---|---|---|"]
+    rows += [f"| `{name}` | {field.support.value} | {field.note} |" for name, field in fields.items()]
+    return "\n".join(rows)
+
+
+def chat_differences() -> dict[str, Field]:
+    """The chat endpoint's fields that the completions table does not show as they are."""
+    return {name: spec for name, spec in CHAT_FIELDS.items() if COMPLETION_FIELDS.get(name) is not spec}
+
+
+def tally(fields: Mapping[str, Field]) -> dict[Support, int]:
+    """How many fields have each support."""
+    counts = dict.fromkeys(Support, 0)
+    for field in fields.values():
+        counts[field.support] += 1
+    return counts
