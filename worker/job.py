@@ -182,7 +182,7 @@ def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = No
     if structured is not None:
         fields["structured_outputs"] = StructuredOutputsParams(**msgspec.structs.asdict(structured))
     if "logit_bias" in fields:  # clamped as ``vllm serve`` clamps it (``SamplingParams.from_optional``)
-        fields["logit_bias"] = {token: min(100.0, max(-100.0, bias)) for token, bias in fields["logit_bias"].items()}
+        fields["logit_bias"] = {int(token): min(100.0, max(-100.0, bias)) for token, bias in fields["logit_bias"].items()}
     if delivery is not None:
         fields["stream_interval"] = delivery.stream_interval(fields.get("stream_interval"))
     return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)

@@ -200,13 +200,15 @@ class ChunkBuilder:
             logprobs = self._logprobs(choice, token_ids, entries, first_token=info.echo.first_token)
         return self._chunk(choice, text, event.finish_reason, logprobs, self._ids(choice, prompt, event))
 
-    def _ids(self, choice: int, prompt: int, event: ChunkEvent) -> tuple[list[int], list[int] | None] | None:
-        """With ``return_token_ids``: the chunk's token ids, and the prompt's on the first."""
+    def _ids(self, choice: int, prompt: int, event: ChunkEvent) -> tuple[list[int] | None, list[int] | None] | None:
+        """The chunk's token ids (with ``return_token_ids``), and the prompt's on a
+        completion's first chunk (with ``return_token_ids`` or ``echo``, as vLLM streams them)."""
         first = choice not in self._started
         self._started.add(choice)
-        if not self.shape.token_ids:
+        if not (self.shape.token_ids or self.shape.echo):
             return None
-        return event.token_ids, self._prompt[prompt].token_ids if first and prompt in self._prompt else None
+        prompt_ids = self._prompt[prompt].token_ids if first and prompt in self._prompt else None
+        return (event.token_ids if self.shape.token_ids else None), prompt_ids
 
     def _logprobs(
         self, choice: int, token_ids: list[int], entries: Sequence[TokenLogprob | None], first_token: str = ""
@@ -228,7 +230,7 @@ class ChunkBuilder:
         text: str,
         finish_reason: str | None,
         logprobs: ChatLogprobs | CompletionLogprobs | None = None,
-        ids: tuple[list[int], list[int] | None] | None = None,
+        ids: tuple[list[int] | None, list[int] | None] | None = None,
     ) -> bytes:
         choice: ChatChoice | CompletionChoice
         chat_lp = logprobs if isinstance(logprobs, ChatLogprobs) else None

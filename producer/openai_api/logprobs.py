@@ -112,8 +112,9 @@ def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprob], *, 
         for t in vllm_order(entry, token_id)[: len(entry.top)]:
             name = token_text(t.token_id, t.token, as_id=as_ids)
             top.append(ChatLogprob(name, t.logprob, _bytes(name)))
+        # The token's bytes are its text's, also where it is named by id (as vLLM does).
         token = token_text(token_id, entry.token, as_id=as_ids)
-        content.append(ChatLogprobContent(token, entry.logprob, _bytes(token), top))
+        content.append(ChatLogprobContent(token, entry.logprob, _bytes(entry.token), top))
     return ChatLogprobs(content)
 
 

@@ -212,10 +212,13 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         max_tokens = body.get("max_tokens")
     chat = [_message(m, i) for i, m in enumerate(messages)]
     limits.check_message_lengths(chat)
+    sampling = {**body, **chat_sampling(body)}
+    if _flag(body, "echo") and sampling.get("prompt_logprobs") is None:
+        sampling["prompt_logprobs"] = body.get("top_logprobs") or 0  # as vLLM asks for them with echo
     return {
         "messages": chat,
         **_chat_options(body),
-        **_sampling({**body, **chat_sampling(body)}, max_tokens=max_tokens),
+        **_sampling(sampling, max_tokens=max_tokens),
         **_queue_fields(body),
     }
 
@@ -368,12 +371,12 @@ def _sampling(body: Mapping[str, Any], *, max_tokens: Any) -> dict[str, Any]:
         raise InvalidRequest(str(exc)) from None
 
 
-def _logit_bias(bias: object) -> dict[int, float]:
-    """OpenAI's ``logit_bias`` (token ids as the object's keys) with integer keys."""
+def _logit_bias(bias: object) -> dict[str, float]:
+    """OpenAI's ``logit_bias`` (token ids as the object's keys), checked."""
     if not isinstance(bias, Mapping):
         raise InvalidParameter("logit_bias must be an object from token id to bias", param="logit_bias")
     try:
-        return {int(token): float(value) for token, value in bias.items()}
+        return {str(int(token)): float(value) for token, value in bias.items()}
     except (TypeError, ValueError):
         raise InvalidParameter(
             "logit_bias contains key(s) that cannot be converted to integers, or values that are not numbers",

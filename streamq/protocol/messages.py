@@ -110,9 +110,9 @@ class Sampling(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    logit_bias: dict[int, float] | None = None
-    """Added to the logits of these token ids before sampling (clamped to -100..100, as
-    ``vllm serve`` clamps it)."""
+    logit_bias: dict[str, float] | None = None
+    """Added to the logits of these token ids (the object's keys, in decimal, as JSON
+    spells them) before sampling, clamped to -100..100 as ``vllm serve`` clamps it."""
     allowed_token_ids: list[int] | None = None
     """Only these token ids may be sampled."""
     bad_words: list[str] | None = None
@@ -126,6 +126,10 @@ class Sampling(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     prompt_logprobs: int | None = None
     """Log probabilities of the prompt's tokens (and this many most likely at each)."""
     structured_outputs: StructuredOutputs | None = None
+
+    def __post_init__(self) -> None:
+        if self.logit_bias is not None and not all(key.isdigit() for key in self.logit_bias):
+            raise ValueError("logit_bias keys must be token ids (decimal integers)")
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that were set, ready for ``SamplingParams(**...)``."""
@@ -154,7 +158,7 @@ class SamplingOptions(TypedDict, total=False):
     skip_special_tokens: bool | None
     include_stop_str_in_output: bool | None
     spaces_between_special_tokens: bool | None
-    logit_bias: dict[int, float] | None
+    logit_bias: dict[str, float] | None
     allowed_token_ids: list[int] | None
     bad_words: list[str] | None
     stream_interval: int | None

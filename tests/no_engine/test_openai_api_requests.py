@@ -218,7 +218,7 @@ def test_vllms_extra_sampling_fields_reach_the_request() -> None:
         "session_id": "conversation-9",
     }
     assert parse_openai_body(body, chat=False).submit_kwargs == {
-        "logit_bias": {5: 2.5},
+        "logit_bias": {"5": 2.5},
         "allowed_token_ids": [5, 6],
         "bad_words": ["no"],
         "spaces_between_special_tokens": False,

@@ -303,3 +303,109 @@ def test_whole_responses_match(servers: Servers, path: str, extra: dict[str, Any
     (ours,), _ = post(servers.gateway_url, path, body)
     (reference,), _ = post(servers.serve_url, path, body)
     assert comparable(ours) == comparable(reference)
+
+
+# --- the rest of the completions API: token prompts, several prompts, echo, vLLM's fields -------
+TOKEN_PROMPTS = [[5, 17, 42, 99], [7, 8, 9, 10, 11]]
+"""Token ids the tiny model's vocabulary holds (its size is a few hundred)."""
+
+WHOLE_COMPLETIONS = [
+    {"prompt": TOKEN_PROMPTS[0]},
+    {"prompt": PROMPTS},
+    {"prompt": TOKEN_PROMPTS, "logprobs": 2},
+    {"prompt": PROMPTS, "n": 2, "temperature": 1.0, "seed": 3},
+    {"prompt": PROMPTS[0], "echo": True},
+    {"prompt": TOKEN_PROMPTS, "echo": True, "logprobs": 1, "max_tokens": 1},  # lm-evaluation-harness's loglikelihood
+    {"prompt": PROMPTS[0], "echo": True, "logprobs": 2, "max_tokens": 0},
+    {"prompt": PROMPTS[0], "echo": True, "return_token_ids": True},
+    {"prompt": PROMPTS[0], "logprobs": 2, "return_tokens_as_token_ids": True},
+    {"prompt": PROMPTS[0], "logit_bias": {"5": 100}},
+    {"prompt": PROMPTS[0], "allowed_token_ids": [5, 6, 7]},
+    {"prompt": PROMPTS[0], "bad_words": ["the"], "spaces_between_special_tokens": False},
+]
+WHOLE_CHATS = [
+    {
+        "messages": [*MESSAGES[0], {"role": "assistant", "content": "The key"}],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "echo": True,
+    },
+    {"messages": MESSAGES[1], "chat_template_kwargs": {"not_in_the_template": 1}},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]}]},
+    {"messages": MESSAGES[0], "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True},
+]
+
+
+@pytest.mark.parametrize("extra", WHOLE_COMPLETIONS, ids=lambda body: ",".join(body))
+def test_whole_completions_in_every_form_match(servers: Servers, extra: dict[str, Any]) -> None:
+    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
+    (ours,), _ = post(servers.gateway_url, "/v1/completions", body)
+    (reference,), _ = post(servers.serve_url, "/v1/completions", body)
+    assert comparable(ours) == comparable(reference)
+
+
+def test_echo_with_logprobs_has_the_prompts_tokens_first(servers: Servers) -> None:
+    """What an evaluation harness reads: the prompt's token logprobs, ``null`` first, then the
+    generated token's (summing a continuation's logprobs reads these)."""
+    body = {"model": MODEL, "prompt": TOKEN_PROMPTS[1], "echo": True, "logprobs": 1, "max_tokens": 1}
+    (ours,), _ = post(servers.gateway_url, "/v1/completions", {**body, "temperature": 0})
+    logprobs = ours["choices"][0]["logprobs"]
+    assert len(logprobs["token_logprobs"]) == len(TOKEN_PROMPTS[1]) + 1
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert all(isinstance(lp, float) for lp in logprobs["token_logprobs"][1:])
+
+
+@pytest.mark.parametrize("extra", WHOLE_CHATS, ids=lambda body: ",".join(body))
+def test_whole_chats_with_vllms_template_fields_match(servers: Servers, extra: dict[str, Any]) -> None:
+    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
+    (ours,), _ = post(servers.gateway_url, "/v1/chat/completions", body)
+    (reference,), _ = post(servers.serve_url, "/v1/chat/completions", body)
+    assert comparable(ours) == comparable(reference)
+
+
+def by_choice(chunks: list[Any]) -> dict[Any, Any]:
+    """A stream read as a client does: per choice, its text, its logprobs' tokens and
+    values, its token ids and its finish reason; and the usage. Order across choices and
+    how tokens were grouped into chunks are timing (each server's engine merges outputs its
+    consumer was late for), so they are left out."""
+    seen: dict[Any, Any] = {}
+    for chunk in chunks:
+        if not chunk["choices"]:
+            seen["usage"] = chunk["usage"]
+        for choice in chunk["choices"]:
+            entry = seen.setdefault(choice["index"], {"text": "", "tokens": [], "logprobs": [], "ids": []})
+            entry["text"] += text_of(choice)
+            if choice.get("logprobs"):
+                entry["tokens"] += choice["logprobs"]["tokens"]
+                entry["logprobs"] += choice["logprobs"]["token_logprobs"]
+            entry["ids"] += choice.get("token_ids") or []
+            entry["prompt_ids"] = entry.get("prompt_ids") or choice.get("prompt_token_ids")
+            if choice.get("finish_reason"):
+                entry["finish_reason"] = choice["finish_reason"]
+    return seen
+
+
+STREAMED_COMPLETIONS = [
+    {"prompt": TOKEN_PROMPTS, "stream_options": {"include_usage": True}},
+    {"prompt": PROMPTS, "n": 2, "temperature": 1.0, "seed": 5, "stream_options": {"include_usage": True}},
+    {"prompt": TOKEN_PROMPTS, "echo": True, "logprobs": 1, "max_tokens": 1},
+    {"prompt": PROMPTS[0], "echo": True, "logprobs": 2, "max_tokens": 0},
+    {"prompt": PROMPTS[1], "echo": True, "logprobs": 1, "return_token_ids": True},
+]
+
+
+@pytest.mark.parametrize("extra", STREAMED_COMPLETIONS, ids=lambda body: ",".join(body))
+def test_streamed_completions_in_every_form_read_the_same(servers: Servers, extra: dict[str, Any]) -> None:
+    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True, **extra}
+    ours, _ = post(servers.gateway_url, "/v1/completions", body)
+    reference, _ = post(servers.serve_url, "/v1/completions", body)
+    assert by_choice(ours) == by_choice(reference)
+    assert all(entry["text"] for key, entry in by_choice(reference).items() if key != "usage")
+
+
+def test_streamed_chat_echo_opens_as_vllm_serve_does(servers: Servers) -> None:
+    body = {"model": MODEL, "stream": True, "temperature": 0, "max_tokens": MAX_TOKENS, **WHOLE_CHATS[0]}
+    ours, _ = post(servers.gateway_url, "/v1/chat/completions", body)
+    reference, _ = post(servers.serve_url, "/v1/chat/completions", body)
+    assert comparable(ours[:2]) == comparable(reference[:2])  # the role chunk (the last message's), then the echo
+    assert by_choice(ours) == by_choice(reference)
