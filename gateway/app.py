@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import http_metrics
+from gateway import http_metrics, tokenizer_routes
 from gateway.auth import TENANT_STATE, ApiKeyAuth, ApiKeyMiddleware, Tenant, unauthorized
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from gateway.dashboard import routes as dashboard_routes
@@ -110,6 +110,7 @@ def create_app(
     app.add_middleware(ApiKeyMiddleware, auth=auth, protect_metrics=protect_metrics)
     app.state.limits = limits
     dashboard_routes.install(app)
+    tokenizer_routes.install(app)
 
     @app.get("/health")
     async def health(request: Request) -> Response:

@@ -1,4 +1,4 @@
-"""API keys at the gateway: every ``/v1/*`` request names its key as ``Authorization:
+"""API keys at the gateway: every ``/v1/*`` request (and the tokenizer's routes) names its key as ``Authorization:
 Bearer <key>``, as with ``vllm serve --api-key`` and OpenAI's API.
 
 Keys come from the command line (``--api-key``, a keys file, ``$STREAMQ_API_KEYS``) and from
@@ -167,6 +167,8 @@ class ApiKeyAuth:
 
 
 DASHBOARD_API_PREFIX = "/dashboard/api/"
+TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
+"""``vllm serve``'s tokenizer routes, outside ``/v1/`` as there, guarded as ``/v1/*`` is."""
 """The dashboard's data: every queue's requests and workers, for operators only."""
 
 
@@ -193,6 +195,7 @@ class ApiKeyMiddleware:
     def _guarded(self, path: str) -> bool:
         return (
             path.startswith(("/v1/", DASHBOARD_API_PREFIX))
+            or path in TOKENIZER_PATHS
             or path == DASHBOARD_API_PREFIX.rstrip("/")
             or (self.protect_metrics and path == "/metrics")
         )

@@ -548,6 +548,7 @@ class StreamqClient:
         stream: bool = True,
         echo: bool = False,
         chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events
@@ -600,7 +601,9 @@ class StreamqClient:
         the ``Completion``) carry ``prompt_echo`` and ``prompt_token_ids``.
         ``chat_options`` (a ``ChatTemplateOptions``, or its dict) says how ``messages`` are
         rendered: ``add_generation_prompt``, ``continue_final_message``, ``documents`` and
-        more template variables, as ``vllm serve`` takes them.
+        more template variables, as ``vllm serve`` takes them. ``add_special_tokens``:
+        whether the tokenizer adds its special tokens to a text prompt (default yes) or to
+        the rendered messages (default no).
         """
         _check_sampling_names(sampling)
         try:
@@ -626,6 +629,7 @@ class StreamqClient:
                 "tenant": tenant,
                 "stream": stream,
                 "echo": echo,
+                "add_special_tokens": add_special_tokens,
             }
         )
         job = _job_payload(request)
@@ -717,6 +721,7 @@ class StreamqClient:
         timeout: float | None = None,
         echo: bool = False,
         chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
+        add_special_tokens: bool | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> Completion:
         """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
@@ -744,6 +749,7 @@ class StreamqClient:
             stream=False,
             echo=echo,
             chat_options=chat_options,
+            add_special_tokens=add_special_tokens,
             **sampling,
         )
         async with handle:

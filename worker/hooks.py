@@ -27,6 +27,7 @@ from worker.publisher import EventPublisher, Refusal, coalesce_from_env
 from worker.scheduling import cpu_nice_from_env, lower_worker_cpu_weight
 from worker.state import STATE_KEY, WorkerState, new_worker_id
 from worker.stats_report import StatsReporter
+from worker.tokenizer_info import publish_tokenizer_info
 
 logger = logging.getLogger("streamq.worker")
 
@@ -162,6 +163,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         )
         reporter.start()
         closing.push_async_callback(reporter.close)
+        await publish_tokenizer_info(redis, model, engine)
         # Last: once registered, producers route this model's requests here.
         await presence.start()
         closing.push_async_callback(presence.close)

@@ -181,31 +181,42 @@ def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = No
     structured = fields.pop("structured_outputs", None)
     if structured is not None:
         fields["structured_outputs"] = StructuredOutputsParams(**msgspec.structs.asdict(structured))
-    if "logit_bias" in fields:  # clamped as ``vllm serve`` clamps it (``SamplingParams.from_optional``)
-        fields["logit_bias"] = {int(token): min(100.0, max(-100.0, bias)) for token, bias in fields["logit_bias"].items()}
+    if (bias := fields.get("logit_bias")) is not None:  # clamped as ``SamplingParams.from_optional`` does
+        fields["logit_bias"] = {int(token): min(100.0, max(-100.0, value)) for token, value in bias.items()}
     if delivery is not None:
         fields["stream_interval"] = delivery.stream_interval(fields.get("stream_interval"))
     return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
 
 async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:
-    """Token ids of a chat prompt (rendered with the chat template) or of a token-id
-    prompt (as given); ``None`` for a plain prompt, which vLLM tokenizes itself (in a
-    thread of its own).
+    """Token ids of a chat prompt (rendered with the chat template), of a token-id
+    prompt (as given) or of a text prompt without special tokens; ``None`` for a plain
+    prompt, which vLLM tokenizes itself (in a thread of its own).
 
     Rendering and tokenizing a long conversation takes long enough to stall the
     event loop (and with it lease renewal and every other request), so it runs in a
     thread, on a tokenizer copy of its own."""
     if request.prompt_token_ids is not None:
         return request.prompt_token_ids
-    if request.messages is None:
-        return None
+    if request.prompt is not None:
+        if request.add_special_tokens is not False:
+            return None
+        return await asyncio.to_thread(_tokenize, engine.get_tokenizer(), request.prompt)
+    assert request.messages is not None, "validated: a request has a prompt, token ids or messages"
     messages: list[Any] = [{"role": m.role, "content": m.content} for m in request.messages]
     options = request.chat_options or ChatTemplateOptions()
-    return await asyncio.to_thread(_render_chat, engine.get_tokenizer(), messages, options)
+    special = bool(request.add_special_tokens)
+    return await asyncio.to_thread(_render_chat, engine.get_tokenizer(), messages, options, special)
 
 
-def _render_chat(engine_tokenizer: Any, messages: list[Any], options: ChatTemplateOptions) -> list[int]:
+def _tokenize(engine_tokenizer: Any, prompt: str) -> list[int]:
+    """A text prompt's tokens without the tokenizer's special tokens."""
+    return list(thread_tokenizer(engine_tokenizer).encode(prompt, add_special_tokens=False))
+
+
+def _render_chat(
+    engine_tokenizer: Any, messages: list[Any], options: ChatTemplateOptions, add_special_tokens: bool
+) -> list[int]:
     tokenizer = thread_tokenizer(engine_tokenizer)
     try:
         kwargs = {}
@@ -223,8 +234,8 @@ def _render_chat(engine_tokenizer: Any, messages: list[Any], options: ChatTempla
         )
     except Exception as exc:  # jinja errors, a model without a chat template, ...
         raise InvalidRequest(f"cannot render messages with the model's chat template: {exc}") from exc
-    # The template already holds any special tokens, so tokenize without adding more.
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    # The template holds the special tokens: more only where asked (as vLLM's add_special_tokens).
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents) -> dict[str, Any]:

@@ -107,10 +107,7 @@ _COMMON: Final[dict[str, Field]] = {
     "repetition_detection": _refused("not carried by the queue yet"),
     "thinking_token_budget": _refused("not carried by the queue yet", lambda v: v is None or v == -1),
     "stream_interval": _honoured("raises the worker's interval for this request, as in `vllm serve`"),
-    "add_special_tokens": _refused(
-        "a text prompt is tokenized by the engine with its special tokens: send token ids to choose them",
-        lambda v: v is None or v is True,
-    ),
+    "add_special_tokens": _honoured("for a text prompt (default true); token ids are sent as they are"),
 }
 
 COMPLETION_FIELDS: Final[dict[str, Field]] = {
@@ -126,7 +123,7 @@ COMPLETION_FIELDS: Final[dict[str, Field]] = {
 
 CHAT_FIELDS: Final[dict[str, Field]] = {
     **_COMMON,
-    "add_special_tokens": _refused("the chat template holds the special tokens", lambda v: v is None or v is False),
+    "add_special_tokens": _honoured("added to the rendered template (default false: it holds them)"),
     "messages": _honoured("text content (a string or text parts)"),
     "top_logprobs": _honoured(),
     "max_completion_tokens": _honoured("wins over `max_tokens`"),

@@ -134,6 +134,8 @@ def parse_completion_body(body: Mapping[str, Any], *, limits: RequestLimits = DE
     common = {**_sampling(sampling, max_tokens=max_tokens), **_queue_fields(body)}
     if shape.needs_prompt:
         common["echo"] = True
+    if body.get("add_special_tokens") is not None and not _flag(body, "add_special_tokens"):
+        common["add_special_tokens"] = False
     return CompletionBody(prompts, common, shape)
 
 
@@ -215,8 +217,10 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     sampling = {**body, **chat_sampling(body)}
     if _flag(body, "echo") and sampling.get("prompt_logprobs") is None:
         sampling["prompt_logprobs"] = body.get("top_logprobs") or 0  # as vLLM asks for them with echo
+    special = {"add_special_tokens": True} if _flag(body, "add_special_tokens") else {}
     return {
         "messages": chat,
+        **special,
         **_chat_options(body),
         **_sampling(sampling, max_tokens=max_tokens),
         **_queue_fields(body),

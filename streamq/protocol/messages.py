@@ -221,6 +221,10 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     worker asks the engine for no per-token output and writes the tokens in checkpoints
     (every ``DEFAULT_CHECKPOINT_TOKENS`` tokens, as the worker sets) and at the end; the
     events are the same kinds, fewer and larger."""
+    add_special_tokens: bool | None = None
+    """Whether the tokenizer adds its special tokens (e.g. BOS) to a text prompt (default:
+    yes) or to the rendered chat template (default: no, the template holds them), as
+    vLLM's field of the name."""
     echo: bool = False
     """Send the prompt back: the request's first chunk carries ``prompt_echo`` (its text,
     a token-id prompt decoded) and ``prompt_token_ids``, so that a reader can answer
@@ -250,6 +254,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError("messages must not be empty")
         if self.chat_options is not None and self.messages is None:
             raise ValueError("chat_options apply to messages only")
+        if self.add_special_tokens is not None and self.prompt_token_ids is not None:
+            raise ValueError("add_special_tokens applies to text prompts and messages, not token ids")
         if self.model is not None and not self.model:
             raise ValueError("model must not be empty")
         for name in ("timeout_s", "queue_timeout_s"):

@@ -55,6 +55,9 @@ WORKERS_KEY: Final = "streamq:workers"
 with the Unix ms (Redis's clock) until which that worker counts as live. Workers renew
 their score every ``WORKER_RENEW_S`` to ``WORKER_TTL_MS`` ahead, so one sorted set read
 routes by model, without a SCAN."""
+TOKENIZER_INFO_PREFIX: Final = "streamq:tokenizer:"
+"""``streamq:tokenizer:<model>``: the model's tokenizer configuration as ``vllm serve``'s
+``/tokenizer_info`` returns it (JSON), written by each of its workers at start-up."""
 MODELS_KEY: Final = "streamq:models"
 """Hash model name -> queue of every model a worker ever registered (never expires), so
 a model whose workers are all gone (503) is told apart from one never served (404)."""

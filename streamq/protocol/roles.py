@@ -39,6 +39,7 @@ from streamq.protocol.names import (
     SHARDED_RECENT_ENDS_PREFIX,
     SUBSCRIBER_CHANNEL_PREFIX,
     TENANT_WEIGHTS_KEY,
+    TOKENIZER_INFO_PREFIX,
     WAKEUP_CHANNEL,
     WORKER_STATS_KEY,
     WORKER_STATS_SEEN_KEY,
@@ -178,6 +179,7 @@ WORKER = Role(
         WORKER_STATS_SEEN_KEY,
         RECENT_ENDS_KEY,
         SHARDED_RECENT_ENDS_PREFIX + "*",
+        TOKENIZER_INFO_PREFIX + "*",  # its model's tokenizer, for the gateway's /tokenizer_info
     ),
     read_only_keys=(TENANT_WEIGHTS_KEY,),
     channels=(EVENTS_CHANNEL_PREFIX + "*", WAKEUP_CHANNEL, CANCEL_CHANNEL),
@@ -295,13 +297,14 @@ GATEWAY = Role(
         WORKER_STATS_SEEN_KEY,
         RECENT_ENDS_KEY,
         SHARDED_RECENT_ENDS_PREFIX + "*",
+        TOKENIZER_INFO_PREFIX + "*",
     ),
     channels=PRODUCER.channels,
     writes=PRODUCER.writes,
 )
 """The gateway is a producer (the library) behind HTTP, plus its API keys' windows, open
 streams, usage and request owners; it only reads the keys themselves (``streamq keys``
-writes them, as an administrator), and the workers' reports and recent ends its
-dashboard shows."""
+writes them, as an administrator), the workers' reports and recent ends its dashboard
+shows, and the tokenizers workers describe (``/tokenizer_info``)."""
 
 ROLES = (WORKER, PRODUCER, GATEWAY)

@@ -64,7 +64,14 @@ class VllmServe:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *flags]
+        # /tokenizer_info is off in vllm serve unless asked for (lm-eval's remote tokenizer reads it)
+        command = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *flags,
+            "--enable-tokenizer-info-endpoint",
+        ]
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [*command, "--host", "127.0.0.1", "--port", str(self.port)],
@@ -100,6 +107,7 @@ class Servers:
     gateway_url: str
     redis_url: str
     """The harness's, to read the replay logs."""
+    tiny_model: Path
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +132,7 @@ def servers(
         worker.wait_ready()
         gateway = GatewayProcess(gateway_url, logs / "gateway.log").wait_ready()
         try:
-            yield Servers(serve.url, gateway.url, redis_url)
+            yield Servers(serve.url, gateway.url, redis_url, tiny_model)
         finally:
             assert gateway.stop() == 0, gateway.log_tail()
     finally:
@@ -409,3 +417,93 @@ def test_streamed_chat_echo_opens_as_vllm_serve_does(servers: Servers) -> None:
     reference, _ = post(servers.serve_url, "/v1/chat/completions", body)
     assert comparable(ours[:2]) == comparable(reference[:2])  # the role chunk (the last message's), then the echo
     assert by_choice(ours) == by_choice(reference)
+
+
+# --- the tokenizer's routes --------------------------------------------------------------------
+TOKENIZE_BODIES = [
+    {"prompt": PROMPTS[0]},
+    {"prompt": PROMPTS[1], "add_special_tokens": False},
+    {"messages": MESSAGES[0]},
+    {"messages": [*MESSAGES[0], {"role": "assistant", "content": "Hi"}], "add_generation_prompt": False},
+]
+
+
+@pytest.mark.parametrize("body", TOKENIZE_BODIES, ids=lambda body: ",".join(body))
+def test_tokenize_answers_as_vllm_serve(servers: Servers, body: dict[str, Any]) -> None:
+    ours = httpx.post(servers.gateway_url + "/tokenize", json={"model": MODEL, **body}, timeout=60)
+    reference = httpx.post(servers.serve_url + "/tokenize", json={"model": MODEL, **body}, timeout=60)
+    assert ours.status_code == reference.status_code == 200, ours.text
+    assert ours.json() == reference.json()
+
+
+def test_detokenize_and_tokenizer_info_answer_as_vllm_serve(servers: Servers) -> None:
+    for url in (servers.gateway_url, servers.serve_url):
+        assert httpx.post(url + "/detokenize", json={"tokens": TOKEN_PROMPTS[0]}, timeout=60).status_code == 200
+    ours = httpx.post(
+        servers.gateway_url + "/detokenize", json={"model": MODEL, "tokens": TOKEN_PROMPTS[1]}, timeout=60
+    )
+    reference = httpx.post(servers.serve_url + "/detokenize", json={"model": MODEL, "tokens": TOKEN_PROMPTS[1]})
+    assert ours.json() == reference.json() and ours.json()["prompt"]
+    info = httpx.get(servers.gateway_url + "/tokenizer_info", params={"model": MODEL}, timeout=10)
+    assert info.status_code == 200, info.text
+    assert info.json() == httpx.get(servers.serve_url + "/tokenizer_info", timeout=10).json()
+
+
+# --- lm-evaluation-harness, sample by sample -----------------------------------------------------
+LM_EVAL_TASKS = ("streamq_generate", "streamq_choice")
+
+
+def lm_eval_samples(base_url: str, tokenizer: str, out: Path) -> dict[str, list[dict[str, Any]]]:
+    """Run lm-eval's ``local-completions`` against ``base_url`` (its own process, as a team
+    runs it) on the local tasks; each task's samples in document order."""
+    model_args = ",".join(
+        [
+            f"model={MODEL}",
+            f"base_url={base_url}/v1/completions",
+            tokenizer,
+            "num_concurrent=2",
+            "max_retries=1",
+            "timeout=120",
+        ]
+    )
+    command = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args]
+    command += ["--tasks", ",".join(LM_EVAL_TASKS), "--include_path", "tests/support/lm_eval"]
+    command += ["--batch_size", "4"]  # several prompts in one request, as harness runs send them
+    command += ["--output_path", str(out), "--log_samples", "--seed", "1234"]
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(out / "hf")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for task in LM_EVAL_TASKS:
+        (path,) = out.rglob(f"samples_{task}_*.jsonl")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+        samples[task] = sorted(rows, key=lambda row: row["doc_id"])
+    return samples
+
+
+def assert_same_responses(ours: list[dict[str, Any]], reference: list[dict[str, Any]]) -> None:
+    """Each document's responses equal: texts exactly, loglikelihoods within 1e-3 and
+    whether the continuation is greedy."""
+    assert [row["doc_id"] for row in ours] == [row["doc_id"] for row in reference]
+    for mine, theirs in zip(ours, reference, strict=True):
+        for got, expected in zip(mine["resps"], theirs["resps"], strict=True):
+            (got,), (expected,) = got, expected
+            if isinstance(expected, str):
+                assert got == expected, (mine["doc_id"], got, expected)
+            else:
+                (ll, greedy), (ll_ref, greedy_ref) = got, expected
+                assert float(ll) == pytest.approx(float(ll_ref), abs=1e-3), (mine["doc_id"], ll, ll_ref)
+                assert str(greedy) == str(greedy_ref), mine["doc_id"]
+
+
+def test_lm_eval_gives_the_same_samples_through_the_gateway(servers: Servers, tmp_path: Path) -> None:
+    tokenizer = f"tokenizer={servers.tiny_model},tokenizer_backend=huggingface"
+    reference = lm_eval_samples(servers.serve_url, tokenizer, tmp_path / "vllm-serve")
+    ours = lm_eval_samples(servers.gateway_url, tokenizer, tmp_path / "gateway")
+    remote = lm_eval_samples(servers.gateway_url, "tokenizer_backend=remote", tmp_path / "gateway-remote")
+    for task in LM_EVAL_TASKS:
+        assert len(reference[task]) >= 12
+        assert_same_responses(ours[task], reference[task])
+        assert_same_responses(remote[task], reference[task])
+    loglikelihoods = [float(r[0][0]) for row in ours["streamq_choice"] for r in row["resps"]]
+    assert len(set(loglikelihoods)) > 1 and all(ll < 0 for ll in loglikelihoods)  # real scores, not a constant
