@@ -21,7 +21,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput
 from vllm.renderers.hf import resolve_chat_template_kwargs
-from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.sampling_params import RepetitionDetectionParams, RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -181,6 +181,8 @@ def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = No
     structured = fields.pop("structured_outputs", None)
     if structured is not None:
         fields["structured_outputs"] = StructuredOutputsParams(**msgspec.structs.asdict(structured))
+    if (repetition := fields.get("repetition_detection")) is not None:
+        fields["repetition_detection"] = RepetitionDetectionParams(**repetition)
     if (bias := fields.get("logit_bias")) is not None:  # clamped as ``SamplingParams.from_optional`` does
         fields["logit_bias"] = {int(token): min(100.0, max(-100.0, value)) for token, value in bias.items()}
     if delivery is not None:

@@ -72,7 +72,7 @@ _COMMON: Final[dict[str, Field]] = {
     "top_k": _honoured(),
     "min_p": _honoured(),
     "repetition_penalty": _honoured(),
-    "watermarking": _refused("not carried by the queue yet"),
+    "watermarking": _honoured(),
     "length_penalty": _refused("beam search only", lambda v: v is None or v == 1.0),
     "stop_token_ids": _honoured(),
     "include_stop_str_in_output": _honoured(),
@@ -80,11 +80,11 @@ _COMMON: Final[dict[str, Field]] = {
     "min_tokens": _honoured(),
     "skip_special_tokens": _honoured(),
     "spaces_between_special_tokens": _honoured(),
-    "truncate_prompt_tokens": _refused("not carried by the queue yet: truncate the prompt before sending it"),
+    "truncate_prompt_tokens": _refused("not carried by the queue yet: send the prompt truncated (token ids)"),
     "truncation_side": _refused("goes with `truncate_prompt_tokens`"),
     "allowed_token_ids": _honoured(),
     "prompt_logprobs": _honoured("not with `stream`, as in `vllm serve`"),
-    "logprob_token_ids": _refused("not carried by the queue yet"),
+    "logprob_token_ids": _refused("chosen tokens' logprobs are not carried by the events yet"),
     "bad_words": _honoured(),
     "response_format": _honoured("see [structured outputs](features/structured-outputs.md)"),
     "structured_outputs": _honoured("see [structured outputs](features/structured-outputs.md)"),
@@ -100,12 +100,12 @@ _COMMON: Final[dict[str, Field]] = {
     "return_token_offsets": _ignored("read by `vllm serve`'s render endpoints only"),
     "mm_payload": _ignored("read by `vllm serve`'s render endpoints only"),
     "return_mm_kwargs": _ignored("read by `vllm serve`'s render endpoints only"),
-    "cache_salt": _refused("not carried by the queue yet"),
+    "cache_salt": _refused("not carried by the queue yet (a prompt-level field of the engine)"),
     "kv_transfer_params": _refused("disaggregated prefill is not a queue's: run it behind the worker's engine"),
     "ec_transfer_params": _refused("disaggregated encoding is not a queue's"),
-    "vllm_xargs": _refused("custom extensions' arguments are not carried by the queue yet"),
-    "repetition_detection": _refused("not carried by the queue yet"),
-    "thinking_token_budget": _refused("not carried by the queue yet", lambda v: v is None or v == -1),
+    "vllm_xargs": _honoured("the engine's `extra_args`, for its custom extensions"),
+    "repetition_detection": _honoured(),
+    "thinking_token_budget": _honoured("for a reasoning model"),
     "stream_interval": _honoured("raises the worker's interval for this request, as in `vllm serve`"),
     "add_special_tokens": _honoured("for a text prompt (default true); token ids are sent as they are"),
 }
@@ -173,3 +173,15 @@ def tally(fields: Mapping[str, Field]) -> dict[Support, int]:
     for field in fields.values():
         counts[field.support] += 1
     return counts
+
+
+def summary() -> str:
+    """The sentence docs/gateway.md opens its table with: how many fields of each class."""
+    parts = []
+    for name, fields in (("`CompletionRequest`", COMPLETION_FIELDS), ("`ChatCompletionRequest`", CHAT_FIELDS)):
+        counts = tally(fields)
+        parts.append(
+            f"{name}'s {len(fields)}: {counts[Support.HONOURED]} honoured, {counts[Support.IGNORED]} ignored, "
+            f"{counts[Support.REFUSED]} refused"
+        )
+    return "Of vLLM's request fields, " + "; of ".join(parts) + "."

@@ -49,6 +49,8 @@ _SAMPLING_FIELDS: Final = frozenset(
         "allowed_token_ids",
         "bad_words",
         "stream_interval",
+        "watermarking",
+        "repetition_detection",
     }
 )
 
@@ -362,6 +364,10 @@ def _sampling(body: Mapping[str, Any], *, max_tokens: Any) -> dict[str, Any]:
     fields = {name: body[name] for name in _SAMPLING_FIELDS | LOGPROBS_SAMPLING if body.get(name) is not None}
     if (bias := body.get("logit_bias")) is not None:
         fields["logit_bias"] = _logit_bias(bias)
+    if (budget := body.get("thinking_token_budget")) is not None and budget != -1:  # -1: unlimited, as unset
+        fields["thinking_token_budget"] = budget
+    if (xargs := body.get("vllm_xargs")) is not None:
+        fields["extra_args"] = xargs
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
     stop = body.get("stop")

@@ -117,6 +117,15 @@ class Sampling(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Only these token ids may be sampled."""
     bad_words: list[str] | None = None
     """Words that may not be generated."""
+    watermarking: bool | None = None
+    """vLLM's output watermark."""
+    thinking_token_budget: int | None = None
+    """The most tokens a reasoning model may spend thinking."""
+    repetition_detection: dict[str, int] | None = None
+    """vLLM's ``RepetitionDetectionParams`` (``max_pattern_size``, ``min_pattern_size``,
+    ``min_count``): end a completion that repeats itself."""
+    extra_args: dict[str, Any] | None = None
+    """Arguments for the engine's custom extensions (``vllm_xargs``)."""
     stream_interval: int | None = None
     """Send a chunk every this many tokens (the first and last at once) instead of every
     token: less work per token for consumers that do not need each one."""
@@ -161,6 +170,10 @@ class SamplingOptions(TypedDict, total=False):
     logit_bias: dict[str, float] | None
     allowed_token_ids: list[int] | None
     bad_words: list[str] | None
+    watermarking: bool | None
+    thinking_token_budget: int | None
+    repetition_detection: dict[str, int] | None
+    extra_args: dict[str, Any] | None
     stream_interval: int | None
     logprobs: int | None
     prompt_logprobs: int | None

@@ -51,7 +51,12 @@ def input_lines(model: str) -> list[str]:
         ),
         _request("two", "/v1/completions", {"prompt": "Once upon a time", "n": 2, "max_tokens": 3, "ignore_eos": True}),
         "{this line is not JSON",
-        _request("echo", "/v1/completions", {"prompt": "Hi", "echo": True}),
+        _request(  # a token-id prompt scored as lm-evaluation-harness scores one
+            "echo",
+            "/v1/completions",
+            {"prompt": [5, 17, 42, 99], "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0},
+        ),
+        _request("several", "/v1/completions", {"prompt": ["Hi", "Yo"], "max_tokens": 2}),
         _request("cold", "/v1/completions", {"prompt": "Hi", "temperature": -1.0}),
         "",
         json.dumps({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
@@ -84,15 +89,15 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     after = scrape(worker)
 
     assert first.returncode == 1, first.stderr  # some lines failed, and it says so
-    # Four lines reached the worker (three answered, one refused by vLLM there), none streamed.
-    assert request_events(after, streamed=False)[1] - request_events(before, streamed=False)[1] == 4
+    # Five lines reached the worker (four answered, one refused by vLLM there), none streamed.
+    assert request_events(after, streamed=False)[1] - request_events(before, streamed=False)[1] == 5
     assert request_events(after, streamed=True) == request_events(before, streamed=True)
-    assert "3 succeeded, 5 failed, 0 skipped" in first.stderr
+    assert "4 succeeded, 5 failed, 0 skipped" in first.stderr
     lines = _lines(out_path)
-    assert len(lines) == 8
+    assert len(lines) == 9
     by_id = {line["custom_id"]: line for line in lines}
-    assert len({line["id"] for line in lines}) == 8
-    assert len({line["response"]["request_id"] for line in lines}) == 8
+    assert len({line["id"] for line in lines}) == 9
+    assert len({line["response"]["request_id"] for line in lines}) == 9
 
     plain = by_id["plain"]
     assert plain["error"] is None and plain["response"]["status_code"] == 200
@@ -116,7 +121,10 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     not_json = by_id[None]
     assert not_json["response"]["status_code"] == 400 and not_json["response"]["body"] is None
     assert not_json["error"].startswith("line 4: not valid JSON")
-    assert by_id["echo"]["response"]["status_code"] == 400 and "echo" in by_id["echo"]["error"]
+    echo = by_id["echo"]["response"]["body"]["choices"][0]
+    assert echo["logprobs"]["token_logprobs"][0] is None and len(echo["logprobs"]["token_logprobs"]) == 5
+    several = by_id["several"]
+    assert several["response"]["status_code"] == 400 and "a batch line takes one prompt" in several["error"]
     assert by_id["cold"]["response"]["status_code"] == 400  # refused by vLLM on the worker
     assert by_id["cold"]["error"].startswith("invalid_request:") and "temperature" in by_id["cold"]["error"]
     assert by_id["embed"]["response"]["status_code"] == 400 and "/v1/embeddings" in by_id["embed"]["error"]
@@ -132,7 +140,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     before = out_path.read_text()
     again = _run_batch(worker, producer_url, in_path, out_path)
     assert again.returncode == 0, again.stderr
-    assert "0 succeeded, 0 failed, 8 skipped" in again.stderr
+    assert "0 succeeded, 0 failed, 9 skipped" in again.stderr
     assert out_path.read_text() == before
 
     # A run interrupted before "plain" finished (its line missing, the last one torn):
@@ -141,7 +149,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     out_path.write_text("\n".join(kept) + "\n" + '{"id": "batch-torn", "custom_')
     resumed = _run_batch(worker, producer_url, in_path, out_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert "1 succeeded, 0 failed, 7 skipped" in resumed.stderr
+    assert "1 succeeded, 0 failed, 8 skipped" in resumed.stderr
     final = _lines(out_path)
     assert sorted(str(line["custom_id"]) for line in final) == sorted(str(line["custom_id"]) for line in lines)
     redone = next(line for line in final if line["custom_id"] == "plain")

@@ -48,6 +48,19 @@ async def test_events_are_numbered_contiguously_and_end_with_one_final(
     assert chunks[-1]["finish_reason"] == "length"
 
 
+async def test_a_token_id_prompt_answers_as_its_text_does_and_echo_sends_it_back(
+    client: StreamqClient, tiny_model: Path
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tokenizer.encode(PROMPTS[0])  # as the engine tokenizes a text prompt: special tokens too
+    from_text = await client.generate(PROMPTS[0], max_tokens=8, temperature=0.0)
+    from_ids = await client.generate(ids, max_tokens=8, temperature=0.0, echo=True)
+    assert from_ids.token_ids == from_text.token_ids and from_ids.text == from_text.text
+    assert from_ids.prompt_token_ids == ids and from_ids.prompt_echo is not None
+    assert from_ids.prompt_echo.text == tokenizer.decode(ids)
+    assert from_ids.prompt_echo.first_token == tokenizer.decode(ids[0])
+
+
 async def test_deltas_decode_to_the_streamed_text(client: StreamqClient, tiny_model: Path) -> None:
     completion = await (await client.submit(PROMPTS[1], max_tokens=40, temperature=0.0)).result()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
