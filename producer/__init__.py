@@ -24,10 +24,12 @@ from producer.errors import (
 )
 from streamq.protocol import (
     ChatMessage,
+    ChatTemplateOptions,
     ChunkEvent,
     ErrorEvent,
     Event,
     FinalEvent,
+    PromptEcho,
     StructuredOutputs,
     TokenLogprob,
     TopLogprob,
@@ -35,6 +37,7 @@ from streamq.protocol import (
 
 __all__ = [
     "ChatMessage",
+    "ChatTemplateOptions",
     "ChunkEvent",
     "Completion",
     "DuplicateRequest",
@@ -45,6 +48,7 @@ __all__ = [
     "InvalidRequest",
     "MissingEvents",
     "NoLiveWorker",
+    "PromptEcho",
     "QueueFull",
     "RequestError",
     "RequestHandle",
