@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from streamq.protocol import ChunkEvent, FinalEvent, FinishReason, GenerateRequest, decode_event
+from streamq.protocol import ChunkEvent, FinalEvent, FinishReason, GenerateRequest, PromptEcho, decode_event
 from worker.request_events import RequestEvents
 from worker.state import RedisClock
 
@@ -18,8 +18,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
     from vllm.outputs import CompletionOutput, RequestOutput
 
-    from worker.job import _emit, _Readers, _time_left
+    from worker.job import _emit, _prompt_token_ids, _Readers, _time_left
     from worker.progress import Progress
+    from worker.prompt_report import PromptReporter
 
 
 class RecordingPublisher:
@@ -89,3 +90,34 @@ def test_emitting_outputs_tallies_their_tokens_and_ends_with_the_final(checkpoin
     assert isinstance(final, FinalEvent) and final.completion_tokens == 5 == progress.completion_tokens
     assert (final.prompt_tokens, final.finish_reasons) == (3, ["length"])
     assert [e.seq for e in publisher.events] == list(range(len(publisher.events)))
+
+
+class BosTokenizer:
+    """A tokenizer that spells each character as its code point and adds a BOS (1) unless
+    asked not to."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([1] if add_special_tokens else []) + [ord(c) for c in text]
+
+    def decode(self, ids: list[int] | int) -> str:
+        return "".join("<s>" if i == 1 else chr(i) for i in ([ids] if isinstance(ids, int) else ids))
+
+
+async def test_the_prompt_the_engine_gets_is_tokenized_as_the_request_says() -> None:
+    engine = SimpleNamespace(get_tokenizer=BosTokenizer)
+    text = GenerateRequest(request_id="r", prompt="hi")
+    assert await _prompt_token_ids(engine, text) is None  # vLLM tokenizes it, special tokens added
+    bare = GenerateRequest(request_id="r", prompt="hi", add_special_tokens=False)
+    assert await _prompt_token_ids(engine, bare) == [ord("h"), ord("i")]
+    ids = GenerateRequest(request_id="r", prompt_token_ids=[1, 104])
+    assert await _prompt_token_ids(engine, ids) == [1, 104]  # as given
+
+
+def test_echo_reports_the_prompts_text_and_its_first_token() -> None:
+    request = GenerateRequest(request_id="r", prompt_token_ids=[1, 104, 105], echo=True)
+    reporter = PromptReporter(request, None, BosTokenizer())
+    output = RequestOutput("r", None, [1, 104, 105], None, [], False)
+    report = reporter.report(output)
+    assert report is not None and report.echo == PromptEcho(text="<s>hi", first_token="<s>")
+    assert report.token_ids == [1, 104, 105] and report.logprobs is None
+    assert reporter.report(output) is None  # once: the request's first chunk only

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from producer.openai_api.chunks import ChunkBuilder
+from producer.openai_api.requests import ResponseShape
 from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta
-from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
+from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent, PromptEcho, TokenLogprob
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
@@ -188,3 +189,70 @@ def test_chat_chunks_parse_as_vllm_serves_stream_response() -> None:
     assert [p.choices[0].delta.role for p in parsed[:3]] == ["assistant", None, None]
     assert parsed[3].choices[0].finish_reason == "length"
     assert parsed[4].usage.total_tokens == 5
+
+
+# --- several prompts, echo -------------------------------------------------------------------
+def test_several_prompts_number_their_choices_on_and_end_with_one_summed_usage() -> None:
+    builder = ChunkBuilder(ResponseMeta(False, "r1", "tiny", 1700), include_usage=True, n=2, prompts=2)
+    events: list[tuple[Event, int]] = [
+        (chunk(0, "a", index=1), 1),
+        (chunk(0, "b", index=0), 0),
+        (final(1, ["length", "length"], prompt_tokens=3, completion_tokens=4), 1),
+    ]
+    chunks = [json.loads(c) for event, prompt in events for c in builder.chunks(event, prompt)]
+    assert [c["choices"][0]["index"] for c in chunks] == [3, 0, 2, 3]  # prompt 1's completions are choices 2 and 3
+    assert not builder.done  # prompt 0 has not ended
+    last = [json.loads(c) for c in builder.chunks(final(2, ["stop", "stop"], prompt_tokens=5, completion_tokens=6), 0)]
+    assert builder.done
+    assert last[-1]["usage"] == {"prompt_tokens": 8, "total_tokens": 18, "completion_tokens": 10}
+
+
+def echoed_first_chunk(**fields: Any) -> ChunkEvent:
+    event = chunk(0, " there", token_ids=[7])
+    event.prompt_token_ids = [4, 5]
+    event.prompt_echo = PromptEcho(text="Hi", first_token="H")
+    for name, value in fields.items():
+        setattr(event, name, value)
+    return event
+
+
+def test_echo_puts_the_prompt_before_each_completions_first_chunk() -> None:
+    builder = ChunkBuilder(ResponseMeta(False, "r1", "tiny", 1700), False, n=1, shape=ResponseShape(echo=True))
+    (first,) = [json.loads(c) for c in builder.chunks(echoed_first_chunk())]
+    (second,) = [json.loads(c) for c in builder.chunks(chunk(1, "!"))]
+    assert first["choices"][0]["text"] == "Hi there" and first["choices"][0]["prompt_token_ids"] == [4, 5]
+    assert second["choices"][0]["text"] == "!" and second["choices"][0]["prompt_token_ids"] is None
+
+
+def test_echo_with_logprobs_lists_the_prompts_tokens_null_first() -> None:
+    prompt_lp = [None, TokenLogprob(-1.5, 3, "i", [])]
+    sampled = [TokenLogprob(-0.5, 1, " there", [])]
+    event = echoed_first_chunk(prompt_logprobs=prompt_lp, logprobs=sampled)
+    builder = ChunkBuilder(ResponseMeta(False, "r1", "tiny", 1700), False, shape=ResponseShape(echo=True, logprobs=0))
+    (first,) = [json.loads(c) for c in builder.chunks(event)]
+    logprobs = first["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["H", "i", " there"] and logprobs["text_offset"] == [0, 1, 2]
+    assert logprobs["token_logprobs"] == [None, -1.5, -0.5] and logprobs["top_logprobs"][0] is None
+
+
+def test_echo_of_max_tokens_0_is_the_prompt_alone() -> None:
+    shape = ResponseShape(echo=True, echo_only=True)
+    builder = ChunkBuilder(ResponseMeta(False, "r1", "tiny", 1700), False, shape=shape)
+    (first,) = [json.loads(c) for c in builder.chunks(echoed_first_chunk(finish_reason="length"))]
+    assert first["choices"][0]["text"] == "Hi" and first["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_chat_echo_follows_the_role_chunks_with_the_last_message() -> None:
+    shape = ResponseShape(role="assistant", echo_text="The key")
+    chunks = build_with(True, [chunk(0, " is")], shape=shape, n=2)
+    assert [c["choices"][0]["delta"] for c in chunks[:4]] == [
+        {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": ""},
+        {"content": "The key"},
+        {"content": "The key"},
+    ]
+
+
+def build_with(chat: bool, events: list[Event], *, shape: ResponseShape, n: int = 1) -> list[dict[str, Any]]:
+    builder = ChunkBuilder(ResponseMeta(chat, "r1", "tiny", 1700), False, n=n, shape=shape)
+    return [json.loads(c) for event in events for c in builder.chunks(event)]
