@@ -264,11 +264,9 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
         resumed = await _resume(client, named, last_event_id, stream=params.stream, account=account)
         if resumed is None:  # the client has every event already
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
-        group = RequestGroup([resumed])
+        group = RequestGroup([resumed])  # named: it waits to be resumed again, never cancelled on close
     else:
         group = await _submit(request, params, named, affinity, account)
-    for handle in group.handles:
-        handle.cancel_on_close = named is None  # a named request waits to be resumed instead
     meta = _response_meta(endpoint, params, group)
     headers = {"x-request-id": meta.request_id}
     try:
@@ -323,26 +321,36 @@ async def _submit(
     after one id, as ``vllm serve`` names its engine requests)."""
     client: StreamqClient = request.app.state.client
     tenant = account.tenant
+    queue_tenant = _queue_tenant(request, tenant)
     submissions = params.submissions()
     base = uuid.uuid4().hex
-    handles: list[RequestHandle] = []
-    try:
-        for i, kwargs in enumerate(submissions):
-            request_id = named if named is not None or len(submissions) == 1 else f"{base}-{i}"
-            handle = await client.submit(
-                model=params.model,
-                request_id=request_id,
-                tenant=_queue_tenant(request, tenant),
-                stream=params.stream,  # a whole response is written in checkpoints, not token by token
-                **{**kwargs, **affinity},
-            )
-            handles.append(handle)
-            if tenant is not None and (named is not None or tenant.record is not None):
-                # A stored key sees only its own requests' status (and resumes only its own).
+
+    async def submit(i: int, kwargs: dict[str, Any]) -> RequestHandle:
+        request_id = named if named is not None or len(submissions) == 1 else f"{base}-{i}"
+        handle = await client.submit(
+            model=params.model,
+            request_id=request_id,
+            tenant=queue_tenant,
+            stream=params.stream,  # a whole response is written in checkpoints, not token by token
+            cancel_on_close=named is None,  # a named request waits to be resumed instead
+            **{**kwargs, **affinity},
+        )
+        if tenant is not None and (named is not None or tenant.record is not None):
+            # A stored key sees only its own requests' status (and resumes only its own).
+            try:
                 await account.limiter.claim(handle.request_id, tenant)
-    except BaseException:
+            except BaseException:
+                await handle.close()
+                raise
+        return handle
+
+    # At once: a harness's batch of prompts is queued in about one round trip.
+    results = await asyncio.gather(*(submit(i, kwargs) for i, kwargs in enumerate(submissions)), return_exceptions=True)
+    handles = [result for result in results if isinstance(result, RequestHandle)]
+    failed = [result for result in results if isinstance(result, BaseException)]
+    if failed:
         await RequestGroup(handles).close()
-        raise
+        raise failed[0]
     return RequestGroup(handles, name=base if len(handles) > 1 else None)
 
 

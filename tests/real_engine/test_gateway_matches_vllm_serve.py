@@ -344,11 +344,17 @@ WHOLE_CHATS = [
 ]
 
 
-@pytest.mark.parametrize("extra", WHOLE_COMPLETIONS, ids=lambda body: ",".join(body))
-def test_whole_completions_in_every_form_match(servers: Servers, extra: dict[str, Any]) -> None:
+WHOLE_BODIES = [("/v1/completions", body) for body in WHOLE_COMPLETIONS]
+WHOLE_BODIES += [("/v1/chat/completions", body) for body in WHOLE_CHATS]
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"), WHOLE_BODIES, ids=lambda item: ",".join(item) if isinstance(item, dict) else item
+)
+def test_whole_responses_in_every_form_match(servers: Servers, path: str, extra: dict[str, Any]) -> None:
     body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
-    (ours,), _ = post(servers.gateway_url, "/v1/completions", body)
-    (reference,), _ = post(servers.serve_url, "/v1/completions", body)
+    (ours,), _ = post(servers.gateway_url, path, body)
+    (reference,), _ = post(servers.serve_url, path, body)
     assert comparable(ours) == comparable(reference)
 
 
@@ -361,14 +367,6 @@ def test_echo_with_logprobs_has_the_prompts_tokens_first(servers: Servers) -> No
     assert len(logprobs["token_logprobs"]) == len(TOKEN_PROMPTS[1]) + 1
     assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
     assert all(isinstance(lp, float) for lp in logprobs["token_logprobs"][1:])
-
-
-@pytest.mark.parametrize("extra", WHOLE_CHATS, ids=lambda body: ",".join(body))
-def test_whole_chats_with_vllms_template_fields_match(servers: Servers, extra: dict[str, Any]) -> None:
-    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
-    (ours,), _ = post(servers.gateway_url, "/v1/chat/completions", body)
-    (reference,), _ = post(servers.serve_url, "/v1/chat/completions", body)
-    assert comparable(ours) == comparable(reference)
 
 
 def by_choice(chunks: list[Any]) -> dict[Any, Any]:
