@@ -142,7 +142,7 @@ async def test_a_whole_response_is_not_streamed_through_the_queue_and_a_stream_i
     ("body", "param_in_message"),
     [
         ({"temperature": -1}, "temperature"),  # refused by vLLM on the worker, still a 400
-        ({"echo": True}, "echo"),  # an OpenAI feature streamq does not offer
+        ({"use_beam_search": True}, "use_beam_search"),  # a field streamq refuses, by name
         ({"frobnicate": True}, "frobnicate"),  # not a parameter at all
         ({"max_tokens": "many"}, "max_tokens"),
     ],
