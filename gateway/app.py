@@ -247,7 +247,7 @@ def _affinity(request: Request) -> dict[str, Any]:
 
 
 async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> Response:
-    client: StreamqClient = request.app.state.client
+    """Parse, admit, queue (or resume), then answer whole or as a stream."""
     arrived = time.monotonic()
     try:
         body = json.loads(await request.body())
@@ -257,47 +257,75 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
     named = _named_request(request, params)
     affinity = _affinity(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")
-    tenant = account.tenant
-    if tenant is not None:
-        account.admission = await account.limiter.admit(tenant, params.model, counted=last_event_id is None)
+    if account.tenant is not None:
+        account.admission = await account.limiter.admit(account.tenant, params.model, counted=last_event_id is None)
     if last_event_id is not None:
+        client: StreamqClient = request.app.state.client
         resumed = await _resume(client, named, last_event_id, stream=params.stream, account=account)
         if resumed is None:  # the client has every event already
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
         group = RequestGroup([resumed])  # named: it waits to be resumed again, never cancelled on close
     else:
         group = await _submit(request, params, named, affinity, account)
-    meta = _response_meta(endpoint, params, group)
-    headers = {"x-request-id": meta.request_id}
+    meta = ResponseMeta(endpoint.chat, group.name, params.model, created=int(time.time()))
     try:
         if not params.stream:
-            completions = await until_disconnected(request.receive, group.results())
-            for completion in completions:
-                account.charge(completion.prompt_tokens, completion.completion_tokens)
-            whole = endpoint.to_response(
-                completions, model=params.model, created=meta.created, shape=params.shape, response_id=meta.id
-            )
-            return JSONResponse(whole, headers=headers)
-        # Wait for the first event before answering, so that parameters vLLM refuses
-        # still get a 400 rather than an error inside a 200 stream.
-        events = group.events()
-        first = await until_disconnected(request.receive, anext(events))
-        http_metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
-        if isinstance(first[1], ErrorEvent):
-            raise RequestError(first[1].request_id, first[1].code, first[1].message)
+            return await _whole(request, endpoint, params, group, meta, account)
+        opened = last_event_id is not None and int(last_event_id) >= 0  # its client has the role chunks
+        return await _stream(
+            request, params, group, meta, account, resumable=named is not None, opened=opened, arrived=arrived
+        )
     except BaseException:
         await group.close()
         raise
-    opened = last_event_id is not None and int(last_event_id) >= 0  # its client has the role chunks
+
+
+async def _whole(
+    request: Request,
+    endpoint: Endpoint,
+    params: OpenAIRequest,
+    group: RequestGroup,
+    meta: ResponseMeta,
+    account: _Account,
+) -> Response:
+    """The whole response, once every request of the group ended."""
+    completions = await until_disconnected(request.receive, group.results())
+    for completion in completions:
+        account.charge(completion.prompt_tokens, completion.completion_tokens)
+    whole = endpoint.to_response(
+        completions, model=params.model, created=meta.created, shape=params.shape, response_id=meta.id
+    )
+    return JSONResponse(whole, headers={"x-request-id": meta.request_id})
+
+
+async def _stream(
+    request: Request,
+    params: OpenAIRequest,
+    group: RequestGroup,
+    meta: ResponseMeta,
+    account: _Account,
+    *,
+    resumable: bool,
+    opened: bool,
+    arrived: float,
+) -> Response:
+    """The streamed response, opened once the first event came: parameters vLLM refuses
+    still get a 400 rather than an error inside a 200 stream."""
+    events = group.events()
+    first = await until_disconnected(request.receive, anext(events))
+    http_metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
+    if isinstance(first[1], ErrorEvent):
+        raise RequestError(first[1].request_id, first[1].code, first[1].message)
     chunks = ChunkBuilder(
         meta, params.include_usage, n=params.n, role_sent=opened, shape=params.shape, prompts=len(group.handles)
     )
-    encoder = SseEncoder(chunks, event_ids=named is not None)
+    encoder = SseEncoder(chunks, event_ids=resumable)
 
     async def close() -> None:
         await group.close()
         await account.close()
 
+    headers = {"x-request-id": meta.request_id}
     return SseResponse(_sse_text(encoder, first, events, account), headers=headers, on_close=close)
 
 
@@ -352,12 +380,6 @@ async def _submit(
         await RequestGroup(handles).close()
         raise failed[0]
     return RequestGroup(handles, name=base if len(handles) > 1 else None)
-
-
-def _response_meta(endpoint: Endpoint, params: OpenAIRequest, group: RequestGroup) -> ResponseMeta:
-    """The response's id (``cmpl-<id>``: the request's, or for several prompts the id their
-    requests are named after) and what every chunk repeats."""
-    return ResponseMeta(endpoint.chat, group.name, params.model, created=int(time.time()))
 
 
 async def _resume(
