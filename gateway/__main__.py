@@ -28,8 +28,8 @@ bound on what a burst can pile up in Redis, far above what a pool of workers run
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gateway",
-        description="OpenAI-compatible HTTP gateway: /v1/completions, /v1/chat/completions, /v1/models, /health, "
-        "/metrics. "
+        description="OpenAI-compatible HTTP gateway: /v1/completions, /v1/chat/completions, /v1/models, "
+        "/tokenize, /detokenize, /tokenizer_info, /health, /metrics. "
         "Requests are routed by model to the queues of live workers.",
     )
     add_redis_url_option(parser)
@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--protect-metrics", action="store_true", help="require an API key on /metrics too (default: open)"
     )
+    parser.add_argument(
+        "--tokenizer-model",
+        metavar="MODEL",
+        help="the model whose tokenizer answers /tokenize, /detokenize and /tokenizer_info requests that name "
+        "none (lm-evaluation-harness's remote tokenizer names none; default: the one model live workers serve)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser
 
@@ -90,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         limits=RequestLimits(max_n=args.max_n),
         api_keys=keys,
         protect_metrics=args.protect_metrics,
+        tokenizer_model=args.tokenizer_model,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 

@@ -77,13 +77,15 @@ def create_app(
     limits: RequestLimits = DEFAULT_LIMITS,
     api_keys: Sequence[str] = (),
     protect_metrics: bool = False,
+    tokenizer_model: str | None = None,
 ) -> FastAPI:
     """The gateway application, with one ``StreamqClient`` (one Redis pool, one pub/sub
     connection) shared by all requests. ``api_keys`` (and keys stored in Redis) are
     required on every ``/v1/*`` route, and on ``/metrics`` with ``protect_metrics``; the
     dashboard's data (``/dashboard/api/*``, ``gateway.dashboard``) takes ``api_keys`` only;
     bodies over ``max_body_bytes`` get 413, requests past ``limits`` 400. ``events_url``
-    (else ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the events."""
+    (else ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the events;
+    ``tokenizer_model`` answers the tokenizer routes that name no model."""
     auth = ApiKeyAuth(api_keys)
 
     @asynccontextmanager
@@ -110,7 +112,7 @@ def create_app(
     app.add_middleware(ApiKeyMiddleware, auth=auth, protect_metrics=protect_metrics)
     app.state.limits = limits
     dashboard_routes.install(app)
-    tokenizer_routes.install(app)
+    tokenizer_routes.install(app, default_model=tokenizer_model)
 
     @app.get("/health")
     async def health(request: Request) -> Response:

@@ -4,8 +4,9 @@
 The gateway holds no tokenizer: ``/tokenize`` and ``/detokenize`` go through the queue as
 a request of one token with ``echo``, which brings the prompt back as the worker gave it
 to the engine (its token ids, its text), so they cost a prefill each; ``/tokenizer_info``
-reads what the model's workers wrote at start-up. A body without ``model`` names the one
-model live workers serve (with several, it must name one).
+reads what the model's workers wrote at start-up. A request without ``model`` names the
+gateway's ``--tokenizer-model``, else the one model live workers serve (with several, it
+must name one).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ _TOKENIZE_FIELDS = frozenset(
 )
 
 
-def install(app: FastAPI) -> None:
-    """Add the routes to ``app`` (whose state holds the ``StreamqClient``)."""
+def install(app: FastAPI, *, default_model: str | None = None) -> None:
+    """Add the routes to ``app`` (whose state holds the ``StreamqClient``); ``default_model``
+    answers requests that name none."""
+    app.state.tokenizer_model = default_model
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -99,8 +102,11 @@ async def _body(request: Request, known: frozenset[str]) -> dict[str, Any]:
 
 
 async def _model(request: Request, model: object) -> str:
-    """The model the request names, or the one live model; one the key may use."""
+    """The model the request names, else the gateway's default, else the one live model;
+    one the key may use."""
     client: StreamqClient = request.app.state.client
+    if model is None:
+        model = request.app.state.tokenizer_model
     if model is None:
         live = sorted((await client.routes()).live_models())
         if len(live) != 1:
