@@ -260,7 +260,7 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
     if not isinstance(body, dict):
         raise InvalidRequest(f"the request body must be a JSON object, got {type(body).__name__}")
     prompts: list[Prompt] = []
-    shape = ResponseShape()
+    shape = PLAIN
     if chat:
         kwargs = chat_request_to_submit_kwargs(body, limits=limits)
         shape = chat_shape(body)
