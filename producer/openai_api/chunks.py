@@ -28,8 +28,8 @@ from producer.openai_api.logprobs import (
     next_text_offset,
 )
 from producer.openai_api.requests import PLAIN, ResponseShape
-from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, PromptEcho, TokenLogprob
+from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta, ReturnedPrompt
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, TokenLogprob
 
 _encode = msgspec.json.Encoder().encode
 
@@ -86,15 +86,6 @@ _CLOSE_LAST: Final = b"]" + _FINGERPRINT
 
 
 @dataclass
-class _Prompt:
-    """What one prompt's first chunk said about it (``echo``, ``return_token_ids``)."""
-
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None] | None
-    echo: PromptEcho | None
-
-
-@dataclass
 class ChunkBuilder:
     """Turns one request's events, in order, into the JSON chunks of its streamed response.
 
@@ -121,7 +112,7 @@ class ChunkBuilder:
     """Choices that have sent a chunk (the first carries the echo, the prompt's token ids)."""
     _text_offsets: dict[int, int] = field(default_factory=dict)
     """Per choice, where its next token's text starts (completions' ``text_offset``)."""
-    _prompt: dict[int, _Prompt] = field(default_factory=dict)
+    _prompt: dict[int, ReturnedPrompt] = field(default_factory=dict)
     _usage: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per prompt that ended: its prompt and completion tokens."""
     _open: bytes = b""
@@ -143,7 +134,7 @@ class ChunkBuilder:
             if event.prompt_token_ids is not UNSET:
                 prompt_lp = None if event.prompt_logprobs is UNSET else event.prompt_logprobs
                 echo = None if event.prompt_echo is UNSET else event.prompt_echo
-                self._prompt[prompt] = _Prompt(event.prompt_token_ids, prompt_lp, echo)
+                self._prompt[prompt] = ReturnedPrompt(event.prompt_token_ids, prompt_lp, echo)
             choice = prompt * self.n + event.index
             if event.token_ids:
                 self._with_tokens.add(choice)
@@ -187,17 +178,12 @@ class ChunkBuilder:
     def _echo_chunk(self, choice: int, prompt: int, event: ChunkEvent) -> bytes:
         """A completion's first chunk with its prompt before it (only the prompt, for
         ``max_tokens`` 0), as ``vllm serve`` echoes."""
-        info = self._prompt[prompt]
-        assert info.echo is not None, "echo: the worker sends the prompt back on the first chunk"
-        prompt_text = "" if self.shape.token_ids else info.echo.text
-        if self.shape.echo_only:
-            text, token_ids, entries = prompt_text, info.token_ids, info.logprobs
-        else:
-            text, token_ids = prompt_text + event.text, [*info.token_ids, *event.token_ids]
-            entries = None if event.logprobs is UNSET else [*(info.logprobs or []), *event.logprobs]
+        returned = self._prompt[prompt]
+        entries: list[TokenLogprob | None] | None = None if event.logprobs is UNSET else list(event.logprobs)
+        text, token_ids, entries = returned.before(self.shape, event.text, event.token_ids, entries)
         logprobs = None
-        if event.logprobs is not UNSET and entries is not None:
-            logprobs = self._logprobs(choice, token_ids, entries, first_token=info.echo.first_token)
+        if entries is not None:
+            logprobs = self._logprobs(choice, token_ids, entries, first_token=returned.first_token)
         return self._chunk(choice, text, event.finish_reason, logprobs, self._ids(choice, prompt, event))
 
     def _ids(self, choice: int, prompt: int, event: ChunkEvent) -> tuple[list[int] | None, list[int] | None] | None:
@@ -236,30 +222,7 @@ class ChunkBuilder:
         chat_lp = logprobs if isinstance(logprobs, ChatLogprobs) else None
         completion_lp = logprobs if isinstance(logprobs, CompletionLogprobs) else None
         token_ids, prompt_token_ids = ids if ids is not None else (None, None)
-        if finish_reason is None:
-            if self.meta.chat:
-                choice = ChatChoice(index=index, delta=ChatDelta(content=text), logprobs=chat_lp, token_ids=None)
-            else:
-                choice = CompletionChoice(
-                    index=index,
-                    text=text,
-                    logprobs=completion_lp,
-                    token_ids=token_ids,
-                    prompt_token_ids=prompt_token_ids,
-                )
-            return self._open + _encode(choice) + _CLOSE
-        self._finished.add(index)
-        if self.meta.chat:
-            delta = ChatDelta(content=text)
-            choice = ChatChoice(
-                index=index,
-                delta=delta,
-                logprobs=chat_lp,
-                finish_reason=finish_reason,
-                stop_reason=None,
-                token_ids=None,
-            )
-        else:
+        if not self.meta.chat:
             choice = CompletionChoice(
                 index=index,
                 text=text,
@@ -268,5 +231,16 @@ class ChunkBuilder:
                 token_ids=token_ids,
                 prompt_token_ids=prompt_token_ids,
             )
+        elif finish_reason is None:
+            choice = ChatChoice(index=index, delta=ChatDelta(content=text), logprobs=chat_lp, token_ids=None)
+        else:  # the last chunk of a chat completion names its stop_reason
+            delta = ChatDelta(content=text)
+            choice = ChatChoice(
+                index=index, delta=delta, logprobs=chat_lp, finish_reason=finish_reason, stop_reason=None
+            )
+            choice.token_ids = None
+        if finish_reason is None:
+            return self._open + _encode(choice) + _CLOSE
+        self._finished.add(index)
         # The fingerprint goes on the last chunk: the usage chunk when there is one.
         return self._open + _encode(choice) + (_CLOSE if self.include_usage else _CLOSE_LAST)

@@ -20,7 +20,7 @@ import msgspec
 from producer.client import Completion
 from producer.openai_api.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from producer.openai_api.requests import PLAIN, ResponseShape
-from streamq.protocol import TokenLogprob, WorkerRegistration
+from streamq.protocol import PromptEcho, TokenLogprob, WorkerRegistration
 
 
 def _fingerprint() -> str:
@@ -67,6 +67,40 @@ class ResponseMeta:
         if not self.chat:
             return "text_completion"
         return "chat.completion.chunk" if chunk else "chat.completion"
+
+
+@dataclass(frozen=True)
+class ReturnedPrompt:
+    """A request's prompt as its worker sent it back on the first chunk (``echo``,
+    ``return_token_ids``, ``prompt_logprobs``)."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None] | None = None
+    echo: PromptEcho | None = None
+
+    @classmethod
+    def of(cls, completion: Completion) -> ReturnedPrompt:
+        assert completion.prompt_token_ids is not None, "the worker sends the prompt back"
+        return cls(completion.prompt_token_ids, completion.prompt_logprobs, completion.prompt_echo)
+
+    @property
+    def first_token(self) -> str:
+        """The first prompt token's text (the position with no logprobs)."""
+        return self.echo.first_token if self.echo is not None else ""
+
+    def before(
+        self, shape: ResponseShape, text: str, token_ids: list[int], entries: list[TokenLogprob | None] | None
+    ) -> tuple[str, list[int], list[TokenLogprob | None] | None]:
+        """A completion's first ``text``, ``token_ids`` and their logprob ``entries`` (``None``:
+        not asked for) with the prompt before them, as ``vllm serve`` echoes: only the prompt
+        for ``max_tokens`` 0, and no prompt text with ``return_token_ids``."""
+        assert self.echo is not None, "echo: the worker sends the prompt's text back"
+        prompt_text = "" if shape.token_ids else self.echo.text
+        prompt_entries = None if entries is None else list(self.logprobs or [])
+        if shape.echo_only:
+            return prompt_text, self.token_ids, prompt_entries
+        both = None if entries is None or prompt_entries is None else [*prompt_entries, *entries]
+        return prompt_text + text, [*self.token_ids, *token_ids], both
 
 
 def completion_choice(
@@ -151,8 +185,7 @@ def chat_completion_response(
             shaped = chat_logprobs(completion.token_ids[i], completion.logprobs[i], as_ids=shape.tokens_as_ids)
             logprobs = cast(dict[str, Any], msgspec.to_builtins(shaped))
         choices.append(chat_message_choice(i, shape.echo_text + text, reason, logprobs, role=shape.role))
-    body = _body(completions, choices, model, created, chat=True, response_id=response_id)
-    return body
+    return _body(completions, choices, model, created, chat=True, response_id=response_id)
 
 
 def _body(
@@ -189,22 +222,15 @@ def _completion_choice(
     ``echo`` (only the prompt for ``echo`` with ``max_tokens`` 0), as ``vllm serve`` does."""
     text, token_ids = completion.texts[i], completion.token_ids[i]
     entries: list[TokenLogprob | None] | None = None if completion.logprobs is None else list(completion.logprobs[i])
-    echo = completion.prompt_echo
+    first_token = ""
     if shape.echo:
-        assert echo is not None and completion.prompt_token_ids is not None, "echo: the worker sends the prompt back"
-        prompt_text = "" if shape.token_ids else echo.text  # as vLLM: return_token_ids echoes no text
-        prompt_entries = completion.prompt_logprobs
-        if shape.echo_only:
-            text, token_ids, entries = prompt_text, completion.prompt_token_ids, prompt_entries
-        else:
-            text, token_ids = prompt_text + text, [*completion.prompt_token_ids, *token_ids]
-            if entries is not None:
-                entries = [*(prompt_entries or []), *entries]
+        prompt = ReturnedPrompt.of(completion)
+        text, token_ids, entries = prompt.before(shape, text, token_ids, entries)
+        first_token = prompt.first_token
     logprobs = None
     if entries is not None:
-        first = echo.first_token if echo is not None else ""
         shaped = completion_logprobs(
-            token_ids, entries, top_k=shape.logprobs, first_token=first, as_ids=shape.tokens_as_ids
+            token_ids, entries, top_k=shape.logprobs, first_token=first_token, as_ids=shape.tokens_as_ids
         )
         logprobs = cast(dict[str, Any], msgspec.to_builtins(shaped))
     return completion_choice(
