@@ -89,10 +89,12 @@ from streamq.protocol import (
     FinishReason,
     GenerateRequest,
     InvalidRequest,
+    ParsedOutput,
     PromptEcho,
     SamplingOptions,
     StreamqError,
     TokenLogprob,
+    ToolOptions,
     callback_key,
     decode_event,
     deserialize_job,
@@ -148,6 +150,10 @@ class Completion:
     """The prompt as text, when ``echo`` was asked for."""
     worker: str | None = None
     """The worker that ran the request to its end (the final event's ``worker``)."""
+    parsed: list[ParsedOutput | None] | None = None
+    """A chat request not streamed, on a worker with a tool or reasoning parser: per
+    completion, its message as the parser read it (``content``, ``reasoning``,
+    ``tool_calls``) and ``tool_calls`` as its finish reason where it called tools."""
 
     @property
     def text(self) -> str:
@@ -167,6 +173,7 @@ class _CompletionParts:
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.prompt_token_ids: list[int] | None = None
         self.prompt_echo: PromptEcho | None = None
+        self.parsed: dict[int, ParsedOutput] = {}
         self.final: FinalEvent | None = None
 
     def add(self, event: Event) -> None:
@@ -183,6 +190,8 @@ class _CompletionParts:
                 self.prompt_token_ids = event.prompt_token_ids
             if event.prompt_echo is not UNSET:
                 self.prompt_echo = event.prompt_echo
+            if event.parsed is not UNSET and event.finish_reason is not None:
+                self.parsed[event.index] = event.parsed
         elif isinstance(event, ErrorEvent):
             raise RequestError(self.request_id, event.code, event.message)
         else:
@@ -207,6 +216,7 @@ class _CompletionParts:
             prompt_token_ids=self.prompt_token_ids,
             prompt_echo=self.prompt_echo,
             worker=final.worker,
+            parsed=[self.parsed.get(i) for i in range(n)] if self.parsed else None,
         )
 
 
@@ -533,7 +543,7 @@ class StreamqClient:
         self,
         prompt: str | Sequence[int] | None = None,
         *,
-        messages: Sequence[ChatMessage | dict[str, str]] | None = None,
+        messages: Sequence[ChatMessage | dict[str, Any]] | None = None,
         request_id: str | None = None,
         model: str | None = None,
         timeout_s: float | None = None,
@@ -549,6 +559,7 @@ class StreamqClient:
         echo: bool = False,
         chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
         add_special_tokens: bool | None = None,
+        tools: ToolOptions | dict[str, Any] | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events
@@ -603,7 +614,10 @@ class StreamqClient:
         rendered: ``add_generation_prompt``, ``continue_final_message``, ``documents`` and
         more template variables, as ``vllm serve`` takes them. ``add_special_tokens``:
         whether the tokenizer adds its special tokens to a text prompt (default yes) or to
-        the rendered messages (default no).
+        the rendered messages (default no). ``tools`` (a ``ToolOptions``, or its dict:
+        ``tools``, ``tool_choice``, ``parallel_tool_calls`` as OpenAI's) lets the model call
+        them: each completion's last chunk carries the calls
+        the worker's tool parser read (``Completion.parsed``; docs/client.md, "Tools").
         """
         _check_sampling_names(sampling)
         try:
@@ -620,6 +634,7 @@ class StreamqClient:
                 "prompt_token_ids": None if prompt is None or isinstance(prompt, str) else list(prompt),
                 "messages": msgspec.to_builtins(list(messages)) if messages is not None else None,
                 "chat_options": msgspec.to_builtins(chat_options) if chat_options is not None else None,
+                "tools": msgspec.to_builtins(tools) if tools is not None else None,
                 "model": model,
                 "sampling": sampling,
                 "timeout_s": timeout_s,
@@ -707,7 +722,7 @@ class StreamqClient:
         self,
         prompt: str | Sequence[int] | None = None,
         *,
-        messages: Sequence[ChatMessage | dict[str, str]] | None = None,
+        messages: Sequence[ChatMessage | dict[str, Any]] | None = None,
         request_id: str | None = None,
         model: str | None = None,
         timeout_s: float | None = None,
@@ -722,6 +737,7 @@ class StreamqClient:
         echo: bool = False,
         chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
         add_special_tokens: bool | None = None,
+        tools: ToolOptions | dict[str, Any] | None = None,
         **sampling: Unpack[SamplingOptions],
     ) -> Completion:
         """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
@@ -750,6 +766,7 @@ class StreamqClient:
             echo=echo,
             chat_options=chat_options,
             add_special_tokens=add_special_tokens,
+            tools=tools,
             **sampling,
         )
         async with handle:

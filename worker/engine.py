@@ -53,7 +53,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_args_from_namespace(namespace: argparse.Namespace) -> AsyncEngineArgs:
     """Build ``AsyncEngineArgs`` from a namespace parsed with ``add_engine_args``."""
     args: AsyncEngineArgs = AsyncEngineArgs.from_cli_args(namespace)
-    return with_structured_outputs_backend(args)
+    return with_structured_outputs_backend(args, tools=bool(getattr(namespace, "tool_call_parser", None)))
 
 
 DEFAULT_STRUCTURED_OUTPUTS_BACKEND: Final[StructuredOutputsBackend] = "guidance"
@@ -66,12 +66,19 @@ string with ``maxLength``/``minLength`` hold raw control characters: output that
 JSON. One backend, llguidance, gives valid JSON for both; ``--structured-outputs-config.backend
 xgrammar`` (or ``outlines``) chooses another."""
 
+TOOLS_STRUCTURED_OUTPUTS_BACKEND: Final[StructuredOutputsBackend] = "xgrammar"
+"""The backend instead with ``--tool-call-parser``: the grammar of a named or required tool
+choice is a structural tag, which only xgrammar compiles (what ``vllm serve``'s ``auto``
+picks for it)."""
 
-def with_structured_outputs_backend(args: AsyncEngineArgs) -> AsyncEngineArgs:
-    """``args`` with ``DEFAULT_STRUCTURED_OUTPUTS_BACKEND`` in place of ``auto``."""
+
+def with_structured_outputs_backend(args: AsyncEngineArgs, *, tools: bool = False) -> AsyncEngineArgs:
+    """``args`` with ``DEFAULT_STRUCTURED_OUTPUTS_BACKEND`` (``TOOLS_STRUCTURED_OUTPUTS_BACKEND``
+    for a worker that parses ``tools``) in place of ``auto``."""
     config = args.structured_outputs_config
     if config.backend == "auto":
-        args.structured_outputs_config = dataclasses.replace(config, backend=DEFAULT_STRUCTURED_OUTPUTS_BACKEND)
+        backend = TOOLS_STRUCTURED_OUTPUTS_BACKEND if tools else DEFAULT_STRUCTURED_OUTPUTS_BACKEND
+        args.structured_outputs_config = dataclasses.replace(config, backend=backend)
     return args
 
 

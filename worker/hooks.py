@@ -17,6 +17,7 @@ from streamq.tasks import stop_task
 from worker import metrics
 from worker.callbacks import CallbackPolicy, CallbackSender, secret_from_env
 from worker.cancel import CancelListener
+from worker.chat_parsing import ChatParsing, ParserFlags
 from worker.delivery import checkpoint_tokens_from_env
 from worker.engine import engine_args_from_env, max_batch_size, start_engine
 from worker.lease import Leases
@@ -145,6 +146,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             checkpoint_tokens=(
                 options.checkpoint_tokens if options.checkpoint_tokens is not None else checkpoint_tokens_from_env()
             ),
+            chat_parsing=_chat_parsing(options, engine),
         )
         engine_watch = asyncio.create_task(_watch_engine(state), name="engine-watch")
         closing.push_async_callback(stop_task, engine_watch)
@@ -169,6 +171,16 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         closing.push_async_callback(presence.close)
         state.closing = closing.pop_all()
         ctx[STATE_KEY] = state
+
+
+def _chat_parsing(options: WorkerOptions, engine: Any) -> ChatParsing | None:
+    """vLLM's renderer and parsers for chat requests, with the worker's tool flags; none for
+    an engine without vLLM's renderer (a scripted one), which refuses tool flags."""
+    if not hasattr(engine, "renderer"):
+        if options.parsers is not None and options.parsers != ParserFlags():
+            raise ValueError("tool-call flags need vLLM's engine (a scripted engine has no tool parser)")
+        return None
+    return ChatParsing(engine, options.parsers or ParserFlags())
 
 
 async def on_shutdown(ctx: dict[str, Any]) -> None:

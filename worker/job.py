@@ -36,6 +36,7 @@ from streamq.protocol import (
     parse_request,
 )
 from worker import metrics
+from worker.chat_parsing import OutputParsing, RenderedChat
 from worker.delivery import Delivery
 from worker.engine import engine_priority
 from worker.logprobs import LogprobsReader
@@ -171,9 +172,12 @@ def _check_model(request: GenerateRequest, presence: Presence) -> None:
         )
 
 
-def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = None) -> SamplingParams:
+def sampling_params_for(
+    request: GenerateRequest, delivery: Delivery | None = None, rendered: RenderedChat | None = None
+) -> SamplingParams:
     """``SamplingParams`` for ``request``, always DELTAs: every step's, or (``delivery``
-    not streamed) a checkpoint's worth at a time.
+    not streamed) a checkpoint's worth at a time; a request with tools takes what vLLM's
+    renderer set (``rendered``): the tools' grammar, the parser's special tokens kept.
 
     vLLM validates the values here and raises ``VLLMValidationError``, a client error.
     """
@@ -181,6 +185,10 @@ def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = No
     structured = fields.pop("structured_outputs", None)
     if structured is not None:
         fields["structured_outputs"] = StructuredOutputsParams(**msgspec.structs.asdict(structured))
+    if rendered is not None:
+        if rendered.structured_outputs is not None:
+            fields["structured_outputs"] = rendered.structured_outputs
+        fields["skip_special_tokens"] = fields.get("skip_special_tokens", True) and rendered.skip_special_tokens
     if (repetition := fields.get("repetition_detection")) is not None:
         fields["repetition_detection"] = RepetitionDetectionParams(**repetition)
     if (bias := fields.get("logit_bias")) is not None:  # clamped as ``SamplingParams.from_optional`` does
@@ -188,6 +196,26 @@ def sampling_params_for(request: GenerateRequest, delivery: Delivery | None = No
     if delivery is not None:
         fields["stream_interval"] = delivery.stream_interval(fields.get("stream_interval"))
     return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """What the engine is given: token ids (``None``: a plain prompt, which vLLM tokenizes
+    itself, in a thread of its own), and for a chat request with tools vLLM's rendering."""
+
+    token_ids: list[int] | None
+    rendered: RenderedChat | None = None
+
+
+async def _prompt(state: WorkerState, request: GenerateRequest) -> _Prompt:
+    """The request's prompt: a chat request with tools rendered by vLLM's renderer (as
+    ``vllm serve`` renders it, tools in the template), any other as ``_prompt_token_ids``."""
+    if request.tools is None:
+        return _Prompt(await _prompt_token_ids(state.engine, request))
+    if state.chat_parsing is None:
+        raise InvalidRequest("this worker's engine cannot serve tools (it has no vLLM renderer)")
+    rendered = await state.chat_parsing.render(request)
+    return _Prompt(rendered.prompt_token_ids, rendered)
 
 
 async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:
@@ -205,7 +233,7 @@ async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[
             return None
         return await asyncio.to_thread(_tokenize, engine.get_tokenizer(), request.prompt)
     assert request.messages is not None, "validated: a request has a prompt, token ids or messages"
-    messages: list[Any] = [{"role": m.role, "content": m.content} for m in request.messages]
+    messages: list[Any] = [m.template_fields() for m in request.messages]
     options = request.chat_options or ChatTemplateOptions()
     special = bool(request.add_special_tokens)
     return await asyncio.to_thread(_render_chat, engine.get_tokenizer(), messages, options, special)
@@ -259,9 +287,10 @@ async def _run(
     state = state_of(ctx)
     delivery = Delivery.of(request, state.checkpoint_tokens)
     events.checkpoint_tokens = delivery.checkpoint_tokens
+    prompt = await _prompt(state, request)
+    prompt_ids = prompt.token_ids
     # The seed a take-over would need to generate the request again is fixed now.
-    params = with_take_over_seed(sampling_params_for(request, delivery), request.request_id)
-    prompt_ids = await _prompt_token_ids(state.engine, request)
+    params = with_take_over_seed(sampling_params_for(request, delivery, prompt.rendered), request.request_id)
     progress = await _take_over(state, request, events, params.n)
     if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
         return progress.summary(request.request_id)
@@ -279,7 +308,24 @@ async def _run(
     first_run = isinstance(generation, _FirstRun)
     reporter = PromptReporter.for_request(request, params.prompt_logprobs, state.engine, with_prompt=first_run)
     reader = LogprobsReader.for_request(params, state.engine)
-    return await _run_engine(ctx, request, events, progress, generation, _Readers(reader, reporter), time_left)
+    parsing = _output_parsing(state, request, prompt, params.n, delivery, progress)
+    return await _run_engine(ctx, request, events, progress, generation, _Readers(reader, reporter, parsing), time_left)
+
+
+def _output_parsing(
+    state: WorkerState, request: GenerateRequest, prompt: _Prompt, n: int, delivery: Delivery, progress: Progress
+) -> OutputParsing | None:
+    """The parsers of a chat request's output on a worker that has them, fed what earlier
+    attempts sent."""
+    if state.chat_parsing is None or prompt.token_ids is None:
+        return None
+    parsing = state.chat_parsing.for_request(
+        request, prompt.rendered, n, streamed=delivery.streamed, prompt_token_ids=prompt.token_ids
+    )
+    if parsing is not None:
+        for index in range(n):
+            parsing.replay(index, progress.texts[index], progress.chunk_token_ids[index])
+    return parsing
 
 
 async def _take_over(state: WorkerState, request: GenerateRequest, events: RequestEvents, n: int) -> Progress:
@@ -402,18 +448,25 @@ class _Readers:
 
     logprobs: LogprobsReader | None
     prompt: PromptReporter | None
+    parsing: OutputParsing | None = None
+    """A chat request's tool and reasoning parsers."""
 
 
 def _emit(events: RequestEvents, progress: Progress, output: RequestOutput, readers: _Readers) -> None:
-    """Hand one engine output to the request's events (its DELTAs, with the logprobs and
-    prompt report the request asked for; the final event once it finished) and tally its
-    tokens."""
+    """Hand one engine output to the request's events (its DELTAs, with the logprobs,
+    prompt report and parsed message the request asked for; the final event once it
+    finished) and tally its tokens."""
     prompt = readers.prompt.report(output) if readers.prompt is not None else None
     reader = readers.logprobs
+    parsing = readers.parsing
     for completion in output.outputs:
         logprobs = reader.sample(completion) if reader is not None else None
+        parsed = None
+        # A prefill step with nothing in it is not parsed (nor sent), as in ``vllm serve``.
+        if parsing is not None and (completion.text or completion.token_ids or progress.token_ids[completion.index]):
+            parsed = parsing.chunk(completion.index, completion.text, completion.token_ids, completion.finish_reason)
         events.chunk(
-            completion.index, completion.text, completion.token_ids, completion.finish_reason, logprobs, prompt
+            completion.index, completion.text, completion.token_ids, completion.finish_reason, logprobs, prompt, parsed
         )
         prompt = None
         progress.add(completion.index, completion.token_ids, completion.finish_reason)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    from worker.chat_parsing import ParserFlags
     from worker.shared_slots import SharedSlots
 
 OPTIONS_KEY = "streamq_options"
@@ -61,6 +62,8 @@ class WorkerOptions:
     callback_timeout_s: float | None = None
     front_end: FrontEndSeat | None = None
     """Set in a front end of ``--front-ends N``: the engine core is the parent's."""
+    parsers: ParserFlags | None = None
+    """``vllm serve``'s tool-call flags (``None``: none, as without them)."""
 
 
 def options_of(ctx: Mapping[str, Any]) -> WorkerOptions:

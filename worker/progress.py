@@ -58,6 +58,8 @@ class Progress:
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
         self.texts: list[list[str]] = [[] for _ in range(n)]
         """Text already sent, per completion; filled only by ``take_over`` (the hot path tallies tokens only)."""
+        self.chunk_token_ids: list[list[list[int]]] = [[] for _ in range(n)]
+        """The tokens of each chunk of ``texts`` (a parser is fed them chunk by chunk)."""
         self.finish_reasons: list[str | None] = [None] * n
         self.prompt_tokens = 0
         self.next_seq = 0
@@ -105,6 +107,7 @@ class Progress:
             if isinstance(event, ChunkEvent) and event.index < n:
                 progress.add(event.index, event.token_ids, event.finish_reason)
                 progress.texts[event.index].append(event.text)
+                progress.chunk_token_ids[event.index].append(event.token_ids)
             elif isinstance(event, FinalEvent):
                 progress.ended = True
                 progress.finish_reasons = list(event.finish_reasons)

@@ -12,7 +12,18 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from streamq.protocol import TERMINAL_EVENTS, ChunkEvent, ErrorEvent, Event, FinalEvent, TokenLogprob, encode_event
+from msgspec import UNSET
+
+from streamq.protocol import (
+    TERMINAL_EVENTS,
+    ChunkEvent,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    ParsedOutput,
+    TokenLogprob,
+    encode_event,
+)
 from worker import metrics
 from worker.publisher import EventPublisher, append_delta
 
@@ -90,19 +101,23 @@ class RequestEvents:
         finish_reason: str | None,
         logprobs: list[TokenLogprob] | None = None,
         prompt: PromptReport | None = None,
+        parsed: ParsedOutput | None = None,
     ) -> None:
         """Publish one DELTA of completion ``index``, with its tokens' ``logprobs`` when
         the request asked for them (and what ``prompt`` reports of the prompt, on the
-        request's first chunk)."""
+        request's first chunk; what the parsers made of it, ``parsed``: a parsed DELTA is
+        a chunk of its own, never merged with another)."""
         if self.checkpoint_tokens is not None:  # not streamed: held until a checkpoint's worth
             if index in self._held:
                 held, deltas = self._held[index]
                 append_delta(held, text, token_ids, finish_reason, logprobs)
                 if prompt is not None:
                     prompt.apply(held)
+                if parsed is not None:
+                    held.parsed = parsed
                 self._held[index] = (held, deltas + 1)
             else:
-                held = self._new_chunk(-1, index, text, token_ids, finish_reason, logprobs, prompt)
+                held = self._new_chunk(-1, index, text, token_ids, finish_reason, logprobs, prompt, parsed)
                 self._held[index] = (held, 1)
             if finish_reason is not None or len(held.token_ids) >= self.checkpoint_tokens:
                 self._checkpoint(index)
@@ -122,10 +137,12 @@ class RequestEvents:
             and open_chunk.finish_reason is None
             and publisher.extendable(self._open_generation)
             and prompt is None
+            and parsed is None
+            and open_chunk.parsed is UNSET
         ):
             publisher.extend(open_chunk, text, token_ids, finish_reason, logprobs)
             return
-        event = self._new_chunk(self._take_seq(), index, text, token_ids, finish_reason, logprobs, prompt)
+        event = self._new_chunk(self._take_seq(), index, text, token_ids, finish_reason, logprobs, prompt, parsed)
         self._open = event
         self._open_generation = publisher.publish_chunk(event)
 
@@ -138,6 +155,7 @@ class RequestEvents:
         finish_reason: str | None,
         logprobs: list[TokenLogprob] | None,
         prompt: PromptReport | None,
+        parsed: ParsedOutput | None = None,
     ) -> ChunkEvent:
         event = ChunkEvent(
             request_id=self.request_id,
@@ -152,6 +170,8 @@ class RequestEvents:
             event.logprobs = logprobs
         if prompt is not None:
             prompt.apply(event)
+        if parsed is not None:
+            event.parsed = parsed
         return event
 
     def _checkpoint(self, index: int) -> None:

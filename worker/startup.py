@@ -24,6 +24,7 @@ from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
 from streamq.protocol.names import CALLBACK_SECRET_ENV, CHECKPOINT_TOKENS_ENV, COALESCE_ENV, KEEP_RESULT_ENV
 from worker.arq_worker import StreamqWorker
 from worker.callbacks import CallbackPolicy
+from worker.chat_parsing import ParserFlags
 from worker.delivery import checkpoint_tokens_from_env
 from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
@@ -164,8 +165,50 @@ def build_parser() -> FlexibleArgumentParser:
         help=f"time one callback try may take; deliveries are signed with ${CALLBACK_SECRET_ENV} "
         "(default: %(default)g)",
     )
+    _add_tool_args(parser)
     add_engine_args(parser)
     return parser
+
+
+def _add_tool_args(parser: FlexibleArgumentParser) -> None:
+    """``vllm serve``'s tool-call flags, spelled and meant as there (``--reasoning-parser``
+    is an engine argument: it comes with them)."""
+    group = parser.add_argument_group("tool calls (as vllm serve)")
+    group.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="parse tool calls out of the output of requests with tool_choice auto (needs --tool-call-parser)",
+    )
+    group.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM's tool parser for the model (hermes, llama3_json, pythonic, ...); named and required tool "
+        "choices need it",
+    )
+    group.add_argument(
+        "--tool-parser-plugin",
+        default="",
+        help="a Python file that registers more tool parsers, by the names --tool-call-parser takes",
+    )
+    group.add_argument(
+        "--tool-strict-level",
+        choices=["auto", "function", "parameter"],
+        default="auto",
+        help="how far vLLM's grammar constrains tool calls beyond what each request asks (default: %(default)s)",
+    )
+
+
+def parser_flags_from_args(args: argparse.Namespace) -> ParserFlags | None:
+    """The tool-call flags given; ``None`` when none was."""
+    flags = ParserFlags(
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        tool_parser_plugin=args.tool_parser_plugin,
+        tool_strict_level=args.tool_strict_level,
+    )
+    if flags.enable_auto_tool_choice and not flags.tool_call_parser:
+        raise SystemExit("python -m worker: --enable-auto-tool-choice requires --tool-call-parser")
+    return None if flags == ParserFlags() else flags
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -207,6 +250,7 @@ def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> in
                 callback_backoff_s=args.callback_backoff_s,
                 callback_timeout_s=args.callback_timeout_s,
                 front_end=seat,
+                parsers=parser_flags_from_args(args),
             )
         },
     }

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol.names import DEFAULT_CHECKPOINT_TOKENS
@@ -22,6 +22,9 @@ from worker.lease import Leases
 from worker.presence import Presence
 from worker.publisher import EventPublisher
 from worker.stats_report import RunningRequests
+
+if TYPE_CHECKING:
+    from worker.chat_parsing import ChatParsing
 
 logger = logging.getLogger("streamq.worker")
 
@@ -76,6 +79,9 @@ class WorkerState:
     """Sends completion callbacks; ``None`` in a state built without one."""
     checkpoint_tokens: int = DEFAULT_CHECKPOINT_TOKENS
     """Tokens per checkpoint of a request that is not streamed (``worker/delivery.py``)."""
+    chat_parsing: ChatParsing | None = None
+    """vLLM's renderer for chat requests with tools and the tool and reasoning parsers the
+    worker's flags name; ``None`` for an engine without vLLM's renderer (a scripted one)."""
     closing: AsyncExitStack = field(default_factory=AsyncExitStack)
     """Stops the parts started with this state, last started first (the start-up hook fills it)."""
     clock: RedisClock = field(default_factory=RedisClock)

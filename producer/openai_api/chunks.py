@@ -57,7 +57,8 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     the ``stop_reason``, every one after the role's names ``token_ids``."""
 
     index: int
-    delta: ChatDelta
+    delta: ChatDelta | msgspec.Raw
+    """The text as content, or the delta the worker's parsers made of it (JSON as vLLM wrote it)."""
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: None | UnsetType = UNSET
@@ -142,9 +143,11 @@ class ChunkBuilder:
                 out.append(self._echo_chunk(choice, prompt, event))
             elif event.text or choice in self._with_tokens:  # nothing at all: a prefill step, as vLLM skips
                 logprobs = None if event.logprobs is UNSET else self._logprobs(choice, event.token_ids, event.logprobs)
-                out.append(
-                    self._chunk(choice, event.text, event.finish_reason, logprobs, self._ids(choice, prompt, event))
-                )
+                if event.parsed is UNSET:
+                    ids = self._ids(choice, prompt, event)
+                    out.append(self._chunk(choice, event.text, event.finish_reason, logprobs, ids))
+                elif (parsed := self._parsed_chunk(choice, event, logprobs)) is not None:
+                    out.append(parsed)
             return out
         for index, reason in enumerate(event.finish_reasons):
             choice = prompt * self.n + index
@@ -174,6 +177,20 @@ class ChunkBuilder:
             echo = ChatDelta(content=self.shape.echo_text)
             chunks += [self._open + _encode(ChatChoice(index=i, delta=echo)) + _CLOSE for i in range(self.n)]
         return chunks
+
+    def _parsed_chunk(
+        self, choice: int, event: ChunkEvent, logprobs: ChatLogprobs | CompletionLogprobs | None
+    ) -> bytes | None:
+        """A chat chunk whose delta the worker's parsers made (``None``: held back, as
+        ``vllm serve`` holds a delta its parser returned nothing for, unless it ends the
+        completion or carries logprobs)."""
+        assert event.parsed is not UNSET
+        parsed = event.parsed
+        finish_reason = parsed.finish_reason or event.finish_reason
+        if parsed.message is None and finish_reason is None and logprobs is None:
+            return None
+        delta = msgspec.Raw(_encode(parsed.message or {}))
+        return self._chunk(choice, "", finish_reason, logprobs, delta=delta)
 
     def _echo_chunk(self, choice: int, prompt: int, event: ChunkEvent) -> bytes:
         """A completion's first chunk with its prompt before it (only the prompt, for
@@ -217,7 +234,10 @@ class ChunkBuilder:
         finish_reason: str | None,
         logprobs: ChatLogprobs | CompletionLogprobs | None = None,
         ids: tuple[list[int] | None, list[int] | None] | None = None,
+        delta: msgspec.Raw | None = None,
     ) -> bytes:
+        """One chunk of choice ``index``; a chat chunk's delta is ``text`` as its content
+        unless ``delta`` (a parsed one) is given."""
         choice: ChatChoice | CompletionChoice
         chat_lp = logprobs if isinstance(logprobs, ChatLogprobs) else None
         completion_lp = logprobs if isinstance(logprobs, CompletionLogprobs) else None
@@ -232,11 +252,14 @@ class ChunkBuilder:
                 prompt_token_ids=prompt_token_ids,
             )
         elif finish_reason is None:
-            choice = ChatChoice(index=index, delta=ChatDelta(content=text), logprobs=chat_lp, token_ids=None)
+            choice = ChatChoice(index=index, delta=delta or ChatDelta(content=text), logprobs=chat_lp, token_ids=None)
         else:  # the last chunk of a chat completion names its stop_reason
-            delta = ChatDelta(content=text)
             choice = ChatChoice(
-                index=index, delta=delta, logprobs=chat_lp, finish_reason=finish_reason, stop_reason=None
+                index=index,
+                delta=delta or ChatDelta(content=text),
+                logprobs=chat_lp,
+                finish_reason=finish_reason,
+                stop_reason=None,
             )
             choice.token_ids = None
         if finish_reason is None:

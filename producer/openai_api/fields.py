@@ -124,14 +124,16 @@ COMPLETION_FIELDS: Final[dict[str, Field]] = {
 CHAT_FIELDS: Final[dict[str, Field]] = {
     **_COMMON,
     "add_special_tokens": _honoured("added to the rendered template (default false: it holds them)"),
-    "messages": _honoured("text content (a string or text parts)"),
+    "messages": _honoured("text content (a string or text parts), assistant `tool_calls`, tool answers"),
     "top_logprobs": _honoured(),
     "max_completion_tokens": _honoured("wins over `max_tokens`"),
-    "tools": _refused("tool calls are not served yet"),
-    "tool_choice": _refused("tool calls are not served yet", lambda v: v is None or v == "none"),
-    "parallel_tool_calls": _ignored("without tools it has no effect, as in `vllm serve`"),
+    "tools": _honoured("rendered and parsed on the worker by vLLM's renderer and tool parser"),
+    "tool_choice": _honoured("`auto` needs the workers' `--enable-auto-tool-choice --tool-call-parser`"),
+    "parallel_tool_calls": _honoured("`false`: the first call only, as in `vllm serve`"),
     "reasoning_effort": _refused("not carried by the queue yet"),
-    "include_reasoning": _ignored("no reasoning parser runs on the workers yet"),
+    "include_reasoning": _refused(
+        "not carried by the queue: reasoning is always returned", lambda v: v is None or v is True
+    ),
     "add_generation_prompt": _honoured(),
     "continue_final_message": _honoured(),
     "documents": _honoured("for a template that uses them"),

@@ -76,10 +76,10 @@ class RequestLimits:
         """The count of a chat request's messages, before any is looked at."""
         _check_count("messages", messages, self.max_messages, "messages")
 
-    def check_message_lengths(self, messages: Sequence[Mapping[str, str]]) -> None:
+    def check_message_lengths(self, messages: Sequence[Mapping[str, Any]]) -> None:
         """Each message's length, its content parts joined."""
         for position, message in enumerate(messages):
-            size = len(message["content"])
+            size = len(message["content"] or "")
             if size > self.max_message_chars:
                 raise InvalidParameter(
                     f"messages[{position}].content is {size} characters; the limit is {self.max_message_chars}",

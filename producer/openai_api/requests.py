@@ -171,7 +171,7 @@ def chat_shape(body: Mapping[str, Any]) -> ResponseShape:
     """The response shape a (valid) ``/v1/chat/completions`` body asks for."""
     last = _message(body["messages"][-1], len(body["messages"]) - 1)
     role = "assistant" if body.get("add_generation_prompt") in (None, True) else last["role"]
-    echo_text = last["content"] if _flag(body, "echo") and last["role"] == role else ""
+    echo_text = (last["content"] or "") if _flag(body, "echo") and last["role"] == role else ""
     return ResponseShape(tokens_as_ids=_flag(body, "return_tokens_as_token_ids"), role=role, echo_text=echo_text)
 
 
@@ -224,6 +224,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         "messages": chat,
         **special,
         **_chat_options(body),
+        **_tools(body),
         **_sampling(sampling, max_tokens=max_tokens),
         **_queue_fields(body),
     }
@@ -394,11 +395,13 @@ def _logit_bias(bias: object) -> dict[str, float]:
         ) from None
 
 
-def _message(message: object, position: int) -> dict[str, str]:
+def _message(message: object, position: int) -> dict[str, Any]:
+    """One message as ``ChatMessage`` takes it: text content; an assistant turn's
+    ``tool_calls`` (its content may then be null), a tool's ``tool_call_id``; ``name``."""
     where = f"messages[{position}]"
     if not isinstance(message, Mapping):
         raise InvalidRequest(f"{where} must be an object with role and content")
-    unknown = sorted(set(message) - {"role", "content", "name"})
+    unknown = sorted(set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"})
     if unknown:
         raise InvalidRequest(f"{where}: unsupported field(s): {', '.join(unknown)}")
     role, content = message.get("role"), message.get("content")
@@ -407,9 +410,59 @@ def _message(message: object, position: int) -> dict[str, str]:
     if isinstance(content, list):
         # Text parts joined by newlines, as vLLM renders them for a template that takes a string.
         content = "\n".join(_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content))
-    if not isinstance(content, str):
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)):
+        raise InvalidRequest(f"{where}.tool_calls must be a list of tool call objects")
+    if not isinstance(content, str) and not (content is None and calls):
         raise InvalidRequest(f"{where}.content must be a string or a list of text parts")
-    return {"role": role, "content": content}
+    parsed: dict[str, Any] = {"role": role, "content": content}
+    for name in ("tool_calls", "tool_call_id", "name"):
+        if message.get(name) is not None:
+            parsed[name] = message[name]
+    return parsed
+
+
+_TOOL_CHOICES: Final = ("none", "auto", "required")
+
+
+def _tools(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``submit``'s ``tools`` for a body with tools, checked as ``vllm serve`` checks them
+    (the worker's vLLM checks the rest: the tools' schemas, its own flags)."""
+    tools, choice, parallel = body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
+    if tools is None:
+        if choice is not None and choice != "none":
+            raise InvalidParameter("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        return {}
+    if not isinstance(tools, list) or not tools:
+        raise InvalidParameter(
+            "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
+            param="tools",
+        )
+    names = set()
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise InvalidParameter(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", param="tools"
+            )
+        names.add(function["name"])
+    if isinstance(choice, Mapping):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if name not in names:
+            raise InvalidParameter(
+                "The tool specified in `tool_choice` does not match any of the specified `tools`", param="tool_choice"
+            )
+    elif choice is not None and choice not in _TOOL_CHOICES:
+        raise InvalidParameter(
+            f'Invalid value for `tool_choice`: {_short(choice)}! Only named tools, "none", "auto" or "required" '
+            "are supported.",
+            param="tool_choice",
+        )
+    if parallel is not None and not isinstance(parallel, bool):
+        raise InvalidParameter("`parallel_tool_calls` must be true or false", param="parallel_tool_calls")
+    options = {"tools": tools, "tool_choice": "auto" if choice is None else choice, "parallel_tool_calls": parallel}
+    return {"tools": {k: v for k, v in options.items() if v is not None}}
 
 
 def _text_part(part: object, where: str) -> str:

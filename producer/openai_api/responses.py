@@ -20,7 +20,7 @@ import msgspec
 from producer.client import Completion
 from producer.openai_api.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from producer.openai_api.requests import PLAIN, ResponseShape
-from streamq.protocol import PromptEcho, TokenLogprob, WorkerRegistration
+from streamq.protocol import ParsedOutput, PromptEcho, TokenLogprob, WorkerRegistration
 
 
 def _fingerprint() -> str:
@@ -127,10 +127,17 @@ def completion_choice(
 
 
 def chat_message_choice(
-    index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None, role: str = "assistant"
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None,
+    role: str = "assistant",
+    parsed: ParsedOutput | None = None,
 ) -> dict[str, Any]:
-    """A whole ``/v1/chat/completions`` response's choice."""
-    message = {
+    """A whole ``/v1/chat/completions`` response's choice: ``text`` as its content, or the
+    message the worker's parsers read (``parsed``: content, reasoning, tool calls) with
+    ``text`` (an echo) before its content."""
+    message: dict[str, Any] = {
         "role": role,
         "content": text,
         "refusal": None,
@@ -139,6 +146,11 @@ def chat_message_choice(
         "function_call": None,
         "reasoning": None,
     }
+    if parsed is not None and parsed.message is not None:
+        message = {**parsed.message, "role": role}
+        if text:
+            message["content"] = text + (message.get("content") or "")
+        finish_reason = parsed.finish_reason or finish_reason
     return {
         "index": index,
         "message": message,
@@ -184,7 +196,9 @@ def chat_completion_response(
         if completion.logprobs is not None:
             shaped = chat_logprobs(completion.token_ids[i], completion.logprobs[i], as_ids=shape.tokens_as_ids)
             logprobs = cast(dict[str, Any], msgspec.to_builtins(shaped))
-        choices.append(chat_message_choice(i, shape.echo_text + text, reason, logprobs, role=shape.role))
+        parsed = completion.parsed[i] if completion.parsed is not None else None
+        content = shape.echo_text if parsed is not None and parsed.message is not None else shape.echo_text + text
+        choices.append(chat_message_choice(i, content, reason, logprobs, role=shape.role, parsed=parsed))
     return _body(completions, choices, model, created, chat=True, response_id=response_id)
 
 

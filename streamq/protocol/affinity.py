@@ -56,11 +56,11 @@ def messages_keys(messages: Sequence[ChatMessage]) -> list[str]:
     length = 0
     keys = []
     for i, message in enumerate(messages):
-        part = message.role + _FIELD_END + message.content + _MESSAGE_END
+        part = message.role + _FIELD_END + message.text + _MESSAGE_END
         hasher.update(part.encode("utf-8"))
         length += len(part)
         following = messages[i + 1] if i + 1 < len(messages) else None
-        held = length + (len(following.content) if following is not None and following.role == "assistant" else 0)
+        held = length + (len(following.text) if following is not None and following.role == "assistant" else 0)
         if held >= MIN_PREFIX_CHARS:
             keys.append(hasher.copy().hexdigest())
     return list(reversed(keys[-MAX_AFFINITY_KEYS:]))

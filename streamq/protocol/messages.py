@@ -22,11 +22,46 @@ from streamq.protocol.names import (
 
 
 # --- Job payload ---------------------------------------------------------------
-class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
-    """One chat message; the worker renders a list of them with the model's chat template."""
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One chat message; the worker renders a list of them with the model's chat template.
+
+    An assistant turn that called tools has ``tool_calls`` (OpenAI's objects, as the
+    response gave them) and may have no ``content``; a tool's answer names the call it
+    answers (``tool_call_id``)."""
 
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        """What the message says: its content, and its tool calls as JSON (for size
+        bounds and prefix keys)."""
+        calls = msgspec.json.encode(self.tool_calls).decode() if self.tool_calls else ""
+        return (self.content or "") + calls
+
+    def template_fields(self) -> dict[str, Any]:
+        """The message as a chat template reads it (the fields it has)."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
+class ToolOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A chat request's tools, as OpenAI's (and ``vllm serve``'s) fields of these names:
+    the worker renders them with the messages, constrains named and required calls with
+    vLLM's grammar, and parses calls out of the output with its tool parser."""
+
+    tools: list[dict[str, Any]]
+    """OpenAI ``{"type": "function", "function": {...}}`` objects."""
+    tool_choice: str | dict[str, Any] | None = None
+    """``none``, ``auto`` (the default with tools), ``required`` or a named function."""
+    parallel_tool_calls: bool | None = None
+    """``false``: at most one call per completion."""
+
+    def __post_init__(self) -> None:
+        if not self.tools:
+            raise ValueError("`tools` must not be an empty array")
 
 
 class ChatTemplateOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -211,6 +246,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     messages: list[ChatMessage] | None = None
     chat_options: ChatTemplateOptions | None = None
     """How ``messages`` are rendered (absent: as ``vllm serve`` renders them by default)."""
+    tools: ToolOptions | None = None
+    """Tools the model may call (with ``messages``)."""
     model: str | None = None
     """The served model name the request is meant for; a worker serving another model
     refuses it (``invalid_request``) rather than answer with the wrong model."""
@@ -267,6 +304,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError("messages must not be empty")
         if self.chat_options is not None and self.messages is None:
             raise ValueError("chat_options apply to messages only")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools apply to messages only")
         if self.add_special_tokens is not None and self.prompt_token_ids is not None:
             raise ValueError("add_special_tokens applies to text prompts and messages, not token ids")
         if self.model is not None and not self.model:
@@ -282,7 +321,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
                 f"tenant must match {TENANT_PATTERN.pattern} (letters, digits, '._-', at most 64 characters), "
                 f"got {self.tenant!r}"
             )
-        size = len(self.prompt or "") + sum(len(m.content) for m in self.messages or ())
+        size = len(self.prompt or "") + sum(len(m.text) for m in self.messages or ())
         if size > MAX_PROMPT_CHARS:
             raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
 
@@ -393,6 +432,19 @@ class PromptEcho(msgspec.Struct, frozen=True):
     whose text OpenAI's ``echo`` with ``logprobs`` still lists."""
 
 
+class ParsedOutput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A chat completion's output as the worker's tool and reasoning parsers read it
+    (vLLM's own parsers, run as ``vllm serve`` runs them), on the chunk it belongs to."""
+
+    message: dict[str, Any] | None
+    """A streamed request: this chunk's delta (vLLM's ``DeltaMessage``: ``content``,
+    ``reasoning``, ``tool_calls`` deltas), ``None`` where the parser holds the text back.
+    A request not streamed: on its completion's last chunk, the whole message
+    (``content``, ``reasoning``, ``tool_calls`` with their ids)."""
+    finish_reason: str | None = None
+    """``tool_calls`` where ``vllm serve`` reports it instead of the engine's reason."""
+
+
 class ChunkEvent(_Event, tag="chunk", kw_only=True):
     """One DELTA from the engine for completion ``index``.
 
@@ -414,6 +466,8 @@ class ChunkEvent(_Event, tag="chunk", kw_only=True):
     """The prompt's tokens (after the chat template), with ``prompt_logprobs`` or ``prompt_echo``."""
     prompt_echo: PromptEcho | UnsetType = UNSET
     """The prompt as text, on the request's first chunk, when the request set ``echo``."""
+    parsed: ParsedOutput | UnsetType = UNSET
+    """A chat request on a worker with a tool or reasoning parser: what it made of the text."""
 
 
 class FinalEvent(_Event, tag="final", kw_only=True):

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -512,3 +513,129 @@ def test_lm_eval_gives_the_same_samples_through_the_gateway(servers: Servers, tm
         assert_same_responses(remote[task], reference[task])
     loglikelihoods = [float(r[0][0]) for row in ours["streamq_choice"] for r in row["resps"]]
     assert len(set(loglikelihoods)) > 1 and all(ll < 0 for ll in loglikelihoods)  # real scores, not a constant
+
+
+# --- tool calls: vllm serve and a worker with the same tool flags ----------------------------------
+TOOLS_MODEL = "tiny-with-tools"
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "strict": True,  # the grammar pins the arguments: a random model's call stays short
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a zone",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCRIPTED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+"""What ``auto`` gets the tiny model to write (a regex of exactly this text, which vLLM
+joins to the tools' own grammar): a random model never calls a tool of its own accord."""
+TOOL_CHOICES: dict[str, dict[str, Any]] = {
+    "named": {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+    "required": {"tool_choice": "required", "parallel_tool_calls": False},
+    "auto": {"tool_choice": "auto", "structured_outputs": {"regex": re.escape(SCRIPTED_CALL)}},
+}
+
+
+@pytest.fixture(scope="module")
+def tool_servers(servers: Servers, worker_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """``vllm serve`` and a worker (behind the module's gateway) with hermes tool parsing,
+    serving the tiny model as ``TOOLS_MODEL``."""
+    logs = tmp_path_factory.mktemp("vs-vllm-serve-tools")
+    flags = tiny_engine_flags(servers.tiny_model, max_model_len=MAX_MODEL_LEN)
+    flags += ["--served-model-name", TOOLS_MODEL, "--max-num-seqs", "16", *TOOL_FLAGS]
+    serve = VllmServe(flags, logs / "vllm-serve.log")
+    worker = WorkerProcess(
+        worker_url, ["--cpu-nice", "0", *flags], queue=f"streamq:queue:{TOOLS_MODEL}", log_path=logs / "worker.log"
+    )
+    try:
+        worker.start()
+        serve.wait_ready()
+        worker.wait_ready()
+        yield Servers(serve.url, servers.gateway_url, servers.redis_url, servers.gateway_redis_url, servers.tiny_model)
+    finally:
+        serve.stop()
+        assert worker.stop() == 0, worker.log_tail()
+
+
+def tool_body(tiny_model: Path, choice: str, *, stream: bool) -> dict[str, Any]:
+    """A request that calls a tool; whitespace tokens held down (``logit_bias``), or the
+    random model fills the JSON grammar's optional whitespace until ``max_tokens``."""
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    body = {"model": TOOLS_MODEL, "messages": messages, "tools": [WEATHER, CLOCK], "max_tokens": 80}
+    bias = {str(token): -100 for token in whitespace_tokens(tiny_model)}
+    return {**body, "temperature": 0, "logit_bias": bias, "stream": stream, **TOOL_CHOICES[choice]}
+
+
+def whitespace_tokens(tiny_model: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    return [i for i in range(len(tokenizer)) if not tokenizer.decode([i]).strip() and tokenizer.decode([i])]
+
+
+def streamed_message(chunks: list[Any]) -> dict[str, Any]:
+    """A streamed chat completion put together from its deltas: content, each tool call
+    (its id left out: ids are random) and the finish reason."""
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            assert set(delta) <= {"role", "content", "reasoning", "tool_calls"}, delta
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], {"name": "", "arguments": ""})
+                function = call.get("function") or {}
+                entry["name"] += function.get("name") or ""
+                entry["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    return {"content": content, "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish}
+
+
+@pytest.mark.parametrize("choice", list(TOOL_CHOICES))
+def test_whole_tool_calls_match(tool_servers: Servers, choice: str) -> None:
+    body = tool_body(tool_servers.tiny_model, choice, stream=False)
+    (ours,), _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    (reference,), _ = post(tool_servers.serve_url, "/v1/chat/completions", body)
+    assert comparable(ours) == comparable(reference)
+    assert "tool_calls" in ours["choices"][0]["message"], (ours, reference)
+    (call,) = ours["choices"][0]["message"]["tool_calls"]
+    assert call["id"] and call["type"] == "function"
+    expected = {"named": "get_time", "required": call["function"]["name"], "auto": "get_weather"}[choice]
+    assert call["function"]["name"] == expected
+    assert set(json.loads(call["function"]["arguments"])) <= {"city", "zone"}
+    assert ours["choices"][0]["finish_reason"] == ("stop" if choice == "named" else "tool_calls")
+
+
+@pytest.mark.parametrize("choice", list(TOOL_CHOICES))
+def test_streamed_tool_calls_match(tool_servers: Servers, choice: str) -> None:
+    body = tool_body(tool_servers.tiny_model, choice, stream=True)
+    ours, _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    reference, _ = post(tool_servers.serve_url, "/v1/chat/completions", body)
+    assert streamed_message(ours) == streamed_message(reference)
+    assert streamed_message(ours)["tool_calls"], "the stream carries a call"
+    # The same call as the whole response's (whose arguments vLLM writes out again, spaced).
+    (whole,), _ = post(tool_servers.gateway_url, "/v1/chat/completions", {**body, "stream": False})
+    call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
+    streamed = streamed_message(ours)["tool_calls"][0]
+    assert streamed["name"] == call["name"]
+    assert json.loads(streamed["arguments"]) == json.loads(call["arguments"])
