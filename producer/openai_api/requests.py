@@ -401,6 +401,9 @@ def _message(message: object, position: int) -> dict[str, Any]:
     where = f"messages[{position}]"
     if not isinstance(message, Mapping):
         raise InvalidRequest(f"{where} must be an object with role and content")
+    # A response's message sent back as it came (the openai SDK's tool-calling examples do):
+    # its empty response-only fields are nothing to render.
+    message = {k: v for k, v in message.items() if not (k in _RESPONSE_ONLY_FIELDS and v is None)}
     unknown = sorted(set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"})
     if unknown:
         raise InvalidRequest(f"{where}: unsupported field(s): {', '.join(unknown)}")
@@ -421,6 +424,8 @@ def _message(message: object, position: int) -> dict[str, Any]:
             parsed[name] = message[name]
     return parsed
 
+
+_RESPONSE_ONLY_FIELDS: Final = frozenset({"refusal", "annotations", "audio", "function_call", "reasoning"})
 
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 

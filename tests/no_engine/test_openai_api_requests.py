@@ -86,14 +86,13 @@ CHATS: list[tuple[dict[str, Any], dict[str, Any]]] = [
             "n": 3,
             "seed": 1,
             "stop": ["x"],
-            "tools": [],
             "tool_choice": "none",
             "response_format": {"type": "text"},
             "logprobs": False,
             "stream": False,
         },
         {
-            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"}],
+            "messages": [{"role": "system", "content": "Be brief.", "name": "sys"}, {"role": "user", "content": "a\nb"}],
             "n": 3,
             "seed": 1,
             "stop": ["x"],
@@ -130,6 +129,8 @@ BAD_COMPLETIONS: list[tuple[object, str]] = [
     ({"prompt": "Hi", "max_completion_tokens": 5}, "max_completion_tokens"),
 ]
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
 BAD_CHATS: list[tuple[object, str]] = [
     ("text", "must be a JSON object"),
     ({}, "messages must be a non-empty list"),
@@ -137,7 +138,15 @@ BAD_CHATS: list[tuple[object, str]] = [
     ({"messages": ["hi"]}, "messages[0] must be an object"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "tool_calls"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": "f()"}]}, "tool_calls must be a list"),
+    ({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}, "unsupported field(s): audio"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "`tools` must not be an empty array"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, "`tools` must be set"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": "any"}, "Invalid value for `tool_choice`"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": {"function": {"name": "g"}}},
+        "does not match any of the specified `tools`",
+    ),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "text content parts"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "`logprobs` must be set to true"),
@@ -250,7 +259,7 @@ BAD_BODIES: list[tuple[object, bool, str]] = [
     ({**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}, True, "continuous_usage_stats"),
     ({**CHAT, "frobnicate": 1}, True, "unsupported field(s) for /v1/chat/completions: frobnicate"),
     ({**COMPLETION, "suffix": "end"}, False, "suffix='end' is not supported"),
-    ({**CHAT, "tools": [{"type": "function"}]}, True, "tools="),
+    ({**CHAT, "tools": [{"type": "function"}]}, True, "tools[0] must be"),
     ({"model": "tiny", "messages": [{"role": "user"}]}, True, "messages[0].content"),
     ({"model": "tiny", "messages": "Hi"}, True, "messages must be a non-empty list"),
 ]

@@ -639,3 +639,33 @@ def test_streamed_tool_calls_match(tool_servers: Servers, choice: str) -> None:
     streamed = streamed_message(ours)["tool_calls"][0]
     assert streamed["name"] == call["name"]
     assert json.loads(streamed["arguments"]) == json.loads(call["arguments"])
+
+
+def test_the_openai_sdks_tool_calling_flow_works_unchanged(tool_servers: Servers) -> None:
+    """The openai SDK's tool-calling example, against each server: ask with tools, run the
+    call, send the SDK's own message back with the tool's answer, read the reply."""
+    import openai
+
+    bias = {str(token): -100 for token in whitespace_tokens(tool_servers.tiny_model)}
+    seen = {}
+    for server, url in (("vllm serve", tool_servers.serve_url), ("gateway", tool_servers.gateway_url)):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=120)
+        messages: list[Any] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+        tools: Any = [WEATHER, CLOCK]
+        first = client.chat.completions.create(
+            model=TOOLS_MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0, max_tokens=80,
+            logit_bias=bias, parallel_tool_calls=False,
+        )  # fmt: skip
+        message = first.choices[0].message
+        messages.append(message)
+        for call in message.tool_calls or []:
+            answer = {"forecast": "sunny", **json.loads(call.function.arguments)}  # type: ignore[union-attr]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(answer)})
+        reply = client.chat.completions.create(
+            model=TOOLS_MODEL, messages=messages, tools=tools, temperature=0, max_tokens=8, extra_body={"ignore_eos": True}
+        )
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]  # type: ignore[union-attr]
+        seen[server] = (first.choices[0].finish_reason, calls, reply.choices[0].message.content)
+    assert seen["gateway"] == seen["vllm serve"]
+    finish_reason, calls, reply_text = seen["gateway"]
+    assert finish_reason == "tool_calls" and len(calls) == 1 and reply_text
