@@ -34,6 +34,7 @@ import redis
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess, tail, tiny_engine_flags, worker_env
+from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, decode_event, events_channel
 from tests.support.session import MAX_MODEL_LEN
 
@@ -669,3 +670,35 @@ def test_the_openai_sdks_tool_calling_flow_works_unchanged(tool_servers: Servers
     assert seen["gateway"] == seen["vllm serve"]
     finish_reason, calls, reply_text = seen["gateway"]
     assert finish_reason == "tool_calls" and len(calls) == 1 and reply_text
+
+
+async def test_the_python_client_and_batch_files_get_the_same_calls(
+    tool_servers: Servers, producer_url: str, tmp_path: Path
+) -> None:
+    """``generate(tools=...)`` and a batch line with tools give the call the gateway gives."""
+    body = tool_body(tool_servers.tiny_model, "named", stream=False)
+    (reference,), _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    expected = reference["choices"][0]["message"]["tool_calls"][0]["function"]
+
+    async with await StreamqClient.connect(producer_url) as client:
+        completion = await client.generate(
+            messages=body["messages"],
+            model=TOOLS_MODEL,
+            tools={"tools": body["tools"], "tool_choice": body["tool_choice"]},
+            max_tokens=body["max_tokens"],
+            temperature=0,
+            logit_bias=body["logit_bias"],
+        )
+    assert completion.parsed is not None and completion.parsed[0] is not None
+    (call,) = completion.parsed[0].message["tool_calls"]  # type: ignore[index]
+    assert call["function"] == expected and expected["name"] in completion.text  # the text is the raw call
+
+    in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    line = {"custom_id": "call", "method": "POST", "url": "/v1/chat/completions", "body": {**body, "stream": False}}
+    in_path.write_text(json.dumps(line) + "\n")
+    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path)]
+    done = subprocess.run([*command, "--redis-url", producer_url, "--no-progress"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (answer,) = [json.loads(text) for text in out_path.read_text().splitlines()]
+    choice = answer["response"]["body"]["choices"][0]
+    assert choice["message"]["tool_calls"][0]["function"] == expected
