@@ -92,7 +92,10 @@ CHATS: list[tuple[dict[str, Any], dict[str, Any]]] = [
             "stream": False,
         },
         {
-            "messages": [{"role": "system", "content": "Be brief.", "name": "sys"}, {"role": "user", "content": "a\nb"}],
+            "messages": [
+                {"role": "system", "content": "Be brief.", "name": "sys"},
+                {"role": "user", "content": "a\nb"},
+            ],
             "n": 3,
             "seed": 1,
             "stop": ["x"],
@@ -142,7 +145,10 @@ BAD_CHATS: list[tuple[object, str]] = [
     ({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}, "unsupported field(s): audio"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "`tools` must not be an empty array"),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, "`tools` must be set"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": "any"}, "Invalid value for `tool_choice`"),
+    (
+        {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": "any"},
+        "Invalid value for `tool_choice`",
+    ),
     (
         {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": {"function": {"name": "g"}}},
         "does not match any of the specified `tools`",

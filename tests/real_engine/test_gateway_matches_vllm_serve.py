@@ -663,7 +663,12 @@ def test_the_openai_sdks_tool_calling_flow_works_unchanged(tool_servers: Servers
             answer = {"forecast": "sunny", **json.loads(call.function.arguments)}  # type: ignore[union-attr]
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(answer)})
         reply = client.chat.completions.create(
-            model=TOOLS_MODEL, messages=messages, tools=tools, temperature=0, max_tokens=8, extra_body={"ignore_eos": True}
+            model=TOOLS_MODEL,
+            messages=messages,
+            tools=tools,
+            temperature=0,
+            max_tokens=8,
+            extra_body={"ignore_eos": True},
         )
         calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]  # type: ignore[union-attr]
         seen[server] = (first.choices[0].finish_reason, calls, reply.choices[0].message.content)
