@@ -154,10 +154,13 @@ at once), or a prefix many share, must not keep that worker busier than the othe
 AFFINITY_OWNER_TTL_MS: Final = 300_000
 """How long a worker counts as holding a prefix it served, renewed at each claim of a
 request with that prefix (``claim_jobs`` ARGV[8]); vLLM may evict it sooner."""
-AFFINITY_FREE_TTL_MS: Final = 1000
+AFFINITY_FREE_TTL_MS: Final = LEASE_TTL_MS
 """A worker's ``<queue>:free:<worker>`` (its free slots, set at each claim: every
 ``poll_delay`` while it has one) lapses this long after its last claim: a full, stalled or
-dead worker stops attracting jobs within it (``claim_jobs`` ARGV[9])."""
+dead worker stops attracting jobs within it (``claim_jobs`` ARGV[9]). A lease's time, the
+stall the rest of the queue tolerates: on a loaded host a worker's loop misses its claims
+for over a second now and then (it was 1 s, and a conversation's follow-up then went to
+another worker); a dead worker costs at most a job's affinity window meanwhile."""
 MAX_CALLBACK_URL_CHARS: Final = 2048
 """A callback URL's length bound."""
 
