@@ -107,7 +107,7 @@ class ChatParsing:
         options = request.chat_options or ChatTemplateOptions()
         body: dict[str, Any] = {
             "model": request.model or "",
-            "messages": [m.template_fields() for m in request.messages],
+            "messages": [msgspec.to_builtins(m) for m in request.messages],
             "add_generation_prompt": options.add_generation_prompt,
             "continue_final_message": options.continue_final_message,
             "documents": options.documents,
@@ -184,11 +184,25 @@ class OutputParsing:
         self._auto_tools = auto_tools
         self._prompt_token_ids = prompt_token_ids
         self._named = isinstance(vllm_request.tool_choice, ChatCompletionNamedToolChoiceParam)
+        self._counts_reasoning = parsers[0].reasoning_parser is not None
         self._tools_streamed = [False] * len(parsers)
         self._texts: list[list[str]] = [[] for _ in parsers]
         self._token_ids: list[list[int]] = [[] for _ in parsers]
         for parser in parsers:
             parser.set_prompt_token_ids(prompt_token_ids)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """What ``engine.generate`` takes beside the prompt, as ``vllm serve`` passes it:
+        whether the prompt already ended the reasoning (a grammar applies only once it has:
+        from the first token, or after ``</think>``), and the template variables the
+        engine's own reasoning parser reads (``enable_thinking``, ...)."""
+        parser = self._parsers[0]
+        kwargs: dict[str, Any] = {
+            "reasoning_ended": self._request.resolve_reasoning_ended(parser, self._prompt_token_ids)
+        }
+        if parser.reasoning_parser is not None:
+            kwargs["reasoning_parser_kwargs"] = {"chat_template_kwargs": self._request.chat_template_kwargs or {}}
+        return kwargs
 
     def replay(self, index: int, texts: Sequence[str], token_ids: Sequence[Sequence[int]]) -> None:
         """Feed completion ``index`` what an earlier attempt sent (chunk by chunk), its
@@ -199,13 +213,19 @@ class OutputParsing:
     def chunk(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> ParsedOutput | None:
         """What the parsers make of one chunk of completion ``index``: its delta (streamed),
         or on its last chunk the whole message (not streamed); ``None``: nothing to send."""
+        if not self._streamed or self._counts_reasoning:
+            self._token_ids[index].extend(token_ids)
         if self._streamed:
-            return self._delta(index, text, token_ids, finish_reason)
-        self._texts[index].append(text)
-        self._token_ids[index].extend(token_ids)
-        if finish_reason is None:
-            return None
-        return self._whole(index, "".join(self._texts[index]), self._token_ids[index], finish_reason)
+            parsed = self._delta(index, text, token_ids, finish_reason)
+        else:
+            self._texts[index].append(text)
+            if finish_reason is None:
+                return None
+            parsed = self._whole(index, "".join(self._texts[index]), self._token_ids[index], finish_reason)
+        if finish_reason is not None and self._counts_reasoning:
+            reasoning_tokens = self._parsers[index].count_reasoning_tokens(tuple(self._token_ids[index]))
+            parsed = msgspec.structs.replace(parsed, reasoning_tokens=reasoning_tokens)
+        return parsed
 
     def _delta(self, index: int, text: str, token_ids: Sequence[int], finish_reason: str | None) -> ParsedOutput:
         """As ``vllm serve``'s streamed chat: ``parse_delta``, one call in a completion, and

@@ -367,9 +367,15 @@ class _FirstRun:
         self._prompt = prompt
         self._params = params
 
-    def generate(self, engine: AsyncLLM, request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+    def generate(
+        self, engine: AsyncLLM, request_id: str, priority: int = 0, **engine_kwargs: Any
+    ) -> AsyncIterator[RequestOutput]:
         return engine.generate(
-            request_id=request_id, prompt=self._prompt, sampling_params=self._params, priority=priority
+            request_id=request_id,
+            prompt=self._prompt,
+            sampling_params=self._params,
+            priority=priority,
+            **engine_kwargs,
         )
 
 
@@ -414,7 +420,9 @@ async def _run_engine(
         with cancels.registered(*this_attempt), state.leases.held(*this_attempt):
             async with asyncio.timeout(time_left):
                 priority = engine_priority(engine, request.priority)
-                async for output in generation.generate(engine, request.request_id, priority):
+                # A reasoning parser's state, as vllm serve hands it to the engine (none otherwise).
+                extra = readers.parsing.engine_kwargs() if readers.parsing is not None else {}
+                async for output in generation.generate(engine, request.request_id, priority, **extra):
                     _emit(events, progress, output, readers)
     except asyncio.CancelledError:
         stop = cancels.take_stop(request.request_id, events.attempt)

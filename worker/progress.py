@@ -218,7 +218,9 @@ class Continuation:
         self._generated = generated
         self._detokenizer = detokenizer
 
-    async def generate(self, engine: AsyncLLM, request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, engine: AsyncLLM, request_id: str, priority: int = 0, **engine_kwargs: Any
+    ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for the rest of the answer, ending with a finished one;
         detokenized, and stop strings checked, here."""
         params = self._params.clone()
@@ -234,7 +236,9 @@ class Continuation:
         prompt = TokensPrompt(prompt_token_ids=self._prompt_ids + self._generated)
         detokenizer = self._detokenizer
         async with contextlib.aclosing(
-            engine.generate(request_id=request_id, prompt=prompt, sampling_params=params, priority=priority)
+            engine.generate(
+                request_id=request_id, prompt=prompt, sampling_params=params, priority=priority, **engine_kwargs
+            )
         ) as outputs:
             async for output in outputs:
                 completion = output.outputs[0]

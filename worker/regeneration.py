@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import msgspec
 from vllm import SamplingParams
@@ -178,7 +179,9 @@ class Regeneration:
         ]
         self.reason = reason
 
-    async def generate(self, engine: AsyncLLM, request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, engine: AsyncLLM, request_id: str, priority: int = 0, **engine_kwargs: Any
+    ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for the rest of the answer, ending with a finished one;
         raises ``RegenerationDiffers`` as soon as a completion differs from what it delivered."""
         logger.info(
@@ -188,7 +191,13 @@ class Regeneration:
             sum(len(d.token_ids) for d in self._delivered),
         )
         async with contextlib.aclosing(
-            engine.generate(request_id=request_id, prompt=self._prompt, sampling_params=self._params, priority=priority)
+            engine.generate(
+                request_id=request_id,
+                prompt=self._prompt,
+                sampling_params=self._params,
+                priority=priority,
+                **engine_kwargs,
+            )
         ) as outputs:
             async for output in outputs:
                 output.outputs = [c for c in output.outputs if self._delivered[c.index].rest(c)]

@@ -28,8 +28,8 @@ from producer.openai_api.logprobs import (
     next_text_offset,
 )
 from producer.openai_api.requests import PLAIN, ResponseShape
-from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta, ReturnedPrompt
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, TokenLogprob
+from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta, ReturnedPrompt, reasoning_tokens
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, ParsedOutput, TokenLogprob
 
 _encode = msgspec.json.Encoder().encode
 
@@ -65,12 +65,14 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     token_ids: None | UnsetType = UNSET
 
 
-class StreamUsage(msgspec.Struct):
+class StreamUsage(msgspec.Struct, omit_defaults=True):
     """The last chunk's usage, its keys in vLLM's order."""
 
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
+    completion_tokens_details: dict[str, int] | None = None
+    """``reasoning_tokens``, where the workers' reasoning parser counted them."""
 
 
 class _Head(msgspec.Struct):
@@ -116,6 +118,8 @@ class ChunkBuilder:
     _prompt: dict[int, ReturnedPrompt] = field(default_factory=dict)
     _usage: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per prompt that ended: its prompt and completion tokens."""
+    _parsed_ends: list[ParsedOutput] = field(default_factory=list)
+    """What the parsers said on each completion's last chunk (its reasoning tokens)."""
     _open: bytes = b""
     done: bool = False
     """Whether the response is complete: every prompt ended, or one failed."""
@@ -161,6 +165,8 @@ class ChunkBuilder:
             prompt_tokens = sum(p for p, _ in self._usage.values())
             completion = sum(c for _, c in self._usage.values())
             used = StreamUsage(prompt_tokens, prompt_tokens + completion, completion)
+            if (thought := reasoning_tokens(self._parsed_ends)) is not None:
+                used.completion_tokens_details = {"reasoning_tokens": thought}
             out.append(self._open + b'],"usage":' + _encode(used) + _FINGERPRINT)
         return out
 
@@ -186,6 +192,8 @@ class ChunkBuilder:
         completion or carries logprobs)."""
         assert event.parsed is not UNSET
         parsed = event.parsed
+        if event.finish_reason is not None:
+            self._parsed_ends.append(parsed)
         finish_reason = parsed.finish_reason or event.finish_reason
         if parsed.message is None and finish_reason is None and logprobs is None:
             return None

@@ -397,14 +397,15 @@ def _logit_bias(bias: object) -> dict[str, float]:
 
 def _message(message: object, position: int) -> dict[str, Any]:
     """One message as ``ChatMessage`` takes it: text content; an assistant turn's
-    ``tool_calls`` (its content may then be null), a tool's ``tool_call_id``; ``name``."""
+    ``tool_calls`` (its content may then be null) and ``reasoning``, a tool's
+    ``tool_call_id``; ``name``."""
     where = f"messages[{position}]"
     if not isinstance(message, Mapping):
         raise InvalidRequest(f"{where} must be an object with role and content")
     # A response's message sent back as it came (the openai SDK's tool-calling examples do):
     # its empty response-only fields are nothing to render.
     message = {k: v for k, v in message.items() if not (k in _RESPONSE_ONLY_FIELDS and v is None)}
-    unknown = sorted(set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"})
+    unknown = sorted(set(message) - {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning"})
     if unknown:
         raise InvalidRequest(f"{where}: unsupported field(s): {', '.join(unknown)}")
     role, content = message.get("role"), message.get("content")
@@ -419,13 +420,17 @@ def _message(message: object, position: int) -> dict[str, Any]:
     if not isinstance(content, str) and not (content is None and calls):
         raise InvalidRequest(f"{where}.content must be a string or a list of text parts")
     parsed: dict[str, Any] = {"role": role, "content": content}
-    for name in ("tool_calls", "tool_call_id", "name"):
+    if message.get("reasoning") is not None and not isinstance(message["reasoning"], str):
+        raise InvalidRequest(f"{where}.reasoning must be a string")
+    for name in ("tool_calls", "tool_call_id", "name", "reasoning"):
         if message.get(name) is not None:
             parsed[name] = message[name]
     return parsed
 
 
 _RESPONSE_ONLY_FIELDS: Final = frozenset({"refusal", "annotations", "audio", "function_call", "reasoning"})
+"""Fields of a response's message; a message sent back may carry them, empty (``reasoning``
+with text is kept)."""
 
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 

@@ -38,15 +38,23 @@ def response_id(request_id: str, *, chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + request_id
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """A whole response's usage, its keys in vLLM's order."""
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """A whole response's usage, its keys in vLLM's order; ``reasoning_tokens`` counted by
+    the workers' reasoning parser, where they have one."""
+    details = None if reasoning_tokens is None else {"reasoning_tokens": reasoning_tokens}
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
-        "completion_tokens_details": None,
+        "completion_tokens_details": details,
     }
+
+
+def reasoning_tokens(parsed: Iterable[ParsedOutput | None]) -> int | None:
+    """The reasoning tokens of the completions ``parsed``; ``None`` where no reasoning parser counted them."""
+    counts = [p.reasoning_tokens for p in parsed if p is not None and p.reasoning_tokens is not None]
+    return sum(counts) if counts else None
 
 
 @dataclass(frozen=True)
@@ -221,7 +229,11 @@ def _body(
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
-        "usage": usage(prompt_tokens, sum(c.completion_tokens for c in completions)),
+        "usage": usage(
+            prompt_tokens,
+            sum(c.completion_tokens for c in completions),
+            reasoning_tokens(p for c in completions for p in c.parsed or ()),
+        ),
     }
     if chat:
         body.update(prompt_logprobs=_prompt_logprobs(completions[0]), prompt_token_ids=None, prompt_text=None)

@@ -34,17 +34,25 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning: str | None = None
+    """An assistant turn's reasoning, sent back for templates that interleave it."""
 
     @property
     def text(self) -> str:
-        """What the message says: its content, and its tool calls as JSON (for size
+        """What the message says: its reasoning, content and tool calls as JSON (for size
         bounds and prefix keys)."""
         calls = msgspec.json.encode(self.tool_calls).decode() if self.tool_calls else ""
-        return (self.content or "") + calls
+        return (self.reasoning or "") + (self.content or "") + calls
 
     def template_fields(self) -> dict[str, Any]:
-        """The message as a chat template reads it (the fields it has)."""
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        """The message as a chat template reads it, as vLLM hands it over: the fields it
+        has, no content as empty text, reasoning also as ``reasoning_content``."""
+        fields: dict[str, Any] = msgspec.to_builtins(self)
+        if self.content is None:
+            fields["content"] = ""
+        if self.reasoning is not None:
+            fields["reasoning_content"] = self.reasoning
+        return fields
 
 
 class ToolOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -443,6 +451,9 @@ class ParsedOutput(msgspec.Struct, frozen=True, omit_defaults=True):
     (``content``, ``reasoning``, ``tool_calls`` with their ids)."""
     finish_reason: str | None = None
     """``tool_calls`` where ``vllm serve`` reports it instead of the engine's reason."""
+    reasoning_tokens: int | None = None
+    """On a completion's last chunk, on a worker with a reasoning parser: how many of its
+    tokens were reasoning (usage's ``completion_tokens_details``)."""
 
 
 class ChunkEvent(_Event, tag="chunk", kw_only=True):

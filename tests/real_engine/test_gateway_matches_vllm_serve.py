@@ -518,7 +518,10 @@ def test_lm_eval_gives_the_same_samples_through_the_gateway(servers: Servers, tm
 
 # --- tool calls: vllm serve and a worker with the same tool flags ----------------------------------
 TOOLS_MODEL = "tiny-with-tools"
-TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+NO_THINKING = {"enable_thinking": False}
+"""Qwen3's reasoning parser reads the output as reasoning until ``</think>`` unless told
+that the template turned thinking off (as a Qwen3 client asking for tool calls does)."""
 WEATHER = {
     "type": "function",
     "function": {
@@ -584,7 +587,8 @@ def tool_body(tiny_model: Path, choice: str, *, stream: bool) -> dict[str, Any]:
     messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
     body = {"model": TOOLS_MODEL, "messages": messages, "tools": [WEATHER, CLOCK], "max_tokens": 80}
     bias = {str(token): -100 for token in whitespace_tokens(tiny_model)}
-    return {**body, "temperature": 0, "logit_bias": bias, "stream": stream, **TOOL_CHOICES[choice]}
+    body |= {"temperature": 0, "logit_bias": bias, "chat_template_kwargs": NO_THINKING}
+    return {**body, "stream": stream, **TOOL_CHOICES[choice]}
 
 
 def whitespace_tokens(tiny_model: Path) -> list[int]:
@@ -595,21 +599,23 @@ def whitespace_tokens(tiny_model: Path) -> list[int]:
 
 
 def streamed_message(chunks: list[Any]) -> dict[str, Any]:
-    """A streamed chat completion put together from its deltas: content, each tool call
-    (its id left out: ids are random) and the finish reason."""
-    content, calls, finish = "", {}, None
+    """A streamed chat completion put together from its deltas: content, reasoning, each
+    tool call (its id left out: ids are random) and the finish reason."""
+    content, reasoning, calls, finish = "", "", {}, None
     for chunk in chunks:
         for choice in chunk["choices"]:
             delta = choice["delta"]
             assert set(delta) <= {"role", "content", "reasoning", "tool_calls"}, delta
             content += delta.get("content") or ""
+            reasoning += delta.get("reasoning") or ""
             for call in delta.get("tool_calls") or []:
                 entry = calls.setdefault(call["index"], {"name": "", "arguments": ""})
                 function = call.get("function") or {}
                 entry["name"] += function.get("name") or ""
                 entry["arguments"] += function.get("arguments") or ""
             finish = choice.get("finish_reason") or finish
-    return {"content": content, "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish}
+    calls_in_order = [calls[i] for i in sorted(calls)]
+    return {"content": content, "reasoning": reasoning, "tool_calls": calls_in_order, "finish_reason": finish}
 
 
 @pytest.mark.parametrize("choice", list(TOOL_CHOICES))
@@ -655,7 +661,7 @@ def test_the_openai_sdks_tool_calling_flow_works_unchanged(tool_servers: Servers
         tools: Any = [WEATHER, CLOCK]
         first = client.chat.completions.create(
             model=TOOLS_MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0, max_tokens=80,
-            logit_bias=bias, parallel_tool_calls=False,
+            logit_bias=bias, parallel_tool_calls=False, extra_body={"chat_template_kwargs": NO_THINKING},
         )  # fmt: skip
         message = first.choices[0].message
         messages.append(message)
@@ -668,7 +674,7 @@ def test_the_openai_sdks_tool_calling_flow_works_unchanged(tool_servers: Servers
             tools=tools,
             temperature=0,
             max_tokens=8,
-            extra_body={"ignore_eos": True},
+            extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINKING},
         )
         calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]  # type: ignore[union-attr]
         seen[server] = (first.choices[0].finish_reason, calls, reply.choices[0].message.content)
@@ -690,6 +696,7 @@ async def test_the_python_client_and_batch_files_get_the_same_calls(
             messages=body["messages"],
             model=TOOLS_MODEL,
             tools={"tools": body["tools"], "tool_choice": body["tool_choice"]},
+            chat_options={"kwargs": NO_THINKING},
             max_tokens=body["max_tokens"],
             temperature=0,
             logit_bias=body["logit_bias"],
@@ -707,3 +714,34 @@ async def test_the_python_client_and_batch_files_get_the_same_calls(
     (answer,) = [json.loads(text) for text in out_path.read_text().splitlines()]
     choice = answer["response"]["body"]["choices"][0]
     assert choice["message"]["tool_calls"][0]["function"] == expected
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_is_split_off_as_vllm_serve_does(tool_servers: Servers, stream: bool) -> None:
+    """The engine's ``--reasoning-parser`` on the worker gives ``reasoning`` apart from
+    ``content``, and counts its tokens, whole and streamed, as on ``vllm serve``: with
+    thinking on and no ``</think>`` written, the tiny model's whole output is reasoning."""
+    body = {
+        "model": TOOLS_MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    ours, _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    reference, _ = post(tool_servers.serve_url, "/v1/chat/completions", body)
+    if stream:
+        assert streamed_message(ours) == streamed_message(reference)
+        message, used = streamed_message(ours), ours[-1]["usage"]
+        assert used == reference[-1]["usage"]
+    else:
+        assert comparable(ours) == comparable(reference)
+        message, used = ours[0]["choices"][0]["message"], ours[0]["usage"]
+    assert message["reasoning"] and not message["content"]
+    # vllm serve's count of a streamed completion's reasoning tokens is its parser's own
+    # (smaller here); a whole one's counts every token of it. Either way, the same as ours.
+    thought = used["completion_tokens_details"]["reasoning_tokens"]
+    assert thought >= 1 if stream else thought == MAX_TOKENS
