@@ -52,6 +52,10 @@ class ParserFlags:
     tool_parser_plugin: str = ""
     tool_strict_level: str = "auto"
 
+    def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+
 
 @dataclass(frozen=True)
 class RenderedChat:
@@ -76,8 +80,6 @@ class ChatParsing:
     ``ParserFlags`` or the engine's ``--reasoning-parser`` name one)."""
 
     def __init__(self, engine: Any, flags: ParserFlags) -> None:
-        if flags.enable_auto_tool_choice and not flags.tool_call_parser:
-            raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
         if flags.tool_parser_plugin:
             ToolParserManager.import_tool_parser(flags.tool_parser_plugin)
         self.flags = flags
@@ -258,26 +260,19 @@ class OutputParsing:
             reasoning = None
         required = request.tool_choice == "required"
         auto = request.tool_choice in ("auto", None) and bool(request.tools) and self._auto_tools
-        tool_calls = None
+        tool_calls: list[Any] = []
         if self._named or required:
             content = content or ""
-            tool_calls = calls or []
+            tool_calls = list(calls or [])
         elif auto and calls:
-            tool_calls = calls
-        message = ChatMessage(role="assistant", reasoning=reasoning, content=content)
-        if tool_calls is not None:
-            message = ChatMessage(
-                role="assistant", reasoning=reasoning, content=content, tool_calls=_tool_calls(parser, tool_calls)
-            )
-        if request.parallel_tool_calls is False and message.tool_calls:
-            message.tool_calls = message.tool_calls[:1]
+            tool_calls = list(calls)
+        if request.parallel_tool_calls is False:
+            tool_calls = tool_calls[:1]
+        # vLLM gives a call the parser left without an id one of its own.
+        calls_out = [ToolCall(id=call.id or make_tool_call_id(), function=call) for call in tool_calls]
+        message = ChatMessage(role="assistant", reasoning=reasoning, content=content, tool_calls=calls_out)
         called = (auto and bool(calls)) or (required and finish_reason == FinishReason.STOP)
         return ParsedOutput(message=_dump(message), finish_reason=TOOL_CALLS if called else None)
-
-
-def _tool_calls(parser: Parser, calls: Sequence[Any]) -> list[Any]:
-    """vLLM's ``ToolCall``s of parsed ``FunctionCall``s, with the ids ``vllm serve`` gives."""
-    return [ToolCall(id=call.id or make_tool_call_id(), function=call) for call in calls]
 
 
 def _dump(message: DeltaMessage | ChatMessage) -> dict[str, Any]:

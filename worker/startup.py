@@ -200,14 +200,15 @@ def _add_tool_args(parser: FlexibleArgumentParser) -> None:
 
 def parser_flags_from_args(args: argparse.Namespace) -> ParserFlags | None:
     """The tool-call flags given; ``None`` when none was."""
-    flags = ParserFlags(
-        enable_auto_tool_choice=args.enable_auto_tool_choice,
-        tool_call_parser=args.tool_call_parser,
-        tool_parser_plugin=args.tool_parser_plugin,
-        tool_strict_level=args.tool_strict_level,
-    )
-    if flags.enable_auto_tool_choice and not flags.tool_call_parser:
-        raise SystemExit("python -m worker: --enable-auto-tool-choice requires --tool-call-parser")
+    try:
+        flags = ParserFlags(
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
+            tool_call_parser=args.tool_call_parser,
+            tool_parser_plugin=args.tool_parser_plugin,
+            tool_strict_level=args.tool_strict_level,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"python -m worker: {exc}") from None
     return None if flags == ParserFlags() else flags
 
 
