@@ -12,7 +12,7 @@ import pytest
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.requests import ResponseShape
 from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta
-from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent, PromptEcho, TokenLogprob
+from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent, ParsedOutput, PromptEcho, TokenLogprob
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
@@ -256,3 +256,37 @@ def test_a_chat_echo_follows_the_role_chunks_with_the_last_message() -> None:
 def build_with(chat: bool, events: list[Event], *, shape: ResponseShape, n: int = 1) -> list[dict[str, Any]]:
     builder = ChunkBuilder(ResponseMeta(chat, "r1", "tiny", 1700), False, n=n, shape=shape)
     return [json.loads(c) for event in events for c in builder.chunks(event)]
+
+
+def parsed_chunk(
+    seq: int,
+    text: str,
+    message: dict[str, Any] | None,
+    *,
+    finish_reason: str | None = None,
+    parsed_finish: str | None = None,
+    reasoning_tokens: int | None = None,
+) -> ChunkEvent:
+    """A chunk event as a worker with a tool parser sends it: ``message`` what it made of ``text``."""
+    event = chunk(seq, text, finish_reason=finish_reason)
+    event.parsed = ParsedOutput(message=message, finish_reason=parsed_finish, reasoning_tokens=reasoning_tokens)
+    return event
+
+
+def test_a_parsed_chat_stream_sends_the_parsers_deltas_and_holds_back_what_they_hold() -> None:
+    """A worker's tool parser made the deltas: they go out as vLLM wrote them; a chunk it
+    held back (markup) sends nothing, unless it ends the completion; a call's end is
+    ``tool_calls``, and the reasoning tokens it counted come in the usage."""
+    call = {"index": 0, "id": "call-1", "type": "function", "function": {"name": "f", "arguments": ""}}
+    events: list[Event] = [
+        parsed_chunk(0, "Hi", {"content": "Hi"}),
+        parsed_chunk(1, "<tool_call>", None),
+        parsed_chunk(2, '{"name": "f"', {"tool_calls": [call]}),
+        parsed_chunk(3, "}", None, finish_reason="stop", parsed_finish="tool_calls", reasoning_tokens=4),
+        final(4, ["stop"], completion_tokens=4),
+    ]
+    chunks = build(True, events, include_usage=True)
+    choices = [c["choices"][0] for c in chunks if c["choices"]][1:]  # after the role's
+    assert [choice["delta"] for choice in choices] == [{"content": "Hi"}, {"tool_calls": [call]}, {}]
+    assert [choice["finish_reason"] for choice in choices] == [None, None, "tool_calls"]
+    assert chunks[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 4}

@@ -3,6 +3,7 @@ and `vllm serve` returns (checked against vLLM's own response models)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 
@@ -14,7 +15,7 @@ from producer.openai_api.responses import (
     completion_response,
     model_list,
 )
-from streamq.protocol import WorkerRegistration
+from streamq.protocol import ParsedOutput, WorkerRegistration
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
@@ -150,3 +151,20 @@ def test_chat_completion_response_has_the_shape_vllm_serve_returns() -> None:
         ("assistant", "two", "stop"),
     ]
     assert parsed.usage.total_tokens == 7
+
+
+def test_a_chat_response_gives_the_message_the_workers_parser_read() -> None:
+    """Completion 0 called a tool (the parser's whole message, its finish reason
+    ``tool_calls``); completion 1 was read as reasoning; both counted reasoning tokens."""
+    call = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    parsed = [
+        ParsedOutput(message={"role": "assistant", "content": None, "tool_calls": [call]}, finish_reason="tool_calls"),
+        ParsedOutput(message={"role": "assistant", "content": None, "reasoning": "two"}, reasoning_tokens=2),
+    ]
+    body = chat_completion_response([dataclasses.replace(COMPLETION, parsed=parsed)], model="tiny")
+    response = chat_protocol.ChatCompletionResponse.model_validate(body)
+    first, second = response.choices
+    assert first.finish_reason == "tool_calls" and first.message.content is None
+    assert [c.model_dump() for c in first.message.tool_calls] == [call]
+    assert (second.message.reasoning, second.message.content, second.finish_reason) == ("two", None, "stop")
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
