@@ -89,8 +89,8 @@ BAD_JOBS = [
     ("message without content", lambda rid: arq_job({"request_id": rid, "messages": [{"role": "user"}]}), "content"),
     (
         "message with unknown field",
-        lambda rid: arq_job({"request_id": rid, "messages": [{"role": "user", "content": "x", "name": "bob"}]}),
-        "name",
+        lambda rid: arq_job({"request_id": rid, "messages": [{"role": "user", "content": "x", "mood": "glad"}]}),
+        "mood",
     ),
     ("sampling not an object", lambda rid: arq_job(good_request(rid, sampling=[1, 2])), "sampling"),
     ("stop not a list of strings", lambda rid: arq_job(good_request(rid, sampling={"stop": [1, 2]})), "stop"),

@@ -1,0 +1,268 @@
+"""Tool calls and reasoning as ``vllm serve`` makes them: a real ``vllm serve`` and a real
+worker behind a real gateway, both with the same tool and reasoning parsers (hermes, qwen3),
+the same tiny model, the same requests at temperature 0 (``test_gateway_matches_vllm_serve``
+compares everything else, on servers without parsers: a parser changes how a stream is cut)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devkit.gateway_process import GatewayProcess
+from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from producer.client import StreamqClient
+from tests.support.session import MAX_MODEL_LEN
+from tests.support.vllm_serve import VllmServe, comparable, post
+
+MAX_TOKENS = 12
+
+
+@dataclass(frozen=True)
+class ToolServers:
+    serve_url: str
+    gateway_url: str
+    tiny_model: Path
+
+
+TOOLS_MODEL = "tiny-with-tools"
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+NO_THINKING = {"enable_thinking": False}
+"""Qwen3's reasoning parser reads the output as reasoning until ``</think>`` unless told
+that the template turned thinking off (as a Qwen3 client asking for tool calls does)."""
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "strict": True,  # the grammar pins the arguments: a random model's call stays short
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a zone",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCRIPTED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+"""What ``auto`` gets the tiny model to write (a regex of exactly this text, which vLLM
+joins to the tools' own grammar): a random model never calls a tool of its own accord."""
+TOOL_CHOICES: dict[str, dict[str, Any]] = {
+    "named": {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+    "required": {"tool_choice": "required", "parallel_tool_calls": False},
+    "auto": {"tool_choice": "auto", "structured_outputs": {"regex": re.escape(SCRIPTED_CALL)}},
+}
+
+
+@pytest.fixture(scope="module")
+def tool_servers(
+    worker_url: str, gateway_url: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ToolServers]:
+    """``vllm serve`` and a worker with hermes tool parsing and qwen3 reasoning parsing,
+    serving the tiny model as ``TOOLS_MODEL``, and a gateway; the engines start at once."""
+    logs = tmp_path_factory.mktemp("tools-vs-vllm-serve")
+    flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
+    flags += ["--served-model-name", TOOLS_MODEL, "--max-num-seqs", "16", *TOOL_FLAGS]
+    serve = VllmServe(flags, logs / "vllm-serve.log")
+    worker = WorkerProcess(
+        worker_url, ["--cpu-nice", "0", *flags], queue=f"streamq:queue:{TOOLS_MODEL}", log_path=logs / "worker.log"
+    )
+    try:
+        worker.start()
+        serve.wait_ready()
+        worker.wait_ready()
+        gateway = GatewayProcess(gateway_url, logs / "gateway.log").wait_ready()
+        try:
+            yield ToolServers(serve.url, gateway.url, tiny_model)
+        finally:
+            assert gateway.stop() == 0, gateway.log_tail()
+    finally:
+        serve.stop()
+        assert worker.stop() == 0, worker.log_tail()
+
+
+def tool_body(tiny_model: Path, choice: str, *, stream: bool) -> dict[str, Any]:
+    """A request that calls a tool; whitespace tokens held down (``logit_bias``), or the
+    random model fills the JSON grammar's optional whitespace until ``max_tokens``."""
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    body = {"model": TOOLS_MODEL, "messages": messages, "tools": [WEATHER, CLOCK], "max_tokens": 80}
+    bias = {str(token): -100 for token in whitespace_tokens(tiny_model)}
+    body |= {"temperature": 0, "logit_bias": bias, "chat_template_kwargs": NO_THINKING}
+    return {**body, "stream": stream, **TOOL_CHOICES[choice]}
+
+
+def whitespace_tokens(tiny_model: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    return [i for i in range(len(tokenizer)) if not tokenizer.decode([i]).strip() and tokenizer.decode([i])]
+
+
+def streamed_message(chunks: list[Any]) -> dict[str, Any]:
+    """A streamed chat completion put together from its deltas: content, reasoning, each
+    tool call (its id left out: ids are random) and the finish reason."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            assert set(delta) <= {"role", "content", "reasoning", "tool_calls"}, delta
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning") or ""
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], {"name": "", "arguments": ""})
+                function = call.get("function") or {}
+                entry["name"] += function.get("name") or ""
+                entry["arguments"] += function.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    calls_in_order = [calls[i] for i in sorted(calls)]
+    return {"content": content, "reasoning": reasoning, "tool_calls": calls_in_order, "finish_reason": finish}
+
+
+@pytest.mark.parametrize("choice", list(TOOL_CHOICES))
+def test_whole_tool_calls_match(tool_servers: ToolServers, choice: str) -> None:
+    body = tool_body(tool_servers.tiny_model, choice, stream=False)
+    (ours,), _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    (reference,), _ = post(tool_servers.serve_url, "/v1/chat/completions", body)
+    assert comparable(ours) == comparable(reference)
+    assert "tool_calls" in ours["choices"][0]["message"], (ours, reference)
+    (call,) = ours["choices"][0]["message"]["tool_calls"]
+    assert call["id"] and call["type"] == "function"
+    expected = {"named": "get_time", "required": call["function"]["name"], "auto": "get_weather"}[choice]
+    assert call["function"]["name"] == expected
+    assert set(json.loads(call["function"]["arguments"])) <= {"city", "zone"}
+    assert ours["choices"][0]["finish_reason"] == ("stop" if choice == "named" else "tool_calls")
+
+
+@pytest.mark.parametrize("choice", list(TOOL_CHOICES))
+def test_streamed_tool_calls_match(tool_servers: ToolServers, choice: str) -> None:
+    body = tool_body(tool_servers.tiny_model, choice, stream=True)
+    ours, _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    reference, _ = post(tool_servers.serve_url, "/v1/chat/completions", body)
+    assert streamed_message(ours) == streamed_message(reference)
+    assert streamed_message(ours)["tool_calls"], "the stream carries a call"
+    # The same call as the whole response's (whose arguments vLLM writes out again, spaced).
+    (whole,), _ = post(tool_servers.gateway_url, "/v1/chat/completions", {**body, "stream": False})
+    call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
+    streamed = streamed_message(ours)["tool_calls"][0]
+    assert streamed["name"] == call["name"]
+    assert json.loads(streamed["arguments"]) == json.loads(call["arguments"])
+
+
+def test_the_openai_sdks_tool_calling_flow_works_unchanged(tool_servers: ToolServers) -> None:
+    """The openai SDK's tool-calling example, against each server: ask with tools, run the
+    call, send the SDK's own message back with the tool's answer, read the reply."""
+    import openai
+
+    bias = {str(token): -100 for token in whitespace_tokens(tool_servers.tiny_model)}
+    seen = {}
+    for server, url in (("vllm serve", tool_servers.serve_url), ("gateway", tool_servers.gateway_url)):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=120)
+        messages: list[Any] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+        tools: Any = [WEATHER, CLOCK]
+        first = client.chat.completions.create(
+            model=TOOLS_MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0, max_tokens=80,
+            logit_bias=bias, parallel_tool_calls=False, extra_body={"chat_template_kwargs": NO_THINKING},
+        )  # fmt: skip
+        message = first.choices[0].message
+        messages.append(message)
+        for call in message.tool_calls or []:
+            answer = {"forecast": "sunny", **json.loads(call.function.arguments)}  # type: ignore[union-attr]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(answer)})
+        reply = client.chat.completions.create(
+            model=TOOLS_MODEL,
+            messages=messages,
+            tools=tools,
+            temperature=0,
+            max_tokens=8,
+            extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINKING},
+        )
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]  # type: ignore[union-attr]
+        seen[server] = (first.choices[0].finish_reason, calls, reply.choices[0].message.content)
+    assert seen["gateway"] == seen["vllm serve"]
+    finish_reason, calls, reply_text = seen["gateway"]
+    assert finish_reason == "tool_calls" and len(calls) == 1 and reply_text
+
+
+async def test_the_python_client_and_batch_files_get_the_same_calls(
+    tool_servers: ToolServers, producer_url: str, tmp_path: Path
+) -> None:
+    """``generate(tools=...)`` and a batch line with tools give the call the gateway gives."""
+    body = tool_body(tool_servers.tiny_model, "named", stream=False)
+    (reference,), _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    expected = reference["choices"][0]["message"]["tool_calls"][0]["function"]
+
+    async with await StreamqClient.connect(producer_url) as client:
+        completion = await client.generate(
+            messages=body["messages"],
+            model=TOOLS_MODEL,
+            tools={"tools": body["tools"], "tool_choice": body["tool_choice"]},
+            chat_options={"kwargs": NO_THINKING},
+            max_tokens=body["max_tokens"],
+            temperature=0,
+            logit_bias=body["logit_bias"],
+        )
+    assert completion.parsed is not None and completion.parsed[0] is not None
+    (call,) = completion.parsed[0].message["tool_calls"]  # type: ignore[index]
+    assert call["function"] == expected and expected["name"] in completion.text  # the text is the raw call
+
+    in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    line = {"custom_id": "call", "method": "POST", "url": "/v1/chat/completions", "body": {**body, "stream": False}}
+    in_path.write_text(json.dumps(line) + "\n")
+    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path)]
+    done = subprocess.run([*command, "--redis-url", producer_url, "--no-progress"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (answer,) = [json.loads(text) for text in out_path.read_text().splitlines()]
+    choice = answer["response"]["body"]["choices"][0]
+    assert choice["message"]["tool_calls"][0]["function"] == expected
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_is_split_off_as_vllm_serve_does(tool_servers: ToolServers, stream: bool) -> None:
+    """The engine's ``--reasoning-parser`` on the worker gives ``reasoning`` apart from
+    ``content``, and counts its tokens, whole and streamed, as on ``vllm serve``: with
+    thinking on and no ``</think>`` written, the tiny model's whole output is reasoning."""
+    body = {
+        "model": TOOLS_MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    ours, _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+    reference, _ = post(tool_servers.serve_url, "/v1/chat/completions", body)
+    if stream:
+        assert streamed_message(ours) == streamed_message(reference)
+        message, used = streamed_message(ours), ours[-1]["usage"]
+        assert used == reference[-1]["usage"]
+    else:
+        assert comparable(ours) == comparable(reference)
+        message, used = ours[0]["choices"][0]["message"], ours[0]["usage"]
+    assert message["reasoning"] and not message["content"]
+    # vllm serve's count of a streamed completion's reasoning tokens is its parser's own
+    # (smaller here); a whole one's counts every token of it. Either way, the same as ours.
+    thought = used["completion_tokens_details"]["reasoning_tokens"]
+    assert thought >= 1 if stream else thought == MAX_TOKENS
