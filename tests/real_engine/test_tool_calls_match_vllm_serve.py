@@ -5,6 +5,7 @@ compares everything else, on servers without parsers: a parser changes how a str
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -27,6 +28,8 @@ MAX_TOKENS = 12
 
 @dataclass(frozen=True)
 class ToolServers:
+    """Where the two servers answer, and the model they serve."""
+
     serve_url: str
     gateway_url: str
     tiny_model: Path
@@ -112,7 +115,9 @@ def tool_body(tiny_model: Path, choice: str, *, stream: bool) -> dict[str, Any]:
     return {**body, "stream": stream, **TOOL_CHOICES[choice]}
 
 
+@functools.cache
 def whitespace_tokens(tiny_model: Path) -> list[int]:
+    """The tiny model's tokens that decode to whitespace alone."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
