@@ -65,3 +65,18 @@ def test_an_option_without_a_backend_gets_the_default_backend(tiny_model: Path, 
 def test_an_option_the_chosen_backend_lacks_is_still_refused(tiny_model: Path) -> None:
     with pytest.raises(SystemExit):
         backend(tiny_model, "--structured-outputs-config", '{"backend": "outlines", "disable_any_whitespace": true}')
+
+
+def test_a_worker_that_parses_tool_calls_uses_xgrammar_unless_the_flags_choose(tiny_model: Path) -> None:
+    """A named or required tool choice is a structural tag, which only xgrammar compiles."""
+    assert backend(tiny_model, "--tool-call-parser", "hermes") == "xgrammar"
+    chosen = ("--structured-outputs-config.backend", "guidance")
+    assert backend(tiny_model, "--tool-call-parser", "hermes", *chosen) == "guidance"
+
+
+def test_auto_tool_choice_without_a_parser_is_refused_as_vllm_serve_refuses_it() -> None:
+    from worker.startup import parse_args, parser_flags_from_args
+
+    assert parser_flags_from_args(parse_args(["--model", "m"])) is None
+    with pytest.raises(SystemExit, match="--enable-auto-tool-choice requires --tool-call-parser"):
+        parser_flags_from_args(parse_args(["--model", "m", "--enable-auto-tool-choice"]))
