@@ -177,7 +177,7 @@ def _chat_parsing(options: WorkerOptions, engine: Any) -> ChatParsing | None:
     """vLLM's renderer and parsers for chat requests, with the worker's tool flags; none for
     an engine without vLLM's renderer (a scripted one), which refuses tool flags."""
     if not hasattr(engine, "renderer"):
-        if options.parsers is not None and options.parsers != ParserFlags():
+        if options.parsers is not None:
             raise ValueError("tool-call flags need vLLM's engine (a scripted engine has no tool parser)")
         return None
     return ChatParsing(engine, options.parsers or ParserFlags())

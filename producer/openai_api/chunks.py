@@ -28,8 +28,8 @@ from producer.openai_api.logprobs import (
     next_text_offset,
 )
 from producer.openai_api.requests import PLAIN, ResponseShape
-from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta, ReturnedPrompt, reasoning_tokens
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, ParsedOutput, TokenLogprob
+from producer.openai_api.responses import SYSTEM_FINGERPRINT, ResponseMeta, ReturnedPrompt
+from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, TokenLogprob
 
 _encode = msgspec.json.Encoder().encode
 
@@ -118,8 +118,8 @@ class ChunkBuilder:
     _prompt: dict[int, ReturnedPrompt] = field(default_factory=dict)
     _usage: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per prompt that ended: its prompt and completion tokens."""
-    _parsed_ends: list[ParsedOutput] = field(default_factory=list)
-    """What the parsers said on each completion's last chunk (its reasoning tokens)."""
+    _reasoning_tokens: int | None = None
+    """The reasoning tokens the workers' parsers counted (``None``: none did)."""
     _open: bytes = b""
     done: bool = False
     """Whether the response is complete: every prompt ended, or one failed."""
@@ -165,8 +165,8 @@ class ChunkBuilder:
             prompt_tokens = sum(p for p, _ in self._usage.values())
             completion = sum(c for _, c in self._usage.values())
             used = StreamUsage(prompt_tokens, prompt_tokens + completion, completion)
-            if (thought := reasoning_tokens(self._parsed_ends)) is not None:
-                used.completion_tokens_details = {"reasoning_tokens": thought}
+            if self._reasoning_tokens is not None:
+                used.completion_tokens_details = {"reasoning_tokens": self._reasoning_tokens}
             out.append(self._open + b'],"usage":' + _encode(used) + _FINGERPRINT)
         return out
 
@@ -192,8 +192,8 @@ class ChunkBuilder:
         completion or carries logprobs)."""
         assert event.parsed is not UNSET
         parsed = event.parsed
-        if event.finish_reason is not None:
-            self._parsed_ends.append(parsed)
+        if parsed.reasoning_tokens is not None:
+            self._reasoning_tokens = (self._reasoning_tokens or 0) + parsed.reasoning_tokens
         finish_reason = parsed.finish_reason or event.finish_reason
         if parsed.message is None and finish_reason is None and logprobs is None:
             return None

@@ -28,10 +28,10 @@ import pytest
 import redis
 
 from devkit.gateway_process import GatewayProcess
-from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+from devkit.worker_process import tiny_engine_flags, worker_env
 from streamq.protocol import ChunkEvent, decode_event, events_channel
 from tests.support.session import MAX_MODEL_LEN
-from tests.support.vllm_serve import VllmServe, comparable, post
+from tests.support.vllm_serve import beside_a_worker, comparable, post
 
 MODEL = "tiny-as-vllm-serve"
 """Served under a name of its own, on a queue of its own, so no other worker of the
@@ -69,27 +69,11 @@ def servers(
     """``vllm serve`` and a gateway; both engines start at once. The worker publishes each
     engine output as one event (no merging of its own), as ``vllm serve`` sends it."""
     logs = tmp_path_factory.mktemp("vs-vllm-serve")
-    flags = engine_flags(tiny_model)
-    serve = VllmServe(flags, logs / "vllm-serve.log")
-    worker = WorkerProcess(
-        worker_url,
-        ["--cpu-nice", "0", *flags],  # as much CPU as vllm serve gets: fewer late consumers
-        queue=QUEUE,
-        log_path=logs / "worker.log",
-        env=worker_env(STREAMQ_COALESCE="0"),
-    )
-    try:
-        worker.start()
-        serve.wait_ready()
-        worker.wait_ready()
-        gateway = GatewayProcess(gateway_url, logs / "gateway.log").wait_ready()
-        try:
-            yield Servers(serve.url, gateway.url, redis_url, gateway_url, tiny_model)
-        finally:
-            assert gateway.stop() == 0, gateway.log_tail()
-    finally:
-        serve.stop()
-        assert worker.stop() == 0, worker.log_tail()
+    env = worker_env(STREAMQ_COALESCE="0")
+    with beside_a_worker(
+        engine_flags(tiny_model), worker_url=worker_url, gateway_url=gateway_url, queue=QUEUE, logs=logs, env=env
+    ) as (serve_url, ours):
+        yield Servers(serve_url, ours, redis_url, gateway_url, tiny_model)
 
 
 def text_of(choice: dict[str, Any]) -> str:

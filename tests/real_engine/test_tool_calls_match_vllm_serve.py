@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-from devkit.gateway_process import GatewayProcess
-from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from devkit.worker_process import tiny_engine_flags
 from producer.client import StreamqClient
 from tests.support.session import MAX_MODEL_LEN
-from tests.support.vllm_serve import VllmServe, comparable, post
+from tests.support.vllm_serve import beside_a_worker, comparable, post
 
 MAX_TOKENS = 12
 
@@ -87,22 +86,9 @@ def tool_servers(
     logs = tmp_path_factory.mktemp("tools-vs-vllm-serve")
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
     flags += ["--served-model-name", TOOLS_MODEL, "--max-num-seqs", "16", *TOOL_FLAGS]
-    serve = VllmServe(flags, logs / "vllm-serve.log")
-    worker = WorkerProcess(
-        worker_url, ["--cpu-nice", "0", *flags], queue=f"streamq:queue:{TOOLS_MODEL}", log_path=logs / "worker.log"
-    )
-    try:
-        worker.start()
-        serve.wait_ready()
-        worker.wait_ready()
-        gateway = GatewayProcess(gateway_url, logs / "gateway.log").wait_ready()
-        try:
-            yield ToolServers(serve.url, gateway.url, tiny_model)
-        finally:
-            assert gateway.stop() == 0, gateway.log_tail()
-    finally:
-        serve.stop()
-        assert worker.stop() == 0, worker.log_tail()
+    queue = f"streamq:queue:{TOOLS_MODEL}"
+    with beside_a_worker(flags, worker_url=worker_url, gateway_url=gateway_url, queue=queue, logs=logs) as urls:
+        yield ToolServers(*urls, tiny_model)
 
 
 def tool_body(tiny_model: Path, choice: str, *, stream: bool) -> dict[str, Any]:

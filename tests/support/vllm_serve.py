@@ -10,13 +10,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import free_port
-from devkit.worker_process import tail, worker_env
+from devkit.worker_process import WorkerProcess, tail, worker_env
 
 VARYING = {"id", "created", "system_fingerprint"}
 """What two servers cannot agree on: the rest of every body must be equal."""
@@ -90,3 +92,26 @@ def comparable(body: Any) -> Any:
     if isinstance(body, list):
         return [comparable(v) for v in body]
     return body
+
+
+@contextlib.contextmanager
+def beside_a_worker(
+    flags: list[str], *, worker_url: str, gateway_url: str, queue: str, logs: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, str]]:
+    """``vllm serve`` and a worker with the same engine ``flags`` (their engines start at
+    once; the worker at ``vllm serve``'s CPU weight: fewer late consumers), and a gateway
+    in front of the worker: the two URLs to compare, ``vllm serve``'s first."""
+    serve = VllmServe(flags, logs / "vllm-serve.log")
+    worker = WorkerProcess(worker_url, ["--cpu-nice", "0", *flags], queue=queue, log_path=logs / "worker.log", env=env)
+    try:
+        worker.start()
+        serve.wait_ready()
+        worker.wait_ready()
+        gateway = GatewayProcess(gateway_url, logs / "gateway.log").wait_ready()
+        try:
+            yield serve.url, gateway.url
+        finally:
+            assert gateway.stop() == 0, gateway.log_tail()
+    finally:
+        serve.stop()
+        assert worker.stop() == 0, worker.log_tail()
