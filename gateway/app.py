@@ -130,10 +130,8 @@ def create_app(
         except Exception as exc:
             return error_response(exc)
         tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
-        workers = routes.workers
-        if tenant is not None and tenant.record is not None:
-            workers = [w for w in workers if tenant.record.allows(w.model)]
-        return JSONResponse(model_list(workers))
+        allows = tenant.record.allows if tenant is not None and tenant.record is not None else None
+        return JSONResponse(model_list(routes.workers, allows))
 
     @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:

@@ -101,7 +101,7 @@ from streamq.protocol import (
     parse_request,
     serialize_job,
 )
-from streamq.protocol.affinity import affinity_keys, check_affinity_key
+from streamq.protocol.affinity import affinity_keys, check_affinity_key, under_adapter
 from streamq.protocol.names import (
     AFFINITY_BALANCE_FRACTION,
     AFFINITY_BALANCE_SLACK,
@@ -655,6 +655,8 @@ class StreamqClient:
             queue = _queue_of(routes, model)
             if _cap_max_tokens(request, routes.context_length(model)):
                 job = _job_payload(request)
+            if affinity and not routes.is_base_model(model):  # a LoRA adapter: its workers first
+                prefixes = under_adapter(model, prefixes)
         # Subscribe and enqueue at once: the job can start one round trip sooner. What
         # is published before the subscription holds is in the replay log, read right
         # after; the handle merges both without gap or duplicate.
@@ -967,12 +969,26 @@ class StreamqClient:
 
 
 def _queue_of(routes: Routes, model: str) -> str:
-    """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``."""
+    """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``.
+
+    A model no live worker lists goes to the queue of workers that load LoRA adapters by
+    name at run time, if there is one (the queue it was served on before, if several):
+    the worker that takes it loads it, or ends the request with an error naming it."""
     live_models = routes.live_models()
     if model in live_models:
         return live_models[model]
+    loading = routes.adapter_queues()
+    if routes.known_models.get(model) in loading:
+        return routes.known_models[model]
+    if len(loading) == 1:
+        return next(iter(loading))
     if model in routes.known_models:
         raise NoLiveWorker(f"no live worker serves model {model!r} now")
+    if loading:
+        raise UnknownModel(
+            f"no worker lists model {model!r}, and workers on several queues load adapters at run time "
+            f"({', '.join(sorted(loading))}): list it with --lora-modules on the workers that should serve it"
+        )
     live = ", ".join(sorted(live_models)) or "none"
     raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
 

@@ -31,6 +31,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from worker.cpu_lora import ask_for_mend
 from worker.options import FrontEndSeat
 
 logger = logging.getLogger("streamq.worker")
@@ -116,8 +117,11 @@ def engine_config(engine_args: AsyncEngineArgs) -> VllmConfig:
     """The engine's whole configuration, resolved as ``vllm serve`` resolves it.
 
     Resolving fills the unset fields of ``engine_args`` in place, so build the
-    arguments afresh for each call.
+    arguments afresh for each call. With LoRA on, the engine processes started after
+    this mend the CPU build's LoRA kernels (``worker/cpu_lora.py``).
     """
+    if engine_args.enable_lora:
+        ask_for_mend()
     config: VllmConfig = engine_args.create_engine_config(usage_context=USAGE_CONTEXT)
     return config
 

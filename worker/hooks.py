@@ -15,6 +15,7 @@ from streamq.broker.replay_log import ReplayLog
 from streamq.environment import events_url_from_env, queue_from_env
 from streamq.tasks import stop_task
 from worker import metrics
+from worker.adapters import Adapters
 from worker.callbacks import CallbackPolicy, CallbackSender, secret_from_env
 from worker.cancel import CancelListener
 from worker.chat_parsing import ChatParsing, ParserFlags
@@ -123,6 +124,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         leases.start()
         closing.push_async_callback(leases.close)
         model, max_model_len = served_model_name(engine)
+        adapters = await _adapters(options, engine, model)
         presence = Presence(
             redis,
             worker_id=worker_id,
@@ -130,7 +132,11 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             queue=queue,
             max_model_len=max_model_len,
             slots=_slots(options, engine),
+            adapters=adapters.cards() if adapters is not None else (),
+            loads_adapters=adapters is not None and adapters.loads_adapters,
         )
+        if adapters is not None:
+            adapters.on_change = presence.list_adapters
         callbacks = CallbackSender(redis, replay_log, _callback_policy(options))
         callbacks.start()
         closing.push_async_callback(callbacks.close)
@@ -147,6 +153,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
                 options.checkpoint_tokens if options.checkpoint_tokens is not None else checkpoint_tokens_from_env()
             ),
             chat_parsing=_chat_parsing(options, engine),
+            adapters=adapters,
         )
         engine_watch = asyncio.create_task(_watch_engine(state), name="engine-watch")
         closing.push_async_callback(stop_task, engine_watch)
@@ -181,6 +188,17 @@ def _chat_parsing(options: WorkerOptions, engine: Any) -> ChatParsing | None:
             raise ValueError("tool-call flags need vLLM's engine (a scripted engine has no tool parser)")
         return None
     return ChatParsing(engine, options.parsers or ParserFlags())
+
+
+async def _adapters(options: WorkerOptions, engine: Any, model: str) -> Adapters | None:
+    """The LoRA adapters served beside ``model`` (its ``--lora-modules`` loaded now, as vllm
+    serve loads them); ``None`` for an engine without LoRA."""
+    lora_config = getattr(getattr(engine, "vllm_config", None), "lora_config", None)
+    if lora_config is None:
+        return None
+    adapters = Adapters(engine, model, modules=options.lora_modules or ())
+    await adapters.load_listed()
+    return adapters
 
 
 async def on_shutdown(ctx: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from arq import Retry
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.renderers.hf import resolve_chat_template_kwargs
 from vllm.sampling_params import RepetitionDetectionParams, RequestOutputKind, StructuredOutputsParams
@@ -36,6 +37,7 @@ from streamq.protocol import (
     parse_request,
 )
 from worker import metrics
+from worker.adapters import Adapters
 from worker.chat_parsing import OutputParsing, RenderedChat
 from worker.delivery import Delivery
 from worker.engine import engine_priority
@@ -157,15 +159,17 @@ def _validate(ctx: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     request = parse_request(args[0])
     if request.request_id != job_id:
         raise InvalidRequest(f"request_id {request.request_id!r} must equal the arq job id {job_id!r}")
-    _check_model(request, state_of(ctx).presence)
+    state = state_of(ctx)
+    _check_model(request, state.presence, state.adapters)
     return request
 
 
-def _check_model(request: GenerateRequest, presence: Presence) -> None:
+def _check_model(request: GenerateRequest, presence: Presence, adapters: Adapters | None) -> None:
     """Refuse a request meant for another model: workers of two models sharing a queue
-    would otherwise answer each other's requests with the wrong model."""
+    would otherwise answer each other's requests with the wrong model. On a worker with
+    LoRA adapters any other name is an adapter's, found (or refused by name) as it runs."""
     served = presence.registration.model
-    if request.model is not None and request.model != served:
+    if request.model is not None and request.model != served and adapters is None:
         raise InvalidRequest(
             f"request for model {request.model!r} reached a worker serving model {served!r} "
             f"(workers of different models must not share a queue)"
@@ -289,6 +293,7 @@ async def _run(
     events.checkpoint_tokens = delivery.checkpoint_tokens
     prompt = await _prompt(state, request)
     prompt_ids = prompt.token_ids
+    lora = await _lora_request(state, request)
     # The seed a take-over would need to generate the request again is fixed now.
     params = with_take_over_seed(sampling_params_for(request, delivery, prompt.rendered), request.request_id)
     progress = await _take_over(state, request, events, params.n)
@@ -309,7 +314,15 @@ async def _run(
     reporter = PromptReporter.for_request(request, params.prompt_logprobs, state.engine, with_prompt=first_run)
     reader = LogprobsReader.for_request(params, state.engine)
     parsing = _output_parsing(state, request, prompt, params.n, delivery, progress)
-    return await _run_engine(ctx, request, events, progress, generation, _Readers(reader, reporter, parsing), time_left)
+    readers = _Readers(reader, reporter, parsing)
+    return await _run_engine(ctx, request, events, progress, generation, readers, time_left, lora)
+
+
+async def _lora_request(state: WorkerState, request: GenerateRequest) -> LoRARequest | None:
+    """The LoRA adapter the request names (``None``: the base model), loaded if need be."""
+    if state.adapters is None or request.model is None or request.model == state.presence.registration.model:
+        return None
+    return await state.adapters.request_for(request.model)
 
 
 def _output_parsing(
@@ -404,6 +417,7 @@ async def _run_engine(
     generation: _FirstRun | Continuation | Regeneration,
     readers: _Readers,
     time_left: float | None,
+    lora: LoRARequest | None = None,
 ) -> dict[str, Any]:
     """Run the generation with the request's lease held and its cancel heard, emitting each
     output; then settle. A cancel or the deadline ends it with a final event; the worker's
@@ -422,6 +436,8 @@ async def _run_engine(
                 priority = engine_priority(engine, request.priority)
                 # A reasoning parser's state, as vllm serve hands it to the engine (none otherwise).
                 extra = readers.parsing.engine_kwargs() if readers.parsing is not None else {}
+                if lora is not None:
+                    extra["lora_request"] = lora
                 async for output in generation.generate(engine, request.request_id, priority, **extra):
                     _emit(events, progress, output, readers)
     except asyncio.CancelledError:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 
     from worker.chat_parsing import ParserFlags
     from worker.shared_slots import SharedSlots
@@ -47,10 +48,10 @@ class WorkerOptions:
     """Requests run at once (``--max-jobs``); ``None``: the engine's ``max_num_seqs``."""
     cpu_nice: int | None = None
     queue_name: str | None = None
+    """The queue this worker registers for its model."""
     events_redis_url: str | None = None
     """The data plane's Redis Cluster; ``None``: ``$STREAMQ_EVENTS_REDIS_URL``, else the
     control plane's Redis."""
-    """The queue this worker registers for its model."""
     log_ttl_ms: int | None = None
     log_maxlen: int | None = None
     coalesce: bool | None = None
@@ -64,6 +65,8 @@ class WorkerOptions:
     """Set in a front end of ``--front-ends N``: the engine core is the parent's."""
     parsers: ParserFlags | None = None
     """``vllm serve``'s tool-call flags (``None``: none, as without them)."""
+    lora_modules: list[LoRAModulePath] | None = None
+    """``vllm serve``'s ``--lora-modules``: adapters loaded at start-up (needs ``--enable-lora``)."""
 
 
 def options_of(ctx: Mapping[str, Any]) -> WorkerOptions:

@@ -12,10 +12,11 @@ import asyncio
 import logging
 from typing import Any
 
+import msgspec
 from redis.asyncio import Redis
 
 from streamq.broker.registry import WorkerRegistry
-from streamq.protocol import WORKER_RENEW_S, WorkerRegistration
+from streamq.protocol import WORKER_RENEW_S, AdapterCard, WorkerRegistration
 from streamq.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker")
@@ -44,9 +45,17 @@ class Presence:
         queue: str,
         max_model_len: int | None = None,
         slots: int | None = None,
+        adapters: tuple[AdapterCard, ...] = (),
+        loads_adapters: bool = False,
     ) -> None:
         self.registration = WorkerRegistration(
-            worker_id=worker_id, model=model, queue=queue, max_model_len=max_model_len, slots=slots
+            worker_id=worker_id,
+            model=model,
+            queue=queue,
+            max_model_len=max_model_len,
+            slots=slots,
+            adapters=adapters,
+            loads_adapters=loads_adapters,
         )
         self._registry = WorkerRegistry(redis)
         self._task: asyncio.Task[None] | None = None
@@ -56,6 +65,17 @@ class Presence:
         await self._registry.register(self.registration)
         logger.info("registered model %r on queue %s", self.registration.model, self.registration.queue)
         self._task = asyncio.create_task(self._renew(), name="presence")
+
+    async def list_adapters(self, adapters: tuple[AdapterCard, ...]) -> None:
+        """Register anew with ``adapters`` (one loaded at run time), and withdraw the
+        registration that lacked them: producers route to it from now on."""
+        before = self.registration
+        self.registration = msgspec.structs.replace(before, adapters=adapters)
+        try:
+            await self._registry.register(self.registration)
+            await self._registry.unregister(before)
+        except Exception as exc:  # renewed within WORKER_RENEW_S; the old one lapses
+            logger.warning("could not renew the worker registration: %s", exc)
 
     async def _renew(self) -> None:
         while True:

@@ -10,6 +10,9 @@ import logging
 import os
 import shlex
 
+from vllm.engine.arg_utils import optional_type
+from vllm.entrypoints.launchers.cli_args import LoRAParserAction
+from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from streamq.broker.connection import (
@@ -166,8 +169,27 @@ def build_parser() -> FlexibleArgumentParser:
         "(default: %(default)g)",
     )
     _add_tool_args(parser)
+    lora = parser.add_argument_group("LoRA adapters (as vllm serve; --enable-lora, --max-loras, ... are engine flags)")
+    lora.add_argument(
+        "--lora-modules",
+        type=optional_type(str),
+        default=None,
+        nargs="+",
+        action=LoRAParserAction,
+        help="adapters served as models beside the base model, loaded at start-up: NAME=PATH, or vLLM's JSON "
+        '\'{"name": "NAME", "path": "PATH", "base_model_name": "BASE"}\'; adapters not listed are loaded at run '
+        "time by vLLM's LoRA resolvers where one is set up (e.g. $VLLM_LORA_RESOLVER_CACHE_DIR)",
+    )
     add_engine_args(parser)
     return parser
+
+
+def lora_modules_from_args(args: argparse.Namespace) -> list[LoRAModulePath] | None:
+    """``--lora-modules`` as given; refused without ``--enable-lora`` (the engine could not load them)."""
+    modules: list[LoRAModulePath] | None = args.lora_modules
+    if modules and not getattr(args, "enable_lora", False):
+        raise SystemExit("python -m worker: --lora-modules needs --enable-lora")
+    return modules or None
 
 
 def _add_tool_args(parser: FlexibleArgumentParser) -> None:
@@ -252,6 +274,7 @@ def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> in
                 callback_timeout_s=args.callback_timeout_s,
                 front_end=seat,
                 parsers=parser_flags_from_args(args),
+                lora_modules=lora_modules_from_args(args),
             )
         },
     }

@@ -24,6 +24,7 @@ from worker.publisher import EventPublisher
 from worker.stats_report import RunningRequests
 
 if TYPE_CHECKING:
+    from worker.adapters import Adapters
     from worker.chat_parsing import ChatParsing
 
 logger = logging.getLogger("streamq.worker")
@@ -82,6 +83,8 @@ class WorkerState:
     chat_parsing: ChatParsing | None = None
     """vLLM's renderer for chat requests with tools and the tool and reasoning parsers the
     worker's flags name; ``None`` for an engine without vLLM's renderer (a scripted one)."""
+    adapters: Adapters | None = None
+    """The LoRA adapters served beside the base model; ``None`` without ``--enable-lora``."""
     closing: AsyncExitStack = field(default_factory=AsyncExitStack)
     """Stops the parts started with this state, last started first (the start-up hook fills it)."""
     clock: RedisClock = field(default_factory=RedisClock)

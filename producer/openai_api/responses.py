@@ -10,7 +10,7 @@ them where they look.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, cast
@@ -276,15 +276,23 @@ def _prompt_logprobs(completion: Completion) -> list[Any] | None:
     return prompt_logprobs(completion.prompt_token_ids, completion.prompt_logprobs)
 
 
-def model_list(workers: Iterable[WorkerRegistration]) -> dict[str, Any]:
-    """The ``/v1/models`` body: each model the live ``workers`` serve, once."""
+def model_list(workers: Iterable[WorkerRegistration], allows: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """The ``/v1/models`` body: each model the live ``workers`` serve, once, those ``allows``
+    lets through (every one, for ``None``). A LoRA adapter is listed as ``vllm serve`` lists
+    it: ``root`` its path, ``parent`` its base model."""
     seen: dict[str, dict[str, Any]] = {}
-    for worker in workers:
-        entry = seen.setdefault(
-            worker.model,
-            {"id": worker.model, "object": "model", "created": 0, "owned_by": "streamq", "root": worker.model},
-        )
-        if worker.max_model_len is not None:
-            entry["max_model_len"] = worker.max_model_len
+
+    def count(name: str, card: dict[str, Any]) -> dict[str, Any]:
+        entry = seen.setdefault(name, {"id": name, "object": "model", "created": 0, "owned_by": "streamq", **card})
         entry["workers"] = entry.get("workers", 0) + 1
+        return entry
+
+    for worker in workers:
+        if allows is None or allows(worker.model):
+            entry = count(worker.model, {"root": worker.model})
+            if worker.max_model_len is not None:
+                entry["max_model_len"] = worker.max_model_len
+        for adapter in worker.adapters:
+            if allows is None or allows(adapter.name):
+                count(adapter.name, {"root": adapter.path, "parent": worker.model})
     return {"object": "list", "data": list(seen.values())}

@@ -41,19 +41,28 @@ class Routes:
     """Model name -> queue, for every model a worker ever registered."""
 
     def live_models(self) -> dict[str, str]:
-        """Model name -> queue, for models that have at least one live worker."""
-        return {w.model: w.queue for w in self.workers}
+        """Model name -> queue, for models that have at least one live worker (LoRA
+        adapters included: on their base model's queue)."""
+        return {name: w.queue for w in self.workers for name in w.models()}
+
+    def adapter_queues(self) -> set[str]:
+        """The queues of live workers that load LoRA adapters by name at run time."""
+        return {w.queue for w in self.workers if w.loads_adapters}
+
+    def is_base_model(self, model: str) -> bool:
+        """Whether ``model`` is a live worker's base model (not one of its LoRA adapters)."""
+        return any(w.model == model for w in self.workers)
 
     def context_length(self, model: str) -> int | None:
         """The smallest ``max_model_len`` among ``model``'s live workers (a request must
         fit whichever takes it); ``None`` when none reports one."""
-        lengths = [w.max_model_len for w in self.workers if w.model == model and w.max_model_len is not None]
+        lengths = [w.max_model_len for w in self.workers if w.serves(model) and w.max_model_len is not None]
         return min(lengths, default=None)
 
     def slots(self, model: str | None = None) -> int:
         """Requests the live workers of ``model`` (of every model, for ``None``) run at once,
         summed; a worker that reports no ``slots`` counts ``DEFAULT_SLOTS``."""
-        return sum(w.slots or DEFAULT_SLOTS for w in self.workers if model is None or w.model == model)
+        return sum(w.slots or DEFAULT_SLOTS for w in self.workers if model is None or w.serves(model))
 
 
 class WorkerRegistry:
@@ -68,7 +77,7 @@ class WorkerRegistry:
         """Announce (or renew) ``registration`` as live for ``ttl_ms`` from now."""
         await self._register(
             keys=[WORKERS_KEY, MODELS_KEY],
-            args=[encode_registration(registration), ttl_ms, registration.model, registration.queue],
+            args=[encode_registration(registration), ttl_ms, registration.queue, *registration.models()],
         )
 
     async def unregister(self, registration: WorkerRegistration) -> None:

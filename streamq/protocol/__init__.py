@@ -19,6 +19,7 @@ from streamq.protocol.envelope import (
 from streamq.protocol.messages import (
     LOGPROB_FLOOR,
     TERMINAL_EVENTS,
+    AdapterCard,
     Callback,
     ChatMessage,
     ChatTemplateOptions,
@@ -153,6 +154,7 @@ __all__ = [
     "TokenLogprob",
     "ToolOptions",
     "TopLogprob",
+    "AdapterCard",
     "WorkerRegistration",
     "decode_event",
     "decode_registration",

@@ -83,6 +83,21 @@ def affinity_keys(
     return prompt_keys(prompt or "")
 
 
+def under_adapter(adapter: str, keys: Sequence[str]) -> list[str]:
+    """The keys of a request run under LoRA adapter ``adapter``: its prefix ``keys`` salted
+    with the adapter's name (the engine caches a prefix per adapter: the same text under
+    another adapter, or none, shares nothing), then the adapter's own key, the shortest. The
+    worker that ran the adapter last owns that key, so a request that finds no conversation
+    of its own goes to a worker that has the adapter loaded."""
+    salted = [_digest(b"lora\x00", adapter + _FIELD_END + key) for key in keys[: MAX_AFFINITY_KEYS - 1]]
+    return [*salted, adapter_key(adapter)]
+
+
+def adapter_key(adapter: str) -> str:
+    """The key of LoRA adapter ``adapter``, owned by the worker that ran it last."""
+    return _digest(b"adapter\x00", adapter)
+
+
 def check_affinity_key(affinity_key: object) -> str | None:
     """``affinity_key`` if it is usable (a non-empty string of at most
     ``MAX_AFFINITY_KEY_CHARS``), else a ``ValueError`` saying why."""

@@ -359,12 +359,21 @@ def parse_request(raw: object) -> GenerateRequest:
 
 
 # --- Worker registry -------------------------------------------------------------
+class AdapterCard(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defaults=True):
+    """A LoRA adapter a worker serves beside its base model, as ``vllm serve`` lists it."""
+
+    name: str
+    """The model name requests give to run under the adapter."""
+    path: str
+    """Where the worker loaded it from (``/v1/models``' ``root``, as vllm serve shows it)."""
+
+
 class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
-    """What a live worker tells producers: which model it serves on which queue.
+    """What a live worker tells producers: which models it serves on which queue.
 
     ``model`` is vLLM's served model name (``--served-model-name``, else ``--model``):
-    the name OpenAI clients put in ``"model"``. Unknown fields are ignored, so later
-    versions may add some."""
+    the name OpenAI clients put in ``"model"``; each of ``adapters`` is a model too, on the
+    same queue. Unknown fields are ignored, so later versions may add some."""
 
     worker_id: str
     model: str
@@ -373,7 +382,20 @@ class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defau
     slots: int | None = None
     """Requests the worker runs at once (its engine's ``max_num_seqs``, or ``--max-jobs``): what
     a batch keeps in flight for it."""
+    adapters: tuple[AdapterCard, ...] = ()
+    """The LoRA adapters it serves: its ``--lora-modules`` and those it loaded at run time."""
+    loads_adapters: bool = False
+    """Whether it loads adapters it does not list yet, by name (vLLM's LoRA resolvers): a
+    request for a model no worker lists goes to its queue."""
     v: int = PROTOCOL_VERSION
+
+    def serves(self, model: str) -> bool:
+        """Whether ``model`` is this worker's base model or one of its listed adapters."""
+        return model == self.model or any(adapter.name == model for adapter in self.adapters)
+
+    def models(self) -> list[str]:
+        """The base model's name, then its adapters'."""
+        return [self.model, *(adapter.name for adapter in self.adapters)]
 
 
 _registration_decoder = msgspec.json.Decoder(WorkerRegistration)

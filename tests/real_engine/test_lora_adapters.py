@@ -1,0 +1,220 @@
+"""LoRA adapters served as models: two real workers started as ``vllm serve`` would be
+with LoRA (``--enable-lora --lora-modules ... --max-loras 2``, and vLLM's filesystem
+resolver for adapters not listed), on a queue of their own, behind a real gateway.
+
+The adapters are generated here (random A and B, so each visibly changes the text), and
+every text under an adapter is compared with a bare ``AsyncLLM`` given the same
+``LoRARequest``. The workers get the module's requests concurrently, so base-model and
+adapter requests share the engine's batches (the CPU build's LoRA kernels applied an
+adapter to base requests in such batches: ``worker/cpu_lora.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.gateway_process import GatewayProcess
+from devkit.tiny_adapter import build_tiny_adapter
+from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+from producer.client import StreamqClient
+from producer.errors import RequestError
+from streamq.broker.api_keys import ApiKeyStore, KeyRecord
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import events_channel
+from tests.support.reference_generate import LORA_RANK, PROMPTS, bare_engine_lora_outputs
+from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
+from tests.support.worker_faults import paused, pid_of
+
+QUEUE = "streamq:queue:lora"
+BASE = "tiny-lora"
+"""The workers' served model name: the session worker serves the same weights under their path."""
+LISTED = ("sql", "poet")
+"""Adapters the workers list with ``--lora-modules``."""
+FOUND = "pirate"
+"""An adapter only in the resolver's directory: loaded at run time by the worker that takes it."""
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three adapters of the tiny model; ``FOUND``'s in the directory the resolver searches."""
+    root = tmp_path_factory.mktemp("adapters")
+    made = {name: build_tiny_adapter(tiny_model, root / "listed" / name, seed=i) for i, name in enumerate(LISTED)}
+    made[FOUND] = build_tiny_adapter(tiny_model, root / "resolver" / FOUND, seed=len(LISTED))
+    return made
+
+
+@pytest.fixture(scope="module")
+def lora_workers(
+    worker: WorkerProcess, tiny_model: Path, adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[WorkerProcess]]:
+    """Two LoRA workers on ``QUEUE``, started together, ready once both registered."""
+    flags = [
+        *tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN),
+        "--served-model-name",
+        BASE,
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        str(LORA_RANK),
+        "--lora-modules",
+        *(f"{name}={adapters[name]}" for name in LISTED),
+    ]
+    env = worker_env(VLLM_LORA_RESOLVER_CACHE_DIR=str(adapters[FOUND].parent))
+    logs = tmp_path_factory.mktemp("lora-workers")
+    workers = [
+        WorkerProcess(worker.redis_url, flags, queue=QUEUE, log_path=logs / f"worker-{i}.log", env=env).start()
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 300
+        for process in workers:
+            while "registered model" not in process.log_tail(400):
+                assert process.process is not None and process.process.poll() is None, process.log_tail()
+                assert time.monotonic() < deadline, process.log_tail()
+                time.sleep(0.2)
+        yield workers
+    finally:
+        codes = [process.stop() for process in workers]
+    assert codes[1] == 0, workers[1].log_tail()  # the first is killed by the take-over test
+
+
+@pytest.fixture(scope="module")
+def reference(
+    tiny_model: Path, adapters: dict[str, Path], lora_workers: list[WorkerProcess]
+) -> dict[str, dict[str, dict]]:
+    """A bare AsyncLLM's greedy texts of ``PROMPTS`` under the base model ("") and each
+    adapter (started after the workers, so that no two engines start at once)."""
+    return bare_engine_lora_outputs(tiny_model, MAX_MODEL_LEN, adapters)
+
+
+@pytest.fixture(scope="module")
+def lora_gateway(
+    lora_workers: list[WorkerProcess], gateway_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    log_path = tmp_path_factory.mktemp("lora-gateway") / "gateway.log"
+    process = GatewayProcess(gateway_url, log_path, "--api-key", OPERATOR_KEY).wait_ready()
+    yield process
+    assert process.stop() == 0, process.log_tail()
+
+
+@pytest.fixture
+async def lora_client(lora_workers: list[WorkerProcess], producer_url: str) -> Any:
+    async with await StreamqClient.connect(producer_url, queue=QUEUE) as client:
+        yield client
+
+
+async def test_each_listed_adapter_is_a_model_on_its_base_models_queue(
+    lora_client: StreamqClient, adapters: dict[str, Path], lora_gateway: GatewayProcess
+) -> None:
+    live = await lora_client.live_models()
+    assert {name: live[name] for name in (BASE, *LISTED)} == dict.fromkeys((BASE, *LISTED), QUEUE)
+    async with httpx.AsyncClient(base_url=lora_gateway.url) as http:
+        reply = await http.get("/v1/models", headers={"Authorization": f"Bearer {OPERATOR_KEY}"})
+    cards = {card["id"]: card for card in reply.json()["data"]}
+    for name in LISTED:  # as vllm serve lists an adapter: its path as root, its base as parent
+        assert cards[name]["root"] == str(adapters[name])
+        assert cards[name]["parent"] == BASE
+        assert cards[name]["workers"] == 2
+    assert "parent" not in cards[BASE]
+
+
+async def test_every_text_under_an_adapter_equals_the_bare_engine_with_its_lora_request(
+    lora_client: StreamqClient, reference: dict[str, dict[str, dict]]
+) -> None:
+    models = {"": BASE, **{name: name for name in LISTED}}
+    # All at once, twice over: base and adapter requests share batches on both workers.
+    asked = [(name, prompt) for _ in range(2) for name in models for prompt in PROMPTS]
+    completions = await asyncio.gather(
+        *(
+            lora_client.generate(prompt, model=models[name], max_tokens=24, temperature=0, affinity=False)
+            for name, prompt in asked
+        )
+    )
+    for (name, prompt), completion in zip(asked, completions, strict=True):
+        expected = reference[name][prompt]
+        assert (completion.text, completion.token_ids[0]) == (expected["text"], expected["token_ids"]), (name, prompt)
+    for name in LISTED:
+        assert reference[name] != reference[""], f"adapter {name} changes nothing: the test could not fail"
+
+
+async def test_requests_for_an_adapter_go_to_the_worker_that_ran_it_last(lora_client: StreamqClient) -> None:
+    for name in LISTED:
+        first = await lora_client.generate("Hello", model=name, max_tokens=2)
+        followers = [await lora_client.generate("Hello again", model=name, max_tokens=2) for _ in range(4)]
+        assert {c.worker for c in followers} == {first.worker}, name
+
+
+async def test_an_adapter_not_listed_is_found_at_run_time_and_listed_from_then_on(
+    lora_client: StreamqClient, reference: dict[str, dict[str, dict]], adapters: dict[str, Path]
+) -> None:
+    prompt = PROMPTS[0]
+    completion = await lora_client.generate(prompt, model=FOUND, max_tokens=24, temperature=0)
+    assert (completion.text, completion.token_ids[0]) == (
+        reference[FOUND][prompt]["text"],
+        reference[FOUND][prompt]["token_ids"],
+    )
+    routes = await lora_client.routes()
+    (loaded_by,) = [w for w in routes.workers if w.worker_id == completion.worker]
+    assert [(a.name, a.path) for a in loaded_by.adapters] == [
+        *((name, str(adapters[name])) for name in LISTED),
+        (FOUND, str(adapters[FOUND])),
+    ]
+    assert all(w.loads_adapters for w in routes.workers if w.queue == QUEUE)
+
+
+async def test_an_adapter_nobody_can_find_ends_with_an_error_naming_it(lora_client: StreamqClient) -> None:
+    with pytest.raises(RequestError) as refused:
+        await lora_client.generate("Hello", model="no-such-adapter", max_tokens=2)
+    assert refused.value.code == "invalid_request"
+    assert "no-such-adapter" in str(refused.value)
+    assert (await lora_client.generate("Hello", model=LISTED[0], max_tokens=2)).text  # the worker goes on
+
+
+async def test_a_keys_allowed_models_name_adapters(lora_gateway: GatewayProcess, raw_redis: aioredis.Redis) -> None:
+    name = f"lora-key-{uuid.uuid4().hex[:8]}"
+    secret = await ApiKeyStore(raw_redis).create(KeyRecord(name, models=[LISTED[0]]))
+    headers = {"Authorization": f"Bearer {secret}"}
+    async with httpx.AsyncClient(base_url=lora_gateway.url, headers=headers, timeout=120) as http:
+        listed = [card["id"] for card in (await http.get("/v1/models")).json()["data"]]
+        allowed = await http.post("/v1/completions", json={"model": LISTED[0], "prompt": "Hi", "max_tokens": 2})
+        refused = await http.post("/v1/completions", json={"model": LISTED[1], "prompt": "Hi", "max_tokens": 2})
+        base = await http.post("/v1/completions", json={"model": BASE, "prompt": "Hi", "max_tokens": 2})
+    assert listed == [LISTED[0]]
+    assert allowed.status_code == 200, allowed.text
+    assert allowed.json()["model"] == LISTED[0]
+    assert refused.status_code == base.status_code == 404, (refused.text, base.text)  # as for any model not allowed
+
+
+async def test_a_request_under_an_adapter_is_taken_over_with_the_text_of_an_undisturbed_run(
+    lora_workers: list[WorkerProcess], lora_client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """Last in the module: it kills the first worker."""
+    doomed, survivor = lora_workers
+    request = {"model": LISTED[1], "max_tokens": 200, "ignore_eos": True, "temperature": 0, "affinity": False}
+    request_id = f"lora-take-over-{uuid.uuid4().hex}"
+    try:
+        with paused(survivor):
+            handle = await lora_client.submit(PROMPTS[1], request_id=request_id, **request)
+            async with asyncio.timeout(120):
+                while await raw_redis.xlen(events_channel(request_id)) < 25:
+                    await asyncio.sleep(0.005)
+            doomed.kill()
+    finally:
+        doomed.kill()
+    taken_over = await handle.result()
+    attempts = {json.loads(raw)["attempt"] for raw in await ReplayLog(raw_redis).read(request_id)}
+    assert attempts == {1, 2}, "not interrupted mid-stream"
+    calm = await lora_client.generate(PROMPTS[1], **request)
+    assert pid_of(taken_over.worker) == pid_of(calm.worker) == survivor.process.pid  # type: ignore[union-attr]
+    assert (taken_over.text, taken_over.token_ids) == (calm.text, calm.token_ids)
