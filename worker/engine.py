@@ -31,7 +31,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from worker.cpu_lora import ask_for_mend
+from worker.lora_plugin import ask_for_plugin
 from worker.options import FrontEndSeat
 
 logger = logging.getLogger("streamq.worker")
@@ -118,10 +118,10 @@ def engine_config(engine_args: AsyncEngineArgs) -> VllmConfig:
 
     Resolving fills the unset fields of ``engine_args`` in place, so build the
     arguments afresh for each call. With LoRA on, the engine processes started after
-    this mend the CPU build's LoRA kernels (``worker/cpu_lora.py``).
+    this log adapter loads and mend the CPU build's LoRA kernels (``worker/lora_plugin.py``).
     """
     if engine_args.enable_lora:
-        ask_for_mend()
+        ask_for_plugin()
     config: VllmConfig = engine_args.create_engine_config(usage_context=USAGE_CONTEXT)
     return config
 

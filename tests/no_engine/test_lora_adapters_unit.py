@@ -1,7 +1,7 @@
 """LoRA adapters without an engine: how producers route an adapter's requests
 (``Routes``, ``_queue_of``), how ``/v1/models`` lists adapters, the affinity keys of a
 request under an adapter, the worker's flags and adapter ids, and the CPU kernels' mend
-on vLLM's own torch ops (``worker/cpu_lora.py``)."""
+on vLLM's own torch ops (``worker/lora_plugin.py``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ with warnings.catch_warnings():
     from vllm.lora.ops.torch_ops import lora_ops
 
     from worker.adapters import adapter_id
-    from worker.cpu_lora import _without_negative_indices
+    from worker.lora_plugin import _without_negative_indices
     from worker.startup import build_parser, lora_modules_from_args
 
 SQL = AdapterCard(name="sql", path="/adapters/sql")

@@ -6,7 +6,7 @@ The adapters are generated here (random A and B, so each visibly changes the tex
 every text under an adapter is compared with a bare ``AsyncLLM`` given the same
 ``LoRARequest``. The workers get the module's requests concurrently, so base-model and
 adapter requests share the engine's batches (the CPU build's LoRA kernels applied an
-adapter to base requests in such batches: ``worker/cpu_lora.py``).
+adapter to base requests in such batches: ``worker/lora_plugin.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from streamq.protocol import events_channel
 from tests.support.reference_generate import LORA_RANK, PROMPTS, bare_engine_lora_outputs
 from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
 from tests.support.worker_faults import paused, pid_of
+from worker.lora_plugin import LOAD_LINE
 
 QUEUE = "streamq:queue:lora"
 BASE = "tiny-lora"
@@ -156,7 +157,10 @@ async def test_requests_for_an_adapter_go_to_the_worker_that_ran_it_last(lora_cl
 
 
 async def test_an_adapter_not_listed_is_found_at_run_time_and_listed_from_then_on(
-    lora_client: StreamqClient, reference: dict[str, dict[str, dict]], adapters: dict[str, Path]
+    lora_workers: list[WorkerProcess],
+    lora_client: StreamqClient,
+    reference: dict[str, dict[str, dict]],
+    adapters: dict[str, Path],
 ) -> None:
     prompt = PROMPTS[0]
     completion = await lora_client.generate(prompt, model=FOUND, max_tokens=24, temperature=0)
@@ -171,6 +175,8 @@ async def test_an_adapter_not_listed_is_found_at_run_time_and_listed_from_then_o
         (FOUND, str(adapters[FOUND])),
     ]
     assert all(w.loads_adapters for w in routes.workers if w.queue == QUEUE)
+    (worker,) = [w for w in lora_workers if w.process is not None and w.process.pid == pid_of(completion.worker)]
+    assert f"{LOAD_LINE}: {FOUND} ({adapters[FOUND]})" in worker.log_tail(2000)
 
 
 async def test_an_adapter_nobody_can_find_ends_with_an_error_naming_it(lora_client: StreamqClient) -> None:
