@@ -296,7 +296,8 @@ class SnapshotBuilder:
         queues.update(routes.live_models())
         live_workers: dict[str, int] = {}
         for registration in routes.workers:
-            live_workers[registration.model] = live_workers.get(registration.model, 0) + 1
+            for name in registration.models():  # its LoRA adapters are models too
+                live_workers[name] = live_workers.get(name, 0) + 1
         shown = sorted(m for m, q in queues.items() if m in live_workers or reading.depths.get(q, 0) > 0)
 
         running_by_model: dict[str, int] = {}

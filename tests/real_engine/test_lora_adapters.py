@@ -11,8 +11,12 @@ adapter to base requests in such batches: ``worker/lora_plugin.py``).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +40,7 @@ from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
 from tests.support.worker_faults import paused, pid_of
 from worker.lora_plugin import LOAD_LINE
 
+ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "streamq:queue:lora"
 BASE = "tiny-lora"
 """The workers' served model name: the session worker serves the same weights under their path."""
@@ -154,6 +159,26 @@ async def test_requests_for_an_adapter_go_to_the_worker_that_ran_it_last(lora_cl
         first = await lora_client.generate("Hello", model=name, max_tokens=2)
         followers = [await lora_client.generate("Hello again", model=name, max_tokens=2) for _ in range(4)]
         assert {c.worker for c in followers} == {first.worker}, name
+
+
+def test_the_docs_example_runs_against_workers_with_adapters(
+    lora_workers: list[WorkerProcess], producer_url: str
+) -> None:
+    """docs/features/lora-adapters.md's example, run as a reader runs it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": producer_url, "STREAMQ_QUEUE": QUEUE}
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "examples" / "lora_adapters.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    listed, *served = run.stdout.splitlines()
+    assert {BASE, *LISTED} <= set(ast.literal_eval(listed))
+    assert [line.split()[0] for line in served] == ["sql", "poet", "sql"]
+    assert served[0].split()[1] == served[2].split()[1], "the second sql request ran where the first did"
 
 
 async def test_an_adapter_not_listed_is_found_at_run_time_and_listed_from_then_on(
