@@ -28,9 +28,12 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import redis.asyncio as aioredis
 
 from bench.affinity import BIND_ENV, delta, engine_env, percentile_ms, ratio, scrape
 from bench.scale_out import READY_LINE, wait_logged
@@ -40,6 +43,7 @@ from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
+from streamq.protocol.affinity import adapter_key
 from worker.lora_plugin import LOAD_LINE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +79,8 @@ class ModeResult:
     pickup: dict[str, float]
     """The workers' prefix-aware pickup counters over the mode: held requests taken by
     their worker (hits), taken from the shared queue (misses), windows that passed."""
+    split: list[list[int]] = field(default_factory=list)
+    """After each run of the mode, how many adapters each worker owned (ran last), most first."""
 
     def row(self) -> dict[str, object]:
         return {
@@ -86,6 +92,7 @@ class ModeResult:
             "ttft_p90_ms": percentile_ms(self.ttft_s, 90),
             "tok_s": self.tokens / self.wall_s if self.wall_s else None,
             **{key: int(self.pickup.get(key, 0)) for key in PICKUP},
+            "adapters_per_worker": self.split,
         }
 
 
@@ -141,7 +148,19 @@ def run_mode(
     ttfts, tokens, wall = asyncio.run(run_traffic(redis_url, names, traffic, affinity=mode == "by adapter", seed=seed))
     time.sleep(0.5)  # the engines' log lines of the last loads
     pickup = delta(counters, [scrape(worker.metrics_port) for worker in workers])
-    return ModeResult(mode, traffic.requests, load_count(workers) - before, ttfts, tokens, wall, pickup)
+    split = [asyncio.run(adapter_split(redis_url, names))] if mode == "by adapter" else []
+    return ModeResult(mode, traffic.requests, load_count(workers) - before, ttfts, tokens, wall, pickup, split)
+
+
+async def adapter_split(redis_url: str, names: Sequence[str]) -> list[int]:
+    """How many of ``names`` each worker owns now (the worker that ran an adapter last owns its
+    key: ``<queue>:owner:<adapter key>``), most first."""
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        owners = [await redis.get(f"{QUEUE}:owner:{adapter_key(name)}") for name in names]
+    finally:
+        await redis.aclose()
+    return sorted(Counter(owner for owner in owners if owner is not None).values(), reverse=True)
 
 
 def merge(results: Sequence[ModeResult]) -> ModeResult:
@@ -153,6 +172,7 @@ def merge(results: Sequence[ModeResult]) -> ModeResult:
         sum(r.tokens for r in results),
         sum(r.wall_s for r in results),
         {key: sum(r.pickup.get(key, 0) for r in results) for key in PICKUP},
+        [split for r in results for split in r.split],
     )
 
 
@@ -168,14 +188,15 @@ def report(modes: Sequence[ModeResult], cost: Sequence[ModeResult], config: dict
         f"concurrency {config['concurrency']}, {config['max_tokens']} tokens each",
         "",
         "| mode | requests | adapter loads | loads / 100 requests | TTFT p50 ms | TTFT p90 ms | tok/s "
-        "| pickup hits / misses / windows passed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| pickup hits / misses / windows passed | adapters per worker after each round |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in (by, blind):
         lines.append(
             f"| {row['mode']} | {row['requests']} | {row['loads']} | {_fmt(row['loads_per_100'])} | "
             f"{_fmt(row['ttft_p50_ms'])} | {_fmt(row['ttft_p90_ms'])} | {_fmt(row['tok_s'], '.0f')} | "
-            f"{row['affinity_hits']} / {row['affinity_misses']} / {row['affinity_expired']} |"
+            f"{row['affinity_hits']} / {row['affinity_misses']} / {row['affinity_expired']} | "
+            f"{', '.join('/'.join(map(str, split)) for split in row['adapters_per_worker']) or '-'} |"  # type: ignore[attr-defined]
         )
     loads = ratio(by["loads_per_100"], blind["loads_per_100"])  # type: ignore[arg-type]
     p50 = ratio(blind["ttft_p50_ms"], by["ttft_p50_ms"])  # type: ignore[arg-type]

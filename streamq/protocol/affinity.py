@@ -88,14 +88,16 @@ def under_adapter(adapter: str, keys: Sequence[str]) -> list[str]:
     with the adapter's name (the engine caches a prefix per adapter: the same text under
     another adapter, or none, shares nothing), then the adapter's own key, the shortest. The
     worker that ran the adapter last owns that key, so a request that finds no conversation
-    of its own goes to a worker that has the adapter loaded."""
+    of its own goes to a worker that has the adapter loaded; an adapter no live worker owns
+    goes to the worker that owns the fewest (enqueue.lua)."""
     salted = [_digest(b"lora\x00", adapter + _FIELD_END + key) for key in keys[: MAX_AFFINITY_KEYS - 1]]
     return [*salted, adapter_key(adapter)]
 
 
 def adapter_key(adapter: str) -> str:
-    """The key of LoRA adapter ``adapter``, owned by the worker that ran it last."""
-    return _digest(b"adapter\x00", adapter)
+    """The key of LoRA adapter ``adapter``, owned by the worker that ran it last: written
+    with a leading ``@``, by which enqueue and the claim tell it from a prefix's."""
+    return "@" + _digest(b"adapter\x00", adapter)
 
 
 def check_affinity_key(affinity_key: object) -> str | None:

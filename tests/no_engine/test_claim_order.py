@@ -417,3 +417,38 @@ async def test_spare_slots_beyond_the_claim_are_told_to_enqueue(queue: Queue) ->
     args = [2, LEASE_MS, 100, IN_PROGRESS_PREFIX, "fe-1", queue.weights, 1000, 60_000, 60_000, 0, 5]
     await queue._claim(keys=[queue.name], args=args)
     assert await queue.redis.get(f"{queue.name}:free:fe-1") == b"7"
+
+
+async def test_an_adapter_no_live_worker_owns_goes_to_the_worker_that_owns_the_fewest(queue: Queue) -> None:
+    """New adapters spread by room, not by load: w1 owns two adapters, w2 (busier) none."""
+    await queue.claim(8, worker="w1")
+    for adapter in ("@sql", "@poet"):  # w1 alone is live
+        await queue.enqueue(f"first-{adapter}", prefixes=[adapter])
+        assert await queue.claim(8, worker="w1") == [f"first-{adapter}"]
+    await queue.claim(8, worker="w2", running=3)
+    await queue.enqueue("new-adapter", prefixes=["@pirate"])
+    await queue.enqueue("its-next-request", prefixes=["@pirate"])  # before w2 claimed: it follows
+    assert await queue.claim(8, worker="w1") == []
+    assert sorted(await queue.claim(8, worker="w2", running=3)) == ["its-next-request", "new-adapter"]
+    assert sorted(await queue.redis.zrange(f"{queue.name}:adapters:w1", 0, -1)) == [b"@poet", b"@sql"]
+    assert await queue.redis.zrange(f"{queue.name}:adapters:w2", 0, -1) == [b"@pirate"]
+
+
+async def test_an_adapter_taken_elsewhere_for_balance_stays_with_its_live_worker(queue: Queue) -> None:
+    """A request steered to the least busy worker runs there once; the adapter's worker, which
+    has it loaded, keeps it. A worker that took it over from a gone owner becomes its worker."""
+    await queue.enqueue("first", prefixes=["@sql"])
+    assert await queue.claim(8, worker="w1") == ["first"]
+    await queue.claim(8, worker="w1", running=20)  # w1 far busier than w2
+    await queue.claim(8, worker="w2")
+    misses = queue.affinity.misses
+    await queue.enqueue("balanced", prefixes=["@sql"])
+    assert await queue.claim(8, worker="w2") == ["balanced"]
+    assert queue.affinity.misses == misses + 1
+    assert await queue.redis.get(f"{queue.name}:owner:@sql") == b"w1"
+    await queue.redis.delete(f"{queue.name}:free:w1")  # w1 stopped claiming: gone
+    await queue.enqueue("after-w1", prefixes=["@sql"])
+    assert await queue.claim(8, worker="w2") == ["after-w1"]
+    assert await queue.redis.get(f"{queue.name}:owner:@sql") == b"w2"
+    assert await queue.redis.zrange(f"{queue.name}:adapters:w2", 0, -1) == [b"@sql"]
+    assert await queue.redis.zrange(f"{queue.name}:adapters:w1", 0, -1) == []

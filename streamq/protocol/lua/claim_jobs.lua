@@ -36,16 +36,37 @@ local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. '
 local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
 
+-- An adapter's key ('@' and a digest) names this worker, and joins the adapters it owns
+-- (<queue>:adapters:<worker>, scored by when the ownership lapses), unless the job came here
+-- for balance while the adapter's owner lives: the adapter stays where it is loaded.
+local function own_adapter(key, steered)
+  local owner_key = q .. ':owner:' .. key
+  local before = redis.call('GET', owner_key)
+  if before and before ~= me then
+    if steered and redis.call('EXISTS', q .. ':free:' .. before) == 1 then return end
+    redis.call('ZREM', q .. ':adapters:' .. before, key)
+  end
+  redis.call('SET', owner_key, me, 'PX', owner_ttl)
+  local mine = q .. ':adapters:' .. me
+  redis.call('ZREMRANGEBYSCORE', mine, '-inf', now)
+  redis.call('ZADD', mine, now + owner_ttl, key)
+  redis.call('PEXPIRE', mine, owner_ttl)
+end
+
 -- A claimed job's prefix keys (after priority and tenant in its index entry) name this
 -- worker: its longest, which the request's follow-ups share, and its shortest, which
--- requests that open alike share (the keys between cost a SET each for rarer matches).
+-- requests that open alike share (the keys between cost a SET each for rarer matches); a
+-- request under a LoRA adapter ends its keys with the adapter's (its shortest).
 local function own_prefixes(meta)
   local keys = meta and string.match(meta, '^%S+ %S+ (%S+)')
   if keys and owner_ttl > 0 then
     local longest, shortest = string.match(keys, '^([^,]+)'), string.match(keys, '([^,]+)$')
-    redis.call('SET', q .. ':owner:' .. longest, me, 'PX', owner_ttl)
-    if shortest ~= longest then
-      redis.call('SET', q .. ':owner:' .. shortest, me, 'PX', owner_ttl)
+    for _, key in ipairs(shortest ~= longest and {longest, shortest} or {longest}) do
+      if string.sub(key, 1, 1) == '@' then
+        own_adapter(key, string.match(meta, ' steered$') ~= nil)
+      else
+        redis.call('SET', q .. ':owner:' .. key, me, 'PX', owner_ttl)
+      end
     end
   end
   return keys ~= nil

@@ -19,7 +19,12 @@
 -- (<queue>:owner:<key>) if that worker has a free slot (<queue>:free:<worker> > 0) and runs
 -- at most max(slack, fraction x theirs) jobs more than the least busy live worker
 -- (<queue>:load); else for the least busy live worker, if it has a free slot (marked
--- 'steered' in the index: a balance pick, not a cache hit).
+-- 'steered' in the index: a balance pick, not a cache hit). A request under a LoRA adapter
+-- ends its keys with the adapter's (written '@' and the digest): if no live worker owns it,
+-- it is held for the live worker with a free slot that owns the fewest adapters
+-- (<queue>:adapters:<worker>, scored by when each ownership lapses), also marked 'steered',
+-- and that worker owns it for the window (its claim makes that 5 minutes), so the adapter's
+-- next requests follow it there before it has claimed.
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
@@ -53,9 +58,23 @@ local function least_busy()
   return nil, nil
 end
 
+-- The live worker with a free slot that owns the fewest adapters (then the least busy): the
+-- one with the most room for an adapter no live worker owns.
+local function adapter_home(now)
+  local home, fewest = nil, nil
+  for _, worker in ipairs(redis.call('ZRANGE', q .. ':load', 0, -1)) do
+    if tonumber(redis.call('GET', q .. ':free:' .. worker) or '0') > 0 then
+      local owns = redis.call('ZCOUNT', q .. ':adapters:' .. worker, now, '+inf')
+      if not fewest or owns < fewest then home, fewest = worker, owns end
+    end
+  end
+  return home
+end
+
 -- Who gets first pick: the worker of the request's longest known prefix, if it has a free
--- slot and is not far busier than the least busy worker; else the least busy worker with a
--- free slot (steered: balance, not the cache). Returns the worker and whether it was steered.
+-- slot and is not far busier than the least busy worker; else, for an adapter no live worker
+-- owns, the worker with the most room for it; else the least busy worker with a free slot
+-- (steered: balance, not the cache). Returns the worker and whether it was steered.
 local function first_pick()
   local least, least_load = least_busy()
   for key in string.gmatch(keys, '[^,]+') do
@@ -67,6 +86,22 @@ local function first_pick()
         if not least_load or mine - least_load <= slack then return owner, false end
       end
       break
+    end
+  end
+  local adapter = string.match(keys, '(@[^,]+)$')
+  if adapter then
+    local owner = redis.call('GET', q .. ':owner:' .. adapter)
+    if not (owner and redis.call('EXISTS', q .. ':free:' .. owner) == 1) then
+      local now, window = t[1] * 1000 + math.floor(t[2] / 1000), tonumber(ARGV[16])
+      local home = adapter_home(now)
+      if home then
+        local owns = q .. ':adapters:' .. home
+        if owner then redis.call('ZREM', q .. ':adapters:' .. owner, adapter) end -- gone
+        redis.call('SET', q .. ':owner:' .. adapter, home, 'PX', window)
+        redis.call('ZADD', owns, now + window, adapter)
+        if redis.call('PTTL', owns) < 0 then redis.call('PEXPIRE', owns, window) end
+        return home, true
+      end
     end
   end
   return least, true
