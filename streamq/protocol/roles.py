@@ -208,6 +208,9 @@ PRODUCER = Role(
         "zrank",
         "zrange",
         "hexists",  # end_request: a callback stored at enqueue?
+        # enqueue: the adapters each worker owns, for an adapter no live worker owns
+        "zcount",
+        "pttl",
         # following a request; the wake-up (enqueue), a cancel, a cancelled request's end
         "publish",
         "subscribe",
@@ -258,6 +261,9 @@ PRODUCER = Role(
         Writes(("hset", "hdel", "incr"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
         # hold it for the worker of its prefix: one free slot and one job more for that worker
         Writes(("decr", "zincrby"), QUEUE_KEY_PATTERNS),
+        # an adapter no live worker owns: owned at once by the worker it is held for
+        Writes(("set",), tuple(f"{DEFAULT_QUEUE}{infix}:owner:*" for infix in ("", ":*"))),
+        Writes(("pexpire",), tuple(f"{DEFAULT_QUEUE}{infix}:adapters:*" for infix in ("", ":*"))),
         # kept power: ending a queued request it cancels (end_request) writes its log
         Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
         Writes(("set",), (OWNER_KEY_PREFIX + "*",)),

@@ -213,14 +213,18 @@ async def test_an_adapter_nobody_can_find_ends_with_an_error_naming_it(lora_clie
 
 
 async def test_a_keys_allowed_models_name_adapters(lora_gateway: GatewayProcess, raw_redis: aioredis.Redis) -> None:
-    name = f"lora-key-{uuid.uuid4().hex[:8]}"
-    secret = await ApiKeyStore(raw_redis).create(KeyRecord(name, models=[LISTED[0]]))
+    name, store = f"lora-key-{uuid.uuid4().hex[:8]}", ApiKeyStore(raw_redis)
+    secret = await store.create(KeyRecord(name, models=[LISTED[0]]))
     headers = {"Authorization": f"Bearer {secret}"}
-    async with httpx.AsyncClient(base_url=lora_gateway.url, headers=headers, timeout=120) as http:
-        listed = [card["id"] for card in (await http.get("/v1/models")).json()["data"]]
-        allowed = await http.post("/v1/completions", json={"model": LISTED[0], "prompt": "Hi", "max_tokens": 2})
-        refused = await http.post("/v1/completions", json={"model": LISTED[1], "prompt": "Hi", "max_tokens": 2})
-        base = await http.post("/v1/completions", json={"model": BASE, "prompt": "Hi", "max_tokens": 2})
+    try:
+        async with httpx.AsyncClient(base_url=lora_gateway.url, headers=headers, timeout=120) as http:
+            listed = [card["id"] for card in (await http.get("/v1/models")).json()["data"]]
+            body = {"prompt": "Hi", "max_tokens": 2}
+            allowed = await http.post("/v1/completions", json={**body, "model": LISTED[0]})
+            refused = await http.post("/v1/completions", json={**body, "model": LISTED[1]})
+            base = await http.post("/v1/completions", json={**body, "model": BASE})
+    finally:  # a key in Redis makes every gateway of the session ask for one
+        await store.revoke(name)
     assert listed == [LISTED[0]]
     assert allowed.status_code == 200, allowed.text
     assert allowed.json()["model"] == LISTED[0]
