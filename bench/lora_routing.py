@@ -12,8 +12,10 @@ The traffic: ``--requests`` (160) short prompts per run, ``--concurrency`` (8) i
 for an adapter drawn uniformly (seeded), ``--max-tokens`` (16) with ``ignore_eos``. The two
 modes run ``--rounds`` (2) times each, taking turns to go first. Per mode it reports adapter
 loads per 100 requests (the workers' logs), the time from submit to first chunk at the client
-(p50, p90) and completion tokens over the mode's wall time; then the ratios the issue's goals
-name: loads by adapter ÷ blind (goal ≤ 0.3) and TTFT blind ÷ by adapter (goal ≥ 1.3).
+(p50, p90), completion tokens over the mode's wall time, the workers' pickup counters and how
+many adapters each worker owns after each round; then the two ratios that say whether routing
+by adapter pays: loads by adapter ÷ blind (worth it at ≤ 0.3: most loads avoided) and TTFT
+blind ÷ by adapter (≥ 1.3: first tokens clearly sooner).
 
 Then the engine's own cost of an adapter: the same traffic at concurrency 8 all on the base
 model, then all on one adapter, tokens per second of each (stated: vLLM's cost, not the queue's).

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -48,20 +47,18 @@ class Adapters:
         base_model: str,
         *,
         modules: Sequence[LoRAModulePath] = (),
-        resolve: bool = True,
-        on_change: Callable[[tuple[AdapterCard, ...]], Awaitable[None]] | None = None,
     ) -> None:
         self._engine = engine
         self._base_model = base_model
         self._modules = list(modules)
-        self._resolvers = (
-            [LoRAResolverRegistry.get_resolver(name) for name in LoRAResolverRegistry.get_supported_resolvers()]
-            if resolve
-            else []
-        )
+        self._resolvers = [
+            LoRAResolverRegistry.get_resolver(name) for name in LoRAResolverRegistry.get_supported_resolvers()
+        ]
         self._loaded: dict[str, LoRARequest] = {}
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self.on_change = on_change
+        # One lock for every look-up: they are rare (once per adapter), and a lock per name
+        # asked for would keep one for each unknown name a client sends.
+        self._resolving = asyncio.Lock()
+        self.on_change: Callable[[tuple[AdapterCard, ...]], Awaitable[None]] | None = None
 
     @property
     def loads_adapters(self) -> bool:
@@ -98,7 +95,7 @@ class Adapters:
             return self._loaded[model]
         if not self._resolvers:
             raise InvalidRequest(f"The model `{model}` does not exist.")
-        async with self._locks[model]:
+        async with self._resolving:
             if model in self._loaded:
                 return self._loaded[model]
             found = False
