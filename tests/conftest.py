@@ -7,6 +7,7 @@ shared; each test uses fresh request ids instead of flushing Redis under them.
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -28,6 +29,16 @@ from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
 from tests.support.callback_receiver import CALLBACK_SECRET
 from tests.support.reference_generate import bare_engine_outputs
 from tests.support.session import MAX_MODEL_LEN, OPERATOR_KEY
+
+# vLLM's CPU platform runs the model in a process of its own beside the engine core (its
+# multiprocessing executor): a third Python process per engine, about 18 s of imports on a
+# 2-core machine to start and 5 s to stop, for the suite's forty-odd engines. Every
+# engine the suite starts (workers, `vllm serve`, the bare references: they inherit this
+# environment) runs the model in its engine core instead: vLLM's single-process executor,
+# which this variable selects on CPU. The engine core is still a process of its own (what
+# the fault tests kill), and the model, scheduler and outputs are the same. Set it to 1 to
+# run the suite on vLLM's default executor.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 @pytest.fixture
