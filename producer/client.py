@@ -105,6 +105,7 @@ from streamq.protocol.affinity import affinity_keys, check_affinity_key, under_a
 from streamq.protocol.names import (
     AFFINITY_BALANCE_FRACTION,
     AFFINITY_BALANCE_SLACK,
+    AFFINITY_FREE_TTL_MS,
     DEFAULT_TENANT,
     MAX_AFFINITY_WINDOW_MS,
     REQUEST_RESERVATION_PREFIX,
@@ -650,13 +651,16 @@ class StreamqClient:
         job = _job_payload(request)
         prefixes = affinity_keys(_prefix_text(request), request.messages, affinity_key) if affinity else []
         queue = self.queue
+        eligible: list[str] = []
         if model is not None:
             routes = await self._routes_serving(model)
             queue = _queue_of(routes, model)
             if _cap_max_tokens(request, routes.context_length(model)):
                 job = _job_payload(request)
-            if affinity and not routes.is_base_model(model):  # a LoRA adapter: its workers first
-                prefixes = under_adapter(model, prefixes)
+            if not routes.is_base_model(model):  # a LoRA adapter: only workers that serve it, its own first
+                eligible = routes.adapter_workers(model, queue)
+                if affinity:
+                    prefixes = under_adapter(model, prefixes)
         # Subscribe and enqueue at once: the job can start one round trip sooner. What
         # is published before the subscription holds is in the replay log, read right
         # after; the handle merges both without gap or duplicate.
@@ -665,7 +669,7 @@ class StreamqClient:
         )
         limit = -1 if self.max_queue_depth is None else self.max_queue_depth
         try:
-            outcome = await self._enqueue(request, job, queue, limit, defer_s, prefixes)
+            outcome = await self._enqueue(request, job, queue, limit, defer_s, prefixes, eligible)
         except BaseException:
             await _close_when_subscribed(subscribing)
             raise
@@ -682,11 +686,19 @@ class StreamqClient:
         return handle
 
     async def _enqueue(
-        self, request: GenerateRequest, job: bytes, queue: str, limit: int, defer_s: float, prefixes: list[str]
+        self,
+        request: GenerateRequest,
+        job: bytes,
+        queue: str,
+        limit: int,
+        defer_s: float,
+        prefixes: list[str],
+        eligible: list[str],
     ) -> int:
         """Run the enqueue script: 1 (queued), 0 (id in use) or -1 (queue full). Where the
         logs live on a cluster, an id whose log is still kept is in use, and the enqueue
-        reserves the id on the control plane (two requests racing for one id: one wins)."""
+        reserves the id on the control plane (two requests racing for one id: one wins).
+        ``eligible``: the only workers that may run it (none: any)."""
         names, request_id = self._log.names, request.request_id
         reserving = names.sharded
         if reserving and await self._log.exists(request_id):
@@ -708,16 +720,21 @@ class StreamqClient:
             request.tenant or DEFAULT_TENANT,
             round(defer_s * 1000),
         ]
+        held = bool(prefixes) and self.affinity_window_ms > 0
         if request.callback is not None:  # kept where the paths ending it outside a worker find it
             args += [callback_key(request_id), msgspec.json.encode(request.callback), JOB_EXPIRY_MS + LOG_TTL_MS]
-        elif reserving or prefixes:
+        elif reserving or prefixes or eligible:
             args += ["", "", 0]
         if reserving:
             args.append(JOB_EXPIRY_MS + LOG_TTL_MS)
-        elif prefixes:
+        elif prefixes or eligible:
             args.append("")
-        if prefixes and self.affinity_window_ms > 0:
-            args += [",".join(prefixes), self.affinity_window_ms, AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION]
+        if held or eligible:
+            # A job only some workers may run is held for one of them even with affinity off.
+            window = self.affinity_window_ms or AFFINITY_FREE_TTL_MS
+            args += [",".join(prefixes) if held else "", window, AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION]
+        if eligible:
+            args.append(",".join(eligible))
         return int(await self._enqueue_script(keys=keys, args=args))
 
     async def generate(

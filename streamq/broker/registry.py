@@ -49,6 +49,14 @@ class Routes:
         """The queues of live workers that load LoRA adapters by name at run time."""
         return {w.queue for w in self.workers if w.loads_adapters}
 
+    def adapter_workers(self, adapter: str, queue: str) -> list[str]:
+        """The ids of the live workers on ``queue`` that may run a request for the LoRA
+        adapter ``adapter``: those that list it, and those that load adapters by name. Empty
+        when every live worker of the queue may (a request names who may only when it must)."""
+        on_queue = [w for w in self.workers if w.queue == queue]
+        able = [w.worker_id for w in on_queue if w.serves(adapter) or w.loads_adapters]
+        return [] if len(able) == len(on_queue) else able
+
     def is_base_model(self, model: str) -> bool:
         """Whether ``model`` is a live worker's base model (not one of its LoRA adapters)."""
         return any(w.model == model for w in self.workers)

@@ -264,6 +264,8 @@ PRODUCER = Role(
         # an adapter no live worker owns: owned at once by the worker it is held for
         Writes(("set",), tuple(f"{DEFAULT_QUEUE}{infix}:owner:*" for infix in ("", ":*"))),
         Writes(("pexpire",), tuple(f"{DEFAULT_QUEUE}{infix}:adapters:*" for infix in ("", ":*"))),
+        # a request for an adapter not every worker serves: which workers may run it
+        Writes(("set",), tuple(f"{DEFAULT_QUEUE}{infix}:eligible:*" for infix in ("", ":*"))),
         # kept power: ending a queued request it cancels (end_request) writes its log
         Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
         Writes(("set",), (OWNER_KEY_PREFIX + "*",)),

@@ -62,14 +62,18 @@ class Queue:
         window_ms: int = 60_000,
         slack: int = 8,
         fraction: float = 0,
+        eligible: list[str] | None = None,
     ) -> None:
-        """Queue a job as the library does; with ``prefixes``, its affinity keys."""
+        """Queue a job as the library does; with ``prefixes``, its affinity keys; with
+        ``eligible``, the only workers that may run it."""
         self.ids.add(request_id)
         keys = [JOB_KEY_PREFIX + request_id, self.name, f"streamq:events:{request_id}"]
         args: list[str | int] = ["{}", 60_000, request_id, WAKEUP_CHANNEL, self.name, -1, f"arq:result:{request_id}"]
         args += [priority, tenant, delay_ms]
-        if prefixes is not None:
-            args += ["", "", 0, "", ",".join(prefixes), window_ms, slack, fraction]
+        if prefixes is not None or eligible is not None:
+            args += ["", "", 0, "", ",".join(prefixes or []), window_ms, slack, fraction]
+        if eligible is not None:
+            args.append(",".join(eligible))
         assert await self._enqueue(keys=keys, args=args) == 1
 
     async def claim(
@@ -452,3 +456,56 @@ async def test_an_adapter_taken_elsewhere_for_balance_stays_with_its_live_worker
     assert await queue.redis.get(f"{queue.name}:owner:@sql") == b"w2"
     assert await queue.redis.zrange(f"{queue.name}:adapters:w2", 0, -1) == [b"@sql"]
     assert await queue.redis.zrange(f"{queue.name}:adapters:w1", 0, -1) == []
+
+
+async def live(queue: Queue, *workers: str) -> None:
+    """Each of ``workers`` claims (nothing is queued yet): live, with free slots."""
+    for worker in workers:
+        await queue.claim(8, worker=worker)
+
+
+@pytest.mark.parametrize("prefixes", [["@sql"], None], ids=["affinity", "affinity-off"])
+async def test_an_adapter_some_workers_serve_goes_only_to_them(queue: Queue, prefixes: list[str] | None) -> None:
+    await live(queue, "w1", "w2", "w3")
+    await queue.enqueue("sql-job", prefixes=prefixes, eligible=["w2"])
+    assert await queue.claim(8, worker="w1") == []
+    assert await queue.claim(8, worker="w3") == []
+    assert await queue.claim(8, worker="w2") == ["sql-job"]
+
+
+async def test_a_job_only_some_workers_may_run_is_held_again_for_them_when_its_window_passes(queue: Queue) -> None:
+    await live(queue, "w1", "w2")
+    await queue.enqueue("sql-job", prefixes=["@sql"], eligible=["w2"], window_ms=100)
+    await asyncio.sleep(0.15)  # w2 is slow to claim: the window passes
+    assert await queue.claim(8, worker="w1") == []
+    assert queue.affinity.expired == 1
+    assert await queue.claim(8, worker="w2") == ["sql-job"]
+
+
+async def test_a_job_whose_workers_are_all_gone_waits_for_one_of_them(queue: Queue) -> None:
+    await live(queue, "w1")
+    await queue.enqueue("sql-job", prefixes=["@sql"], eligible=["w2"], window_ms=100)
+    assert await queue.claim(8, worker="w1") == []
+    await live(queue, "w2")  # back: the next claim after the window holds the job for it
+    await asyncio.sleep(0.15)
+    assert await queue.claim(8, worker="w1") == []
+    assert await queue.claim(8, worker="w2") == ["sql-job"]
+
+
+async def test_a_lapsed_lease_of_a_job_only_some_workers_may_run_is_taken_over_by_one_of_them(queue: Queue) -> None:
+    await live(queue, "w1", "w2", "w3")
+    await queue.enqueue("sql-job", prefixes=["@sql"], eligible=["w1", "w2"])
+    claimed = await queue.claim(8, worker="w1", lease_ms=200) + await queue.claim(8, worker="w2", lease_ms=200)
+    assert claimed == ["sql-job"]
+    await asyncio.sleep(0.3)  # its worker died
+    assert await queue.claim(8, worker="w3") == []
+    assert await queue.claim(8, worker="w2") + await queue.claim(8, worker="w1") == ["sql-job"]
+
+
+async def test_a_stopping_worker_gives_a_job_only_some_workers_may_run_to_another_of_them(queue: Queue) -> None:
+    await live(queue, "w1", "w2")
+    await queue.claim(8, worker="w3", running=5)  # the busier of the two that may run it
+    await queue.enqueue("sql-job", prefixes=["@sql"], eligible=["w2", "w3"])
+    assert await queue.release("w2") == 1
+    assert await queue.claim(8, worker="w1") == []
+    assert await queue.claim(8, worker="w3", running=5) == ["sql-job"]

@@ -48,6 +48,17 @@ def test_an_adapter_is_a_live_model_on_its_base_models_queue_with_its_workers_li
     assert seen.adapter_queues() == {"q:lora"}
 
 
+def test_a_request_for_an_adapter_names_the_workers_of_its_queue_that_serve_it_only_when_some_do_not() -> None:
+    listing = msgspec.structs.replace(LORA_WORKER, worker_id="w3", loads_adapters=False)
+    poet = AdapterCard(name="poet", path="/adapters/poet")
+    other_set = msgspec.structs.replace(LORA_WORKER, worker_id="w4", adapters=(poet,), loads_adapters=False)
+    assert routes(LORA_WORKER, listing, PLAIN_WORKER).adapter_workers("sql", "q:lora") == []  # all of them do
+    mixed = routes(LORA_WORKER, listing, other_set, PLAIN_WORKER)
+    assert mixed.adapter_workers("sql", "q:lora") == ["w1", "w3"]
+    assert mixed.adapter_workers("poet", "q:lora") == ["w1", "w4"]  # w1 loads adapters by name
+    assert mixed.adapter_workers("found-later", "q:lora") == ["w1"]
+
+
 def test_a_model_nobody_lists_goes_to_the_one_queue_whose_workers_load_adapters() -> None:
     assert _queue_of(routes(LORA_WORKER, PLAIN_WORKER), "found-later") == "q:lora"
     with pytest.raises(UnknownModel, match="nope"):

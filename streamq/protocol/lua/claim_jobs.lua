@@ -25,6 +25,9 @@
 --    miss; the worker's free slots and load are set for enqueue to read;
 -- 3. at most once per scan interval (all workers together), arq's queue itself, in score
 --    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script.
+-- A job only some workers may run (<queue>:eligible:<id>: a LoRA adapter not every worker
+-- serves, see enqueue) never joins the shared index: when its window passes it is held
+-- again for one of them, and a lapsed lease of one is taken over only by one of them.
 local q = KEYS[1]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -82,6 +85,38 @@ local function reindex(id, band, tenant)
   end
 end
 
+-- Whether this worker may run the job: any may, unless <queue>:eligible:<id> names who may.
+local function may_run(id)
+  local only = redis.call('GET', q .. ':eligible:' .. id)
+  return not only or string.find(',' .. only .. ',', ',' .. me .. ',', 1, true) ~= nil
+end
+
+-- A job only some workers may run is held again, for the least busy live one of them (one
+-- with a free slot first) until its next window's end, or with none live only deferred
+-- that long. Returns false for a job any worker may run (the caller indexes it).
+local function hold_for_eligible(id, band, score)
+  local only = redis.call('GET', q .. ':eligible:' .. id)
+  if not only then return false end
+  local best, best_free, best_load = nil, false, nil
+  for worker in string.gmatch(only, '[^,]+') do
+    local free = redis.call('GET', q .. ':free:' .. worker)
+    if free then
+      local has_free = tonumber(free) > 0
+      local load = tonumber(redis.call('ZSCORE', q .. ':load', worker) or '0')
+      if not best or (has_free and not best_free) or (has_free == best_free and load < best_load) then
+        best, best_free, best_load = worker, has_free, load
+      end
+    end
+  end
+  if best then
+    redis.call('ZADD', q .. ':affine:' .. best .. ':' .. band, score, id)
+    redis.call('ZADD', q .. ':affine-bands:' .. best, band, band)
+    redis.call('HSET', held, id, best)
+  end
+  redis.call('ZADD', q .. ':deferred', now + (free_ttl > 0 and free_ttl or 3000), id)
+  return true
+end
+
 local function take(id, score)
   if redis.call('SET', prefix .. id, me, 'NX', 'PX', ttl) then
     redis.call('ZADD', running, now + ttl, id)
@@ -106,9 +141,9 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0
       redis.call('ZREM', running, id) -- finished or cancelled
     elseif tonumber(score) > now then
       redis.call('ZADD', running, score, id) -- arq's Retry deferred it
-    elseif n < wanted then
+    elseif n < wanted and may_run(id) then
       take(id, score)
-    end -- else it stays due, and the next claim takes it first
+    end -- else it stays due, and the next claim (of a worker that may run it) takes it first
   end
 end
 
@@ -128,7 +163,10 @@ for i = 1, #due, 2 do
       local band, tenant = string.match(meta, '^(%S+) (%S+)')
       local mine = q .. ':affine:' .. owner .. ':' .. band
       if redis.call('ZREM', mine, id) == 1 then
-        reindex(id, band, tenant)
+        local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
+        if not (score and hold_for_eligible(id, band, score)) then
+          reindex(id, band, tenant)
+        end
         claimed[4] = claimed[4] + 1
         if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
           redis.call('ZREM', q .. ':affine-bands:' .. owner, band)
@@ -137,11 +175,16 @@ for i = 1, #due, 2 do
     end
   elseif meta then
     local prio, tenant = string.match(meta, '^(%S+) (%S+)')
-    local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
-    redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
-    redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
-    redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
-    redis.call('ZADD', bands, prio, prio)
+    local score = redis.call('ZSCORE', q .. ':waiting:' .. prio, id) -- a job no eligible worker was live for
+    if not score then
+      score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
+      redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
+    end
+    if not hold_for_eligible(id, prio, score) then
+      redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
+      redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
+      redis.call('ZADD', bands, prio, prio)
+    end
   end
 end
 

@@ -24,7 +24,11 @@
 -- it is held for the live worker with a free slot that owns the fewest adapters
 -- (<queue>:adapters:<worker>, scored by when each ownership lapses), also marked 'steered',
 -- and that worker owns it for the window (its claim makes that 5 minutes), so the adapter's
--- next requests follow it there before it has claimed.
+-- next requests follow it there before it has claimed. Then optional: the workers that may
+-- run the job (comma-separated ids, '' for any: a LoRA adapter that not every live worker of
+-- the queue serves). Such a job is kept off the shared index: it is held for one of them
+-- (as above, every pick made among them; else the least busy of them), or, with none live,
+-- only deferred a window; <queue>:eligible:<id> names them for the claim (see claim_jobs).
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
@@ -41,6 +45,29 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', q, at, id)
 local keys = ARGV[15] or ''
 local indexed = keys == '' and (prio .. ' ' .. tenant) or (prio .. ' ' .. tenant .. ' ' .. keys)
+local only = ARGV[19] or ''
+
+-- Whether the worker may run the job (any may, unless the job names who may).
+local function eligible(worker)
+  return only == '' or string.find(',' .. only .. ',', ',' .. worker .. ',', 1, true) ~= nil
+end
+
+-- The least busy live one of the workers that may run the job, one with a free slot first
+-- (one without still beats none: the job waits for it, not for a worker that cannot run it).
+local function least_busy_eligible()
+  local best, best_free, best_load = nil, false, nil
+  for worker in string.gmatch(only, '[^,]+') do
+    local free = redis.call('GET', q .. ':free:' .. worker)
+    if free then
+      local has_free = tonumber(free) > 0
+      local load = tonumber(redis.call('ZSCORE', q .. ':load', worker) or '0')
+      if not best or (has_free and not best_free) or (has_free == best_free and load < best_load) then
+        best, best_free, best_load = worker, has_free, load
+      end
+    end
+  end
+  return best
+end
 
 -- The least busy live worker (fewest jobs, by its claims and the holds since) if it has a
 -- free slot, and its load; a worker whose free slots lapsed (dead) is dropped on sight.
@@ -63,7 +90,7 @@ end
 local function adapter_home(now)
   local home, fewest = nil, nil
   for _, worker in ipairs(redis.call('ZRANGE', q .. ':load', 0, -1)) do
-    if tonumber(redis.call('GET', q .. ':free:' .. worker) or '0') > 0 then
+    if eligible(worker) and tonumber(redis.call('GET', q .. ':free:' .. worker) or '0') > 0 then
       local owns = redis.call('ZCOUNT', q .. ':adapters:' .. worker, now, '+inf')
       if not fewest or owns < fewest then home, fewest = worker, owns end
     end
@@ -80,7 +107,7 @@ local function first_pick()
   for key in string.gmatch(keys, '[^,]+') do
     local owner = redis.call('GET', q .. ':owner:' .. key)
     if owner then
-      if tonumber(redis.call('GET', q .. ':free:' .. owner) or '0') > 0 then
+      if eligible(owner) and tonumber(redis.call('GET', q .. ':free:' .. owner) or '0') > 0 then
         local mine = tonumber(redis.call('ZSCORE', q .. ':load', owner) or '0')
         local slack = math.max(tonumber(ARGV[17]), (least_load or 0) * tonumber(ARGV[18] or '0'))
         if not least_load or mine - least_load <= slack then return owner, false end
@@ -91,7 +118,7 @@ local function first_pick()
   local adapter = string.match(keys, '(@[^,]+)$')
   if adapter then
     local owner = redis.call('GET', q .. ':owner:' .. adapter)
-    if not (owner and redis.call('EXISTS', q .. ':free:' .. owner) == 1) then
+    if not (owner and eligible(owner) and redis.call('EXISTS', q .. ':free:' .. owner) == 1) then
       local now, window = t[1] * 1000 + math.floor(t[2] / 1000), tonumber(ARGV[16])
       local home = adapter_home(now)
       if home then
@@ -104,9 +131,13 @@ local function first_pick()
       end
     end
   end
+  if only ~= '' then return least_busy_eligible(), true end
   return least, true
 end
 
+if only ~= '' then
+  redis.call('SET', q .. ':eligible:' .. id, only, 'PX', ARGV[2])
+end
 if delay > 0 then
   redis.call('HSET', q .. ':indexed', id, indexed)
   redis.call('ZADD', q .. ':deferred', at, id)
@@ -115,7 +146,7 @@ else
   local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
   redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
   local worker, steered = nil, false
-  if keys ~= '' then worker, steered = first_pick() end
+  if keys ~= '' or only ~= '' then worker, steered = first_pick() end
   if worker then
     redis.call('HSET', q .. ':indexed', id, steered and (indexed .. ' steered') or indexed)
     redis.call('DECR', q .. ':free:' .. worker)
@@ -124,6 +155,9 @@ else
     redis.call('ZADD', q .. ':affine-bands:' .. worker, prio, prio)
     redis.call('ZADD', q .. ':deferred', at + tonumber(ARGV[16]), id) -- its window's end
     redis.call('HSET', q .. ':held', id, worker)
+  elseif only ~= '' then -- none of its workers is live: the claim looks again after the window
+    redis.call('HSET', q .. ':indexed', id, indexed)
+    redis.call('ZADD', q .. ':deferred', at + tonumber(ARGV[16]), id)
   else
     redis.call('HSET', q .. ':indexed', id, indexed)
     redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)

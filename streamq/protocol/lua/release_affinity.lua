@@ -3,8 +3,12 @@
 -- the index (see claim_jobs), and drops its free slots and load, so enqueue routes nothing
 -- more to it; the other workers are woken to take what it gave back. Its
 -- <queue>:owner:<key> entries stay until they lapse: enqueue skips a worker without free
--- slots. Returns how many jobs it gave back.
+-- slots. A job only some workers may run (<queue>:eligible:<id>) is made due at once
+-- instead, for the next claim to hold it for another of them. Returns how many jobs it
+-- gave back.
 local q, me = KEYS[1], ARGV[1]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local my_bands = q .. ':affine-bands:' .. me
 local n = 0
 for _, band in ipairs(redis.call('ZRANGE', my_bands, 0, -1)) do
@@ -14,7 +18,10 @@ for _, band in ipairs(redis.call('ZRANGE', my_bands, 0, -1)) do
     redis.call('HDEL', q .. ':held', id)
     local meta = redis.call('HGET', q .. ':indexed', id)
     local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
-    if meta and score then
+    if meta and score and redis.call('EXISTS', q .. ':eligible:' .. id) == 1 then
+      redis.call('ZADD', q .. ':deferred', now, id)
+      n = n + 1
+    elseif meta and score then
       local tenant = string.match(meta, '^%S+ (%S+)')
       redis.call('ZADD', q .. ':fifo:' .. band .. ':' .. tenant, score, id)
       redis.call('ZADD', q .. ':tenants:' .. band, 'NX', 0, tenant)
