@@ -275,6 +275,7 @@ def _render_chat(
 async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents) -> dict[str, Any]:
     """Run the request, listed among the worker's running requests (its stats report) meanwhile."""
     state = state_of(ctx)
+    events.model = request.model or state.presence.registration.model
     try:
         with state.running.track(request, events.attempt) as running:
             return await _run(ctx, request, events, running)

@@ -57,6 +57,17 @@ REQUESTS_FINISHED = Counter(
     "streamq_requests_finished",
     "Requests this worker ended with a final event (cancelled and timed out too)",
 )
+MODEL_REQUESTS_FINISHED = Counter(
+    "streamq_model_requests_finished",
+    "Requests this worker ended with a final event, by the model they named: the base model or a LoRA adapter",
+    ["model"],
+)
+MODEL_COMPLETION_TOKENS = Counter(
+    "streamq_model_completion_tokens",
+    "Completion tokens of the requests this worker ended with a final event (a taken-over request's "
+    "earlier attempts' tokens included, as its usage counts them), by the model they named",
+    ["model"],
+)
 REQUEST_EVENTS = Histogram(
     "streamq_request_events",
     "Events one attempt of a request published (chunks and its end), by whether it was streamed: "

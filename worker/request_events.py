@@ -58,6 +58,9 @@ class RequestEvents:
         self.attempt = attempt
         self.worker_id = worker_id
         """Named in the final event: the worker that served the request."""
+        self.model: str | None = None
+        """The model the request named (its base model's or a LoRA adapter's name), once
+        known: the label its end is counted under."""
         self.checkpoint_tokens = checkpoint_tokens
         """``None``: streamed, each DELTA published as it comes; else tokens per checkpoint."""
         self._publisher = publisher
@@ -201,6 +204,9 @@ class RequestEvents:
             by_reason = metrics.COMPLETIONS_BY_REASON.get(str(reason))
             (by_reason or metrics.COMPLETIONS_FINISHED.labels(finish_reason=str(reason))).inc()
         metrics.REQUESTS_FINISHED.inc()
+        if self.model is not None:
+            metrics.MODEL_REQUESTS_FINISHED.labels(model=self.model).inc()
+            metrics.MODEL_COMPLETION_TOKENS.labels(model=self.model).inc(completion_tokens)
         event = FinalEvent(
             request_id=self.request_id,
             seq=-1,

@@ -28,7 +28,9 @@ async def wait_for(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
         await asyncio.sleep(0.1)
 
 
-async def test_request_metrics_move_by_what_the_requests_did(client: StreamqClient, worker: WorkerProcess) -> None:
+async def test_request_metrics_move_by_what_the_requests_did(
+    client: StreamqClient, worker: WorkerProcess, model: str
+) -> None:
     before = scrape(worker)
     handles = [
         await client.submit("The key to happiness is", max_tokens=5, temperature=0, ignore_eos=True),
@@ -67,6 +69,8 @@ async def test_request_metrics_move_by_what_the_requests_did(client: StreamqClie
     assert delta("streamq_completions_finished_total", finish_reason="stop") == 0
     assert delta("streamq_request_errors_total", code="invalid_request") == 1
     assert delta("streamq_requests_finished_total") == 2  # per request, not per completion
+    assert delta("streamq_model_requests_finished_total", model=model) == 2  # the served model's name
+    assert delta("streamq_model_completion_tokens_total", model=model) == tokens
     assert delta("streamq_queue_wait_seconds_count") == 3
     assert delta("streamq_time_to_first_token_seconds_count") == 2  # the two requests that made tokens
     assert delta("streamq_time_to_first_token_seconds_sum") > 0
