@@ -62,6 +62,7 @@ class RunningRequest:
     started_ms: int
     tenant: str | None
     priority: int | None
+    model: str | None = None
     progress: TokenCount | None = None
     """Set by the job once it knows it (a take-over rebuilds it from the log first)."""
 
@@ -73,6 +74,7 @@ class RunningRequest:
             completion_tokens=self.progress.completion_tokens if self.progress is not None else 0,
             tenant=self.tenant,
             priority=self.priority,
+            model=self.model,
         )
 
 
@@ -94,6 +96,7 @@ class RunningRequests:
             started_ms=_now_ms(),
             tenant=request.tenant,
             priority=request.priority,
+            model=request.model,
         )
         try:
             yield entry

@@ -51,9 +51,11 @@ class ModelRow(msgspec.Struct):
     waiting: int
     """Jobs in the queue (``ZCARD``) less those its live workers report running."""
     running: int
-    """Requests its live workers report in flight."""
+    """Requests its live workers report in flight (a LoRA adapter's: those that named it;
+    its base model's: the others)."""
     tokens_per_s: float
-    """Its live workers' rates, each over the last ``history.RATE_S`` or so."""
+    """Its live workers' rates, each over the last ``history.RATE_S`` or so (a base
+    model's row counts its adapters' tokens: a worker reports one rate)."""
     ttft_ms: Percentiles | None
     """Time to first token over the window; ``None`` when nothing was observed."""
     itl_ms: Percentiles | None
@@ -105,6 +107,8 @@ class WorkerRow(msgspec.Struct):
     """Since the worker started, as ``generated_tokens``: jobs it claimed that were held for it."""
     affinity_misses: int
     """Since the worker started: jobs with prefix keys it claimed from the shared index."""
+    adapters: list[str]
+    """The LoRA adapters it serves beside ``model`` (its registration's), while it is live."""
 
 
 class RunningRow(msgspec.Struct):
@@ -212,6 +216,7 @@ class SnapshotBuilder:
 
     def _worker_rows(self, reading: Reading, live_ids: set[str]) -> list[WorkerRow]:
         rows = []
+        adapters = {w.worker_id: [a.name for a in w.adapters] for w in reading.routes.workers}
         for report in reading.reports:
             history = self._workers[report.worker_id]
             live = report.worker_id in live_ids
@@ -235,6 +240,7 @@ class SnapshotBuilder:
                     errors=sum(report.errors.values()),
                     affinity_hits=report.affinity_hits,
                     affinity_misses=report.affinity_misses,
+                    adapters=adapters.get(report.worker_id, []) if live else [],
                 )
             )
         reported = {r.worker_id for r in reading.reports}
@@ -258,6 +264,7 @@ class SnapshotBuilder:
                         errors=0,
                         affinity_hits=0,
                         affinity_misses=0,
+                        adapters=adapters[registration.worker_id],
                     )
                 )
         order = {"live": 0, "stopped": 1, "lost": 1}
@@ -274,7 +281,7 @@ class SnapshotBuilder:
         rows = [
             RunningRow(
                 request_id=request.request_id,
-                model=report.model,
+                model=request.model or report.model,
                 worker_id=report.worker_id,
                 tenant=request.tenant or DEFAULT_TENANT,
                 priority=request.priority or 0,
@@ -308,9 +315,10 @@ class SnapshotBuilder:
             history = self._workers[report.worker_id]
             totals.setdefault(report.model, WindowTotals()).add(history.window_totals(now_ms, self.window_s))
             if report.worker_id in live_ids:
-                n = len(report.in_flight)
-                running_by_model[report.model] = running_by_model.get(report.model, 0) + n
-                running_by_queue[report.queue] = running_by_queue.get(report.queue, 0) + n
+                for request in report.in_flight:  # an adapter's requests count as its own
+                    named = request.model or report.model
+                    running_by_model[named] = running_by_model.get(named, 0) + 1
+                running_by_queue[report.queue] = running_by_queue.get(report.queue, 0) + len(report.in_flight)
                 rate[report.model] = rate.get(report.model, 0.0) + history.tokens_per_s(now_ms)
 
         rows = []

@@ -25,6 +25,9 @@ class InFlightRequest(msgspec.Struct, forbid_unknown_fields=False, omit_defaults
     """Tokens generated so far, all completions, as of the report."""
     tenant: str | None = None
     priority: int | None = None
+    model: str | None = None
+    """The model the request named, when it named one: the worker's base model, or one of
+    its LoRA adapters."""
 
 
 class WorkerStats(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):

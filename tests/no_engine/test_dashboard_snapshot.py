@@ -18,7 +18,14 @@ import redis.asyncio as aioredis
 from devkit.redis_server import RedisServer
 from streamq.broker.registry import WorkerRegistry
 from streamq.broker.worker_stats import WorkerStatsStore
-from streamq.protocol import RESULT_KEY_PREFIX, ErrorEvent, FinalEvent, WorkerRegistration, encode_event
+from streamq.protocol import (
+    RESULT_KEY_PREFIX,
+    AdapterCard,
+    ErrorEvent,
+    FinalEvent,
+    WorkerRegistration,
+    encode_event,
+)
 from streamq.protocol.names import RECENT_ENDS_KEY, WORKER_STATS_KEY, WORKER_STATS_SEEN_KEY
 from streamq.protocol.roles import GATEWAY
 from streamq.protocol.worker_stats import InFlightRequest, WorkerStats
@@ -231,6 +238,7 @@ async def test_a_snapshot_reads_rates_windows_queue_and_workers_from_two_reports
         "errors": 3,
         "affinity_hits": 16,  # since it started, as its tokens
         "affinity_misses": 7,
+        "adapters": [],
     }
     assert workers[2]["errors"] == 3 and workers[2]["reported_ms"] == seen_c and workers[2]["in_flight"] == 0
     assert workers[3]["tokens_per_s"] == 0
@@ -249,6 +257,38 @@ async def test_a_snapshot_reads_rates_windows_queue_and_workers_from_two_reports
         "age_s": pytest.approx((second["now_ms"] - (t - 2000)) / 1000, abs=0.06),
     }
     assert (running[1]["tenant"], running[1]["priority"], running[1]["attempt"]) == ("default", 0, 1)
+
+
+async def test_a_workers_adapters_and_each_adapters_running_requests_are_shown(
+    http: httpx.AsyncClient, fleet: Fleet, admin: aioredis.Redis
+) -> None:
+    t = now_ms()
+    sql = AdapterCard(name=f"{fleet.model}-sql", path="/adapters/sql")
+    registration = WorkerRegistration(
+        worker_id=fleet.worker_id("a"), model=fleet.model, queue=fleet.queue, adapters=(sql,)
+    )
+    base_id, sql_id = f"{fleet.tag}-base", f"{fleet.tag}-sql"
+    await WorkerRegistry(admin).register(registration, ttl_ms=120_000)
+    try:
+        running = [
+            InFlightRequest(base_id, started_ms=t - 1000),
+            InFlightRequest(sql_id, started_ms=t - 500, model=sql.name),
+        ]
+        await fleet.report(fleet.stats("a", started_ms=t - HOUR_MS, in_flight=running))
+        snap = await snapshot(http)
+    finally:
+        await WorkerRegistry(admin).unregister(registration)
+    (worker,) = [w for w in snap["workers"] if w["worker_id"] == fleet.worker_id("a")]
+    assert (worker["model"], worker["adapters"], worker["in_flight"]) == (fleet.model, [sql.name], 2)
+    rows = {m["model"]: m for m in snap["models"] if m["queue"] == fleet.queue}
+    assert {model: (row["live_workers"], row["running"]) for model, row in rows.items()} == {
+        fleet.model: (1, 1),
+        sql.name: (1, 1),
+    }
+    assert {r["request_id"]: r["model"] for r in snap["running"] if r["worker_id"] == worker["worker_id"]} == {
+        base_id: fleet.model,
+        sql_id: sql.name,
+    }
 
 
 async def test_a_model_with_queued_jobs_and_no_live_worker_is_shown(

@@ -696,7 +696,13 @@ function workersView() {
               title: w.reported_ms ? `last report ${fmtClock(w.reported_ms)}` : "no report yet",
               testid: "worker-state",
             },
-            w.model,
+            w.adapters.length
+              ? {
+                  text: `${w.model} + ${w.adapters.length} adapter${w.adapters.length === 1 ? "" : "s"}`,
+                  title: `LoRA adapters: ${w.adapters.join(", ")}`,
+                  testid: "worker-model",
+                }
+              : w.model,
             w.queue,
             w.host,
             w.pid ?? "–",
