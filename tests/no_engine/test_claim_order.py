@@ -77,10 +77,17 @@ class Queue:
         assert await self._enqueue(keys=keys, args=args) == 1
 
     async def claim(
-        self, wanted: int = 1, *, lease_ms: int = LEASE_MS, scan_ms: int = 1000, worker: str = "w1", running: int = 0
+        self,
+        wanted: int = 1,
+        *,
+        lease_ms: int = LEASE_MS,
+        scan_ms: int = 1000,
+        worker: str = "w1",
+        running: int = 0,
+        free_ttl_ms: int = 60_000,
     ) -> list[str]:
         """A claim by ``worker``, which runs ``running`` jobs; it takes part in affinity."""
-        args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, worker, self.weights, scan_ms, 60_000, 60_000, running]
+        args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, worker, self.weights, scan_ms, 60_000, free_ttl_ms, running]
         _, hits, misses, expired, *reply = await self._claim(keys=[self.name], args=args)
         self.affinity += AffinityCounts(hits, misses, expired)
         return [job_id.decode() for job_id in reply[::2]]
@@ -484,9 +491,10 @@ async def test_a_job_only_some_workers_may_run_is_held_again_for_them_when_its_w
 
 async def test_a_job_whose_workers_are_all_gone_waits_for_one_of_them(queue: Queue) -> None:
     await live(queue, "w1")
-    await queue.enqueue("sql-job", prefixes=["@sql"], eligible=["w2"], window_ms=100)
-    assert await queue.claim(8, worker="w1") == []
-    await live(queue, "w2")  # back: the next claim after the window holds the job for it
+    await queue.enqueue("sql-job", prefixes=["@sql"], eligible=["w2"])
+    # None of its workers is live: deferred a free-slot key's life (here 100 ms), not indexed.
+    assert await queue.claim(8, worker="w1", free_ttl_ms=100) == []
+    await live(queue, "w2")  # back: the next claim after that holds the job for it
     await asyncio.sleep(0.15)
     assert await queue.claim(8, worker="w1") == []
     assert await queue.claim(8, worker="w2") == ["sql-job"]

@@ -27,8 +27,9 @@
 -- next requests follow it there before it has claimed. Then optional: the workers that may
 -- run the job (comma-separated ids, '' for any: a LoRA adapter that not every live worker of
 -- the queue serves). Such a job is kept off the shared index: it is held for one of them
--- (as above, every pick made among them; else the least busy of them), or, with none live,
--- only deferred a window; <queue>:eligible:<id> names them for the claim (see claim_jobs).
+-- (the picks above, made among them), or else made due at once in <queue>:deferred, where
+-- the next claim holds it for the least busy of them; <queue>:eligible:<id> names them for
+-- the claim (see claim_jobs).
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
@@ -50,23 +51,6 @@ local only = ARGV[19] or ''
 -- Whether the worker may run the job (any may, unless the job names who may).
 local function eligible(worker)
   return only == '' or string.find(',' .. only .. ',', ',' .. worker .. ',', 1, true) ~= nil
-end
-
--- The least busy live one of the workers that may run the job, one with a free slot first
--- (one without still beats none: the job waits for it, not for a worker that cannot run it).
-local function least_busy_eligible()
-  local best, best_free, best_load = nil, false, nil
-  for worker in string.gmatch(only, '[^,]+') do
-    local free = redis.call('GET', q .. ':free:' .. worker)
-    if free then
-      local has_free = tonumber(free) > 0
-      local load = tonumber(redis.call('ZSCORE', q .. ':load', worker) or '0')
-      if not best or (has_free and not best_free) or (has_free == best_free and load < best_load) then
-        best, best_free, best_load = worker, has_free, load
-      end
-    end
-  end
-  return best
 end
 
 -- The least busy live worker (fewest jobs, by its claims and the holds since) if it has a
@@ -131,7 +115,7 @@ local function first_pick()
       end
     end
   end
-  if only ~= '' then return least_busy_eligible(), true end
+  if only ~= '' then return nil, true end -- the claim holds it for one of them (below)
   return least, true
 end
 
@@ -155,9 +139,9 @@ else
     redis.call('ZADD', q .. ':affine-bands:' .. worker, prio, prio)
     redis.call('ZADD', q .. ':deferred', at + tonumber(ARGV[16]), id) -- its window's end
     redis.call('HSET', q .. ':held', id, worker)
-  elseif only ~= '' then -- none of its workers is live: the claim looks again after the window
+  elseif only ~= '' then -- due at once: the next claim holds it for one of its workers
     redis.call('HSET', q .. ':indexed', id, indexed)
-    redis.call('ZADD', q .. ':deferred', at + tonumber(ARGV[16]), id)
+    redis.call('ZADD', q .. ':deferred', at, id)
   else
     redis.call('HSET', q .. ':indexed', id, indexed)
     redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
