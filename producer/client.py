@@ -720,21 +720,19 @@ class StreamqClient:
             request.tenant or DEFAULT_TENANT,
             round(defer_s * 1000),
         ]
-        held = bool(prefixes) and self.affinity_window_ms > 0
-        if request.callback is not None:  # kept where the paths ending it outside a worker find it
-            args += [callback_key(request_id), msgspec.json.encode(request.callback), JOB_EXPIRY_MS + LOG_TTL_MS]
-        elif reserving or prefixes or eligible:
-            args += ["", "", 0]
-        if reserving:
-            args.append(JOB_EXPIRY_MS + LOG_TTL_MS)
-        elif prefixes or eligible:
-            args.append("")
-        if held or eligible:
-            # A job only some workers may run is held for one of them even with affinity off.
-            window = self.affinity_window_ms or AFFINITY_FREE_TTL_MS
-            args += [",".join(prefixes) if held else "", window, AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION]
-        if eligible:
-            args.append(",".join(eligible))
+        # Every optional argument, each empty when unused (the script reads '' as absent): the
+        # callback kept where the paths ending the request outside a worker find it, the id's
+        # reservation, the affinity keys with their window and balance slack, and the workers
+        # that may run it (a job only some may run is held for one of them even with affinity off).
+        callback = (
+            (callback_key(request_id), msgspec.json.encode(request.callback), JOB_EXPIRY_MS + LOG_TTL_MS)
+            if request.callback is not None
+            else ("", "", 0)
+        )
+        affinity = ",".join(prefixes) if self.affinity_window_ms > 0 else ""
+        args += [*callback, JOB_EXPIRY_MS + LOG_TTL_MS if reserving else "", affinity]
+        args += [self.affinity_window_ms or AFFINITY_FREE_TTL_MS, AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION]
+        args.append(",".join(eligible))
         return int(await self._enqueue_script(keys=keys, args=args))
 
     async def generate(
