@@ -71,6 +71,16 @@ COUNTERS = {
 }
 """What is scraped from each worker's ``/metrics``: the counter families (their ``_total``
 samples, summed over label sets), by the name this module gives them."""
+ENGINE_HISTOGRAMS = {
+    "engine_ttft": "vllm:time_to_first_token_seconds",
+    "engine_waiting": "vllm:request_queue_time_seconds",
+    "engine_prefill": "vllm:request_prefill_time_seconds",
+}
+"""vLLM's own per-request timings (histograms: their ``_sum`` and ``_count`` are scraped as
+``<name>_sum`` and ``<name>_count``): first token from the request's arrival at the engine,
+time in the engine's waiting queue, and prefill, so that a follow-up's time at the client
+splits into the engine's part and the queue path's (the rest)."""
+SCRAPED = [*COUNTERS, *(f"{name}_{part}" for name in ENGINE_HISTOGRAMS for part in ("sum", "count"))]
 
 TARGET_SAME_WORKER = 0.90
 TARGET_TTFT_RATIO = 1.5
@@ -210,21 +220,23 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def counters(text: str) -> dict[str, float]:
-    """The ``COUNTERS`` in a Prometheus text exposition, each summed over its label sets (0 when absent)."""
-    totals = dict.fromkeys(COUNTERS, 0.0)
+    """The ``COUNTERS`` and ``ENGINE_HISTOGRAMS`` in a Prometheus text exposition, each summed
+    over its label sets (0 when absent)."""
+    totals = dict.fromkeys(SCRAPED, 0.0)
     short = {family: key for key, family in COUNTERS.items()}
+    histograms = {family: key for key, family in ENGINE_HISTOGRAMS.items()}
     for family in text_string_to_metric_families(text):
-        if family.name not in short:
-            continue
         for sample in family.samples:
-            if sample.name == family.name + "_total":
+            if family.name in short and sample.name == family.name + "_total":
                 totals[short[family.name]] += sample.value
+            elif family.name in histograms and sample.name in (family.name + "_sum", family.name + "_count"):
+                totals[histograms[family.name] + sample.name.removeprefix(family.name)] += sample.value
     return totals
 
 
 def delta(before: Sequence[Mapping[str, float]], after: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """What the counters grew by, all workers summed."""
-    return {key: sum(a[key] - b[key] for b, a in zip(before, after, strict=True)) for key in COUNTERS}
+    return {key: sum(a[key] - b[key] for b, a in zip(before, after, strict=True)) for key in SCRAPED}
 
 
 def percentile_ms(values: Sequence[float], q: float) -> float | None:
@@ -254,6 +266,7 @@ class ModeResult:
     queue_wait_p50_ms: float | None = None
     queue_wait_max_ms: float | None = None
     requests_by_worker: dict[str, int] = field(default_factory=dict)
+    ttft_sum_s: float = 0.0
 
     @property
     def same_worker_rate(self) -> float | None:
@@ -266,6 +279,16 @@ class ModeResult:
     @property
     def tok_s(self) -> float:
         return self.completion_tokens / self.wall_s if self.wall_s else 0.0
+
+    def engine_mean_ms(self, name: str) -> float | None:
+        """The mean of one of ``ENGINE_HISTOGRAMS`` over the mode's requests (all turns)."""
+        mean = ratio(self.counters.get(f"{name}_sum", 0.0), self.counters.get(f"{name}_count", 0.0))
+        return None if mean is None else mean * 1000
+
+    @property
+    def ttft_mean_ms(self) -> float | None:
+        """The mean time to first token at the client, all turns (to set beside the engine's)."""
+        return self.ttft_sum_s * 1000 / self.requests if self.requests else None
 
 
 def summarize(
@@ -299,6 +322,7 @@ def summarize(
         requests_by_worker=dict.fromkeys(worker_ids, 0) | dict(Counter(t.worker or "?" for t in rows)),
         queue_wait_p50_ms=percentile_ms(waits, 50),
         queue_wait_max_ms=percentile_ms(waits, 100),
+        ttft_sum_s=sum(t.ttft_s for t in rows),
     )
 
 
@@ -357,6 +381,12 @@ def table(on: ModeResult, off: ModeResult, workers: int, window_ms: int = AFFINI
     def split(r: ModeResult) -> str:
         return " / ".join(str(n) for n in r.requests_by_worker.values())
 
+    def engine_split(r: ModeResult) -> str:
+        return f"{_ms(r.ttft_mean_ms)} / {_ms(r.engine_mean_ms('engine_ttft'))}"
+
+    def engine_phases(r: ModeResult) -> str:
+        return f"{_ms(r.engine_mean_ms('engine_waiting'))} / {_ms(r.engine_mean_ms('engine_prefill'))}"
+
     rows = [
         ("follow-up TTFT p50 (ms)", _ms(on.follow_up_ttft_p50_ms), _ms(off.follow_up_ttft_p50_ms),
          f"off/on {_x(ttft_ratio)}", f"off/on >= {TARGET_TTFT_RATIO}x", _met(ttft_met)),
@@ -373,6 +403,8 @@ def table(on: ModeResult, off: ModeResult, workers: int, window_ms: int = AFFINI
          f"{off.completion_tokens:,} / {off.wall_s:.1f}", "", "", ""),
         ("output tok/s", f"{on.tok_s:,.1f}", f"{off.tok_s:,.1f}", f"on/off {_x(tok_ratio)}",
          f"on/off >= {TARGET_TOK_S_RATIO}x", _met(tok_met)),
+        ("TTFT mean, all turns: at the client / in the engine (ms)", engine_split(on), engine_split(off), "", "", ""),
+        ("engine: waiting / prefill mean (ms)", engine_phases(on), engine_phases(off), "", "", ""),
         ("queue wait p50 / longest (ms)", f"{_ms(on.queue_wait_p50_ms)} / {_ms(on.queue_wait_max_ms)}",
          f"{_ms(off.queue_wait_p50_ms)} / {_ms(off.queue_wait_max_ms)}", f"extra {_ms(extra)}",
          f"extra <= the window ({window_ms} ms)", _met(extra_met)),

@@ -203,6 +203,7 @@ class StreamqWorker(Worker):
                 AFFINITY_FREE_TTL_MS,
                 self.job_counter,
                 spare,
+                WAKEUP_CHANNEL,
             ],
         )
         state.clock.observe(int(redis_now), asked_at, timestamp_ms())

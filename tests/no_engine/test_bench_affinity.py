@@ -4,7 +4,7 @@ it sends, the counters it scrapes, and the figures and targets it prints."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from bench.affinity import (
     BIND_ENV,
@@ -83,6 +83,9 @@ def test_counters_sum_each_family_over_its_label_sets_and_are_zero_when_absent()
     Counter("streamq_affinity_hits", "", registry=registry).inc(7)
     Counter("streamq_affinity_misses", "", registry=registry).inc(2)
     Counter("streamq_jobs", "", registry=registry).inc(99)
+    ttft = Histogram("vllm:time_to_first_token_seconds", "", ["engine"], registry=registry, buckets=(0.1, 1.0))
+    ttft.labels("0").observe(0.25)
+    ttft.labels("1").observe(0.5)
     exposition = generate_latest(registry).decode()
     assert counters(exposition) == {
         "queries": 1500.0,
@@ -90,6 +93,12 @@ def test_counters_sum_each_family_over_its_label_sets_and_are_zero_when_absent()
         "affinity_hits": 7.0,
         "affinity_misses": 2.0,
         "affinity_expired": 0.0,
+        "engine_ttft_sum": 0.75,
+        "engine_ttft_count": 2.0,
+        "engine_waiting_sum": 0.0,
+        "engine_waiting_count": 0.0,
+        "engine_prefill_sum": 0.0,
+        "engine_prefill_count": 0.0,
     }
     before = [dict.fromkeys(counters(""), 1.0), counters("")]
     after = [dict.fromkeys(counters(""), 3.0), counters(exposition)]

@@ -85,9 +85,12 @@ class Queue:
         worker: str = "w1",
         running: int = 0,
         free_ttl_ms: int = 60_000,
+        wakeup: str = "",
     ) -> list[str]:
-        """A claim by ``worker``, which runs ``running`` jobs; it takes part in affinity."""
+        """A claim by ``worker``, which runs ``running`` jobs; it takes part in affinity and
+        tells the other workers on ``wakeup`` (if given) of jobs it leaves for them."""
         args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, worker, self.weights, scan_ms, 60_000, free_ttl_ms, running]
+        args += [0, wakeup]
         _, hits, misses, expired, *reply = await self._claim(keys=[self.name], args=args)
         self.affinity += AffinityCounts(hits, misses, expired)
         return [job_id.decode() for job_id in reply[::2]]
@@ -517,3 +520,50 @@ async def test_a_stopping_worker_gives_a_job_only_some_workers_may_run_to_anothe
     assert await queue.release("w2") == 1
     assert await queue.claim(8, worker="w1") == []
     assert await queue.claim(8, worker="w3", running=5) == ["sql-job"]
+
+
+@pytest.fixture
+async def wakeups(raw_redis: aioredis.Redis) -> AsyncIterator[tuple[str, aioredis.client.PubSub]]:
+    """A wake-up channel of this test's own, subscribed."""
+    channel = f"streamq:wakeup-{uuid.uuid4().hex[:8]}"
+    pubsub = raw_redis.pubsub()
+    await pubsub.subscribe(channel)
+    assert (await pubsub.get_message(timeout=1.0))["type"] == "subscribe"
+    yield channel, pubsub
+    await pubsub.aclose()
+
+
+async def woken(pubsub: aioredis.client.PubSub) -> list[bytes]:
+    """The wake-ups published so far (each names its queue)."""
+    messages = []
+    while (message := await pubsub.get_message(timeout=0.2)) is not None:
+        messages.append(message["data"])
+    return messages
+
+
+async def test_a_claim_that_holds_a_job_for_another_worker_wakes_the_workers(
+    queue: Queue, wakeups: tuple[str, aioredis.client.PubSub]
+) -> None:
+    """Without it, the worker a claim chose would find the job only at its next poll."""
+    channel, pubsub = wakeups
+    await live(queue, "w1", "w2")
+    await queue.enqueue("sql-job", eligible=["w2"])  # made due at once: the next claim holds it
+    assert await queue.claim(8, worker="w1", wakeup=channel) == []
+    assert await woken(pubsub) == [queue.name.encode()]
+    assert await queue.claim(8, worker="w2", wakeup=channel) == ["sql-job"]
+    assert await woken(pubsub) == []  # it took what was held for it: nobody else to tell
+
+
+async def test_a_claim_that_leaves_expired_holds_in_the_index_wakes_the_workers(
+    queue: Queue, wakeups: tuple[str, aioredis.client.PubSub]
+) -> None:
+    channel, pubsub = wakeups
+    await served_by(queue, "w1", "conv")
+    await queue.claim(8, worker="w2")
+    for i in range(2):
+        await queue.enqueue(f"held-{i}", prefixes=["conv"], window_ms=100)  # w1 stalls
+    await asyncio.sleep(0.15)
+    assert await queue.claim(1, worker="w2", wakeup=channel) == ["held-0"]  # its one free slot
+    assert await woken(pubsub) == [queue.name.encode()]
+    assert await queue.claim(8, worker="w3", wakeup=channel) == ["held-1"]
+    assert await woken(pubsub) == []

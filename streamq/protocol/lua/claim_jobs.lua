@@ -4,7 +4,10 @@
 -- then for prefix-aware pickup (default: off) how long this worker counts as holding the
 -- prefixes it claims (ms), how long its free-slot count lives (ms), how many jobs it runs
 -- now, and how many free slots it has beyond those it asks for (one of several front ends
--- of an engine asks for its share). Returns Redis's time (ms), the affinity hits, misses
+-- of an engine asks for its share), and the wake-up channel ('' for none): the other workers
+-- are told there when this claim held a job for one of them or left jobs it moved into the
+-- index untaken (a held job's window passed, a deferred job came due), so that no job waits
+-- for their next poll. Returns Redis's time (ms), the affinity hits, misses
 -- and expired windows of this claim, then id, score, id, score, ... of the jobs claimed
 -- (score: the job's score in the queue). Jobs are due by Redis's clock, never a worker's.
 --
@@ -35,9 +38,11 @@ local wanted, ttl, page, prefix, me = tonumber(ARGV[1]), tonumber(ARGV[2]), tonu
 local weights, scan_ms = ARGV[6] or 'streamq:tenant-weights', ARGV[7] or '1000'
 local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
 local spare = tonumber(ARGV[11] or '0')
+local wakeup = ARGV[12] or ''
 local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
 local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
+local held_for_others, promoted = false, false
 
 -- An adapter's key ('@' and a digest) names this worker, and joins the adapters it owns
 -- (<queue>:adapters:<worker>, scored by when the ownership lapses), unless the job came here
@@ -112,6 +117,7 @@ local function hold_for_eligible(id, band, score)
     redis.call('ZADD', q .. ':affine:' .. best .. ':' .. band, score, id)
     redis.call('ZADD', q .. ':affine-bands:' .. best, band, band)
     redis.call('HSET', held, id, best)
+    held_for_others = held_for_others or best ~= me
   end
   redis.call('ZADD', q .. ':deferred', now + (free_ttl > 0 and free_ttl or 3000), id)
   return true
@@ -166,6 +172,7 @@ for i = 1, #due, 2 do
         local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
         if not (score and hold_for_eligible(id, band, score)) then
           reindex(id, band, tenant)
+          promoted = true
         end
         claimed[4] = claimed[4] + 1
         if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
@@ -184,6 +191,7 @@ for i = 1, #due, 2 do
       redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
       redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
       redis.call('ZADD', bands, prio, prio)
+      promoted = true
     end
   end
 end
@@ -276,6 +284,11 @@ if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
     end
     offset = offset + page
   end
+end
+-- Jobs held for another worker, or moved into the index and maybe left there (this claim
+-- filled its slots): the others claim now rather than at their next poll.
+if wakeup ~= '' and (held_for_others or (promoted and n >= wanted)) then
+  redis.call('PUBLISH', wakeup, q)
 end
 -- What enqueue reads to route a job here: this worker's free slots (lapsing unless it
 -- claims again) and how many jobs it runs.
