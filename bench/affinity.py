@@ -267,6 +267,9 @@ class ModeResult:
     queue_wait_max_ms: float | None = None
     requests_by_worker: dict[str, int] = field(default_factory=dict)
     ttft_sum_s: float = 0.0
+    same_worker_ttft_p50_ms: float | None = None
+    """Of the follow-ups on their previous turn's worker (held there, or there by chance)."""
+    same_worker_queue_wait_p50_ms: float | None = None
 
     @property
     def same_worker_rate(self) -> float | None:
@@ -303,7 +306,7 @@ def summarize(
     rows = sorted(turns, key=lambda t: (t.conversation, t.turn))
     previous = {(t.conversation, t.turn): t.worker for t in rows}
     follow_ups = [t for t in rows if t.turn > 1]
-    same = sum(1 for t in follow_ups if t.worker is not None and previous.get((t.conversation, t.turn - 1)) == t.worker)
+    stayed = [t for t in follow_ups if t.worker is not None and previous.get((t.conversation, t.turn - 1)) == t.worker]
     firsts = [t.ttft_s for t in rows if t.turn == 1]
     later = [t.ttft_s for t in follow_ups]
     waits = [t.queue_wait_s for t in rows if t.queue_wait_s is not None]
@@ -314,7 +317,7 @@ def summarize(
         first_ttft_p50_ms=percentile_ms(firsts, 50),
         follow_up_ttft_p50_ms=percentile_ms(later, 50),
         follow_up_ttft_p90_ms=percentile_ms(later, 90),
-        same_worker=same,
+        same_worker=len(stayed),
         completion_tokens=sum(t.completion_tokens for t in rows),
         wall_s=wall_s,
         max_prompt_tokens=max((t.prompt_tokens for t in rows), default=0),
@@ -323,6 +326,8 @@ def summarize(
         queue_wait_p50_ms=percentile_ms(waits, 50),
         queue_wait_max_ms=percentile_ms(waits, 100),
         ttft_sum_s=sum(t.ttft_s for t in rows),
+        same_worker_ttft_p50_ms=percentile_ms([t.ttft_s for t in stayed], 50),
+        same_worker_queue_wait_p50_ms=percentile_ms([t.queue_wait_s for t in stayed if t.queue_wait_s is not None], 50),
     )
 
 
@@ -381,6 +386,9 @@ def table(on: ModeResult, off: ModeResult, workers: int, window_ms: int = AFFINI
     def split(r: ModeResult) -> str:
         return " / ".join(str(n) for n in r.requests_by_worker.values())
 
+    def stayed(r: ModeResult) -> str:
+        return f"{_ms(r.same_worker_ttft_p50_ms)} / {_ms(r.same_worker_queue_wait_p50_ms)}"
+
     def engine_split(r: ModeResult) -> str:
         return f"{_ms(r.ttft_mean_ms)} / {_ms(r.engine_mean_ms('engine_ttft'))}"
 
@@ -403,6 +411,8 @@ def table(on: ModeResult, off: ModeResult, workers: int, window_ms: int = AFFINI
          f"{off.completion_tokens:,} / {off.wall_s:.1f}", "", "", ""),
         ("output tok/s", f"{on.tok_s:,.1f}", f"{off.tok_s:,.1f}", f"on/off {_x(tok_ratio)}",
          f"on/off >= {TARGET_TOK_S_RATIO}x", _met(tok_met)),
+        ("follow-ups on their previous turn's worker: TTFT / queue wait p50 (ms)", stayed(on), stayed(off),
+         "", "", ""),
         ("TTFT mean, all turns: at the client / in the engine (ms)", engine_split(on), engine_split(off), "", "", ""),
         ("engine: waiting / prefill mean (ms)", engine_phases(on), engine_phases(off), "", "", ""),
         ("queue wait p50 / longest (ms)", f"{_ms(on.queue_wait_p50_ms)} / {_ms(on.queue_wait_max_ms)}",

@@ -131,6 +131,7 @@ def test_a_follow_up_counts_as_same_worker_when_it_ran_where_its_own_previous_tu
     assert result.cache_hit_rate == 0.4
     assert result.max_prompt_tokens == 300
     assert result.requests_by_worker == {"c": 0, "b": 3, "a": 2, "?": 1}
+    assert result.same_worker_ttft_p50_ms == pytest.approx(150.0)  # of 100 and 200, the two that stayed
 
 
 def test_the_table_puts_the_ratios_beside_the_targets_and_says_which_are_met() -> None:
@@ -148,6 +149,7 @@ def test_the_table_puts_the_ratios_beside_the_targets_and_says_which_are_met() -
     assert "| streamq affinity hits / misses / expired | 2 / 2 / 0 | 0 / 0 / 0 |" in text
     assert "on/off 1.10x | on/off >= 0.98x | yes |" in text
     assert "n/a (0 / 0)" in text  # no cache queries: no rate, not a division by zero
+    assert "| follow-ups on their previous turn's worker: TTFT / queue wait p50 (ms) | 110 / n/a | 360 / n/a |" in text
 
     slower = summarize("on", [turn(0, 1, 1000, "a"), turn(0, 2, 300, "b")], 2.0, NO_COUNTS)
     checks = target_checks(slower, off)
