@@ -47,7 +47,7 @@ PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
 test: install
 	$(PYTEST)
 
-# No engine, no worker: pure parts, Redis, gateway and command-line processes; about a minute.
+# No engine, no worker: pure parts, Redis, gateway and command-line processes; about two minutes.
 test-no-engine: install
 	$(PYTEST) tests/no_engine
 
