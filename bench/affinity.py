@@ -266,7 +266,8 @@ class ModeResult:
     queue_wait_p50_ms: float | None = None
     queue_wait_max_ms: float | None = None
     requests_by_worker: dict[str, int] = field(default_factory=dict)
-    ttft_sum_s: float = 0.0
+    ttft_mean_ms: float | None = None
+    """At the client, all turns (to set beside the engine's)."""
     same_worker_ttft_p50_ms: float | None = None
     """Of the follow-ups on their previous turn's worker (held there, or there by chance)."""
     same_worker_queue_wait_p50_ms: float | None = None
@@ -287,11 +288,6 @@ class ModeResult:
         """The mean of one of ``ENGINE_HISTOGRAMS`` over the mode's requests (all turns)."""
         mean = ratio(self.counters.get(f"{name}_sum", 0.0), self.counters.get(f"{name}_count", 0.0))
         return None if mean is None else mean * 1000
-
-    @property
-    def ttft_mean_ms(self) -> float | None:
-        """The mean time to first token at the client, all turns (to set beside the engine's)."""
-        return self.ttft_sum_s * 1000 / self.requests if self.requests else None
 
 
 def summarize(
@@ -325,7 +321,7 @@ def summarize(
         requests_by_worker=dict.fromkeys(worker_ids, 0) | dict(Counter(t.worker or "?" for t in rows)),
         queue_wait_p50_ms=percentile_ms(waits, 50),
         queue_wait_max_ms=percentile_ms(waits, 100),
-        ttft_sum_s=sum(t.ttft_s for t in rows),
+        ttft_mean_ms=1000 * float(np.mean([t.ttft_s for t in rows])) if rows else None,
         same_worker_ttft_p50_ms=percentile_ms([t.ttft_s for t in stayed], 50),
         same_worker_queue_wait_p50_ms=percentile_ms([t.queue_wait_s for t in stayed if t.queue_wait_s is not None], 50),
     )

@@ -80,13 +80,13 @@ local function own_prefixes(meta)
   return keys ~= nil
 end
 
--- Back in its band's index: a job that stayed queued (not deferred) since enqueue.
-local function reindex(id, band, tenant)
-  local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
+-- Into its band's index at its waiting score (none: it left the queue), noted for the wake-up.
+local function reindex(id, band, tenant, score)
   if score then
     redis.call('ZADD', q .. ':fifo:' .. band .. ':' .. tenant, score, id)
     redis.call('ZADD', q .. ':tenants:' .. band, 'NX', 0, tenant)
     redis.call('ZADD', bands, band, band)
+    promoted = true
   end
 end
 
@@ -171,8 +171,7 @@ for i = 1, #due, 2 do
       if redis.call('ZREM', mine, id) == 1 then
         local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
         if not (score and hold_for_eligible(id, band, score)) then
-          reindex(id, band, tenant)
-          promoted = true
+          reindex(id, band, tenant, score)
         end
         claimed[4] = claimed[4] + 1
         if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
@@ -188,10 +187,7 @@ for i = 1, #due, 2 do
       redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
     end
     if not hold_for_eligible(id, prio, score) then
-      redis.call('ZADD', q .. ':fifo:' .. prio .. ':' .. tenant, score, id)
-      redis.call('ZADD', q .. ':tenants:' .. prio, 'NX', 0, tenant)
-      redis.call('ZADD', bands, prio, prio)
-      promoted = true
+      reindex(id, prio, tenant, score)
     end
   end
 end
