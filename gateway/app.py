@@ -3,6 +3,10 @@
 An anonymous request is cancelled when its client disconnects, as ``vllm serve`` aborts
 it. A request named with ``x-streamq-request-id`` is resumable instead: its SSE events
 carry ``id: <seq>``, and the same POST with ``Last-Event-ID: <seq>`` continues it.
+
+A request for a model whose workers are all gone (scaled to zero) waits in the queue for
+the next worker, up to the gateway's queue timeout; its stream opens meanwhile and carries
+keep-alive comments, and one that waits past the bound ends with a 503 error.
 """
 
 from __future__ import annotations
@@ -12,10 +16,10 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -28,18 +32,20 @@ from gateway.dashboard.sampler import DashboardSampler
 from gateway.disconnect import ClientGone, until_disconnected
 from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from gateway.key_metrics import key_usage_exposition
+from gateway.queue_metrics import QueueTender, waiting_exposition
 from gateway.request_group import RequestGroup
 from gateway.request_status import error_response, status_response
-from gateway.sse import DONE, SseEncoder, SseResponse
+from gateway.sse import DEFAULT_KEEPALIVE_S, DONE, KEEPALIVE, SseEncoder, SseResponse, sse_event, with_keepalives
 from producer.client import RequestHandle, StreamqClient
 from producer.errors import RequestError
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
-from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request
+from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request, waited_too_long
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.requests import OpenAIRequest, parse_openai_body
 from producer.openai_api.responses import ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
+from streamq.broker.waiting import WaitingRequests
 from streamq.protocol import (
     REQUEST_ID_PATTERN,
     TERMINAL_EVENTS,
@@ -47,6 +53,7 @@ from streamq.protocol import (
     ErrorEvent,
     Event,
     FinalEvent,
+    FinishReason,
     is_valid_request_id,
 )
 from streamq.protocol.affinity import check_affinity_key
@@ -66,6 +73,10 @@ AFFINITY_HEADER = "x-streamq-affinity"
 """``off`` (or ``false``, ``0``) opts the request out of prefix-aware pickup."""
 AFFINITY_OFF_VALUES = frozenset({"off", "false", "0"})
 HEALTH_TIMEOUT_S = 2.0
+DEFAULT_QUEUE_TIMEOUT_S: Final = 600.0
+"""How long a request waits in the queue for a worker to start it before it ends with a 503:
+enough for a GPU worker to start from zero (a node, an image, a model's weights), short of
+an HTTP client's own timeout (the openai SDK's is 600 s)."""
 
 
 def create_app(
@@ -78,6 +89,10 @@ def create_app(
     api_keys: Sequence[str] = (),
     protect_metrics: bool = False,
     tokenizer_model: str | None = None,
+    queue_timeout_s: float | None = DEFAULT_QUEUE_TIMEOUT_S,
+    keepalive_s: float = DEFAULT_KEEPALIVE_S,
+    model_memory_s: float | None = None,
+    declared_models: Mapping[str, str | None] | None = None,
 ) -> FastAPI:
     """The gateway application, with one ``StreamqClient`` (one Redis pool, one pub/sub
     connection) shared by all requests. ``api_keys`` (and keys stored in Redis) are
@@ -85,22 +100,33 @@ def create_app(
     dashboard's data (``/dashboard/api/*``, ``gateway.dashboard``) takes ``api_keys`` only;
     bodies over ``max_body_bytes`` get 413, requests past ``limits`` 400. ``events_url``
     (else ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the events;
-    ``tokenizer_model`` answers the tokenizer routes that name no model."""
+    ``tokenizer_model`` answers the tokenizer routes that name no model. A request waits for
+    a worker up to ``queue_timeout_s`` (``None``: as long as its job is kept); a stream silent
+    for ``keepalive_s`` carries a keep-alive comment. ``model_memory_s`` and
+    ``declared_models``: which models with no live worker take requests (``StreamqClient``)."""
     auth = ApiKeyAuth(api_keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.client = client = await StreamqClient.connect(
-            redis_url, events_url=events_url, max_queue_depth=max_queue_depth
+            redis_url,
+            events_url=events_url,
+            max_queue_depth=max_queue_depth,
+            model_memory_s=model_memory_s,
+            declared_models=declared_models,
         )
         app.state.auth = auth
         app.state.limiter = limiter = KeyLimiter(client.redis)
         app.state.dashboard = dashboard = DashboardSampler(client)
+        app.state.waiting = waiting = WaitingRequests(client.redis)
+        tender = QueueTender(client, waiting)
         try:
             await auth.start(client.redis)
             limiter.start()
+            tender.start()
             yield
         finally:
+            await tender.stop()
             await dashboard.stop()
             await limiter.stop()
             await auth.stop()
@@ -111,6 +137,8 @@ def create_app(
     # Added last, so it runs first: a request without a valid key is refused before its body is read.
     app.add_middleware(ApiKeyMiddleware, auth=auth, protect_metrics=protect_metrics)
     app.state.limits = limits
+    app.state.queue_timeout_s = queue_timeout_s
+    app.state.keepalive_s = keepalive_s
     dashboard_routes.install(app)
     tokenizer_routes.install(app, default_model=tokenizer_model)
 
@@ -131,15 +159,20 @@ def create_app(
             return error_response(exc)
         tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
         allows = tenant.record.allows if tenant is not None and tenant.record is not None else None
-        return JSONResponse(model_list(routes.workers, allows))
+        client: StreamqClient = request.app.state.client
+        return JSONResponse(model_list(routes.workers, allows, waiting_for_workers=client.models_waiting(routes)))
 
     @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:
         text = http_metrics.exposition()
+        try:
+            text += await waiting_exposition(request.app.state.client, request.app.state.waiting)
+        except Exception as exc:  # the gateway's own metrics still count
+            logger.warning("cannot read the waiting requests from Redis: %s", exc)
         if auth.required:
             try:
                 text += await key_usage_exposition(auth.store, auth.static_names)
-            except Exception as exc:  # the gateway's own metrics still count
+            except Exception as exc:
                 logger.warning("cannot read API key usage from Redis: %s", exc)
         return Response(text, media_type=http_metrics.CONTENT_TYPE)
 
@@ -290,6 +323,8 @@ async def _whole(
 ) -> Response:
     """The whole response, once every request of the group ended."""
     completions = await until_disconnected(request.receive, group.results())
+    if any(_never_started(completion.finish_reasons, completion.completion_tokens) for completion in completions):
+        raise waited_too_long(params.model, request.app.state.queue_timeout_s)
     for completion in completions:
         account.charge(completion.prompt_tokens, completion.completion_tokens)
     whole = endpoint.to_response(
@@ -310,23 +345,41 @@ async def _stream(
     arrived: float,
 ) -> Response:
     """The streamed response, opened once the first event came: parameters vLLM refuses
-    still get a 400 rather than an error inside a 200 stream."""
-    events = group.events()
+    still get a 400 rather than an error inside a 200 stream, and a request that waited
+    past its bound a 503. A first event slower than the keep-alive period (no worker is
+    free, or none is running yet) opens it without one, with keep-alive comments until
+    events come."""
+    events = with_keepalives(group.events(), request.app.state.keepalive_s)
     first = await until_disconnected(request.receive, anext(events))
-    http_metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
-    if isinstance(first[1], ErrorEvent):
-        raise RequestError(first[1].request_id, first[1].code, first[1].message)
+    if first is not None:
+        http_metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
+        _raise_if_failed(first[1], params, request.app.state.queue_timeout_s)
     chunks = ChunkBuilder(
         meta, params.include_usage, n=params.n, role_sent=opened, shape=params.shape, prompts=len(group.handles)
     )
     encoder = SseEncoder(chunks, event_ids=resumable)
+    timed_out = waited_too_long(params.model, request.app.state.queue_timeout_s)
 
     async def close() -> None:
         await group.close()
         await account.close()
 
     headers = {"x-request-id": meta.request_id}
-    return SseResponse(_sse_text(encoder, first, events, account), headers=headers, on_close=close)
+    text = _sse_text(encoder, first, events, account, timed_out=timed_out, arrived=None if first else arrived)
+    return SseResponse(text, headers=headers, on_close=close)
+
+
+def _never_started(finish_reasons: Sequence[str | None], completion_tokens: int) -> bool:
+    """A request that waited past its queue bound with no worker starting it."""
+    return completion_tokens == 0 and all(reason == FinishReason.QUEUE_TIMEOUT for reason in finish_reasons)
+
+
+def _raise_if_failed(event: Event, params: OpenAIRequest, queue_timeout_s: float | None) -> None:
+    """The HTTP error of a request whose first event ends it in failure."""
+    if isinstance(event, ErrorEvent):
+        raise RequestError(event.request_id, event.code, event.message)
+    if isinstance(event, FinalEvent) and _never_started(event.finish_reasons, event.completion_tokens):
+        raise waited_too_long(params.model, queue_timeout_s)
 
 
 def _named_request(request: Request, params: OpenAIRequest) -> str | None:
@@ -361,6 +414,7 @@ async def _submit(
             tenant=queue_tenant,
             stream=params.stream,  # a whole response is written in checkpoints, not token by token
             cancel_on_close=named is None,  # a named request waits to be resumed instead
+            queue_timeout_s=request.app.state.queue_timeout_s,
             **{**kwargs, **affinity},
         )
         if tenant is not None and (named is not None or tenant.record is not None):
@@ -410,21 +464,45 @@ async def _resume(
 
 
 async def _sse_text(
-    encoder: SseEncoder, first: tuple[int, Event], rest: AsyncIterator[tuple[int, Event]], account: _Account
+    encoder: SseEncoder,
+    first: tuple[int, Event] | None,
+    rest: AsyncIterator[tuple[int, Event] | None],
+    account: _Account,
+    *,
+    timed_out: ApiError,
+    arrived: float | None,
 ) -> AsyncGenerator[bytes, None]:
     """The stream's bytes, tallying what the key used: the tokens it was sent, and each
-    prompt's once its final event arrives (a client that leaves early pays for what it got)."""
-    prompt, event = first
+    prompt's once its final event arrives (a client that leaves early pays for what it got).
+    ``None`` for an event is a keep-alive; a stream opened before its first event
+    (``arrived``: when its request came) ends with ``timed_out``'s error if a request of it
+    waited past its queue bound. The key's admission is released before ``[DONE]``: a client
+    that sends its next request the moment it reads it finds its place free."""
+    item = first
     while True:
-        if isinstance(event, ChunkEvent):
-            account.charge(0, len(event.token_ids))
-        elif isinstance(event, FinalEvent):
-            account.charge(event.prompt_tokens, 0)
-        if text := encoder.encode(event, prompt):
-            yield text
-        if encoder.chunks.done:
-            return
+        if item is None:
+            yield KEEPALIVE
+        else:
+            prompt, event = item
+            if arrived is not None:
+                http_metrics.TIME_TO_FIRST_EVENT.observe(time.monotonic() - arrived)
+                arrived = None
+            if isinstance(event, FinalEvent) and _never_started(event.finish_reasons, event.completion_tokens):
+                await account.close(succeeded=False)
+                yield sse_event(json.dumps(timed_out.body()).encode(), None) + DONE
+                return
+            if isinstance(event, ChunkEvent):
+                account.charge(0, len(event.token_ids))
+            elif isinstance(event, FinalEvent):
+                account.charge(event.prompt_tokens, 0)
+            text = encoder.encode(event, prompt)
+            if encoder.chunks.done:
+                await account.close()
+            if text:
+                yield text
+            if encoder.chunks.done:
+                return
         try:
-            prompt, event = await anext(rest)
+            item = await anext(rest)
         except StopAsyncIteration:
             return

@@ -1,14 +1,16 @@
 """Streamed responses as Server-Sent Events, ended by ``data: [DONE]``.
 
 Resumable requests label each event with ``id: <seq>`` (the replay log's sequence number).
+A stream silent for a while (a request waiting for a worker to start) carries keep-alive
+comments, which SSE clients skip and proxies and HTTP clients count as traffic.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -18,6 +20,39 @@ from producer.openai_api.chunks import ChunkBuilder
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
 
 DONE: Final = b"data: [DONE]\n\n"
+KEEPALIVE: Final = b": keep-alive\n\n"
+"""An SSE comment: no event for the client, but bytes on the wire."""
+DEFAULT_KEEPALIVE_S: Final = 10.0
+"""A silent stream's keep-alive period (and how long a stream waits for its first event
+before it opens without one): below the 15-30 s after which proxies and clients commonly
+give up on an idle connection."""
+
+T = TypeVar("T")
+
+
+async def with_keepalives(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T | None, None]:
+    """``items`` as they come, and ``None`` each time ``interval_s`` passes without one. The
+    read in progress is kept across a ``None``, never cancelled (cancelling it would end
+    ``items``), and cancelled once this generator closes."""
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield None
+                continue
+            read, pending = pending, None
+            try:
+                item = read.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
 
 
 def sse_event(data: bytes, seq: int | None) -> bytes:

@@ -63,7 +63,9 @@ from streamq.broker.replies import as_text
 from streamq.environment import (
     affinity_window_from_env,
     check_events_url,
+    declared_models_from_env,
     events_url_from_env,
+    model_memory_from_env,
     queue_from_env,
     redis_url_from_env,
 )
@@ -244,10 +246,14 @@ class RequestHandle:
         *,
         job_queue: str | None = None,
         cancel_on_close: bool = False,
+        queue_timeout_s: float | None = None,
     ) -> None:
         self.request_id = request_id
         self.job_queue = job_queue or client.queue
         """The arq queue the request was put on (the client's, or its model's)."""
+        self._queue_deadline = None if queue_timeout_s is None else time.monotonic() + queue_timeout_s
+        """When the request's wait for a worker passes its ``queue_timeout_s``: a request still
+        queued then is ended here (no worker may be alive to end it)."""
         self.cancel_on_close = cancel_on_close
         """If set, closing the handle before the request ended cancels the request: for
         a caller that will not read the rest, so the engine stops generating it."""
@@ -280,9 +286,15 @@ class RequestHandle:
 
     async def _next_raw(self) -> bytes:
         while not self._backlog:
-            delivery = await self._queue.get(self._client.silence_check_s)
+            wait_s = self._client.silence_check_s
+            if self._queue_deadline is not None:
+                wait_s = max(0.0, min(wait_s, self._queue_deadline - time.monotonic()))
+            delivery = await self._queue.get(wait_s)
             if delivery is None:
-                await self._check_alive()
+                if self._queue_deadline is not None and time.monotonic() >= self._queue_deadline:
+                    await self._end_if_still_queued()
+                else:
+                    await self._check_alive()
                 continue
             if isinstance(delivery, BaseException):
                 raise StreamqError(f"lost the connection to Redis: {delivery}") from delivery
@@ -310,6 +322,18 @@ class RequestHandle:
             "lost",
             f"the request is no longer queued or running ({state}) and its stream ended without a final event",
         )
+
+    async def _end_if_still_queued(self) -> None:
+        """The request's ``queue_timeout_s`` passed: if no event came and it is still queued
+        (no worker took it; maybe none is alive), take it off its queue and end it with finish
+        reason ``queue_timeout``, as a worker taking it now would. Either way the deadline is
+        spent: a running request is its worker's to end."""
+        self._queue_deadline = None
+        if self._next_seq == 0 and not self._delivered:
+            try:
+                await self._client._end_queued(self.request_id, self.job_queue, FinishReason.QUEUE_TIMEOUT)
+            except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException):
+                return  # Redis away: the watchdog and the worker's own check remain
 
     async def _fill_gap(self) -> bool:
         """Replace the backlog with the log from the next expected event on; False if
@@ -424,9 +448,11 @@ class StreamqClient:
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
         affinity_window_ms: int | None = None,
+        model_memory_s: float | None = None,
+        declared_models: Mapping[str, str | None] | Iterable[str] | None = None,
     ) -> None:
-        """A client on an open pool (``connect`` opens one); ``queue`` as in ``connect``;
-        ``data``: the data plane's client, when a Redis Cluster carries the events."""
+        """A client on an open pool (``connect`` opens one); ``queue`` and the rest as in
+        ``connect``; ``data``: the data plane's client, when a Redis Cluster carries the events."""
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
         if affinity_window_ms is None:
@@ -436,12 +462,27 @@ class StreamqClient:
         self.affinity_window_ms = affinity_window_ms
         """How long a request is held for the worker that served its prefix before any
         worker may take it (docs/features/prefix-aware-pickup.md); 0 turns prefix-aware pickup off."""
+        if model_memory_s is None:
+            model_memory_s = model_memory_from_env()
+        if not (isinstance(model_memory_s, int | float) and model_memory_s >= 0):
+            raise ValueError(f"model_memory_s must be a number of seconds >= 0, got {model_memory_s!r}")
+        self.model_memory_s = model_memory_s
+        """How long after its last live worker a model still takes requests: they wait in its
+        queue for the next worker to start (scale to zero). Past it, ``NoLiveWorker``."""
         self._redis = redis
         self.silence_check_s = silence_check_s
         """After this many seconds without an event, a handle checks that its request is
         still queued or running (one round trip) and fails with ``RequestLost`` if not."""
         self.queue = queue_from_env() if queue is None else queue
         """Where requests without a ``model`` go."""
+        if declared_models is None:
+            declared_models = declared_models_from_env()
+        elif not isinstance(declared_models, Mapping):
+            declared_models = dict.fromkeys(declared_models)
+        self.declared_models: dict[str, str] = {name: q or self.queue for name, q in declared_models.items()}
+        """Model name -> queue of the models that take requests while none of their workers is
+        alive even if none was ever seen (a fleet that starts at zero); the rest wait only
+        within ``model_memory_s`` of their last worker."""
         self.max_queue_depth = max_queue_depth
         """``submit`` raises ``QueueFull`` when the queue already holds this many jobs
         (waiting or running); ``None``: no limit."""
@@ -467,6 +508,8 @@ class StreamqClient:
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
         affinity_window_ms: int | None = None,
+        model_memory_s: float | None = None,
+        declared_models: Mapping[str, str | None] | Iterable[str] | None = None,
     ) -> StreamqClient:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS; see
         ``streamq.broker.connection``); requests without a ``model`` go to ``queue``.
@@ -478,7 +521,11 @@ class StreamqClient:
         bounds every queue this client submits to (see ``submit``); ``silence_check_s`` is the
         handles' watchdog; ``affinity_window_ms`` (else ``$STREAMQ_AFFINITY_WINDOW_MS``, else
         200) bounds how long a request waits for the worker that served its prefix
-        (docs/features/prefix-aware-pickup.md)."""
+        (docs/features/prefix-aware-pickup.md). A model none of whose workers is alive still
+        takes requests, which wait in its queue for the next worker, for ``model_memory_s``
+        after its last worker (else ``$STREAMQ_MODEL_MEMORY_S``, else a week), and always if
+        it is one of ``declared_models`` (names, or name -> queue; else
+        ``$STREAMQ_DECLARED_MODELS``): docs/operations/kubernetes.md, scale to zero."""
         url = redis_url_from_env() if url is None else url
         events_url = events_url_from_env() if events_url is None else check_events_url(events_url)
         queue = queue_from_env() if queue is None else queue
@@ -493,14 +540,21 @@ class StreamqClient:
         except BaseException:
             await close_pool(redis)
             raise
-        return cls(
-            redis,
-            data=data,
-            queue=queue,
-            max_queue_depth=max_queue_depth,
-            silence_check_s=silence_check_s,
-            affinity_window_ms=affinity_window_ms,
-        )
+        try:
+            return cls(
+                redis,
+                data=data,
+                queue=queue,
+                max_queue_depth=max_queue_depth,
+                silence_check_s=silence_check_s,
+                affinity_window_ms=affinity_window_ms,
+                model_memory_s=model_memory_s,
+                declared_models=declared_models,
+            )
+        except BaseException:
+            await close_data_plane(redis, data)
+            await close_pool(redis)
+            raise
 
     @classmethod
     async def from_args(cls, args: argparse.Namespace, *, max_queue_depth: int | None = None) -> StreamqClient:
@@ -654,7 +708,7 @@ class StreamqClient:
         eligible: list[str] = []
         if model is not None:
             routes = await self._routes_serving(model)
-            queue = _queue_of(routes, model)
+            queue = _queue_of(routes, model, memory_s=self.model_memory_s, declared=self.declared_models)
             if _cap_max_tokens(request, routes.context_length(model)):
                 job = _job_payload(request)
             if not routes.is_base_model(model):  # a LoRA adapter: only workers that serve it, its own first
@@ -665,7 +719,13 @@ class StreamqClient:
         # is published before the subscription holds is in the replay log, read right
         # after; the handle merges both without gap or duplicate.
         subscribing = asyncio.ensure_future(
-            self._subscribe(request.request_id, next_seq=0, job_queue=queue, cancel_on_close=cancel_on_close)
+            self._subscribe(
+                request.request_id,
+                next_seq=0,
+                job_queue=queue,
+                cancel_on_close=cancel_on_close,
+                queue_timeout_s=request.queue_timeout_s,
+            )
         )
         limit = -1 if self.max_queue_depth is None else self.max_queue_depth
         try:
@@ -891,10 +951,24 @@ class StreamqClient:
         return handle
 
     async def _subscribe(
-        self, request_id: str, *, next_seq: int, job_queue: str | None = None, cancel_on_close: bool = False
+        self,
+        request_id: str,
+        *,
+        next_seq: int,
+        job_queue: str | None = None,
+        cancel_on_close: bool = False,
+        queue_timeout_s: float | None = None,
     ) -> RequestHandle:
         queue = await self._subscriber.subscribe(self._log.names.events(request_id))
-        return RequestHandle(self, request_id, queue, next_seq, job_queue=job_queue, cancel_on_close=cancel_on_close)
+        return RequestHandle(
+            self,
+            request_id,
+            queue,
+            next_seq,
+            job_queue=job_queue,
+            cancel_on_close=cancel_on_close,
+            queue_timeout_s=queue_timeout_s,
+        )
 
     async def last_event(self, request_id: str) -> Event | None:
         """The newest event in the request's replay log, ``None`` if it holds none: a final
@@ -923,6 +997,18 @@ class StreamqClient:
         """Model name -> queue, for each model that has a live worker."""
         return (await self.routes()).live_models()
 
+    def models_waiting(self, routes: Routes) -> dict[str, str]:
+        """Model name -> queue, for each model with no live worker in ``routes`` that still
+        takes requests (they wait for its next worker): declared, or served within
+        ``model_memory_s``."""
+        live = routes.live_models()
+        remembered = {
+            model: queue
+            for model, queue in routes.known_models.items()
+            if model not in live and routes.seen_within(model, self.model_memory_s)
+        }
+        return remembered | {model: queue for model, queue in self.declared_models.items() if model not in live}
+
     async def exists(self, request_id: str) -> bool:
         """True if ``request_id`` is queued or has events in the replay log: something to follow."""
         if await self._redis.exists(JOB_KEY_PREFIX + request_id):
@@ -937,9 +1023,20 @@ class StreamqClient:
         A queued request is found on this client's queue or any model's, in one
         round trip; ``queue`` (the queue it was put on, if known) is looked at first.
         """
+        return await self._take_off_queue(request_id, queue, FinishReason.CANCELLED, queued_only=False)
+
+    async def _end_queued(self, request_id: str, queue: str | None, reason: FinishReason) -> CancelOutcome:
+        """End ``request_id`` with ``reason`` if it is still queued (never one running)."""
+        return await self._take_off_queue(request_id, queue, reason, queued_only=True)
+
+    async def _take_off_queue(
+        self, request_id: str, queue: str | None, reason: FinishReason, *, queued_only: bool
+    ) -> CancelOutcome:
+        """The cancel script (``queued_only``: a running request is left alone), and the end
+        of a request it took off its queue, with finish reason ``reason``."""
         guesses = dict.fromkeys(q for q in (queue, self.queue) if q is not None)
         keys = [JOB_KEY_PREFIX + request_id, *guesses]
-        args = [request_id, CANCEL_CHANNEL, IN_PROGRESS_PREFIX + request_id, MODELS_KEY]
+        args = [request_id, CANCEL_CHANNEL, IN_PROGRESS_PREFIX + request_id, MODELS_KEY, "1" if queued_only else ""]
         reply = await self._cancel_script(keys=keys, args=args)
         outcome = cast(CancelOutcome, as_text(reply))
         if outcome == "queued":
@@ -947,11 +1044,7 @@ class StreamqClient:
             # whatever the log holds and only if nothing ended it first (an attempt
             # whose lease lapsed may still be running: its next events are refused).
             final = FinalEvent(
-                request_id=request_id,
-                seq=0,
-                finish_reasons=[FinishReason.CANCELLED],
-                prompt_tokens=0,
-                completion_tokens=0,
+                request_id=request_id, seq=0, finish_reasons=[reason], prompt_tokens=0, completion_tokens=0
             )
             if await self._log.end(request_id, final) is not None and self._log.names.sharded:
                 await self._schedule_callback(request_id)  # on one Redis, end_request did
@@ -983,22 +1076,33 @@ class StreamqClient:
         return int(await self._redis.zcard(self.queue))
 
 
-def _queue_of(routes: Routes, model: str) -> str:
+def _queue_of(routes: Routes, model: str, *, memory_s: float, declared: Mapping[str, str]) -> str:
     """The queue of ``model``'s live workers; raises ``UnknownModel`` or ``NoLiveWorker``.
 
-    A model no live worker lists goes to the queue of workers that load LoRA adapters by
-    name at run time, if there is one (the queue it was served on before, if several):
-    the worker that takes it loads it, or ends the request with an error naming it."""
+    A model with no live worker waits in the queue it was last served on if a worker served
+    it within ``memory_s``, or in its queue in ``declared``: its workers may have scaled to
+    zero, and the next to start takes it. Otherwise it goes to the queue of live workers that
+    load LoRA adapters by name at run time, if there is one (the queue it was served on
+    before, if several): the worker that takes it loads it, or ends the request with an
+    error naming it."""
     live_models = routes.live_models()
     if model in live_models:
         return live_models[model]
     loading = routes.adapter_queues()
-    if routes.known_models.get(model) in loading:
+    known = routes.known_models.get(model)
+    if known in loading:
         return routes.known_models[model]
+    if model in declared:
+        return declared[model]
+    if known is not None and routes.seen_within(model, memory_s):
+        return known
     if len(loading) == 1:
         return next(iter(loading))
-    if model in routes.known_models:
-        raise NoLiveWorker(f"no live worker serves model {model!r} now")
+    if known is not None:
+        raise NoLiveWorker(
+            f"no live worker serves model {model!r} now, nor did one in the last {memory_s:g} s "
+            "(the model memory: requests for a model seen within it wait for its next worker)"
+        )
     if loading:
         raise UnknownModel(
             f"no worker lists model {model!r}, and workers on several queues load adapters at run time "

@@ -10,11 +10,14 @@ from typing import Final
 from streamq.protocol.names import (
     AFFINITY_WINDOW_ENV,
     AFFINITY_WINDOW_MS,
+    DECLARED_MODELS_ENV,
     DEFAULT_DRAIN_SECONDS,
+    DEFAULT_MODEL_MEMORY_S,
     DEFAULT_QUEUE,
     DEFAULT_REDIS_URL,
     DRAIN_SECONDS_ENV,
     EVENTS_REDIS_URL_ENV,
+    MODEL_MEMORY_ENV,
     QUEUE_ENV,
     REDIS_URL_ENV,
 )
@@ -73,3 +76,38 @@ def affinity_window_from_env(environ: Mapping[str, str] = os.environ) -> int:
 def drain_seconds_from_env(environ: Mapping[str, str] = os.environ) -> int:
     """``$STREAMQ_DRAIN_SECONDS``, else ``DEFAULT_DRAIN_SECONDS``."""
     return int(environ.get(DRAIN_SECONDS_ENV, DEFAULT_DRAIN_SECONDS))
+
+
+def model_memory_from_env(environ: Mapping[str, str] = os.environ) -> float:
+    """``$STREAMQ_MODEL_MEMORY_S``, else ``DEFAULT_MODEL_MEMORY_S``; a negative or non-numeric
+    value is a ``ValueError`` naming the variable."""
+    raw = environ.get(MODEL_MEMORY_ENV)
+    if raw is None:
+        return DEFAULT_MODEL_MEMORY_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1
+    if not seconds >= 0:
+        raise ValueError(f"${MODEL_MEMORY_ENV} must be a number of seconds >= 0, got {raw!r}")
+    return seconds
+
+
+def parse_declared_models(text: str) -> dict[str, str | None]:
+    """``NAME[=QUEUE],...`` as a mapping (``None``: the client's queue); ``ValueError`` for an
+    empty name or queue."""
+    declared: dict[str, str | None] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, queue = (part.strip() for part in item.partition("="))
+        if not name or (sep and not queue):
+            raise ValueError(f"a declared model is NAME or NAME=QUEUE, got {item!r}")
+        declared[name] = queue or None
+    return declared
+
+
+def declared_models_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
+    """``$STREAMQ_DECLARED_MODELS`` (``NAME[=QUEUE],...``), else none."""
+    try:
+        return parse_declared_models(environ.get(DECLARED_MODELS_ENV, ""))
+    except ValueError as exc:
+        raise ValueError(f"${DECLARED_MODELS_ENV}: {exc}") from None

@@ -40,6 +40,7 @@ class ApiErrorCode(enum.StrEnum):
     DASHBOARD_FORBIDDEN = "dashboard_forbidden"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     NO_LIVE_WORKER = "no_live_worker"
+    QUEUE_TIMEOUT = "queue_timeout"
     REDIS_UNAVAILABLE = "redis_unavailable"
     INTERNAL = "internal"
 
@@ -74,6 +75,24 @@ def request_failed(code: str, message: str) -> ApiError:
     return ApiError(500, f"{code}: {message}", type=ApiErrorType.INTERNAL, code=code)
 
 
+NO_WORKER_RETRY_AFTER_S = 10
+"""``Retry-After`` when no worker is there to take a request: about what a worker that is
+starting needs before it takes requests (a first token after a cold start is longer)."""
+
+
+def waited_too_long(model: str | None, bound_s: float | None) -> ApiError:
+    """A request that waited in the queue past its bound without a worker starting it (its
+    final event's finish reason ``queue_timeout``, with no token): a 503 the SDKs retry."""
+    within = f" within {bound_s:g} s" if bound_s is not None else ""
+    of = f" of model {model!r}" if model is not None else ""
+    message = (
+        f"no worker{of} started the request{within}: every worker may be busy, or none is running "
+        "yet (scaled to zero and starting); try again later"
+    )
+    retry = {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)}
+    return ApiError(503, message, type=ApiErrorType.SERVICE_UNAVAILABLE, code=ApiErrorCode.QUEUE_TIMEOUT, headers=retry)
+
+
 def api_error_for(exc: BaseException) -> ApiError:
     """The error response for an exception from the producer library or Redis."""
     if isinstance(exc, ApiError):
@@ -84,7 +103,9 @@ def api_error_for(exc: BaseException) -> ApiError:
         return ApiError(404, str(exc), type=ApiErrorType.NOT_FOUND, code=ApiErrorCode.MODEL_NOT_FOUND, param="model")
     if isinstance(exc, NoLiveWorker):
         unavailable = ApiErrorType.SERVICE_UNAVAILABLE
-        return ApiError(503, str(exc), type=unavailable, code=ApiErrorCode.NO_LIVE_WORKER, param="model")
+        retry = {"Retry-After": str(NO_WORKER_RETRY_AFTER_S)}
+        code = ApiErrorCode.NO_LIVE_WORKER
+        return ApiError(503, str(exc), type=unavailable, code=code, param="model", headers=retry)
     if isinstance(exc, QueueFull):
         retry = {"Retry-After": "1"}
         return ApiError(429, str(exc), type=ApiErrorType.RATE_LIMIT, code=ApiErrorCode.QUEUE_FULL, headers=retry)

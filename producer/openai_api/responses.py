@@ -276,10 +276,17 @@ def _prompt_logprobs(completion: Completion) -> list[Any] | None:
     return prompt_logprobs(completion.prompt_token_ids, completion.prompt_logprobs)
 
 
-def model_list(workers: Iterable[WorkerRegistration], allows: Callable[[str], bool] | None = None) -> dict[str, Any]:
+def model_list(
+    workers: Iterable[WorkerRegistration],
+    allows: Callable[[str], bool] | None = None,
+    *,
+    waiting_for_workers: Iterable[str] = (),
+) -> dict[str, Any]:
     """The ``/v1/models`` body: each model the live ``workers`` serve, once, those ``allows``
     lets through (every one, for ``None``). A LoRA adapter is listed as ``vllm serve`` lists
-    it: ``root`` its path, ``parent`` its base model."""
+    it: ``root`` its path, ``parent`` its base model. Then the models with no live worker
+    that still take requests (``waiting_for_workers``: their requests wait for the next
+    worker), with ``workers`` 0."""
     seen: dict[str, dict[str, Any]] = {}
 
     def count(name: str, card: dict[str, Any]) -> dict[str, Any]:
@@ -295,4 +302,14 @@ def model_list(workers: Iterable[WorkerRegistration], allows: Callable[[str], bo
         for adapter in worker.adapters:
             if allows is None or allows(adapter.name):
                 count(adapter.name, {"root": adapter.path, "parent": worker.model})
+    for name in waiting_for_workers:
+        if name not in seen and (allows is None or allows(name)):
+            seen[name] = {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "streamq",
+                "root": name,
+                "workers": 0,
+            }
     return {"object": "list", "data": list(seen.values())}

@@ -10,7 +10,7 @@ and PROTOCOL.md.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from redis.asyncio import Redis
@@ -24,6 +24,7 @@ from streamq.protocol import (
     decode_registration,
     encode_registration,
 )
+from streamq.protocol.names import MODELS_SEEN_KEY, QUEUE_MODELS_KEY
 from streamq.protocol.scripts import ReadOnlyScript, register_script
 
 logger = logging.getLogger("streamq.registry")
@@ -39,6 +40,17 @@ class Routes:
     workers: list[WorkerRegistration]
     known_models: dict[str, str]
     """Model name -> queue, for every model a worker ever registered."""
+    seen_ms: dict[str, int] = field(default_factory=dict)
+    """Model name -> when (Unix ms, Redis's clock) a live worker last registered it."""
+    queue_models: dict[str, str] = field(default_factory=dict)
+    """Queue -> the base model its workers last registered."""
+    now_ms: int = 0
+    """Redis's clock when the registry was read."""
+
+    def seen_within(self, model: str, memory_s: float) -> bool:
+        """Whether a live worker registered ``model`` in the last ``memory_s`` seconds."""
+        seen = self.seen_ms.get(model)
+        return seen is not None and self.now_ms - seen <= memory_s * 1000
 
     def live_models(self) -> dict[str, str]:
         """Model name -> queue, for models that have at least one live worker (LoRA
@@ -58,8 +70,9 @@ class Routes:
         return [] if len(able) == len(on_queue) else able
 
     def is_base_model(self, model: str) -> bool:
-        """Whether ``model`` is a live worker's base model (not one of its LoRA adapters)."""
-        return any(w.model == model for w in self.workers)
+        """Whether ``model`` is a base model (not a LoRA adapter): a live worker's, or the
+        one a queue's workers last registered."""
+        return any(w.model == model for w in self.workers) or model in self.queue_models.values()
 
     def context_length(self, model: str) -> int | None:
         """The smallest ``max_model_len`` among ``model``'s live workers (a request must
@@ -84,7 +97,7 @@ class WorkerRegistry:
     async def register(self, registration: WorkerRegistration, ttl_ms: int = WORKER_TTL_MS) -> None:
         """Announce (or renew) ``registration`` as live for ``ttl_ms`` from now."""
         await self._register(
-            keys=[WORKERS_KEY, MODELS_KEY],
+            keys=[WORKERS_KEY, MODELS_KEY, MODELS_SEEN_KEY, QUEUE_MODELS_KEY],
             args=[encode_registration(registration), ttl_ms, registration.queue, *registration.models()],
         )
 
@@ -94,7 +107,8 @@ class WorkerRegistry:
 
     async def routes(self) -> Routes:
         """The live workers and known models, read in one round trip."""
-        members, flat = await self._read(keys=[WORKERS_KEY, MODELS_KEY], args=[])
+        keys = [WORKERS_KEY, MODELS_KEY, MODELS_SEEN_KEY, QUEUE_MODELS_KEY]
+        now, members, flat, seen, bases = await self._read(keys=keys, args=[])
         workers = []
         for member in members:
             try:
@@ -102,4 +116,6 @@ class WorkerRegistry:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # written by hand, or a newer protocol
                 logger.warning("ignoring a malformed worker registration %r: %s", member[:200], exc)
         known = {as_text(k): as_text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
-        return Routes(workers=workers, known_models=known)
+        seen_ms = {as_text(k): int(float(v)) for k, v in zip(seen[::2], seen[1::2], strict=True)}
+        queue_models = {as_text(k): as_text(v) for k, v in zip(bases[::2], bases[1::2], strict=True)}
+        return Routes(workers=workers, known_models=known, seen_ms=seen_ms, queue_models=queue_models, now_ms=int(now))

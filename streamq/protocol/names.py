@@ -61,8 +61,18 @@ TOKENIZER_INFO_PREFIX: Final = "streamq:tokenizer:"
 MODELS_KEY: Final = "streamq:models"
 """Hash model name -> queue of every model a worker ever registered (never expires), so
 a model whose workers are all gone (503) is told apart from one never served (404)."""
+MODELS_SEEN_KEY: Final = "streamq:models:seen"
+"""Sorted set model name -> the Unix ms (Redis's clock) a live worker last registered it:
+producers keep accepting requests for a model seen within ``DEFAULT_MODEL_MEMORY_S`` while
+none of its workers is alive (they wait in its queue for the next worker: scale to zero)."""
+QUEUE_MODELS_KEY: Final = "streamq:queue-models"
+"""Hash queue -> the base model its workers last registered: the ``model`` label of the
+queue's waiting gauges."""
 WORKER_TTL_MS: Final = 10_000
 WORKER_RENEW_S: Final = 3.0
+DEFAULT_MODEL_MEMORY_S: Final = 7 * 86_400
+"""How long after its last live worker a model still takes requests (they wait for a worker):
+a week, so that a model scaled to zero over a weekend still answers on Monday."""
 
 # --- the data plane on a Redis Cluster (docs/redis-cluster.md) ----------------------------
 EVENTS_BUCKET_TAGS: Final = ("10", "3", "61", "43", "11", "2", "60", "42", "12", "1", "63", "41", "13", "0", "62", "40")
@@ -220,6 +230,12 @@ DEFAULT_KEEP_RESULT_S: Final = 3600
 AFFINITY_WINDOW_ENV: Final = "STREAMQ_AFFINITY_WINDOW_MS"
 """The producer only (library, command line, gateway): its ``affinity_window_ms`` when not
 given (default ``AFFINITY_WINDOW_MS``; 0 turns prefix-aware pickup off for it)."""
+MODEL_MEMORY_ENV: Final = "STREAMQ_MODEL_MEMORY_S"
+"""The producer only (library, command line, gateway): seconds a model with no live worker
+still takes requests after its last one (default ``DEFAULT_MODEL_MEMORY_S``; 0: none)."""
+DECLARED_MODELS_ENV: Final = "STREAMQ_DECLARED_MODELS"
+"""The producer only: models that take requests with no live worker even if none was ever
+seen, comma-separated ``NAME`` or ``NAME=QUEUE`` (a name alone: the client's queue)."""
 COALESCE_ENV: Final = "STREAMQ_COALESCE"
 """``0`` stops a worker from merging a request's waiting chunks into one event (default ``1``)."""
 CHECKPOINT_TOKENS_ENV: Final = "STREAMQ_CHECKPOINT_TOKENS"
@@ -276,6 +292,14 @@ def waiting_key(queue: str, priority: int) -> str:
     not started), scored by enqueue time (Unix ms): a request's rank in it is its
     position among the requests of its priority."""
     return f"{queue}:waiting:{priority}"
+
+
+def queue_waiting_key(queue: str) -> str:
+    """``<queue>:waiting``: the sorted set of the request ids due on ``queue`` and not started,
+    of every priority (waiting for a free worker, or for their lapsed lease to be taken over),
+    scored by the Unix ms they began waiting. Its size is the waiting count an autoscaler
+    reads (KEDA's ``redis`` scaler takes it as its ``listName``); its lowest score, the oldest."""
+    return f"{queue}:waiting"
 
 
 def callback_key(request_id: str) -> str:

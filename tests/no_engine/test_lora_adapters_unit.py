@@ -13,7 +13,7 @@ import warnings
 import msgspec
 import pytest
 
-from producer.client import _queue_of
+from producer.client import _queue_of as queue_of_model
 from producer.errors import NoLiveWorker, UnknownModel
 from producer.openai_api.responses import model_list
 from streamq.broker.registry import Routes
@@ -34,6 +34,11 @@ LORA_WORKER = WorkerRegistration(
     worker_id="w1", model="base", queue="q:lora", max_model_len=512, slots=8, adapters=(SQL,), loads_adapters=True
 )
 PLAIN_WORKER = WorkerRegistration(worker_id="w2", model="other", queue="q:other", max_model_len=1024, slots=4)
+
+
+def _queue_of(routes: Routes, model: str) -> str:
+    """The queue ``submit`` picks for ``model``, with no model declared and none remembered."""
+    return queue_of_model(routes, model, memory_s=0, declared={})
 
 
 def routes(*workers: WorkerRegistration, known: dict[str, str] | None = None) -> Routes:

@@ -1,13 +1,17 @@
 -- KEYS: the job key, then queues to look at first. ARGV: the request id, the cancel channel,
 -- the in-progress key, the models hash (these two only read, so not among KEYS: Redis checks
--- declared keys as written too). Atomically: a running job is told to stop (every worker
--- hears the channel; the one running it cancels it); a queued one is taken off its queue,
--- and out of the claim's index (see claim_jobs), before any worker can. The queue is looked
--- for among KEYS[2...] (the caller's guesses), then on every queue a model was ever
--- registered on, so a caller need not know which.
+-- declared keys as written too), then optional: '1' to take the job off only if it is queued
+-- (a request whose wait for a worker passed its bound), default ''. Atomically: a running job
+-- is told to stop (every worker hears the channel; the one running it cancels it), unless only
+-- a queued one is to go; a queued one is taken off its queue, out of the claim's index (see
+-- claim_jobs) and out of <queue>:waiting, before any worker can. The queue is looked for
+-- among KEYS[2...] (the caller's guesses), then on every queue a model was ever registered
+-- on, so a caller need not know which.
 -- Returns 'running', 'queued' or 'unknown'.
 if redis.call('EXISTS', ARGV[3]) == 1 then
-  redis.call('PUBLISH', ARGV[2], ARGV[1])
+  if ARGV[5] ~= '1' then
+    redis.call('PUBLISH', ARGV[2], ARGV[1])
+  end
   return 'running'
 end
 local queues = {unpack(KEYS, 2)}
@@ -33,6 +37,7 @@ for _, queue in ipairs(queues) do
       end
     end
     redis.call('ZREM', queue .. ':running', id)
+    redis.call('ZREM', queue .. ':waiting', id)
     -- An attempt whose lease lapsed (Redis was away) may still be running: stop it too.
     redis.call('PUBLISH', ARGV[2], id)
     return 'queued'

@@ -31,6 +31,10 @@
 -- A job only some workers may run (<queue>:eligible:<id>: a LoRA adapter not every worker
 -- serves, see enqueue) never joins the shared index: when its window passes it is held
 -- again for one of them, and a lapsed lease of one is taken over only by one of them.
+-- <queue>:waiting holds every job due and not started (the autoscaling signal): enqueue
+-- adds those due at once, this claim those it makes due (a deferred job, a lapsed lease left
+-- for a later claim), and removes each it takes. Asked for no jobs (how many: 0, free-slot TTL
+-- 0), the claim only does that bookkeeping, so the signal stays exact with no worker alive.
 local q = KEYS[1]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -139,17 +143,21 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0
   local left = redis.call('PTTL', prefix .. id)
   if left > 0 then
     redis.call('ZADD', running, now + left, id)
+    redis.call('ZREM', q .. ':waiting', id) -- its attempt took its lapsed lease back
   elseif left == -1 then
     redis.call('ZADD', running, now + ttl, id)
   else
     local score = redis.call('ZSCORE', q, id)
     if not score then
       redis.call('ZREM', running, id) -- finished or cancelled
+      redis.call('ZREM', q .. ':waiting', id)
     elseif tonumber(score) > now then
       redis.call('ZADD', running, score, id) -- arq's Retry deferred it
-    elseif n < wanted and may_run(id) then
-      take(id, score)
-    end -- else it stays due, and the next claim (of a worker that may run it) takes it first
+    elseif n < wanted and may_run(id) and take(id, score) then
+      redis.call('ZREM', q .. ':waiting', id)
+    else -- it stays due, and the next claim (of a worker that may run it) takes it first
+      redis.call('ZADD', q .. ':waiting', 'NX', now, id)
+    end
   end
 end
 
@@ -185,6 +193,7 @@ for i = 1, #due, 2 do
     if not score then
       score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
       redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
+      redis.call('ZADD', q .. ':waiting', score, id)
     end
     if not hold_for_eligible(id, prio, score) then
       reindex(id, prio, tenant, score)
@@ -213,6 +222,7 @@ while n < wanted do
       redis.call('ZREM', q .. ':deferred', id)
       redis.call('HDEL', held, id)
       redis.call('ZREM', q .. ':waiting:' .. mine, id)
+      redis.call('ZREM', q .. ':waiting', id)
       local meta = redis.call('HGET', indexed, id)
       redis.call('HDEL', indexed, id)
       if meta then
@@ -250,6 +260,7 @@ while n < wanted do
         local id = head[1]
         local pass = math.max(tonumber(top[2]), tonumber(redis.call('HGET', vtimes, band) or 0))
         redis.call('ZREM', q .. ':waiting:' .. band, id)
+        redis.call('ZREM', q .. ':waiting', id)
         local meta = redis.call('HGET', indexed, id)
         redis.call('HDEL', indexed, id)
         if redis.call('EXISTS', fifo) == 1 then
@@ -274,8 +285,9 @@ if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
     local page_due = redis.call('ZRANGEBYSCORE', q, '-inf', now, 'WITHSCORES', 'LIMIT', offset, page)
     if #page_due == 0 then break end
     for i = 1, #page_due, 2 do
-      if redis.call('HEXISTS', indexed, page_due[i]) == 0 and take(page_due[i], page_due[i + 1]) and n >= wanted then
-        break
+      if redis.call('HEXISTS', indexed, page_due[i]) == 0 and take(page_due[i], page_due[i + 1]) then
+        redis.call('ZREM', q .. ':waiting', page_due[i]) -- a lapsed lease step 1 did not reach
+        if n >= wanted then break end
       end
     end
     offset = offset + page

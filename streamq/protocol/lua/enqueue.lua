@@ -13,8 +13,9 @@
 -- the first's); refuses when the queue holds the limit or more; stores the job and queues it
 -- scored with Redis's clock (plus the delay), so a producer's skewed clock cannot defer it.
 -- The job is indexed for the claim (<queue>:indexed, and its priority's waiting set and
--- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs). A job with affinity
--- keys is held instead (<queue>:affine:<worker>:<priority>, due back in the index at now +
+-- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs); a job due at once
+-- joins <queue>:waiting too (every priority's due jobs not started: what autoscalers read).
+-- A job with affinity keys is held instead (<queue>:affine:<worker>:<priority>, due back in the index at now +
 -- window: its score in <queue>:deferred; see claim_jobs) for the worker its longest known key names
 -- (<queue>:owner:<key>) if that worker has a free slot (<queue>:free:<worker> > 0) and runs
 -- at most max(slack, fraction x theirs) jobs more than the least busy live worker
@@ -129,6 +130,7 @@ else
   -- The fraction orders the jobs queued in one ms (a Redis sorted set orders ties by name).
   local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
   redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
+  redis.call('ZADD', q .. ':waiting', score, id) -- every priority's: the autoscaling signal
   local worker, steered = nil, false
   if keys ~= '' or only ~= '' then worker, steered = first_pick() end
   if worker then

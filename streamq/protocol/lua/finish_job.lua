@@ -13,7 +13,7 @@
 -- - `failed`: arq gave up on it without running it: the same, but a result already stored
 --   (the request had ended, by the attempt that wrote it) is kept;
 -- - `retry`: handed back: the job stays queued (its score raised by a deferral) and the
---   next claim looks at it first;
+--   next claim looks at it first; one due at once waits again (<queue>:waiting);
 -- - `release`: the attempt knows it was superseded: its lease only.
 -- Returns 1 when the bookkeeping was done, 0 when it was left to the attempt that owns it.
 local in_progress, job, retry, result, queue, abort, running, owner_key = unpack(KEYS)
@@ -35,6 +35,9 @@ end
 if action == 'retry' then
   if incr ~= '' then
     redis.call('ZINCRBY', queue, incr, id)
+  else
+    local t = redis.call('TIME')
+    redis.call('ZADD', queue .. ':waiting', 'NX', t[1] * 1000 + math.floor(t[2] / 1000), id)
   end
   redis.call('ZADD', running, 0, id)
   return 1
@@ -53,4 +56,5 @@ redis.call('DEL', retry, job)
 redis.call('ZREM', abort, id)
 redis.call('ZREM', queue, id)
 redis.call('ZREM', running, id)
+redis.call('ZREM', queue .. ':waiting', id)
 return 1

@@ -1,12 +1,17 @@
--- KEYS: the workers set, the models hash. ARGV: the registration, ttl_ms, its queue, then
--- the models it serves (its base model, then its adapters).
+-- KEYS: the workers set, the models hash, the models' last-seen set, the queues' models
+-- hash. ARGV: the registration, ttl_ms, its queue, then the models it serves (its base
+-- model, then its adapters).
 -- Renews one worker's registration to ttl_ms from now (Redis's clock), drops registrations
--- that lapsed, and remembers each model's queue for good. Returns Redis's time (ms).
+-- that lapsed, remembers each model's queue for good and when a worker last served it (so
+-- that a model whose workers all stopped keeps its requests waiting for the next one), and
+-- the queue's base model. Returns Redis's time (ms).
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 for i = 4, #ARGV do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[3])
+  redis.call('ZADD', KEYS[3], now, ARGV[i])
 end
+redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
 return now
