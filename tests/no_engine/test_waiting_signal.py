@@ -20,17 +20,8 @@ from streamq.broker.waiting import WaitingRequests
 from streamq.protocol import ABORT_KEY, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, RESULT_KEY_PREFIX, RETRY_KEY_PREFIX
 from streamq.protocol.names import TENANT_WEIGHTS_KEY, WAKEUP_CHANNEL, queue_waiting_key, running_key
 from streamq.protocol.scripts import register_script
+from tests.support.keda_scaler import LIST_LENGTH_SCRIPT
 
-# KEDA's `redis` trigger runs a script like this one on its `listName` (pkg/scalers/redis_scaler.go):
-# the key's type, then the size that type has.
-KEDA_LIST_LENGTH = """
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'zset' then return redis.call('ZCARD', KEYS[1]) end
-if kind == 'set' then return redis.call('SCARD', KEYS[1]) end
-if kind == 'hash' then return redis.call('HLEN', KEYS[1]) end
-if kind == 'list' or kind == 'none' then return redis.call('LLEN', KEYS[1]) end
-return redis.error_reply('ERR unsupported key type: ' .. kind)
-"""
 
 
 class Worker:
@@ -140,7 +131,7 @@ async def test_a_request_handed_back_by_a_stopping_worker_waits_at_once(
 async def test_kedas_redis_scaler_reads_the_waiting_count_from_the_key_as_it_is(
     client: StreamqClient, raw_redis: aioredis.Redis, queue: str
 ) -> None:
-    keda = raw_redis.register_script(KEDA_LIST_LENGTH)
+    keda = raw_redis.register_script(LIST_LENGTH_SCRIPT)
     assert await keda(keys=[queue_waiting_key(queue)]) == 0  # no key yet: LLEN of nothing
     for _ in range(4):
         await submit(client)
