@@ -13,12 +13,14 @@ from typing import Final
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import DEFAULT_QUEUE_TIMEOUT_S, create_app
 from gateway.auth import static_keys
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES
+from gateway.sse import DEFAULT_KEEPALIVE_S
 from producer.openai_api.limits import RequestLimits, add_max_n_option
 from streamq.broker.connection import add_redis_url_option, events_url_from_args, redis_url_from_args
-from streamq.protocol.names import API_KEYS_ENV
+from streamq.environment import parse_declared_models
+from streamq.protocol.names import API_KEYS_ENV, DECLARED_MODELS_ENV, MODEL_MEMORY_ENV
 
 DEFAULT_MAX_QUEUE_DEPTH: Final = 1000
 """Jobs a model's queue may hold (waiting or running) before the gateway answers 429: a
@@ -41,6 +43,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_QUEUE_DEPTH,
         help="answer 429 when a model's queue already holds this many jobs, waiting or running "
         "(default: %(default)s; 0: no limit)",
+    )
+    parser.add_argument(
+        "--queue-timeout-s",
+        type=float,
+        default=DEFAULT_QUEUE_TIMEOUT_S,
+        help="how long a request waits in the queue for a worker to start it (every worker busy, or none "
+        "running yet: scaled to zero) before it ends with a 503 (default: %(default)g; 0: as long as its job "
+        "is kept, a day)",
+    )
+    parser.add_argument(
+        "--sse-keepalive-s",
+        type=float,
+        default=DEFAULT_KEEPALIVE_S,
+        help="a stream silent this long gets an SSE comment, so that clients and proxies keep it open; a "
+        "stream whose first event is slower opens without it (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--model-memory-s",
+        type=float,
+        default=None,
+        help="how long after its last live worker a model still takes requests, which wait for its next "
+        f"worker (default: ${MODEL_MEMORY_ENV} or a week; 0: none)",
+    )
+    parser.add_argument(
+        "--declare-model",
+        action="append",
+        default=[],
+        metavar="NAME[=QUEUE]",
+        help="a model whose requests are taken with no live worker, even if none ever registered (the first "
+        f"start of a fleet that scales from zero); repeatable (default: ${DECLARED_MODELS_ENV})",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -84,6 +116,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         build_parser().error("--max-queue-depth must be >= 0 (0: no limit)")
     if args.max_body_bytes < 1:
         build_parser().error("--max-body-bytes must be >= 1")
+    if args.queue_timeout_s < 0 or args.sse_keepalive_s <= 0:
+        build_parser().error("--queue-timeout-s must be >= 0 (0: none) and --sse-keepalive-s > 0")
+    if args.model_memory_s is not None and args.model_memory_s < 0:
+        build_parser().error("--model-memory-s must be >= 0")
+    try:
+        declared = parse_declared_models(",".join(args.declare_model)) if args.declare_model else None
+    except ValueError as exc:
+        build_parser().error(f"--declare-model: {exc}")
     try:
         keys = static_keys(args.api_key, args.api_key_file, os.environ.get(API_KEYS_ENV))
     except (OSError, ValueError) as exc:
@@ -97,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         api_keys=keys,
         protect_metrics=args.protect_metrics,
         tokenizer_model=args.tokenizer_model,
+        queue_timeout_s=args.queue_timeout_s or None,
+        keepalive_s=args.sse_keepalive_s,
+        model_memory_s=args.model_memory_s,
+        declared_models=declared,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 

@@ -76,11 +76,9 @@ class WaitingRequests:
     async def tend(self, queues: Iterable[str]) -> None:
         """Make each queue's waiting set exact as of now: the claim, asked for no jobs, moves
         the deferred jobs that came due into the index, notes lapsed leases as waiting, and
-        wakes the workers if it moved any (one round trip for all queues)."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            # No jobs, no worker (its id ''), no prefixes owned, no free slots set.
-            args: list[str | int] = [0, LEASE_TTL_MS, TEND_PAGE, IN_PROGRESS_PREFIX, "", TENANT_WEIGHTS_KEY]
-            args += [CLAIM_SCAN_INTERVAL_MS, 0, 0, 0, 0, WAKEUP_CHANNEL]
-            for queue in queues:
-                await self._claim(keys=[queue], args=args, client=pipe)
-            await pipe.execute()
+        wakes the workers if it moved any (a round trip per queue)."""
+        # No jobs, no worker (its id ''), no prefixes owned, no free slots set.
+        args: list[str | int] = [0, LEASE_TTL_MS, TEND_PAGE, IN_PROGRESS_PREFIX, "", TENANT_WEIGHTS_KEY]
+        args += [CLAIM_SCAN_INTERVAL_MS, 0, 0, 0, 0, WAKEUP_CHANNEL]
+        for queue in queues:
+            await self._claim(keys=[queue], args=args)

@@ -23,7 +23,6 @@ from streamq.protocol.scripts import register_script
 from tests.support.keda_scaler import LIST_LENGTH_SCRIPT
 
 
-
 class Worker:
     """A worker's side of the queue, as the scripts see it: claims, finishes, hand-backs."""
 
