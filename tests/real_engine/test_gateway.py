@@ -27,6 +27,7 @@ from devkit.worker_process import WorkerProcess, worker_env
 from producer.client import StreamqClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
+from streamq.protocol.names import DEFAULT_MODEL_MEMORY_S, MODELS_SEEN_KEY
 from tests.support import metrics as worker_metrics
 from tests.support.session import OPERATOR_KEY
 
@@ -165,13 +166,17 @@ def test_unknown_model_is_404(sdk: openai.OpenAI) -> None:
     assert caught.value.body is not None and caught.value.body["code"] == "model_not_found"  # type: ignore[index]
 
 
-async def test_model_whose_workers_are_gone_is_503(sdk: openai.OpenAI, raw_redis: aioredis.Redis) -> None:
+async def test_model_whose_workers_are_gone_past_its_memory_is_503(
+    sdk: openai.OpenAI, raw_redis: aioredis.Redis
+) -> None:
     name = f"gone-{uuid.uuid4().hex[:8]}"
     registration = WorkerRegistration(worker_id=name, model=name, queue=f"streamq:queue:{name}")
     registry = WorkerRegistry(raw_redis)
     await registry.register(registration)
     assert name in [m.id for m in (await asyncio.to_thread(sdk.models.list)).data]
-    await registry.unregister(registration)  # its last worker shut down
+    await registry.unregister(registration)  # its last worker shut down, longer ago than the model memory
+    now_s, _ = await raw_redis.time()
+    await raw_redis.zadd(MODELS_SEEN_KEY, {name: (now_s - DEFAULT_MODEL_MEMORY_S - 60) * 1000})
     with pytest.raises(openai.InternalServerError) as caught:
         await asyncio.to_thread(sdk.completions.create, model=name, prompt=PROMPT, max_tokens=4)
     assert caught.value.status_code == 503

@@ -161,12 +161,19 @@ def test_batch_routes_each_line_by_its_model(
     assert "no worker serves model 'no-such-model'" in out["nobody"]["error"]
 
 
-async def test_a_stopped_worker_leaves_the_registry(worker_b: WorkerProcess, client: StreamqClient) -> None:
+async def test_a_stopped_worker_leaves_the_registry_and_its_model_waits_for_the_next_within_its_memory(
+    worker_b: WorkerProcess, client: StreamqClient, producer_url: str
+) -> None:
     assert MODEL_B in await client.live_models()
     assert worker_b.stop() == 0
     assert MODEL_B not in await client.live_models()
-    with pytest.raises(NoLiveWorker, match="no live worker serves model 'tiny-b'"):
-        await client.submit("Hello", model=MODEL_B)
+    async with await client.submit("Hello", model=MODEL_B) as waiting:  # queued for tiny-b's next worker
+        assert waiting.job_queue == QUEUE_B
+        assert (await client.status(waiting.request_id)).state == "queued"
+        assert await waiting.cancel() == "queued"
+    async with await StreamqClient.connect(producer_url, model_memory_s=0) as forgetful:
+        with pytest.raises(NoLiveWorker, match="no live worker serves model 'tiny-b'"):
+            await forgetful.submit("Hello", model=MODEL_B)
 
 
 async def test_submit_to_a_model_nobody_ever_served_is_refused(client: StreamqClient) -> None:
