@@ -99,6 +99,8 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
         names.KEEP_RESULT_ENV: str(names.DEFAULT_KEEP_RESULT_S),
         names.CALLBACK_SECRET_ENV: "(none)",
         names.EVENTS_REDIS_URL_ENV: "(none)",
+        names.MODEL_MEMORY_ENV: str(names.DEFAULT_MODEL_MEMORY_S),
+        names.DECLARED_MODELS_ENV: "(none)",
     }
     env_names = {value for name, value in public_constants(names, str).items() if name.endswith("_ENV")}
     assert env_names == defaults.keys()
