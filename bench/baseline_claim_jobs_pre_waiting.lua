@@ -1,0 +1,295 @@
+-- KEYS[1]: the queue. ARGV: how many to claim, in-progress TTL (ms), queue entries to
+-- read per page, the in-progress key prefix, this worker's id (the lease's holder), the
+-- tenant weights hash (only read), the minimum ms between two scans of the whole queue,
+-- then for prefix-aware pickup (default: off) how long this worker counts as holding the
+-- prefixes it claims (ms), how long its free-slot count lives (ms), how many jobs it runs
+-- now, and how many free slots it has beyond those it asks for (one of several front ends
+-- of an engine asks for its share), and the wake-up channel ('' for none): the other workers
+-- are told there when this claim held a job for one of them or left jobs it moved into the
+-- index untaken (a held job's window passed, a deferred job came due), so that no job waits
+-- for their next poll. Returns Redis's time (ms), the affinity hits, misses
+-- and expired windows of this claim, then id, score, id, score, ... of the jobs claimed
+-- (score: the job's score in the queue). Jobs are due by Redis's clock, never a worker's.
+--
+-- arq's queue stays the source of truth (a job is queued or running while it is in it);
+-- the claim takes, in this order, until it has enough:
+-- 1. claimed jobs whose lease lapsed (their worker died or handed them back) or whose
+--    arq Retry is due, from <queue>:running (id -> when to look at it again): a taken-over
+--    request has a subscriber waiting mid-stream;
+-- 2. the index of waiting jobs, after promoting due ones from <queue>:deferred and the
+--    jobs held for a worker whose window passed (also in <queue>:deferred): the lowest
+--    priority band first; in a band, the jobs held for this worker (enqueue routed them
+--    here, as this worker served their prefix, or steered them here as the least busy: a
+--    miss), then the tenant with the lowest pass (stride scheduling: a pick adds
+--    1/weight, a held job's too; a tenant starts at the band's virtual time, the pass of
+--    the band's last pick, so an idle tenant banks no credit); FIFO in a tenant. A claimed
+--    job's longest and shortest prefix keys name this worker for the owner TTL
+--    (<queue>:owner:<key>); a claim of a job with keys not held for this worker is a
+--    miss; the worker's free slots and load are set for enqueue to read;
+-- 3. at most once per scan interval (all workers together), arq's queue itself, in score
+--    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script.
+-- A job only some workers may run (<queue>:eligible:<id>: a LoRA adapter not every worker
+-- serves, see enqueue) never joins the shared index: when its window passes it is held
+-- again for one of them, and a lapsed lease of one is taken over only by one of them.
+local q = KEYS[1]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local wanted, ttl, page, prefix, me = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local weights, scan_ms = ARGV[6] or 'streamq:tenant-weights', ARGV[7] or '1000'
+local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
+local spare = tonumber(ARGV[11] or '0')
+local wakeup = ARGV[12] or ''
+local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
+local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
+local claimed, n = {now, 0, 0, 0}, 0
+local held_for_others, promoted = false, false
+
+-- An adapter's key ('@' and a digest) names this worker, and joins the adapters it owns
+-- (<queue>:adapters:<worker>, scored by when the ownership lapses), unless the job came here
+-- for balance while the adapter's owner lives: the adapter stays where it is loaded.
+local function own_adapter(key, steered)
+  local owner_key = q .. ':owner:' .. key
+  local before = redis.call('GET', owner_key)
+  if before and before ~= me then
+    if steered and redis.call('EXISTS', q .. ':free:' .. before) == 1 then return end
+    redis.call('ZREM', q .. ':adapters:' .. before, key)
+  end
+  redis.call('SET', owner_key, me, 'PX', owner_ttl)
+  local mine = q .. ':adapters:' .. me
+  redis.call('ZREMRANGEBYSCORE', mine, '-inf', now)
+  redis.call('ZADD', mine, now + owner_ttl, key)
+  redis.call('PEXPIRE', mine, owner_ttl)
+end
+
+-- A claimed job's prefix keys (after priority and tenant in its index entry) name this
+-- worker: its longest, which the request's follow-ups share, and its shortest, which
+-- requests that open alike share (the keys between cost a SET each for rarer matches); a
+-- request under a LoRA adapter ends its keys with the adapter's (its shortest).
+local function own_prefixes(meta)
+  local keys = meta and string.match(meta, '^%S+ %S+ (%S+)')
+  if keys and owner_ttl > 0 then
+    local longest, shortest = string.match(keys, '^([^,]+)'), string.match(keys, '([^,]+)$')
+    for _, key in ipairs(shortest ~= longest and {longest, shortest} or {longest}) do
+      if string.sub(key, 1, 1) == '@' then
+        own_adapter(key, string.match(meta, ' steered$') ~= nil)
+      else
+        redis.call('SET', q .. ':owner:' .. key, me, 'PX', owner_ttl)
+      end
+    end
+  end
+  return keys ~= nil
+end
+
+-- Into its band's index at its waiting score (none: it left the queue), noted for the wake-up.
+local function reindex(id, band, tenant, score)
+  if score then
+    redis.call('ZADD', q .. ':fifo:' .. band .. ':' .. tenant, score, id)
+    redis.call('ZADD', q .. ':tenants:' .. band, 'NX', 0, tenant)
+    redis.call('ZADD', bands, band, band)
+    promoted = true
+  end
+end
+
+-- Whether this worker may run the job: any may, unless <queue>:eligible:<id> names who may.
+local function may_run(id)
+  local only = redis.call('GET', q .. ':eligible:' .. id)
+  return not only or string.find(',' .. only .. ',', ',' .. me .. ',', 1, true) ~= nil
+end
+
+-- A job only some workers may run is held again, for the least busy live one of them (one
+-- with a free slot first) until its next window's end, or with none live only deferred
+-- that long. Returns false for a job any worker may run (the caller indexes it).
+local function hold_for_eligible(id, band, score)
+  local only = redis.call('GET', q .. ':eligible:' .. id)
+  if not only then return false end
+  local best, best_free, best_load = nil, false, nil
+  for worker in string.gmatch(only, '[^,]+') do
+    local free = redis.call('GET', q .. ':free:' .. worker)
+    if free then
+      local has_free = tonumber(free) > 0
+      local load = tonumber(redis.call('ZSCORE', q .. ':load', worker) or '0')
+      if not best or (has_free and not best_free) or (has_free == best_free and load < best_load) then
+        best, best_free, best_load = worker, has_free, load
+      end
+    end
+  end
+  if best then
+    redis.call('ZADD', q .. ':affine:' .. best .. ':' .. band, score, id)
+    redis.call('ZADD', q .. ':affine-bands:' .. best, band, band)
+    redis.call('HSET', held, id, best)
+    held_for_others = held_for_others or best ~= me
+  end
+  redis.call('ZADD', q .. ':deferred', now + (free_ttl > 0 and free_ttl or 3000), id)
+  return true
+end
+
+local function take(id, score)
+  if redis.call('SET', prefix .. id, me, 'NX', 'PX', ttl) then
+    redis.call('ZADD', running, now + ttl, id)
+    claimed[#claimed + 1] = id
+    claimed[#claimed + 1] = score
+    n = n + 1
+    return true
+  end
+  return false
+end
+
+-- 1. Leases that lapsed. A renewed one is looked at again when it could lapse next.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0, page)) do
+  local left = redis.call('PTTL', prefix .. id)
+  if left > 0 then
+    redis.call('ZADD', running, now + left, id)
+  elseif left == -1 then
+    redis.call('ZADD', running, now + ttl, id)
+  else
+    local score = redis.call('ZSCORE', q, id)
+    if not score then
+      redis.call('ZREM', running, id) -- finished or cancelled
+    elseif tonumber(score) > now then
+      redis.call('ZADD', running, score, id) -- arq's Retry deferred it
+    elseif n < wanted and may_run(id) then
+      take(id, score)
+    end -- else it stays due, and the next claim (of a worker that may run it) takes it first
+  end
+end
+
+-- 2. Deferred jobs that are due join the index, scored by their run-at time; jobs held for
+-- a worker whose window passed (their window's end is their score there) join it at their
+-- place.
+local deferred = q .. ':deferred'
+local due = redis.call('ZRANGEBYSCORE', deferred, '-inf', now, 'WITHSCORES', 'LIMIT', 0, page)
+for i = 1, #due, 2 do
+  local id, at = due[i], due[i + 1]
+  redis.call('ZREM', deferred, id)
+  local meta = redis.call('HGET', indexed, id)
+  local owner = redis.call('HGET', held, id)
+  if owner then
+    redis.call('HDEL', held, id)
+    if meta then
+      local band, tenant = string.match(meta, '^(%S+) (%S+)')
+      local mine = q .. ':affine:' .. owner .. ':' .. band
+      if redis.call('ZREM', mine, id) == 1 then
+        local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
+        if not (score and hold_for_eligible(id, band, score)) then
+          reindex(id, band, tenant, score)
+        end
+        claimed[4] = claimed[4] + 1
+        if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
+          redis.call('ZREM', q .. ':affine-bands:' .. owner, band)
+        end
+      end
+    end
+  elseif meta then
+    local prio, tenant = string.match(meta, '^(%S+) (%S+)')
+    local score = redis.call('ZSCORE', q .. ':waiting:' .. prio, id) -- a job no eligible worker was live for
+    if not score then
+      score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
+      redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
+    end
+    if not hold_for_eligible(id, prio, score) then
+      reindex(id, prio, tenant, score)
+    end
+  end
+end
+
+-- A pick charged to its tenant's pass in its band (1/weight), from at least the band's time.
+local function charge(band, tenant, pass)
+  local weight = tonumber(redis.call('HGET', weights, tenant))
+  if not weight or weight <= 0 then weight = 1 end
+  redis.call('ZADD', q .. ':tenants:' .. band, pass + 1 / weight, tenant)
+end
+
+-- The index: the most urgent band; in it, the jobs held for this worker, then the tenant
+-- of lowest pass, that tenant's oldest job.
+while n < wanted do
+  local band = redis.call('ZRANGE', bands, 0, 0)[1]
+  local mine = redis.call('ZRANGE', my_bands, 0, 0)[1]
+  if mine and (not band or tonumber(mine) <= tonumber(band)) then
+    local head = redis.call('ZPOPMIN', q .. ':affine:' .. me .. ':' .. mine)
+    if #head == 0 then
+      redis.call('ZREM', my_bands, mine)
+    else
+      local id = head[1]
+      redis.call('ZREM', q .. ':deferred', id)
+      redis.call('HDEL', held, id)
+      redis.call('ZREM', q .. ':waiting:' .. mine, id)
+      local meta = redis.call('HGET', indexed, id)
+      redis.call('HDEL', indexed, id)
+      if meta then
+        local tenant = string.match(meta, '^%S+ (%S+)')
+        local pass = redis.call('ZSCORE', q .. ':tenants:' .. mine, tenant)
+        if pass then
+          charge(mine, tenant, math.max(tonumber(pass), tonumber(redis.call('HGET', vtimes, mine) or 0)))
+        end
+      end
+      local score = redis.call('ZSCORE', q, id)
+      if score and take(id, score) then
+        own_prefixes(meta)
+        if meta and string.match(meta, ' steered$') then -- held for balance: a miss
+          claimed[3] = claimed[3] + 1
+        else
+          claimed[2] = claimed[2] + 1
+        end
+      end
+    end
+  elseif not band then
+    break
+  else
+    local tenants = q .. ':tenants:' .. band
+    local top = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
+    if #top == 0 then
+      redis.call('ZREM', bands, band)
+      redis.call('HDEL', vtimes, band)
+    else
+      local tenant = top[1]
+      local fifo = q .. ':fifo:' .. band .. ':' .. tenant
+      local head = redis.call('ZPOPMIN', fifo)
+      if #head == 0 then
+        redis.call('ZREM', tenants, tenant)
+      else
+        local id = head[1]
+        local pass = math.max(tonumber(top[2]), tonumber(redis.call('HGET', vtimes, band) or 0))
+        redis.call('ZREM', q .. ':waiting:' .. band, id)
+        local meta = redis.call('HGET', indexed, id)
+        redis.call('HDEL', indexed, id)
+        if redis.call('EXISTS', fifo) == 1 then
+          charge(band, tenant, pass)
+        else
+          redis.call('ZREM', tenants, tenant)
+        end
+        redis.call('HSET', vtimes, band, pass)
+        local score = redis.call('ZSCORE', q, id)
+        if score and take(id, score) and own_prefixes(meta) then -- gone: cancelled or expired outside the scripts
+          claimed[3] = claimed[3] + 1
+        end
+      end
+    end
+  end
+end
+
+-- 3. arq's queue, as before the index, when slots remain and nobody scanned lately.
+if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
+  local offset = 0
+  while n < wanted do
+    local page_due = redis.call('ZRANGEBYSCORE', q, '-inf', now, 'WITHSCORES', 'LIMIT', offset, page)
+    if #page_due == 0 then break end
+    for i = 1, #page_due, 2 do
+      if redis.call('HEXISTS', indexed, page_due[i]) == 0 and take(page_due[i], page_due[i + 1]) and n >= wanted then
+        break
+      end
+    end
+    offset = offset + page
+  end
+end
+-- Jobs held for another worker, or moved into the index and maybe left there (this claim
+-- filled its slots): the others claim now rather than at their next poll.
+if wakeup ~= '' and (held_for_others or (promoted and n >= wanted)) then
+  redis.call('PUBLISH', wakeup, q)
+end
+-- What enqueue reads to route a job here: this worker's free slots (lapsing unless it
+-- claims again) and how many jobs it runs.
+if free_ttl > 0 then
+  redis.call('SET', q .. ':free:' .. me, wanted - n + spare, 'PX', free_ttl)
+  redis.call('ZADD', q .. ':load', busy + n, me)
+end
+return claimed
