@@ -31,7 +31,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from devkit.redis_server import RedisServer
 from streamq.protocol.names import DEFAULT_QUEUE, queue_waiting_key
-from tests.support.keda_scaler import LIST_LENGTH_SCRIPT
+from devkit.keda import LIST_LENGTH_SCRIPT
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"

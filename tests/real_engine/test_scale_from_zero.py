@@ -32,7 +32,7 @@ from producer.client import StreamqClient
 from streamq.protocol import WORKERS_KEY, decode_registration
 from streamq.protocol.names import queue_waiting_key
 from tests.support.events import assert_well_formed
-from tests.support.keda_scaler import LIST_LENGTH_SCRIPT
+from devkit.keda import LIST_LENGTH_SCRIPT
 from tests.support.reference_generate import MAX_TOKENS, PROMPTS
 from tests.support.session import MAX_MODEL_LEN
 
