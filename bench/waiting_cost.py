@@ -60,21 +60,31 @@ def _script_us(client: redis.Redis) -> tuple[int, float]:
 def one_round(client: redis.Redis, enqueue_text: str, claim_text: str, jobs: int) -> Round:
     """``jobs`` enqueues, then as many claims of one job each (each job finishing at once)."""
     client.flushall()
-    enqueue, claim = client.script_load(enqueue_text), client.script_load(claim_text)
+    enqueue = client.execute_command("SCRIPT LOAD", enqueue_text)
+    claim = client.execute_command("SCRIPT LOAD", claim_text)
     client.config_resetstat()
     for i in range(jobs):
         job_id = f"job-{i}"
-        args = [JOB, 600_000, job_id, WAKEUP_CHANNEL, QUEUE, -1, f"arq:result:{job_id}", 0, f"t{i % 4}", 0]
-        args += ["", "", 0, "", "", AFFINITY_FREE_TTL_MS, 4, 0.5, ""]
-        assert client.evalsha(enqueue, 3, JOB_KEY_PREFIX + job_id, QUEUE, f"streamq:events:{job_id}", *args) == 1
+        args: list[bytes | str | int | float] = [
+            JOB,
+            600_000,
+            job_id,
+            WAKEUP_CHANNEL,
+            QUEUE,
+            -1,
+            f"arq:result:{job_id}",
+        ]
+        args += [0, f"t{i % 4}", 0, "", "", 0, "", "", AFFINITY_FREE_TTL_MS, 4, 0.5, ""]
+        keys = [JOB_KEY_PREFIX + job_id, QUEUE, f"streamq:events:{job_id}"]
+        assert client.execute_command("EVALSHA", enqueue, 3, *keys, *args) == 1
     calls, enqueue_us = _script_us(client)
     assert calls == jobs
     client.config_resetstat()
-    claim_args = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, "bench-worker", TENANT_WEIGHTS_KEY]
+    claim_args: list[str | int] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, "bench-worker", TENANT_WEIGHTS_KEY]
     claim_args += [CLAIM_SCAN_INTERVAL_MS, AFFINITY_OWNER_TTL_MS, AFFINITY_FREE_TTL_MS, 0, 0, ""]
     claimed = 0
     for _ in range(jobs):
-        reply = client.evalsha(claim, 1, QUEUE, *claim_args)
+        reply = client.execute_command("EVALSHA", claim, 1, QUEUE, *claim_args)
         for job_id in reply[4::2]:
             claimed += 1
             client.zrem(QUEUE, job_id)
@@ -102,7 +112,7 @@ def run(jobs: int, rounds: int) -> dict[str, list[Round]]:
 
 def table(results: dict[str, list[Round]]) -> str:
     def median(name: str, field: str) -> float:
-        return statistics.median(getattr(r, field) for r in results[name])
+        return float(statistics.median(getattr(r, field) for r in results[name]))
 
     def paired(field: str) -> list[float]:
         return sorted(

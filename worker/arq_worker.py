@@ -75,6 +75,8 @@ class StreamqWorker(Worker):
         Python 3.11 a cancellation that lands as an ``asyncio.wait_for`` inside the loop
         completes is dropped (redis-py sends every command through one): the loop also
         ends when it sees this."""
+        # /ready answers 503 from the moment the worker stops claiming (a drain, a stop).
+        metrics.probes_of(self.ctx).claiming = lambda: self.allow_pick_jobs and not self._stopping
 
     async def main(self) -> None:
         """arq's ``Worker.main`` with the fixed-interval poll replaced by wake-ups."""

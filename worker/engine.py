@@ -31,6 +31,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from worker.interrupt import exit_on_stop_signal
 from worker.lora_plugin import ask_for_plugin
 from worker.options import FrontEndSeat
 
@@ -152,24 +153,27 @@ def start_engine(engine_args: AsyncEngineArgs, seat: FrontEndSeat | None = None)
     process started, as one of its front ends.
 
     The keyword arguments are those ``vllm serve`` passes
-    (``build_async_engine_client_from_engine_args``)."""
+    (``build_async_engine_client_from_engine_args``). The load blocks the event loop, on
+    which arq's SIGTERM handler runs: SIGTERM or SIGINT during it exits the process at once
+    (``worker/interrupt.py``)."""
     started = time.monotonic()
     client: dict[str, Any] = {}
     if seat is not None:
         engine_args._api_process_count = seat.count
         engine_args._api_process_rank = seat.index
         client = {"client_addresses": dict(seat.client_config), "client_count": seat.count, "client_index": seat.index}
-    config = engine_config(engine_args)
-    log_scheduler_limits(config)
-    logger.info("structured outputs backend: %s", config.structured_outputs_config.backend)
-    engine = AsyncLLM.from_vllm_config(
-        vllm_config=config,
-        usage_context=USAGE_CONTEXT,
-        enable_log_requests=engine_args.enable_log_requests,
-        aggregate_engine_logging=engine_args.aggregate_engine_logging,
-        disable_log_stats=engine_args.disable_log_stats,
-        **client,
-    )
+    with exit_on_stop_signal():
+        config = engine_config(engine_args)
+        log_scheduler_limits(config)
+        logger.info("structured outputs backend: %s", config.structured_outputs_config.backend)
+        engine = AsyncLLM.from_vllm_config(
+            vllm_config=config,
+            usage_context=USAGE_CONTEXT,
+            enable_log_requests=engine_args.enable_log_requests,
+            aggregate_engine_logging=engine_args.aggregate_engine_logging,
+            disable_log_stats=engine_args.disable_log_stats,
+            **client,
+        )
     logger.info(
         "model loaded: %s (max_model_len=%d, max_num_seqs=%d) in %.1fs",
         config.model_config.model,

@@ -150,6 +150,8 @@ class FrontEndsSupervisor:
         spawn = multiprocessing.get_context("spawn")
         executor = Executor.get_class(config)
         with launch_core_engines(config, executor, not disable_log_stats, listeners.addresses) as launch:
+            if isinstance(launch.engine_manager, CoreEngineProcManager):
+                self.engine = launch.engine_manager  # run() shuts it down, even if stopped while it loads
             for index, (inputs, outputs) in enumerate(zip(listeners.inputs, listeners.outputs, strict=True)):
                 client_config: dict[str, Any] = {
                     "input_address": inputs.address,
@@ -166,9 +168,9 @@ class FrontEndsSupervisor:
                 process.start()
                 self.front_ends.append(FrontEnd(seat, process, inputs, outputs))
             launch.watched_frontend_processes = [front_end.process for front_end in self.front_ends]
-        if not isinstance(launch.engine_manager, CoreEngineProcManager):
+        engine = self.engine
+        if engine is None:
             raise RuntimeError("--front-ends needs engine cores started on this host (not by Ray)")
-        self.engine = engine = launch.engine_manager
         logger.info("engine core started; waiting for %d front ends", self.count)
         while not all(front_end.seat.ready.is_set() for front_end in self.front_ends):
             for front_end in self.front_ends:

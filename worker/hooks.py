@@ -21,6 +21,7 @@ from worker.cancel import CancelListener
 from worker.chat_parsing import ChatParsing, ParserFlags
 from worker.delivery import checkpoint_tokens_from_env
 from worker.engine import engine_args_from_env, max_batch_size, start_engine
+from worker.interrupt import exit_on_stop_signal
 from worker.lease import Leases
 from worker.logs import quiet_request_failures
 from worker.options import WorkerOptions, options_of
@@ -56,7 +57,8 @@ def _build_engine(options: WorkerOptions) -> Any:
     factory_path = options.engine_factory or os.environ.get(ENGINE_FACTORY_ENV)
     if factory_path:
         factory = import_string(factory_path.replace(":", "."))
-        engine = factory(options.engine_args)
+        with exit_on_stop_signal():  # as start_engine's load: a stop signal exits at once
+            engine = factory(options.engine_args)
         logger.info("engine from factory %s", factory_path)
         return engine
     return start_engine(options.engine_args or engine_args_from_env(), options.front_end)
@@ -160,9 +162,11 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         metrics_port = options.metrics_port if options.metrics_port is not None else metrics.metrics_port_from_env()
         if metrics_port and options.front_end is not None:
             metrics_port += options.front_end.index  # each front end has its own counters
-        metrics_server = metrics.serve_metrics(metrics_port)
+        probes = metrics.probes_of(ctx)
+        probes.engine_alive = lambda: not state.engine_dead
+        metrics_server = metrics.serve_metrics(metrics_port, probes=probes)
         if metrics_server is not None:
-            closing.callback(metrics_server.shutdown)
+            closing.callback(metrics.stop_serving, metrics_server)
         queue_depth_sampler = asyncio.create_task(metrics.sample_queue_depth(redis, queue), name="queue-depth-sampler")
         closing.push_async_callback(stop_task, queue_depth_sampler)
         # Closed after the registration is withdrawn, and (as every part) after the jobs
@@ -175,6 +179,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         await publish_tokenizer_info(redis, model, engine)
         # Last: once registered, producers route this model's requests here.
         await presence.start()
+        probes.registered = True  # /ready answers 200 until the worker stops claiming
         closing.push_async_callback(presence.close)
         state.closing = closing.pop_all()
         ctx[STATE_KEY] = state

@@ -1,4 +1,5 @@
-"""Prometheus metrics of a worker, and the HTTP endpoint that serves them.
+"""Prometheus metrics of a worker, and the HTTP endpoint that serves them with the
+worker's probes (``/ready``, ``/health``).
 
 They share prometheus_client's default registry with vLLM's own (``vllm:*``), so one
 scrape returns both. Latencies are measured inside the worker (a subscriber also sees
@@ -11,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from streamq.protocol import ErrorCode, FinishReason
 
@@ -124,22 +129,100 @@ def metrics_port_from_env() -> int:
     return int(os.environ.get(METRICS_PORT_ENV, DEFAULT_METRICS_PORT))
 
 
-def serve_metrics(port: int, addr: str = "0.0.0.0") -> Any | None:
-    """Serve ``/metrics`` on ``port`` from a background thread; returns the server
-    (``shutdown()`` stops it), or ``None`` when ``port`` is 0 or taken.
+PROBES_KEY: Final = "streamq_probes"
+"""The key of ``Probes`` in arq's ``ctx``."""
 
-    A taken port only costs the metrics: the worker still serves tokens, which
+
+class Probes:
+    """What ``/ready`` and ``/health`` answer, asked from the HTTP server's thread: the
+    start-up hook and the arq worker set the parts each knows."""
+
+    def __init__(self) -> None:
+        self.registered = False
+        """The worker's registration is in Redis (``Presence.start`` is done): producers route here."""
+        self.claiming: Callable[[], bool] = lambda: True
+        """The worker still takes jobs: false once it drains to stop (arq's ``allow_pick_jobs``)."""
+        self.engine_alive: Callable[[], bool] = lambda: True
+        """False once the engine died (``WorkerState.engine_dead``)."""
+
+    def unready_reason(self) -> str | None:
+        """Why ``/ready`` answers 503; ``None`` when it answers 200."""
+        if not self.engine_alive():
+            return "the engine died"
+        if not self.claiming():
+            return "stopping: takes no more jobs"
+        if not self.registered:
+            return "not registered yet"
+        return None
+
+
+def probes_of(ctx: MutableMapping[str, Any]) -> Probes:
+    """The ``Probes`` in arq's ``ctx``, put there on first use."""
+    probes = ctx.get(PROBES_KEY)
+    if not isinstance(probes, Probes):
+        probes = ctx[PROBES_KEY] = Probes()
+    return probes
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def endpoint_app(probes: Probes, metrics_app: WsgiApp | None = None) -> WsgiApp:
+    """``/ready`` and ``/health`` from ``probes``; every other path the metrics exposition."""
+    metrics_app = metrics_app or make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/ready":
+            reason = probes.unready_reason()
+            return _answer(start_response, reason is None, "ready" if reason is None else f"not ready: {reason}")
+        if path == "/health":
+            alive = probes.engine_alive()
+            return _answer(start_response, alive, "healthy" if alive else "unhealthy: the engine died")
+        return metrics_app(environ, start_response)
+
+    return app
+
+
+def _answer(start_response: Callable[..., Any], ok: bool, text: str) -> list[bytes]:
+    body = (text + "\n").encode()
+    status = "200 OK" if ok else "503 Service Unavailable"
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No line on stderr per request (probes come every few seconds)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve_metrics(port: int, addr: str = "0.0.0.0", probes: Probes | None = None) -> WSGIServer | None:
+    """Serve ``/metrics`` and the probes (``/ready``, ``/health``) on ``port`` from a
+    background thread, with prometheus_client's threaded WSGI server; returns the server
+    (``stop_serving`` stops it), or ``None`` when ``port`` is 0 or taken.
+
+    A taken port only costs the metrics and probes: the worker still serves tokens, which
     matters more than its numbers (and says so in its log).
     """
     if port == 0:
         return None
+    app = endpoint_app(probes or Probes())
     try:
-        server, _thread = start_http_server(port, addr=addr)
+        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
     except OSError as exc:
         logger.warning("metrics endpoint not started: port %d: %s", port, exc)
         return None
-    logger.info("metrics on http://%s:%d/metrics", addr, port)
+    threading.Thread(target=server.serve_forever, name="metrics-endpoint", daemon=True).start()
+    logger.info("metrics on http://%s:%d/metrics, probes on /ready and /health", addr, port)
     return server
+
+
+def stop_serving(server: WSGIServer) -> None:
+    """Stop ``serve_metrics``' server and close its port."""
+    server.shutdown()
+    server.server_close()
 
 
 async def sample_queue_depth(redis: Any, queue: str, *, sample_interval_s: float = 1.0) -> None:

@@ -97,8 +97,8 @@ def build_parser() -> FlexibleArgumentParser:
         "--metrics-port",
         type=int,
         default=metrics_port_from_env(),
-        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics; 0 turns them off "
-        "(default: $STREAMQ_METRICS_PORT or %(default)s)",
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics, and the probes /ready and /health "
+        "(docs/operations/worker.md#probes); 0 turns them off (default: $STREAMQ_METRICS_PORT or %(default)s)",
     )
     group.add_argument(
         "--cpu-nice",

@@ -16,8 +16,8 @@ ROOT = Path(__file__).parents[2]
 SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def test_the_three_commands_are_declared() -> None:
-    assert set(SCRIPTS) == {"streamq", "streamq-worker", "streamq-gateway"}
+def test_the_four_commands_are_declared() -> None:
+    assert set(SCRIPTS) == {"streamq", "streamq-worker", "streamq-gateway", "streamq-exporter"}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

@@ -29,9 +29,9 @@ import redis
 import yaml
 from redis.exceptions import NoPermissionError, ResponseError
 
+from devkit.keda import LIST_LENGTH_SCRIPT
 from devkit.redis_server import RedisServer
 from streamq.protocol.names import DEFAULT_QUEUE, queue_waiting_key
-from devkit.keda import LIST_LENGTH_SCRIPT
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"

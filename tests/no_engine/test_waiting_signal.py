@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from devkit.keda import LIST_LENGTH_SCRIPT
 from producer.client import StreamqClient
 from streamq.broker.waiting import WaitingRequests
 from streamq.protocol import ABORT_KEY, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, RESULT_KEY_PREFIX, RETRY_KEY_PREFIX
 from streamq.protocol.names import TENANT_WEIGHTS_KEY, WAKEUP_CHANNEL, queue_waiting_key, running_key
 from streamq.protocol.scripts import register_script
-from devkit.keda import LIST_LENGTH_SCRIPT
 
 
 class Worker:

@@ -26,13 +26,13 @@ import redis
 import redis.asyncio as aioredis
 
 from devkit.gateway_process import GatewayProcess
+from devkit.keda import LIST_LENGTH_SCRIPT
 from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
 from streamq.protocol import WORKERS_KEY, decode_registration
 from streamq.protocol.names import queue_waiting_key
 from tests.support.events import assert_well_formed
-from devkit.keda import LIST_LENGTH_SCRIPT
 from tests.support.reference_generate import MAX_TOKENS, PROMPTS
 from tests.support.session import MAX_MODEL_LEN
 

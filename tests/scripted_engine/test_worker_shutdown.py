@@ -1,26 +1,38 @@
 """A worker asked to stop ends its loop and shuts down even when the one cancellation arq
 sends its loop is lost (on Python 3.11, a cancellation landing as an ``asyncio.wait_for``
 inside the loop completes is dropped: CI saw workers hang on SIGTERM this way), and
-``stop_task`` stops a task that drops a cancellation."""
+``stop_task`` stops a task that drops a cancellation. Its probes on the metrics port say
+when it may be routed to (``/ready``: registered, and not draining to stop) and whether
+its engine lives (``/health``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
+import socket
+import uuid
 import warnings
+from typing import Any
 
+import httpx
 import pytest
 
+from devkit.redis_server import free_port
+from devkit.worker_process import SCRIPTED_ENGINE
+from producer.client import StreamqClient
 from streamq.broker.connection import redis_settings_for
+from streamq.protocol import ChunkEvent
 from streamq.tasks import stop_task
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
+    from worker import metrics
     from worker.arq_worker import StreamqWorker
     from worker.options import OPTIONS_KEY, WorkerOptions
+    from worker.presence import Presence
     from worker.settings import worker_settings
-    from worker.state import STATE_KEY
+    from worker.state import STATE_KEY, state_of
 
 
 class DroppedCancel:
@@ -101,3 +113,78 @@ async def test_stop_task_raises_what_the_task_failed_with_and_lets_its_caller_be
         await caller
     release.set()
     await stop_task(held)
+
+
+async def _answer(http: httpx.AsyncClient, path: str) -> httpx.Response:
+    """``path``'s answer, once the worker's endpoint is up (refused until its engine is)."""
+    async with asyncio.timeout(60):
+        while True:
+            with contextlib.suppress(httpx.ConnectError):
+                return await http.get(path)
+            await asyncio.sleep(0.05)
+
+
+async def test_ready_once_registered_and_until_the_drain_health_until_the_engine_dies(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registering = asyncio.Event()
+    register = Presence.start
+
+    async def held_registration(self: Presence) -> None:
+        await registering.wait()
+        await register(self)
+
+    monkeypatch.setattr(Presence, "start", held_registration)
+    port, queue = free_port(), f"streamq:queue:probes-{uuid.uuid4().hex[:8]}"
+    options = WorkerOptions(engine_factory=SCRIPTED_ENGINE, metrics_port=port, cpu_nice=0)
+    settings = worker_settings(
+        redis_settings=redis_settings_for(redis_url),
+        queue_name=queue,
+        job_completion_wait=60,
+        ctx={OPTIONS_KEY: options},
+    )
+    worker = StreamqWorker(**settings, handle_signals=False, max_jobs_from_engine=False)
+    loop_task = asyncio.ensure_future(worker.main())
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            before = await _answer(http, "/ready")
+            assert (before.status_code, before.text) == (503, "not ready: not registered yet\n")
+            registering.set()
+            async with asyncio.timeout(30):
+                while (ready := await http.get("/ready")).status_code != 200:
+                    await asyncio.sleep(0.05)
+            assert ready.text == "ready\n"
+            assert (await http.get("/health")).status_code == 200
+            for path in ("/metrics", "/"):  # every other path: the exposition, as before
+                scrape = await http.get(path)
+                assert scrape.status_code == 200 and "streamq_requests_in_flight" in scrape.text
+
+            async with await StreamqClient.connect(redis_url, queue=queue) as client:
+                running = await client.submit("Keep going", max_tokens=3000, ignore_eos=True)  # 30 s of tokens
+                assert isinstance(await anext(aiter(running)), ChunkEvent)
+                worker.handle_sig_wait_for_completion(signal.SIGTERM)  # what arq's SIGTERM handler runs
+                draining = await http.get("/ready")
+                assert (draining.status_code, draining.text) == (503, "not ready: stopping: takes no more jobs\n")
+                assert (await http.get("/health")).status_code == 200
+                assert [task.done() for task in worker.tasks.values()] == [False]  # still draining
+
+                state_of(worker.ctx).engine_dead = True
+                dead = await http.get("/health")
+                assert (dead.status_code, dead.text) == (503, "unhealthy: the engine died\n")
+                assert (await http.get("/ready")).text == "not ready: the engine died\n"
+                await client.cancel(running.request_id)
+    finally:
+        await stop_task(loop_task)
+        await worker.close()
+    with pytest.raises(httpx.ConnectError):  # the port is closed with the worker
+        async with httpx.AsyncClient() as http:
+            await http.get(f"http://127.0.0.1:{port}/ready")
+
+
+def test_a_taken_metrics_port_costs_only_the_endpoint(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port: Any = taken.getsockname()[1]
+        assert metrics.serve_metrics(port) is None
+    assert f"metrics endpoint not started: port {port}" in caplog.text
