@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import redis
@@ -87,14 +88,16 @@ class WorkerProcess:
         return self
 
     def wait_ready(self, timeout_s: float = 300.0) -> WorkerProcess:
-        """Block until the worker's arq health check appears in Redis. A worker not ready in
-        time is killed before the error is raised: a fixture that fails here has no worker to
-        stop, and one left running would spin on a core for the rest of the session."""
+        """Block until the worker serves: its ``/ready`` answers 200 where it has a metrics
+        port (this worker registered), else its queue's arq health check appears in Redis
+        (written by every worker of the queue). A worker not ready in time is killed before
+        the error is raised: a fixture that fails here has no worker to stop, and one left
+        running would spin on a core for the rest of the session."""
         assert self.process is not None, "start() first"
         client = redis.Redis.from_url(self.redis_url)
         deadline = time.monotonic() + timeout_s
         try:
-            while not client.exists(self.queue + HEALTH_CHECK_SUFFIX):
+            while not (self._answers_ready() if self.metrics_port else client.exists(self.queue + HEALTH_CHECK_SUFFIX)):
                 if self.process.poll() is not None:
                     raise RuntimeError(f"worker exited with {self.process.returncode}:\n{self.log_tail()}")
                 if time.monotonic() > deadline:
@@ -104,6 +107,13 @@ class WorkerProcess:
         finally:
             client.close()
         return self
+
+    def _answers_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/ready", timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:  # not listening yet (the engine loads), or 503 (not registered yet)
+            return False
 
     def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM (arq's graceful shutdown), then SIGKILL if it hangs; the exit code."""
