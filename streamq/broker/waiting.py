@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from streamq.broker.registry import Routes
 from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS, WAKEUP_CHANNEL
@@ -76,9 +77,19 @@ class WaitingRequests:
     async def tend(self, queues: Iterable[str]) -> None:
         """Make each queue's waiting set exact as of now: the claim, asked for no jobs, moves
         the deferred jobs that came due into the index, notes lapsed leases as waiting, and
-        wakes the workers if it moved any (a round trip per queue)."""
+        wakes the workers if it moved any (one round trip for every queue)."""
+        queues = list(queues)
         # No jobs, no worker (its id ''), no prefixes owned, no free slots set.
         args: list[str | int] = [0, LEASE_TTL_MS, TEND_PAGE, IN_PROGRESS_PREFIX, "", TENANT_WEIGHTS_KEY]
         args += [CLAIM_SCAN_INTERVAL_MS, 0, 0, 0, 0, WAKEUP_CHANNEL]
-        for queue in queues:
-            await self._claim(keys=[queue], args=args)
+        for _ in range(2):
+            # EVALSHA in a plain pipeline: redis-py's own script pipelining asks SCRIPT EXISTS
+            # first, which a producer's Redis user may not run.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.execute_command("EVALSHA", self._claim.sha, 1, queue, *args)
+                try:
+                    await pipe.execute()
+                    return
+                except NoScriptError:  # a restarted Redis has forgotten it
+                    await self._redis.script_load(self._claim.script)

@@ -99,6 +99,20 @@ async def test_a_deferred_request_waits_once_due_and_tending_counts_it_with_no_w
     assert (await waiting_now(waiting, queue))[0] == 1
 
 
+async def test_tending_loads_its_script_on_a_redis_that_forgot_it(
+    client: StreamqClient, gateway_url: str, raw_redis: aioredis.Redis, queue: str
+) -> None:
+    await submit(client, defer_s=0.05)
+    await asyncio.sleep(0.1)
+    await raw_redis.script_flush()  # as after a restart
+    gateway = aioredis.Redis.from_url(gateway_url)  # a Redis user that may not ask SCRIPT EXISTS
+    try:
+        await WaitingRequests(gateway).tend([queue])
+    finally:
+        await gateway.aclose()
+    assert await raw_redis.zcard(queue_waiting_key(queue)) == 1
+
+
 async def test_a_dead_workers_request_waits_again_until_another_takes_it_over(
     client: StreamqClient, waiting: WaitingRequests, raw_redis: aioredis.Redis, queue: str
 ) -> None:

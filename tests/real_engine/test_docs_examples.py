@@ -57,7 +57,8 @@ def test_the_example_runs(example: Path, example_env: dict[str, str]) -> None:
         [sys.executable, str(example)], env=example_env, cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, f"{example.name} exited with {run.returncode}:\n{run.stderr}"
-    assert run.stdout.strip(), f"{example.name} printed nothing"
+    # A line, maybe empty: the tiny model samples its end-of-text token first now and then.
+    assert run.stdout, f"{example.name} printed nothing"
     expected = OUTPUT.get(example.name)
     if expected:
         assert re.search(expected, run.stdout), f"{example.name} printed:\n{run.stdout}"
