@@ -11,13 +11,14 @@ the newest first, as a scale-down removes a pod even while it serves.
 
 Each of ``--cycles`` cycles waits for zero workers, then sends a burst of streaming requests
 (the library, with the model declared: nobody serves it yet), and half as many again while
-they run. Every request is followed to its end. It reports:
+they run; a worker scaled down meanwhile hands back what its 2 s drain did not finish, and
+the other takes it over. Every request is followed to its end. It reports:
 
 - requests lost: any that did not end with exactly one final event (an error event, a gap or
   a duplicate the handle refuses, a request that never ended) — the goal is 0;
 - per cycle, the first token after zero (from the burst's first submit) against the cold
-  start of the first worker started for it (from its process start to its engine being up,
-  as its log says, within a poll): ≈ 1;
+  start of the first worker started for it (from its process start to its registration, by
+  the timestamp of its log line): ≈ 1;
 - whether the waiting set equalled the truth (arq's queue, less the jobs whose lease is held
   and those not due), checked atomically at every controller poll.
 
@@ -39,7 +40,6 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from bench.affinity import engine_env
-from bench.scale_out import READY_LINE
 from devkit.keda import LIST_LENGTH_SCRIPT
 from devkit.redis_server import RedisServer, free_port
 from devkit.tiny_model import build_tiny_model
@@ -51,6 +51,8 @@ from streamq.protocol.names import queue_waiting_key
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "tiny"
 QUEUE = "streamq:queue:scale-bench"
+READY_LINE = "registered model"
+"""What a worker logs once it takes requests (its registration)."""
 WAITING_PER_WORKER = 8
 SLOTS_PER_WORKER = 64
 """The ScaledObject's listLength of each trigger."""
@@ -97,15 +99,24 @@ class Cycle:
 
 @dataclass
 class Pod:
-    """A worker process as the autoscaler's pod: when it started, and when it was ready."""
+    """A worker process as the autoscaler's pod: when it started (Unix time)."""
 
     worker: WorkerProcess
     started_at: float
-    ready_at: float | None = None
+
+    @property
+    def ready_at(self) -> float | None:
+        """When its engine was up and it took requests, by its own log's clock (Unix time)."""
+        for line in self.worker.log_path.read_text(errors="replace").splitlines():
+            if READY_LINE in line:
+                stamp, _, millis = line[:23].partition(",")
+                return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+        return None
 
     @property
     def cold_start_s(self) -> float | None:
-        return None if self.ready_at is None else self.ready_at - self.started_at
+        ready = self.ready_at
+        return None if ready is None else ready - self.started_at
 
 
 @dataclass
@@ -123,6 +134,8 @@ class Controller:
     """The running workers, oldest first."""
     pods: list[Pod] = field(default_factory=list)
     """Every worker started."""
+    stopping: set[asyncio.Future[int]] = field(default_factory=set)
+    """Workers told to stop (SIGTERM), not exited yet."""
     checks: int = 0
     exact: int = 0
     started: int = 0
@@ -141,7 +154,7 @@ class Controller:
             wanted = min(
                 self.max_workers, max(math.ceil(waiting / WAITING_PER_WORKER), math.ceil(in_flight / SLOTS_PER_WORKER))
             )
-            now = time.monotonic()
+            now = time.time()
             if wanted == 0:
                 self._idle_since = self._idle_since or now
                 if now - self._idle_since < self.cooldown_s:
@@ -158,21 +171,20 @@ class Controller:
                     metrics_port=free_port(),
                     env=engine_env(self.started, 2, True),
                 ).start()
-                pod = Pod(worker, time.monotonic())
+                pod = Pod(worker, time.time())
                 self.workers.append(pod)
                 self.pods.append(pod)
             while len(self.workers) > wanted:
                 pod = self.workers.pop()  # the newest, as a scale-down takes a pod
                 self.stopped += 1
-                await asyncio.to_thread(pod.worker.stop)
-            for pod in self.workers:
-                if pod.ready_at is None and READY_LINE in pod.worker.log_path.read_text(errors="replace"):
-                    pod.ready_at = time.monotonic()
+                # A pod's termination (its drain) runs on while the autoscaler reads on.
+                stopping = asyncio.ensure_future(asyncio.to_thread(pod.worker.stop))
+                self.stopping.add(stopping)
+                stopping.add_done_callback(self.stopping.discard)
             await asyncio.sleep(self.poll_s)
 
-    def stop_all(self) -> None:
-        for pod in self.workers:
-            pod.worker.stop()
+    async def stop_all(self) -> None:
+        await asyncio.gather(*self.stopping, *(asyncio.to_thread(pod.worker.stop) for pod in self.workers))
         self.workers.clear()
 
 
@@ -183,11 +195,12 @@ async def follow(client: StreamqClient, request: Request, max_tokens: int) -> No
             request_id=request.request_id,
             model=MODEL,
             max_tokens=max_tokens,
+            ignore_eos=True,
         )
         async with handle:
             async for event in handle:
                 if isinstance(event, ChunkEvent) and request.first_chunk is None:
-                    request.first_chunk = time.monotonic()
+                    request.first_chunk = time.time()
                 elif isinstance(event, FinalEvent):
                     request.finals += 1
         if request.finals != 1:
@@ -198,7 +211,9 @@ async def follow(client: StreamqClient, request: Request, max_tokens: int) -> No
 
 async def play(args: argparse.Namespace, server: RedisServer, logs: Path) -> dict[str, object]:
     model_dir = build_tiny_model(ROOT / ".cache" / "tiny-llama")
-    flags = [*tiny_engine_flags(model_dir, max_model_len=256), "--served-model-name", MODEL, "--drain-seconds", "2"]
+    # 16 slots a worker: a burst spreads over both workers, so a scale-down stops one that serves.
+    flags = [*tiny_engine_flags(model_dir, max_model_len=1024), "--served-model-name", MODEL, "--max-jobs", "16"]
+    flags += ["--drain-seconds", "2"]
     with open(logs / "exporter.log", "ab") as exporter_log:  # the exporter keeps its own copy of the file
         exporter = subprocess.Popen(
             [sys.executable, "-m", "gateway.exporter", "--redis-url", server.url, "--port", str(free_port())],
@@ -214,15 +229,15 @@ async def play(args: argparse.Namespace, server: RedisServer, logs: Path) -> dic
     try:
         async with await StreamqClient.connect(server.url, declared_models={MODEL: QUEUE}) as client:
             for index in range(args.cycles):
-                while controller.workers:
+                while controller.workers or controller.stopping:  # zero workers, the last one exited
                     await asyncio.sleep(0.5)
-                cycle = Cycle(index, burst_at=time.monotonic())
+                cycle = Cycle(index, burst_at=time.time())
                 cycles.append(cycle)
-                burst = [Request(f"c{index}-{i}", index, time.monotonic()) for i in range(args.burst)]
+                burst = [Request(f"c{index}-{i}", index, time.time()) for i in range(args.burst)]
                 tasks = [asyncio.ensure_future(follow(client, r, args.max_tokens)) for r in burst]
                 while not any(r.first_chunk for r in burst):
                     await asyncio.sleep(0.05)
-                more = [Request(f"c{index}-more-{i}", index, time.monotonic()) for i in range(args.burst // 2)]
+                more = [Request(f"c{index}-more-{i}", index, time.time()) for i in range(args.burst // 2)]
                 tasks += [asyncio.ensure_future(follow(client, r, args.max_tokens)) for r in more]
                 await asyncio.gather(*tasks)
                 requests += burst + more
@@ -233,7 +248,7 @@ async def play(args: argparse.Namespace, server: RedisServer, logs: Path) -> dic
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
-        await asyncio.to_thread(controller.stop_all)
+        await controller.stop_all()
         exporter.terminate()
         exporter.wait(timeout=30)
         await redis.aclose()
@@ -242,6 +257,11 @@ async def play(args: argparse.Namespace, server: RedisServer, logs: Path) -> dic
         "requests": len(requests),
         "lost": lost,
         "cycles": [{**asdict(c), "ratio": c.ratio} for c in cycles],
+        "workers": [
+            {"started_at": pod.started_at, "ready_at": pod.ready_at, "cold_start_s": pod.cold_start_s}
+            for pod in controller.pods
+        ],
+        "taken_over": sum(log.read_text(errors="replace").count("(attempt 2)") for log in logs.glob("worker-*.log")),
         "workers_started": controller.started,
         "workers_stopped": controller.stopped,
         "signal_checks": controller.checks,
@@ -252,7 +272,8 @@ async def play(args: argparse.Namespace, server: RedisServer, logs: Path) -> dic
 def report(result: dict[str, object]) -> str:
     lines = [
         f"requests: {result['requests']}, lost: {len(result['lost'])}",  # type: ignore[arg-type]
-        f"workers started {result['workers_started']}, stopped {result['workers_stopped']}",
+        f"workers started {result['workers_started']}, stopped {result['workers_stopped']}; "
+        f"requests taken over from a stopped worker: {result['taken_over']}",
         f"waiting set exact at {result['signal_exact']} of {result['signal_checks']} checks",
         "",
         "| cycle | first token after zero (s) | cold start (s) | ratio |",
@@ -269,7 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_to_zero", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--burst", type=int, default=24, help="requests at zero workers, each cycle (default 24)")
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=600,
+        help="per request, all generated (ignore_eos): longer than a scaled-down worker's 2 s drain (default 600)",
+    )
     parser.add_argument("--max-workers", type=int, default=2)
     parser.add_argument("--cooldown-s", type=float, default=10.0)
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
