@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 from gateway.sse import SseEncoder
 from producer.openai_api.chunks import ChunkBuilder
@@ -66,3 +67,31 @@ def test_an_error_ends_the_stream_with_an_error_event_then_done() -> None:
     assert events[1][0] == "id: 1"
     assert json.loads(events[1][1].removeprefix("data: "))["error"]["code"] == "worker_lost"
     assert events[2] == ["data: [DONE]"]
+
+
+async def test_a_stream_releases_its_key_admission_before_its_client_reads_done() -> None:
+    """A client that sends its next request the moment it reads ``[DONE]`` must find its key's
+    place (``max_streams``) free: the stream's account closes before those bytes go out."""
+    from gateway.app import _sse_text
+    from producer.openai_api.errors import waited_too_long
+
+    closed_when: list[int] = []
+    sent: list[bytes] = []
+
+    class Account:
+        def charge(self, prompt_tokens: int, completion_tokens: int) -> None:
+            pass
+
+        async def close(self, *, succeeded: bool = True) -> None:
+            closed_when.append(len(sent))
+
+    async def rest() -> AsyncIterator[tuple[int, Event] | None]:
+        for event in EVENTS[1:]:
+            yield 0, event
+
+    encoder = SseEncoder(ChunkBuilder(ResponseMeta(True, "r1", "tiny", 1700), False), event_ids=False)
+    stream = _sse_text(encoder, (0, EVENTS[0]), rest(), Account(), timed_out=waited_too_long("tiny", 1), arrived=None)  # type: ignore[arg-type]
+    async for text in stream:
+        sent.append(text)
+    assert sent[-1].endswith(b"data: [DONE]\n\n")
+    assert closed_when == [len(sent) - 1]  # closed once, before the last bytes were sent
