@@ -3,10 +3,10 @@ of its own, the tiny model on vLLM's engine.
 
 A worker serves its model, then stops: nothing serves it. Streaming requests for it are
 accepted and wait, their streams kept open by keep-alive comments; the gauges and the key
-KEDA's redis scaler reads count them; the workers that start next serve every one with the
-bare engine's text, and the signal falls back to zero. Then one of those workers is
-stopped (SIGTERM, as Kubernetes scales it down) under load while the other runs: each
-request ends once, with the text of an undisturbed run.
+KEDA's redis scaler reads count them; the worker that starts next serves every one with the
+bare engine's text, and the signal falls back to zero. Then, with a second worker, the
+first is stopped (SIGTERM, as Kubernetes scales it down) under load while the other runs:
+each request ends once, with the text of an undisturbed run.
 """
 
 from __future__ import annotations
@@ -64,22 +64,20 @@ def served_then_stopped(worker_url: str, tiny_model: Path, tmp_path_factory: pyt
 
 
 class NextWorkers:
-    """The two workers that start once requests wait, at once: the first stops at once on
-    SIGTERM (no drain), as a scale-down under load does to a pod."""
+    """The workers that start once requests wait, one after the other (an engine's start
+    takes both cores here): the first stops at once on SIGTERM (no drain), as a
+    scale-down under load does to a pod."""
 
     def __init__(self, worker_url: str, tiny_model: Path, folder: Path) -> None:
         self._worker_url, self._tiny_model, self._folder = worker_url, tiny_model, folder
         self.started: list[WorkerProcess] = []
 
-    def start(self) -> list[WorkerProcess]:
-        if not self.started:
-            args = (self._worker_url, self._tiny_model)
-            self.started = [
-                start_worker(*args, self._folder / "b.log", "--drain-seconds", "0"),
-                start_worker(*args, self._folder / "c.log"),
-            ]
-            for worker in self.started:
-                worker.wait_ready()  # its own /ready: registered
+    def start(self, count: int) -> list[WorkerProcess]:
+        """The first ``count`` of them, started (and ready: its own /ready) as needed."""
+        while len(self.started) < count:
+            extra = ["--drain-seconds", "0"] if not self.started else []
+            log_path = self._folder / f"worker-{len(self.started)}.log"
+            self.started.append(start_worker(self._worker_url, self._tiny_model, log_path, *extra).wait_ready())
         return self.started
 
 
@@ -112,7 +110,7 @@ def gauge(metrics: str, name: str) -> float:
     return float(value)
 
 
-async def test_requests_wait_with_no_worker_and_the_next_workers_serve_them_with_the_bare_engines_text(
+async def test_requests_wait_with_no_worker_and_the_next_worker_serves_them_with_the_bare_engines_text(
     served_then_stopped: str,
     zero_gateway: GatewayProcess,
     next_workers: NextWorkers,
@@ -135,7 +133,7 @@ async def test_requests_wait_with_no_worker_and_the_next_workers_serve_them_with
         assert not any(task.done() for task in streams)
 
         started_at = time.monotonic()
-        await asyncio.to_thread(next_workers.start)
+        await asyncio.to_thread(next_workers.start, 1)
         results = await asyncio.gather(*streams)
         served_s = time.monotonic() - started_at
         for prompt, result in zip(prompts, results, strict=True):
@@ -151,7 +149,7 @@ async def test_requests_wait_with_no_worker_and_the_next_workers_serve_them_with
 async def test_a_worker_stopped_under_load_while_another_runs_hands_each_request_over_exactly(
     next_workers: NextWorkers, producer_url: str, redis_url: str
 ) -> None:
-    stopping, staying = await asyncio.to_thread(next_workers.start)
+    stopping, staying = await asyncio.to_thread(next_workers.start, 2)
     async with await StreamqClient.connect(producer_url) as client:
         request = {"model": MODEL, "max_tokens": LONG_TOKENS, "ignore_eos": True, "temperature": 0}
         ids = [f"down-{i}-{uuid.uuid4().hex[:6]}" for i in range(8)]

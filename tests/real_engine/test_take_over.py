@@ -70,6 +70,12 @@ def answer(events: list[dict[str, Any]]) -> tuple[str, list[int], list[Any]]:
     return text, [t for c in chunks for t in c["token_ids"]], events[-1].get("finish_reasons")
 
 
+async def tokens_logged(raw_redis: aioredis.Redis, request_id: str) -> int:
+    """The generated tokens a request's log holds so far (every completion's)."""
+    events = [json.loads(fields[b"event"]) for _, fields in await raw_redis.xrange(events_channel(request_id))]
+    return sum(len(event.get("token_ids", ())) for event in events)
+
+
 async def undisturbed(client: StreamqClient, raw_redis: aioredis.Redis, **request: Any) -> list[dict[str, Any]]:
     handle = await client.submit(request_id=f"calm-{uuid.uuid4().hex}", **request)
     return await logged_events(raw_redis, handle.request_id)
@@ -85,15 +91,16 @@ async def crashed(
     after_tokens: int,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run ``requests`` (request id -> submit arguments) on ``doomed``, SIGKILL it once
-    each has logged ``after_tokens`` chunks, and return each request's events once
-    the session worker has finished it."""
+    each has logged ``after_tokens`` tokens, and return each request's events once
+    the session worker has finished it. Tokens, not chunks: a loaded worker merges a
+    request's tokens into fewer chunks, and a request counted in chunks could end first."""
     try:
         with paused(worker):
             for request_id, request in requests.items():
                 await client.submit(request_id=request_id, **request)
             for request_id in requests:
                 async with asyncio.timeout(60):
-                    while await raw_redis.xlen(events_channel(request_id)) < after_tokens:
+                    while await tokens_logged(raw_redis, request_id) < after_tokens:
                         await asyncio.sleep(0.005)
             doomed.kill()
     finally:
