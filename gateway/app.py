@@ -114,6 +114,7 @@ def create_app(
             max_queue_depth=max_queue_depth,
             model_memory_s=model_memory_s,
             declared_models=declared_models,
+            connect_timeout_s=None,  # a service may start before its Redis: keep trying a while
         )
         app.state.auth = auth
         app.state.limiter = limiter = KeyLimiter(client.redis)

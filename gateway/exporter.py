@@ -37,7 +37,9 @@ def create_exporter(redis_url: str, *, declared_models: dict[str, str | None] | 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.client = client = await StreamqClient.connect(redis_url, declared_models=declared_models)
+        # A service may start before its Redis: keep trying a while.
+        client = await StreamqClient.connect(redis_url, declared_models=declared_models, connect_timeout_s=None)
+        app.state.client = client
         app.state.waiting = waiting = WaitingRequests(client.redis)
         tender = QueueTender(client, waiting)
         tender.start()

@@ -2,23 +2,27 @@
 
     from producer import StreamqClient
 
-    async with await StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
+    async with StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
         completion = await client.generate("The key to happiness is", max_tokens=32)
 
-Every error it raises is a ``StreamqError``. Imports neither vllm nor torch, so any
-service can use it.
+``producer.sync.StreamqClient`` is the same client for code that does not run an event
+loop (a Flask view, a Celery task, a script). Every error it raises is a ``StreamqError``.
+Imports neither vllm nor torch, so any service can use it.
 """
 
-from producer.client import Completion, RequestHandle, SamplingOptions, StreamqClient
+from producer.client import Completion, Connecting, RequestHandle, SamplingOptions, StreamqClient, Usage
 from producer.errors import (
+    ConnectionFailed,
     DuplicateRequest,
     InvalidParameter,
     InvalidRequest,
     MissingEvents,
     NoLiveWorker,
     QueueFull,
+    RedisUnavailable,
     RequestError,
     RequestLost,
+    RequestTimeout,
     StreamqError,
     UnknownModel,
 )
@@ -40,6 +44,8 @@ __all__ = [
     "ChatTemplateOptions",
     "ChunkEvent",
     "Completion",
+    "ConnectionFailed",
+    "Connecting",
     "DuplicateRequest",
     "ErrorEvent",
     "Event",
@@ -50,9 +56,11 @@ __all__ = [
     "NoLiveWorker",
     "PromptEcho",
     "QueueFull",
+    "RedisUnavailable",
     "RequestError",
     "RequestHandle",
     "RequestLost",
+    "RequestTimeout",
     "SamplingOptions",
     "StreamqClient",
     "StreamqError",
@@ -60,4 +68,5 @@ __all__ = [
     "TokenLogprob",
     "TopLogprob",
     "UnknownModel",
+    "Usage",
 ]

@@ -329,7 +329,7 @@ async def run_cancel(args: argparse.Namespace) -> int:
 def _run_until_interrupted(command: Coroutine[Any, Any, int]) -> int:
     try:
         return asyncio.run(command)
-    except RedisConnectionError as exc:  # Redis unreachable, or its TLS certificate refused
+    except (RedisConnectionError, ConnectionError) as exc:  # Redis unreachable, or its TLS certificate refused
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -19,30 +19,44 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import functools
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Unpack, cast, overload
+from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
 
 import msgspec
 from arq.connections import ArqRedis
 from msgspec import UNSET
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from producer.connecting import Connecting
 from producer.errors import (
+    ConnectionFailed,
     DuplicateRequest,
     InvalidParameter,
     MissingEvents,
     NoLiveWorker,
     QueueFull,
+    RedisUnavailable,
     RequestError,
     RequestLost,
+    RequestTimeout,
     UnknownModel,
 )
 from producer.sharded_subscriber import ShardedEventSubscriber
@@ -114,15 +128,56 @@ from streamq.protocol.names import (
 )
 from streamq.protocol.scripts import register_script
 from streamq.protocol.status import RequestStatus
+from streamq.redaction import redact_url
 
 __all__ = [
     "CancelOutcome",
     "Completion",
+    "Connecting",
     "JobState",
     "RequestHandle",
     "SamplingOptions",
     "StreamqClient",
+    "Usage",
 ]
+
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+"""How long ``connect`` tries before it raises ``ConnectionFailed``."""
+
+
+class ConnectOptions(TypedDict, total=False):
+    """``connect``'s keyword arguments (its docstring says what each does)."""
+
+    events_url: str | None
+    queue: str | None
+    max_queue_depth: int | None
+    silence_check_s: float
+    affinity_window_ms: int | None
+    model_memory_s: float | None
+    declared_models: Mapping[str, str | None] | Iterable[str] | None
+    connect_timeout_s: float | None
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _redis_errors_as_ours(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """The error family of the client: a Redis error that reaches a caller (the client's
+    own retries spent) is a ``StreamqError``, its cause chained: ``RedisUnavailable``
+    for Redis away, ``StreamqError`` for a command Redis refused (a permission, say)."""
+
+    @functools.wraps(method)
+    async def calling(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
+            raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+        except RedisError as exc:
+            raise StreamqError(f"Redis refused a command: {exc}") from exc
+
+    return calling
+
 
 CancelOutcome = Literal["running", "queued", "unknown"]
 JobState = Literal["running", "queued", "finished", "unknown"]
@@ -163,10 +218,29 @@ class Completion:
         """The text of the first (with ``n=1``, the only) completion."""
         return self.texts[0]
 
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the first (with ``n=1``, the only) completion ended: ``stop``, ``length``, ..."""
+        return self.finish_reasons[0]
+
+    @property
+    def usage(self) -> Usage:
+        """Its tokens, as OpenAI's ``usage`` counts them."""
+        return Usage(self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A request's tokens: its prompt's, those it generated (every completion's), both."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
 
 class _CompletionParts:
-    """What ``RequestHandle.result`` has gathered so far; kept on the handle, so that a
-    call that timed out leaves its part for the next one."""
+    """What a handle has delivered so far, assembled as it goes: ``result`` returns it
+    however the events were read (iterated, or by ``result`` itself, or both in turn)."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -178,9 +252,10 @@ class _CompletionParts:
         self.prompt_echo: PromptEcho | None = None
         self.parsed: dict[int, ParsedOutput] = {}
         self.final: FinalEvent | None = None
+        self.error: ErrorEvent | None = None
 
     def add(self, event: Event) -> None:
-        """Take one event; raises ``RequestError`` for an error event."""
+        """Take one event (an error event is kept, for ``completion`` to raise)."""
         if isinstance(event, ChunkEvent):
             self.texts.setdefault(event.index, []).append(event.text)
             self.token_ids.setdefault(event.index, []).extend(event.token_ids)
@@ -196,16 +271,18 @@ class _CompletionParts:
             if event.parsed is not UNSET and event.finish_reason is not None:
                 self.parsed[event.index] = event.parsed
         elif isinstance(event, ErrorEvent):
-            raise RequestError(self.request_id, event.code, event.message)
+            self.error = event
         else:
             self.final = event
 
     def completion(self) -> Completion:
-        """The assembled output; a ``StreamqError`` if the final event was never taken
-        (iterating the handle delivered it instead)."""
+        """The assembled output once the request ended; ``RequestError`` if it ended with an
+        error event."""
+        if self.error is not None:
+            raise RequestError(self.request_id, self.error.code, self.error.message)
         final = self.final
         if final is None:
-            raise StreamqError(f"request {self.request_id}: its final event was delivered before result() was called")
+            raise StreamqError(f"request {self.request_id}: it has not ended")
         n = len(final.finish_reasons)
         return Completion(
             request_id=self.request_id,
@@ -266,7 +343,7 @@ class RequestHandle:
         """A hash of each event delivered, from ``_first_seq`` on."""
         self._done = False
         self._closed = False
-        self._parts: _CompletionParts | None = None
+        self._parts = _CompletionParts(request_id)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
@@ -362,6 +439,7 @@ class RequestHandle:
                 "request went on from what it kept"
             )
 
+    @_redis_errors_as_ours
     async def _next_event(self) -> Event | None:
         """The next event in order; ``None`` once the request's last event was delivered."""
         while not self._done:
@@ -379,6 +457,7 @@ class RequestHandle:
             self._next_seq += 1
             self._delivered.append(hash(raw))
             self._done = isinstance(event, TERMINAL_EVENTS)
+            self._parts.add(event)
             return event
         return None
 
@@ -400,6 +479,7 @@ class RequestHandle:
         final event whose finish reason is ``cancelled``."""
         return await self._client.cancel(self.request_id, queue=self.job_queue)
 
+    @_redis_errors_as_ours
     async def close(self) -> None:
         """Stop following the request; cancel it too if ``cancel_on_close`` is set and it
         has not ended. Closing twice does nothing."""
@@ -411,27 +491,40 @@ class RequestHandle:
             await self.cancel()
 
     async def result(self, timeout: float | None = None) -> Completion:
-        """Wait for the request to end and return its output, assembled from the events
-        not yet delivered by iterating this handle; then close the handle.
+        """Wait for the request to end and return its whole output (the events delivered
+        by iterating this handle included); then close the handle.
 
-        Raises ``RequestError`` if it ended with an error event, and the builtin
-        ``TimeoutError`` once ``timeout`` seconds pass first. A timeout does not stop the
-        request: it keeps running and this handle keeps following it (even with
+        Raises ``RequestError`` if it ended with an error event, and ``RequestTimeout`` (a
+        builtin ``TimeoutError`` too) once ``timeout`` seconds pass first. A timeout does not
+        stop the request: it keeps running and this handle keeps following it (even with
         ``cancel_on_close``). Call ``result()`` again to wait on, with what was gathered
         so far kept, or ``cancel()`` to stop the request.
         """
-        parts = self._parts = self._parts or _CompletionParts(self.request_id)
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
-                while (event := await self._next_event()) is not None:
-                    parts.add(event)
-        except BaseException:
+                while await self._next_event() is not None:
+                    pass
+        except BaseException as exc:
             if not deadline.expired():
                 await self.close()
+                raise
+            if isinstance(exc, TimeoutError):
+                raise RequestTimeout(f"request {self.request_id}: not ended within {timeout:g} s") from exc
             raise
         await self.close()
-        return parts.completion()
+        return self._parts.completion()
+
+    async def text(self) -> AsyncIterator[str]:
+        """The request's text as it comes, chunk by chunk (with ``n`` > 1, every
+        completion's, in the order they come: the events tell them apart); raises
+        ``RequestError`` if it ends with an error event. For a loop that wants the words
+        only: ``async for text in handle.text(): print(text, end="")``."""
+        async for event in self:
+            if isinstance(event, ChunkEvent):
+                yield event.text
+            elif isinstance(event, ErrorEvent):
+                raise RequestError(self.request_id, event.code, event.message)
 
 
 class StreamqClient:
@@ -499,22 +592,12 @@ class StreamqClient:
         self._routes_read: tuple[float, Routes] | None = None
 
     @classmethod
-    async def connect(
-        cls,
-        url: str | None = None,
-        *,
-        events_url: str | None = None,
-        queue: str | None = None,
-        max_queue_depth: int | None = None,
-        silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
-        affinity_window_ms: int | None = None,
-        model_memory_s: float | None = None,
-        declared_models: Mapping[str, str | None] | Iterable[str] | None = None,
-    ) -> StreamqClient:
+    def connect(cls, url: str | None = None, **options: Unpack[ConnectOptions]) -> Connecting[StreamqClient]:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS; see
-        ``streamq.broker.connection``); requests without a ``model`` go to ``queue``.
-        Either one not given is read from the environment as every command line reads
-        it: ``$REDIS_URL`` and ``$STREAMQ_QUEUE``, else the defaults
+        ``streamq.broker.connection``): ``await`` it for the client, or ``async with
+        StreamqClient.connect() as client:`` (closed on exit). Requests without a ``model``
+        go to ``queue``. Either one not given is read from the environment as every command
+        line reads it: ``$REDIS_URL`` and ``$STREAMQ_QUEUE``, else the defaults
         (``redis://localhost:6379``, ``streamq:queue``). ``events_url`` (else
         ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the requests' events
         (docs/redis-cluster.md); unset, the Redis of ``url`` carries them. ``max_queue_depth``
@@ -525,31 +608,54 @@ class StreamqClient:
         takes requests, which wait in its queue for the next worker, for ``model_memory_s``
         after its last worker (else ``$STREAMQ_MODEL_MEMORY_S``, else a week), and always if
         it is one of ``declared_models`` (names, or name -> queue; else
-        ``$STREAMQ_DECLARED_MODELS``): docs/operations/kubernetes.md, scale to zero."""
+        ``$STREAMQ_DECLARED_MODELS``): docs/operations/kubernetes.md, scale to zero.
+
+        Connecting takes at most ``connect_timeout_s`` (5 s); past it, or when Redis refuses
+        the connection (a wrong password, a certificate refused), it raises
+        ``ConnectionFailed`` naming the URL (its password masked), the cause chained.
+        ``None`` keeps trying for about a minute: for a service that may start before its
+        Redis. Once connected, a call that meets Redis away retries for 20 s (a restart, a
+        failover), then raises ``RedisUnavailable``."""
+        return Connecting(cls._connect(url, **options))
+
+    @classmethod
+    async def _connect(cls, url: str | None = None, **options: Unpack[ConnectOptions]) -> StreamqClient:
         url = redis_url_from_env() if url is None else url
+        events_url = options.get("events_url")
         events_url = events_url_from_env() if events_url is None else check_events_url(events_url)
+        queue = options.get("queue")
         queue = queue_from_env() if queue is None else queue
-        redis = await create_pool(
-            redis_settings_for(url),
-            job_serializer=serialize_job,
-            job_deserializer=deserialize_job,
-            default_queue_name=queue,
-        )
+        connect_timeout_s = options.get("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
+        redis: ArqRedis | None = None
         try:
-            data = await connect_data_plane(redis, events_url)
-        except BaseException:
-            await close_pool(redis)
+            async with asyncio.timeout(connect_timeout_s):
+                redis = await create_pool(
+                    redis_settings_for(url),
+                    job_serializer=serialize_job,
+                    job_deserializer=deserialize_job,
+                    default_queue_name=queue,
+                )
+                data = await connect_data_plane(redis, events_url)
+        except BaseException as exc:
+            if redis is not None:
+                await close_pool(redis)
+            where = redact_url(url)
+            if isinstance(exc, TimeoutError):
+                message = f"cannot connect to Redis at {where}: no answer within {connect_timeout_s:g} s"
+                raise ConnectionFailed(message, url=where) from exc
+            if isinstance(exc, (RedisError, OSError)):
+                raise ConnectionFailed(f"cannot connect to Redis at {where}: {exc}", url=where) from exc
             raise
         try:
             return cls(
                 redis,
                 data=data,
                 queue=queue,
-                max_queue_depth=max_queue_depth,
-                silence_check_s=silence_check_s,
-                affinity_window_ms=affinity_window_ms,
-                model_memory_s=model_memory_s,
-                declared_models=declared_models,
+                max_queue_depth=options.get("max_queue_depth"),
+                silence_check_s=options.get("silence_check_s", DEFAULT_SILENCE_CHECK_S),
+                affinity_window_ms=options.get("affinity_window_ms"),
+                model_memory_s=options.get("model_memory_s"),
+                declared_models=options.get("declared_models"),
             )
         except BaseException:
             await close_data_plane(redis, data)
@@ -557,10 +663,10 @@ class StreamqClient:
             raise
 
     @classmethod
-    async def from_args(cls, args: argparse.Namespace, *, max_queue_depth: int | None = None) -> StreamqClient:
+    def from_args(cls, args: argparse.Namespace, *, max_queue_depth: int | None = None) -> Connecting[StreamqClient]:
         """``connect`` to what a command line's connection options name
         (``streamq.broker.connection.add_connection_options``)."""
-        return await cls.connect(
+        return cls.connect(
             redis_url_from_args(args),
             events_url=events_url_from_args(args),
             queue=args.queue,
@@ -594,6 +700,7 @@ class StreamqClient:
         await close_data_plane(self._redis, self._data)
         await close_pool(self._redis)
 
+    @_redis_errors_as_ours
     async def submit(
         self,
         prompt: str | Sequence[int] | None = None,
@@ -736,9 +843,13 @@ class StreamqClient:
         handle = await subscribing
         try:
             if outcome == 0:
-                raise DuplicateRequest(f"request id {request.request_id!r} is already in use")
+                raise DuplicateRequest(
+                    f"request id {request.request_id!r} is already in use", request_id=request.request_id
+                )
             if outcome == -1:
-                raise QueueFull(f"queue {queue} already holds {limit} jobs (its limit): try again later")
+                raise QueueFull(
+                    f"queue {queue} already holds {limit} jobs (its limit): try again later", queue=queue, limit=limit
+                )
             await handle._replay()
         except BaseException:
             await handle.close()
@@ -820,8 +931,8 @@ class StreamqClient:
         """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
         and ``RequestHandle.result`` in one call, with ``submit``'s parameters and errors.
 
-        ``timeout`` bounds the wait here: past it, the builtin ``TimeoutError`` is raised
-        and the request is cancelled, since nobody holds its handle to read the rest (so
+        ``timeout`` bounds the wait here: past it, ``RequestTimeout`` (a builtin
+        ``TimeoutError`` too) is raised and the request is cancelled, since nobody holds its handle to read the rest (so
         is a request whose waiting task is cancelled). ``timeout_s`` is the request's own
         deadline, kept by the workers: it ends the request with finish reason ``timeout``.
         """
@@ -943,6 +1054,7 @@ class StreamqClient:
             exc.request_id = request_id
             raise
 
+    @_redis_errors_as_ours
     async def follow(self, request_id: str, *, from_seq: int = 0) -> RequestHandle:
         """Follow ``request_id`` from event ``from_seq`` on: the replay log first,
         then live events, with no gap and no duplicate."""
@@ -970,12 +1082,14 @@ class StreamqClient:
             queue_timeout_s=queue_timeout_s,
         )
 
+    @_redis_errors_as_ours
     async def last_event(self, request_id: str) -> Event | None:
         """The newest event in the request's replay log, ``None`` if it holds none: a final
         or error event there means the request has ended, and at which event."""
         raw = await self._log.last(request_id)
         return None if raw is None else decode_event(raw)
 
+    @_redis_errors_as_ours
     async def routes(self) -> Routes:
         """The live workers (model, queue) and every model ever registered."""
         return await self._registry.routes()
@@ -1009,12 +1123,14 @@ class StreamqClient:
         }
         return remembered | {model: queue for model, queue in self.declared_models.items() if model not in live}
 
+    @_redis_errors_as_ours
     async def exists(self, request_id: str) -> bool:
         """True if ``request_id`` is queued or has events in the replay log: something to follow."""
         if await self._redis.exists(JOB_KEY_PREFIX + request_id):
             return True
         return await self._log.exists(request_id)
 
+    @_redis_errors_as_ours
     async def cancel(self, request_id: str, *, queue: str | None = None) -> CancelOutcome:
         """Cancel a request: a running one is aborted in the engine, a queued one is
         removed before it runs. Either way its stream ends with a final event whose
@@ -1050,6 +1166,7 @@ class StreamqClient:
                 await self._schedule_callback(request_id)  # on one Redis, end_request did
         return outcome
 
+    @_redis_errors_as_ours
     async def status(self, request_id: str) -> RequestStatus:
         """Where the request is, in one round trip: ``queued`` (its position among the
         waiting requests of its priority, the wait so far; or deferred, with its run-at
@@ -1059,6 +1176,7 @@ class StreamqClient:
         every model's."""
         return await self._status.read(request_id, queues=[self.queue])
 
+    @_redis_errors_as_ours
     async def job_state(self, request_id: str) -> JobState:
         """Where the request's job is, cheaper than ``status`` (the handle's watchdog only
         asks whether anything will still happen): ``running`` (a worker holds its lease),
@@ -1071,6 +1189,7 @@ class StreamqClient:
             running, queued, finished = await pipe.execute()
         return "running" if running else "queued" if queued else "finished" if finished else "unknown"
 
+    @_redis_errors_as_ours
     async def queue_depth(self) -> int:
         """Jobs waiting or running on this client's queue (the autoscaling signal)."""
         return int(await self._redis.zcard(self.queue))
@@ -1101,15 +1220,17 @@ def _queue_of(routes: Routes, model: str, *, memory_s: float, declared: Mapping[
     if known is not None:
         raise NoLiveWorker(
             f"no live worker serves model {model!r} now, nor did one in the last {memory_s:g} s "
-            "(the model memory: requests for a model seen within it wait for its next worker)"
+            "(the model memory: requests for a model seen within it wait for its next worker)",
+            model=model,
         )
     if loading:
         raise UnknownModel(
             f"no worker lists model {model!r}, and workers on several queues load adapters at run time "
-            f"({', '.join(sorted(loading))}): list it with --lora-modules on the workers that should serve it"
+            f"({', '.join(sorted(loading))}): list it with --lora-modules on the workers that should serve it",
+            model=model,
         )
     live = ", ".join(sorted(live_models)) or "none"
-    raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})")
+    raise UnknownModel(f"no worker serves model {model!r} (models with live workers: {live})", model=model)
 
 
 def _check_sampling_names(sampling: Mapping[str, object]) -> None:

@@ -10,14 +10,17 @@ from __future__ import annotations
 from streamq.protocol import InvalidRequest, StreamqError
 
 __all__ = [
+    "ConnectionFailed",
     "DuplicateRequest",
     "InvalidParameter",
     "InvalidRequest",
     "MissingEvents",
     "NoLiveWorker",
     "QueueFull",
+    "RedisUnavailable",
     "RequestError",
     "RequestLost",
+    "RequestTimeout",
     "StreamqError",
     "UnknownModel",
 ]
@@ -48,6 +51,10 @@ class DuplicateRequest(StreamqError):
     """A job with this request id is queued, running, has a stored result, or its
     replay log is still kept."""
 
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
 
 class MissingEvents(StreamqError):
     """Events went missing and the replay log no longer holds them, or holds others in
@@ -60,10 +67,46 @@ class QueueFull(StreamqError):
     """The queue already holds ``max_queue_depth`` jobs (waiting or running): the
     request was not enqueued. Retry later, or add workers."""
 
+    def __init__(self, message: str, *, queue: str | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+        """The queue that is full."""
+        self.limit = limit
+        """Its bound: the client's ``max_queue_depth``."""
+
 
 class UnknownModel(StreamqError):
-    """No worker has ever registered this model name."""
+    """No worker has ever registered this model name (and none declared it)."""
+
+    def __init__(self, message: str, *, model: str | None = None) -> None:
+        super().__init__(message)
+        self.model = model
 
 
 class NoLiveWorker(StreamqError):
-    """Workers served this model once, but none is live now."""
+    """Workers served this model once, but none is live now, nor was one within the
+    client's ``model_memory_s`` (within it, a request waits for the next worker)."""
+
+    def __init__(self, message: str, *, model: str | None = None) -> None:
+        super().__init__(message)
+        self.model = model
+
+
+class ConnectionFailed(StreamqError, ConnectionError):
+    """``connect`` could not reach Redis within its ``connect_timeout_s``, or Redis refused
+    it (a wrong password, a certificate refused): ``url`` says where, its password masked;
+    the cause is chained."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class RedisUnavailable(StreamqError, ConnectionError):
+    """Redis could not be reached for a call, once the client's retries (20 s, what a
+    restart or a failover takes) ran out; the redis-py error is chained."""
+
+
+class RequestTimeout(StreamqError, TimeoutError):
+    """The caller's ``timeout`` passed before the request ended (``result``, ``generate``).
+    A builtin ``TimeoutError`` too, so ``except TimeoutError`` catches it."""

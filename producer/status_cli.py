@@ -76,6 +76,6 @@ async def run_status(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(run_status(args))
-    except RedisConnectionError as exc:
+    except (RedisConnectionError, ConnectionError) as exc:  # Redis unreachable, or its TLS certificate refused
         print(f"error: {exc}", file=sys.stderr)
         return 1

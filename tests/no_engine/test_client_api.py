@@ -21,19 +21,31 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 import producer
 from producer import (
     Completion,
+    ConnectionFailed,
+    DuplicateRequest,
     FinalEvent,
     InvalidParameter,
     InvalidRequest,
+    QueueFull,
+    RedisUnavailable,
+    RequestError,
+    RequestTimeout,
     SamplingOptions,
     StreamqClient,
     StreamqError,
+    UnknownModel,
+    Usage,
 )
-from streamq.broker.replay_log import LogEvent, ReplayLog
-from streamq.protocol import ChunkEvent, FinishReason, Sampling, encode_event, events_channel
+from streamq.broker.replay_log import ReplayLog
+from streamq.protocol import ChunkEvent, ErrorEvent, FinishReason, Sampling, events_channel
 from streamq.protocol.names import QUEUE_ENV, REDIS_URL_ENV
+from tests.support.play_worker import play_worker
 
 CLIENT_ERRORS = (
     "StreamqError",
+    "ConnectionFailed",
+    "RedisUnavailable",
+    "RequestTimeout",
     "InvalidRequest",
     "InvalidParameter",
     "RequestError",
@@ -62,23 +74,6 @@ def queue() -> str:
 async def client(producer_url: str, queue: str) -> AsyncIterator[StreamqClient]:
     async with await StreamqClient.connect(producer_url, queue=queue) as client:
         yield client
-
-
-async def play_worker(redis: aioredis.Redis, request_id: str, *texts: str, final: bool = True) -> None:
-    """Log (and publish) chunks of ``texts``, then a final event: what a worker writes."""
-    log = ReplayLog(redis)
-    seq = len(await redis.xrange(events_channel(request_id)))
-    events: list[LogEvent] = []
-    for text in texts:
-        chunk = ChunkEvent(request_id=request_id, seq=seq, attempt=1, text=text, token_ids=[seq])
-        events.append(LogEvent(request_id, seq, 1, encode_event(chunk)))
-        seq += 1
-    if final:
-        end = FinalEvent(
-            request_id=request_id, seq=seq, attempt=1, finish_reasons=["stop"], prompt_tokens=2, completion_tokens=seq
-        )
-        events.append(LogEvent(request_id, seq, 1, encode_event(end), terminal=True))
-    await log.append(events)
 
 
 async def was_cancelled(client: StreamqClient, request_id: str) -> bool:
@@ -116,8 +111,10 @@ async def test_a_typo_in_a_sampling_option_is_refused_before_any_redis_command(q
             await client.generate("Hello", temprature=0.5)  # type: ignore[call-arg]
         with pytest.raises(InvalidRequest, match="temperature"):
             await client.submit("Hello", temperature="hot")  # type: ignore[arg-type]
-        with pytest.raises(RedisConnectionError):  # a valid request does try to reach Redis
+        with pytest.raises(RedisUnavailable) as unreachable:  # a valid request does try to reach Redis
             await client.submit("Hello", temperature=0.5)
+        assert isinstance(unreachable.value, ConnectionError)
+        assert isinstance(unreachable.value.__cause__, RedisConnectionError)
 
 
 async def test_a_bad_affinity_key_or_window_is_refused_before_any_redis_command(
@@ -178,8 +175,9 @@ async def test_generate_past_its_timeout_raises_timeout_error_and_cancels_the_re
 ) -> None:
     """Nobody holds the handle of a request ``generate`` stopped waiting for: it is cancelled."""
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(RequestTimeout) as timed_out:
         await client.generate("Hello", request_id=request_id, timeout=0.3)
+    assert isinstance(timed_out.value, TimeoutError)  # `except TimeoutError` catches it
     assert 0.3 <= time.monotonic() - started < 5
     assert await was_cancelled(client, request_id)
 
@@ -236,4 +234,85 @@ async def test_a_loop_left_early_leaves_the_handle_open_for_the_rest(
     await asyncio.sleep(0)  # the abandoned loop's generator is finalized
     await play_worker(raw_redis, request_id, "lo")
     completion = await handle.result(timeout=5)
-    assert completion.text == "lo" and completion.finish_reasons == ["stop"] and handle.done
+    assert completion.text == "Hello" and completion.finish_reasons == ["stop"] and handle.done  # all of it
+
+
+async def test_async_with_connect_opens_the_client_and_closes_it_on_exit(
+    producer_url: str, queue: str, raw_redis: aioredis.Redis
+) -> None:
+    async def connections() -> int:
+        """Connections of the producer's Redis user: this test's client alone uses it now."""
+        return sum(1 for entry in await raw_redis.client_list() if entry.get("user") == "streamq-producer")
+
+    before = await connections()
+    async with StreamqClient.connect(producer_url, queue=queue) as client:
+        await (await client.submit("Hi")).close()  # its pub/sub connection too
+        assert await connections() > before
+    assert await connections() == before  # every connection closed on exit
+    async with await StreamqClient.connect(producer_url, queue=queue) as client:  # awaited first, as before
+        assert await client.queue_depth() == 1
+        await client.cancel((await client.redis.zrange(queue, 0, 0))[0].decode())
+
+
+@pytest.mark.parametrize("server", ["refusing", "silent"])
+async def test_connecting_to_no_redis_fails_within_its_bound_naming_the_url_without_its_password(server: str) -> None:
+    """A port nobody listens on, and one that accepts and never answers (a hung Redis)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if server == "silent":
+            listener.listen()
+        else:
+            listener.close()
+        url = f"redis://user:s3cret@127.0.0.1:{port}"
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailed) as failed:
+            await StreamqClient.connect(url, connect_timeout_s=1)
+        assert time.monotonic() - started < 3
+    assert isinstance(failed.value, ConnectionError) and isinstance(failed.value, StreamqError)
+    assert "s3cret" not in str(failed.value) and failed.value.url in str(failed.value)
+    assert "s3cret" not in failed.value.url and f"127.0.0.1:{port}" in failed.value.url
+    assert failed.value.__cause__ is not None
+
+
+async def test_a_handle_gives_the_text_alone_and_its_result_after_the_loop_with_usage(
+    client: StreamqClient, raw_redis: aioredis.Redis, request_id: str
+) -> None:
+    handle = await client.submit("Hi", request_id=request_id)
+    await play_worker(raw_redis, request_id, "Hello", ", ", "world")
+    assert [text async for text in handle.text()] == ["Hello", ", ", "world"]
+    completion = await handle.result()  # after the loop that delivered every event
+    assert (completion.text, completion.finish_reason) == ("Hello, world", "stop")
+    assert completion.usage == Usage(prompt_tokens=2, completion_tokens=3, total_tokens=5)
+    await client.cancel(request_id)
+
+
+async def test_a_request_that_fails_raises_from_its_text_and_its_result(
+    client: StreamqClient, raw_redis: aioredis.Redis, request_id: str
+) -> None:
+    handle = await client.submit("Hi", request_id=request_id)
+    await ReplayLog(raw_redis).end(
+        request_id, ErrorEvent(request_id=request_id, seq=0, code="internal", message="boom")
+    )
+    with pytest.raises(RequestError, match="boom") as failed:
+        async for _ in handle.text():
+            pass
+    assert failed.value.code == "internal"
+    with pytest.raises(RequestError, match="boom"):
+        await handle.result()
+    await client.cancel(request_id)
+
+
+async def test_errors_carry_what_they_are_about(client: StreamqClient, request_id: str, producer_url: str) -> None:
+    await (await client.submit("Hi", request_id=request_id)).close()
+    with pytest.raises(DuplicateRequest) as duplicate:
+        await client.submit("Hi", request_id=request_id)
+    assert duplicate.value.request_id == request_id
+    with pytest.raises(UnknownModel) as unknown:
+        await client.submit("Hi", model="no-such-model")
+    assert unknown.value.model == "no-such-model"
+    async with StreamqClient.connect(producer_url, queue=client.queue, max_queue_depth=1) as bounded:
+        with pytest.raises(QueueFull) as full:
+            await bounded.submit("Hi")
+    assert (full.value.queue, full.value.limit) == (client.queue, 1)
+    await client.cancel(request_id)

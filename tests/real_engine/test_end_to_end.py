@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from transformers import AutoTokenizer
 from devkit.redis_server import server_binary
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
+from producer.sync import StreamqClient as SyncClient
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, WAKEUP_CHANNEL
 from tests.support.events import assert_well_formed, capture_events
 from tests.support.reference_generate import MAX_TOKENS, PROMPTS
@@ -29,6 +31,30 @@ async def test_streamed_text_equals_bare_engine_output(
         completion = await handle.result()
         assert completion.token_ids[0] == reference_outputs[prompt]["token_ids"]
         assert completion.text == reference_outputs[prompt]["text"]
+
+
+async def test_the_blocking_client_shared_by_eight_threads_gives_each_the_bare_engines_text(
+    worker: WorkerProcess, producer_url: str, reference_outputs: dict[str, dict[str, Any]]
+) -> None:
+    """A web server's threads on one ``producer.sync.StreamqClient``: half stream with a
+    plain ``for``, half ``generate``; each gets its own prompt's text."""
+    texts: dict[int, str] = {}
+
+    def view(client: SyncClient, i: int) -> None:
+        prompt = PROMPTS[i % len(PROMPTS)]
+        if i % 2:
+            texts[i] = client.generate(prompt, max_tokens=MAX_TOKENS, temperature=0.0, timeout=120).text
+        else:
+            with client.submit(prompt, max_tokens=MAX_TOKENS, temperature=0.0) as handle:
+                texts[i] = "".join(handle.text())
+
+    def serve() -> None:
+        with SyncClient.connect(producer_url, queue=worker.queue) as client, ThreadPoolExecutor(8) as pool:
+            for done in [pool.submit(view, client, i) for i in range(8)]:
+                done.result(timeout=180)
+
+    await asyncio.to_thread(serve)
+    assert texts == {i: reference_outputs[PROMPTS[i % len(PROMPTS)]]["text"] for i in range(8)}
 
 
 async def test_events_are_numbered_contiguously_and_end_with_one_final(

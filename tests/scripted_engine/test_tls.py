@@ -29,6 +29,7 @@ from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import free_port
 from devkit.worker_process import SCRIPTED_ENGINE, WorkerProcess, scripted_worker, worker_env
 from producer.client import StreamqClient
+from producer.errors import ConnectionFailed
 from streamq.broker.tls import TlsVerificationError
 
 REFUSED = "the server's certificate was refused"
@@ -182,9 +183,11 @@ async def test_requests_stream_over_tls(tls_worker: WorkerProcess, tls_redis: Tl
 async def test_the_client_refuses_a_certificate_at_once(tls_redis: TlsRedis, which: str, reason: str) -> None:
     url = tls_redis.wrong_host_url if which == "wrong_host" else f"rediss://127.0.0.1:{tls_redis.port}"
     started = time.monotonic()
-    with pytest.raises(TlsVerificationError, match=reason) as refused:
+    with pytest.raises(ConnectionFailed, match=reason) as refused:
         await StreamqClient.connect(url)
+    assert isinstance(refused.value.__cause__, TlsVerificationError), "the certificate's refusal is chained"
     assert REFUSED in str(refused.value)
+    assert refused.value.url == url
     assert time.monotonic() - started < 5, "a refused certificate is not retried"
 
 
