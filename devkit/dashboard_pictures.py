@@ -63,7 +63,7 @@ async def traffic(url: str, stop: threading.Event) -> None:
     is cancelled and read to its end."""
     rng = random.Random(7)
     tasks: dict[str, tuple[RequestHandle, asyncio.Task[None]]] = {}
-    async with await StreamqClient.connect(url) as client:
+    async with StreamqClient.connect(url) as client:
         started = time.monotonic()
         while not stop.is_set():
             wave = math.sin((time.monotonic() - started) / 80 * 2 * math.pi)
@@ -110,7 +110,7 @@ def open_view(page: Page, view: str) -> None:
 
 async def submit_long(url: str) -> str:
     """One request that streams for many seconds (ahead of the queue: lower runs sooner), left running; its id."""
-    async with await StreamqClient.connect(url) as client:
+    async with StreamqClient.connect(url) as client:
         handle = await client.submit(
             "Tell me a long story.",
             model=MODEL,

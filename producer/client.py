@@ -1,6 +1,6 @@
 """The producer library: submit prompts to streamq and follow their tokens.
 
-    async with await StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
+    async with StreamqClient.connect() as client:  # $REDIS_URL, $STREAMQ_QUEUE
         completion = await client.generate("The key to happiness is", max_tokens=32)
         print(completion.text)
 

@@ -6,7 +6,7 @@ INSTRUCTIONS = "You are a patient tutor. Answer in short sentences, one idea eac
 
 
 async def main() -> None:
-    async with await StreamqClient.connect() as client:
+    async with StreamqClient.connect() as client:
         messages = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": "What is a prime?"}]
         first = await client.generate(messages=messages, max_tokens=24)
         messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Name three."}]

@@ -4,7 +4,7 @@ from producer import ChunkEvent, StreamqClient
 
 
 async def main() -> None:
-    async with await StreamqClient.connect() as client:
+    async with StreamqClient.connect() as client:
         async with await client.submit("Tell me a long story", max_tokens=1000, cancel_on_close=True) as handle:
             async for event in handle:
                 if isinstance(event, ChunkEvent):

@@ -4,7 +4,7 @@ from producer import StreamqClient
 
 
 async def main() -> None:
-    async with await StreamqClient.connect() as client:  # $REDIS_URL and $STREAMQ_QUEUE, or the defaults
+    async with StreamqClient.connect() as client:  # $REDIS_URL and $STREAMQ_QUEUE, or the defaults
         completion = await client.generate("The key to happiness is", max_tokens=32)
         print(completion.text)
 

@@ -1,24 +1,24 @@
 import asyncio
 
-from producer import ChunkEvent, StreamqClient
+from producer import StreamqClient
 
 
 async def main() -> None:
-    async with await StreamqClient.connect() as client:
+    async with StreamqClient.connect() as client:
         handle = await client.submit("The key to happiness is", max_tokens=32, temperature=0)
-        async for event in handle:  # chunk events, then final (or error)
-            if isinstance(event, ChunkEvent):
-                print(event.text, end="", flush=True)
+        async for text in handle.text():  # the text as it comes
+            print(text, end="", flush=True)
         print()
+        completion = await handle.result()  # after iterating: what was streamed, as a whole
+        print(completion.finish_reason, completion.usage.prompt_tokens, completion.usage.completion_tokens)
 
         chat = await client.submit(messages=[{"role": "user", "content": "Hi!"}], max_tokens=32)
         try:
-            completion = await chat.result(timeout=30)  # or collect everything at once
+            reply = await chat.result(timeout=30)  # or collect everything at once
         except TimeoutError:  # the request keeps running: stop it
             await chat.cancel()
             raise
-        print(completion.text)
-        print(completion.finish_reasons, completion.prompt_tokens, completion.completion_tokens)
+        print(reply.text)
 
 
 asyncio.run(main())

@@ -4,7 +4,7 @@ from producer import StreamqClient
 
 
 async def main() -> None:
-    async with await StreamqClient.connect() as client:
+    async with StreamqClient.connect() as client:
         print(sorted(await client.live_models()))  # the base model and each adapter, on one queue
         for model in ("sql", "poet", "sql"):
             completion = await client.generate("Describe the sea.", model=model, max_tokens=16)

@@ -4,7 +4,7 @@ from producer import StreamqClient
 
 
 async def main() -> None:
-    async with await StreamqClient.connect() as client:
+    async with StreamqClient.connect() as client:
         handle = await client.submit("The key to happiness is", max_tokens=16)
         print((await client.status(handle.request_id)).state)  # queued or running, most likely
         await handle.result(timeout=30)

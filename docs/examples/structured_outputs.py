@@ -11,7 +11,7 @@ schema = {
 
 
 async def main() -> None:
-    async with await StreamqClient.connect() as client:
+    async with StreamqClient.connect() as client:
         person = await client.generate("Who is it?", max_tokens=200, structured_outputs=StructuredOutputs(json=schema))
         answer = await client.generate("Is it?", structured_outputs={"choice": ["yes", "no"]})
         print(person.text, person.finish_reasons)  # valid JSON once the finish reason is "stop"

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +49,12 @@ WAIT_S = 60.0
 """How long the page may take to show something (a guard against hanging, not a measure)."""
 
 
+async def _awaiting(work: Awaitable[T]) -> T:
+    """``work`` as a coroutine, which is what a loop in another thread runs (``connect``
+    gives an awaitable that is not one)."""
+    return await work
+
+
 class Producer:
     """A ``StreamqClient`` (the producer role) on an event loop of its own thread."""
 
@@ -63,8 +69,8 @@ class Producer:
     async def _admin(url: str) -> aioredis.Redis:
         return aioredis.Redis.from_url(url)
 
-    def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float = 120) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+    def call(self, work: Awaitable[T], timeout_s: float = 120) -> T:
+        return asyncio.run_coroutine_threadsafe(_awaiting(work), self._loop).result(timeout_s)
 
     def submit(self, prompt: str, **kwargs: Any) -> RequestHandle:
         return self.call(self.client.submit(prompt, request_id=f"dash-{uuid.uuid4().hex[:12]}", **kwargs))

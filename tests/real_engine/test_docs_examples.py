@@ -9,20 +9,27 @@ import os
 import re
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from devkit.gateway_process import GatewayProcess
+from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN_ELSEWHERE = {"lora_adapters.py": "tests/real_engine/test_lora_adapters.py, against workers with adapters"}
+RUN_ELSEWHERE = {
+    "lora_adapters.py": "tests/real_engine/test_lora_adapters.py, against workers with adapters",
+    "flask_view.py": "test_the_flask_view_serves_and_streams, as a Flask server",
+}
 EXAMPLES = sorted(path for path in (ROOT / "docs" / "examples").glob("*.py") if path.name not in RUN_ELSEWHERE)
 
 OUTPUT: dict[str, str] = {
-    "client_stream.py": r"\n\[('stop'|'length')\] \d+ \d+\n$",
+    "client_stream.py": r"\n(stop|length) \d+ \d+\n",
+    "client_sync.py": r"\n(\S+ (stop|length) \d+\n){8}$",
     "request_status.py": r"^(queued|running|finished)\n(.|\n)*finished \[('stop'|'length')\] \d+\n$",
     "client_logprobs.py": r"\n\[TokenLogprob\(.*\]\n$",
     "openai_logprobs.py": r"^\[\(",
@@ -66,3 +73,44 @@ def test_the_example_runs(example: Path, example_env: dict[str, str]) -> None:
 
 def test_every_expected_output_names_an_example() -> None:
     assert set(OUTPUT) <= {path.name for path in EXAMPLES}
+
+
+def test_the_flask_view_serves_and_streams(example_env: dict[str, str]) -> None:
+    """docs/examples/flask_view.py run as its readers run it (``flask run``, a server whose
+    threads share one blocking client): four requests at once answer, and a streamed one
+    sends its text to its end."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "flask", "--app", "docs/examples/flask_view.py", "run", "--port", str(port)],
+        env=example_env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                raise AssertionError(f"flask exited with {server.returncode}: {server.stderr and server.stderr.read()}")
+            try:
+                httpx.get(url, timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the Flask server did not listen within 60 s"
+                time.sleep(0.2)
+        with ThreadPoolExecutor(4) as threads:
+            replies = list(
+                threads.map(lambda i: httpx.post(url + "/complete", content=f"Count to {i}:", timeout=60), range(4))
+            )
+        for reply in replies:
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["finish_reason"] in {"stop", "length"}, reply.json()
+        with httpx.stream("POST", url + "/stream", content="The key to happiness is", timeout=60) as streamed:
+            assert streamed.status_code == 200
+            body = "".join(streamed.iter_text())
+        assert "[error" not in body, body
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

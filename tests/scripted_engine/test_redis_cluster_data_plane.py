@@ -23,7 +23,7 @@ from devkit.redis_cluster import RedisCluster
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, scripted_worker
 from producer.client import RequestHandle, StreamqClient
-from producer.errors import DuplicateRequest
+from producer.errors import ConnectionFailed, DuplicateRequest
 from streamq.broker.cluster import ClusterUnusable
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import ChunkEvent, Event, FinalEvent, StreamqError, events_channel
@@ -217,8 +217,9 @@ async def test_a_primary_killed_mid_stream_fails_over_and_every_request_ends_onc
 async def test_an_events_url_that_is_no_cluster_is_refused_at_connect(control: RedisServer) -> None:
     with pytest.raises(ValueError, match="Redis Cluster"):
         await StreamqClient.connect(control.url, events_url=control.url)
-    with pytest.raises(ClusterUnusable, match="without cluster mode"):
+    with pytest.raises(ConnectionFailed, match="without cluster mode") as refused:
         await StreamqClient.connect(control.url, events_url=control.url.replace("redis://", "redis+cluster://"))
+    assert isinstance(refused.value.__cause__, ClusterUnusable)
 
 
 def test_a_worker_whose_events_cluster_does_not_answer_fails_at_start(control: RedisServer, tmp_path: Path) -> None:
