@@ -522,7 +522,7 @@ async def warm_up(redis_url: str, workload: Workload, workers: int, rounds: int 
                 for c in build_conversations(shape, f"warm-up-{round_}")
             ]
             for handle in handles:
-                worker = (await handle.result()).worker
+                worker = (await handle.result()).worker_id
                 if worker is not None and worker not in seen:
                     seen.append(worker)
             if len(seen) >= workers:

@@ -36,8 +36,9 @@ from gateway.queue_metrics import QueueTender, waiting_exposition
 from gateway.request_group import RequestGroup
 from gateway.request_status import error_response, status_response
 from gateway.sse import DEFAULT_KEEPALIVE_S, DONE, KEEPALIVE, SseEncoder, SseResponse, sse_event, with_keepalives
-from producer.client import RequestHandle, StreamqClient
+from producer.client import RequestHandle
 from producer.errors import RequestError
+from producer.internal_client import InternalClient
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
 from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request, waited_too_long
@@ -108,7 +109,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.client = client = await StreamqClient.connect(
+        app.state.client = client = await InternalClient.connect(
             redis_url,
             events_url=events_url,
             max_queue_depth=max_queue_depth,
@@ -160,7 +161,7 @@ def create_app(
             return error_response(exc)
         tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
         allows = tenant.record.allows if tenant is not None and tenant.record is not None else None
-        client: StreamqClient = request.app.state.client
+        client: InternalClient = request.app.state.client
         return JSONResponse(model_list(routes.workers, allows, waiting_for_workers=client.models_waiting(routes)))
 
     @app.get("/metrics")
@@ -294,7 +295,7 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
     if account.tenant is not None:
         account.admission = await account.limiter.admit(account.tenant, params.model, counted=last_event_id is None)
     if last_event_id is not None:
-        client: StreamqClient = request.app.state.client
+        client: InternalClient = request.app.state.client
         resumed = await _resume(client, named, last_event_id, stream=params.stream, account=account)
         if resumed is None:  # the client has every event already
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
@@ -401,7 +402,7 @@ async def _submit(
 ) -> RequestGroup:
     """Put the body's requests on the queue: one, or one per prompt (named ``<id>-<i>``
     after one id, as ``vllm serve`` names its engine requests)."""
-    client: StreamqClient = request.app.state.client
+    client: InternalClient = request.app.state.client
     tenant = account.tenant
     queue_tenant = _queue_tenant(request, tenant)
     submissions = params.submissions()
@@ -438,7 +439,7 @@ async def _submit(
 
 
 async def _resume(
-    client: StreamqClient, named: str | None, last_event_id: str, *, stream: bool, account: _Account
+    client: InternalClient, named: str | None, last_event_id: str, *, stream: bool, account: _Account
 ) -> RequestHandle | None:
     """Follow a named request from the event after ``last_event_id``; ``None`` when that
     was its last event (following would wait forever for an event that never comes)."""

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway import http_metrics
 from gateway.queue_metrics import QueueTender, waiting_exposition
 from gateway.request_status import error_response
-from producer.client import StreamqClient
+from producer.internal_client import InternalClient
 from streamq.broker.connection import add_redis_url_option, redis_url_from_args
 from streamq.broker.waiting import WaitingRequests
 from streamq.environment import parse_declared_models
@@ -38,7 +38,7 @@ def create_exporter(redis_url: str, *, declared_models: dict[str, str | None] | 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # A service may start before its Redis: keep trying a while.
-        client = await StreamqClient.connect(redis_url, declared_models=declared_models, connect_timeout_s=None)
+        client = await InternalClient.connect(redis_url, declared_models=declared_models, connect_timeout_s=None)
         app.state.client = client
         app.state.waiting = waiting = WaitingRequests(client.redis)
         tender = QueueTender(client, waiting)

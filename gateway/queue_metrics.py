@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from producer.client import StreamqClient
+from producer.internal_client import InternalClient
 from streamq.broker.waiting import QueueWaiting, WaitingRequests, queues_of
 from streamq.tasks import stop_task
 
@@ -48,14 +48,14 @@ class _Snapshot(Collector):
         return [waiting, oldest]
 
 
-async def waiting_now(client: StreamqClient, waiting: WaitingRequests) -> list[QueueWaiting]:
+async def waiting_now(client: InternalClient, waiting: WaitingRequests) -> list[QueueWaiting]:
     """Every queue's waiting requests now: those a worker ever served, the client's own and
     its declared models' queues."""
     routes = await client.routes()
     return await waiting.read(queues_of(routes, also=[client.queue], declared=client.declared_models))
 
 
-async def waiting_exposition(client: StreamqClient, waiting: WaitingRequests) -> bytes:
+async def waiting_exposition(client: InternalClient, waiting: WaitingRequests) -> bytes:
     """``streamq_requests_waiting`` and ``streamq_oldest_waiting_seconds`` in Prometheus's text format."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(await waiting_now(client, waiting)))
@@ -65,7 +65,7 @@ async def waiting_exposition(client: StreamqClient, waiting: WaitingRequests) ->
 class QueueTender:
     """Tends every queue's waiting set once a ``TEND_INTERVAL_S`` (``WaitingRequests.tend``)."""
 
-    def __init__(self, client: StreamqClient, waiting: WaitingRequests, interval_s: float = TEND_INTERVAL_S) -> None:
+    def __init__(self, client: InternalClient, waiting: WaitingRequests, interval_s: float = TEND_INTERVAL_S) -> None:
         self._client = client
         self._waiting = waiting
         self._interval_s = interval_s

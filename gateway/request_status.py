@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.auth import TENANT_STATE, Tenant
 from gateway.key_limits import KeyLimiter
-from producer.client import StreamqClient
+from producer.internal_client import InternalClient
 from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, bad_request
 from streamq.protocol import REQUEST_ID_PATTERN, is_valid_request_id
 from streamq.protocol.status import encode_status
@@ -27,7 +27,7 @@ def request_not_found(request_id: str) -> ApiError:
 async def status_response(request: Request, request_id: str) -> Response:
     """The request's ``RequestStatus`` JSON; 404 when unknown. A key stored in Redis sees
     only the requests it created. Raises ``ApiError`` (and Redis's errors)."""
-    client: StreamqClient = request.app.state.client
+    client: InternalClient = request.app.state.client
     check_request_id(request_id)
     tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
     if tenant is not None and tenant.record is not None:

@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from gateway.auth import TENANT_STATE, Tenant
 from gateway.disconnect import until_disconnected
 from gateway.request_status import error_response
-from producer.client import StreamqClient
 from producer.errors import InvalidParameter, UnknownModel
+from producer.internal_client import InternalClient
 from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request
 from producer.openai_api.requests import chat_request_to_submit_kwargs
 from streamq.protocol import TOKENIZER_INFO_PREFIX
@@ -53,7 +53,7 @@ def install(app: FastAPI, *, default_model: str | None = None) -> None:
             kwargs = _tokenize_kwargs(body)
             completion = await _echo(request, model, kwargs)
             assert completion.prompt_token_ids is not None, "echo brings the prompt's token ids back"
-            client: StreamqClient = request.app.state.client
+            client: InternalClient = request.app.state.client
             context = (await client.routes()).context_length(model)
             tokens = completion.prompt_token_ids
             return JSONResponse({"count": len(tokens), "max_model_len": context, "tokens": tokens, "token_strs": None})
@@ -78,7 +78,7 @@ def install(app: FastAPI, *, default_model: str | None = None) -> None:
     async def tokenizer_info(request: Request, model: str | None = None) -> Response:
         try:
             name = await _model(request, model)
-            client: StreamqClient = request.app.state.client
+            client: InternalClient = request.app.state.client
             info = await client.redis.get(TOKENIZER_INFO_PREFIX + name)
             if info is None:
                 raise ApiError(
@@ -104,7 +104,7 @@ async def _body(request: Request, known: frozenset[str]) -> dict[str, Any]:
 async def _model(request: Request, model: object) -> str:
     """The model the request names, else the gateway's default, else the one live model;
     one the key may use."""
-    client: StreamqClient = request.app.state.client
+    client: InternalClient = request.app.state.client
     if model is None:
         model = request.app.state.tokenizer_model
     if model is None:
@@ -143,7 +143,7 @@ def _tokenize_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _echo(request: Request, model: str, kwargs: dict[str, Any]) -> Any:
     """Run ``kwargs``' prompt through one of ``model``'s workers for one token, echoed."""
-    client: StreamqClient = request.app.state.client
+    client: InternalClient = request.app.state.client
     tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
     name = tenant.name if tenant is not None and tenant.record is not None else None
     work = client.generate(model=model, tenant=name, echo=True, max_tokens=1, affinity=False, **kwargs)

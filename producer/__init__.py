@@ -1,4 +1,4 @@
-"""streamq's client side: submit prompts, follow their token events, tail requests.
+"""streamq's client side: submit prompts, follow their token events, cancel them, ask where they are.
 
     from producer import StreamqClient
 
@@ -27,25 +27,32 @@ from producer.errors import (
     UnknownModel,
 )
 from streamq.protocol import (
+    Callback,
     ChatMessage,
     ChatTemplateOptions,
     ChunkEvent,
     ErrorEvent,
     Event,
     FinalEvent,
+    ParsedOutput,
     PromptEcho,
     StructuredOutputs,
     TokenLogprob,
+    ToolOptions,
     TopLogprob,
 )
+from streamq.protocol.status import CallbackDelivery, DeliveryState, RequestState, RequestStatus
 
 __all__ = [
+    "Callback",
     "ChatMessage",
+    "CallbackDelivery",
     "ChatTemplateOptions",
     "ChunkEvent",
     "Completion",
     "ConnectionFailed",
     "Connecting",
+    "DeliveryState",
     "DuplicateRequest",
     "ErrorEvent",
     "Event",
@@ -54,18 +61,22 @@ __all__ = [
     "InvalidRequest",
     "MissingEvents",
     "NoLiveWorker",
+    "ParsedOutput",
     "PromptEcho",
     "QueueFull",
     "RedisUnavailable",
     "RequestError",
     "RequestHandle",
     "RequestLost",
+    "RequestState",
+    "RequestStatus",
     "RequestTimeout",
     "SamplingOptions",
     "StreamqClient",
     "StreamqError",
     "StructuredOutputs",
     "TokenLogprob",
+    "ToolOptions",
     "TopLogprob",
     "UnknownModel",
     "Usage",

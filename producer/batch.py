@@ -31,6 +31,7 @@ from rich.text import Text
 from producer import tenants_cli
 from producer.affinity_args import add_affinity_arguments, affinity_kwargs
 from producer.client import MIN_IN_FLIGHT, Completion, StreamqClient
+from producer.connection_args import connect_from_args
 from producer.errors import InvalidParameter, RequestError, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS, Endpoint
 from producer.openai_api.errors import api_error_for
@@ -346,7 +347,7 @@ async def run_batch(args: argparse.Namespace) -> int:
             else:
                 yield line
 
-    async with await StreamqClient.from_args(args) as client:
+    async with connect_from_args(args) as client:
         with args.input.open(encoding="utf-8") as source, args.output.open("a", encoding="utf-8") as out, progress:
             task_id = progress.add_task("batch", total=total, tokens=0)
             run = BatchRun(

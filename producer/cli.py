@@ -1,6 +1,6 @@
 """``python -m producer`` (or ``streamq``): enqueue prompts and print their tokens as they arrive.
 
-Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``tail``, ``cancel``, ``status``,
+Subcommands: ``submit`` (the default: ``python -m producer "Hello"``), ``follow``, ``cancel``, ``status``,
 ``batch``, ``keys``, ``tenants``.
 A prompt spelled like a subcommand goes after ``submit`` or ``--``. Exit status: 0 when every
 request finished, 1 when any failed (errors on stderr), 2 for bad command-line arguments.
@@ -22,7 +22,8 @@ from rich.text import Text
 
 from producer import batch, keys_cli, status_cli, tenants_cli
 from producer.affinity_args import add_affinity_arguments, affinity_kwargs
-from producer.client import RequestHandle, StreamqClient
+from producer.client import RequestHandle
+from producer.connection_args import connect_from_args
 from producer.errors import RequestError, StreamqError
 from producer.structured_args import add_structured_output_arguments, structured_outputs_from_args
 from streamq.broker.connection import (
@@ -37,7 +38,7 @@ from streamq.protocol import (
     encode_event,
 )
 
-SUBCOMMANDS = ("submit", "tail", "cancel", "status", "batch", "keys", "tenants")
+SUBCOMMANDS = ("submit", "follow", "cancel", "status", "batch", "keys", "tenants")
 DEFAULT_SUBCOMMAND = "submit"
 
 _EPILOG = """\
@@ -45,7 +46,7 @@ examples:
   %(prog)s "The key to happiness is" "In a galaxy far, far away"
   %(prog)s --json --max-tokens 32 --request-id req-1 "Hello"
   %(prog)s --choice yes --choice no "Is the sky blue?"
-  %(prog)s tail req-1
+  %(prog)s follow req-1
   %(prog)s cancel req-1
   %(prog)s status req-1
   %(prog)s --callback-url https://example.com/done "Hello"
@@ -57,8 +58,8 @@ examples:
 
 Arguments that do not start with a subcommand are submit's. A prompt spelled
 like a subcommand goes after submit or --:
-  %(prog)s submit tail
-  %(prog)s -- tail
+  %(prog)s submit follow
+  %(prog)s -- follow
 """
 
 
@@ -71,7 +72,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="one job is enqueued per prompt")
     _common_options(parser)
     parser.add_argument(
-        "--max-tokens", type=int, default=64, help="tokens to generate per prompt (default: %(default)s)"
+        "--max-tokens", type=int, default=None, help="tokens to generate per prompt (default: vLLM's, 16)"
     )
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: vLLM's, 1.0)")
     parser.add_argument("--top-p", type=float, default=None)
@@ -118,7 +119,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         "--callback-url",
         default=None,
         metavar="URL",
-        help="POST each request's summary here when it ends (signed by the workers; see README)",
+        help="POST each request's summary here when it ends (signed by the workers; docs/features/callbacks.md)",
     )
     parser.add_argument(
         "--callback-no-text",
@@ -130,7 +131,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     add_structured_output_arguments(parser)
 
 
-def add_tail_arguments(parser: argparse.ArgumentParser) -> None:
+def add_follow_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("request_id", type=request_id_argument)
     parser.add_argument("--from-seq", type=int, default=0, help="first event to print (default: %(default)s)")
     _common_options(parser)
@@ -159,11 +160,11 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
             submit_command,
         ),
         (
-            "tail",
+            "follow",
             "follow a request already submitted",
             "Print a request's events from its replay log, then live ones until it ends.",
-            add_tail_arguments,
-            tail_command,
+            add_follow_arguments,
+            follow_command,
         ),
         (
             "cancel",
@@ -249,7 +250,7 @@ class ResponsePrinter:
             self.texts[label].append(f"  [{','.join(map(str, event.finish_reasons))}]", style="dim")
 
 
-async def _follow(handle: RequestHandle, label: str, printer: ResponsePrinter) -> bool:
+async def _print_events(handle: RequestHandle, label: str, printer: ResponsePrinter) -> bool:
     """Print one request's events; True if it finished, False if it failed."""
     try:
         async for event in handle:
@@ -275,7 +276,7 @@ async def run_submit(args: argparse.Namespace) -> int:
     if args.max_queue_depth is not None and args.max_queue_depth < 0:
         print("error: --max-queue-depth must be >= 0", file=sys.stderr)
         return 2
-    async with await StreamqClient.from_args(args, max_queue_depth=args.max_queue_depth) as client:
+    async with connect_from_args(args, max_queue_depth=args.max_queue_depth) as client:
         try:
             handles = [
                 await client.submit(
@@ -298,7 +299,7 @@ async def run_submit(args: argparse.Namespace) -> int:
             handle.cancel_on_close = True  # Ctrl-C: nobody will read the rest, stop generating it
         try:
             with ResponsePrinter(args.prompts, as_json=args.json) as printer:
-                follows = (_follow(h, p, printer) for h, p in zip(handles, args.prompts, strict=True))
+                follows = (_print_events(h, p, printer) for h, p in zip(handles, args.prompts, strict=True))
                 outcomes = await asyncio.gather(*follows)
         finally:
             for handle in handles:
@@ -306,16 +307,16 @@ async def run_submit(args: argparse.Namespace) -> int:
     return 0 if all(outcomes) else 1
 
 
-async def run_tail(args: argparse.Namespace) -> int:
-    async with await StreamqClient.from_args(args) as client:
+async def run_follow(args: argparse.Namespace) -> int:
+    async with connect_from_args(args) as client:
         handle = await client.follow(args.request_id, from_seq=args.from_seq)
         with ResponsePrinter([args.request_id], as_json=args.json) as printer:
-            ok = await _follow(handle, args.request_id, printer)
+            ok = await _print_events(handle, args.request_id, printer)
     return 0 if ok else 1
 
 
 async def run_cancel(args: argparse.Namespace) -> int:
-    async with await StreamqClient.from_args(args) as client:
+    async with connect_from_args(args) as client:
         outcome = await client.cancel(args.request_id)
     messages = {
         "running": "cancelling: the worker running it stops it",
@@ -341,8 +342,8 @@ def submit_command(args: argparse.Namespace) -> int:
     return _run_until_interrupted(run_submit(args))
 
 
-def tail_command(args: argparse.Namespace) -> int:
-    return _run_until_interrupted(run_tail(args))
+def follow_command(args: argparse.Namespace) -> int:
+    return _run_until_interrupted(run_follow(args))
 
 
 def cancel_command(args: argparse.Namespace) -> int:

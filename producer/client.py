@@ -16,7 +16,6 @@ Every error is a ``StreamqError``. Imports neither vllm nor torch.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import difflib
 import functools
@@ -35,7 +34,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast, overload
+from typing import Any, Literal, ParamSpec, Self, TypedDict, TypeVar, Unpack, cast, overload
 
 import msgspec
 from arq.connections import ArqRedis
@@ -66,9 +65,7 @@ from streamq.broker.callback_schedule import CallbackSchedule
 from streamq.broker.connection import (
     close_pool,
     create_pool,
-    events_url_from_args,
     redis_settings_for,
-    redis_url_from_args,
 )
 from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
 from streamq.broker.registry import Routes, WorkerRegistry
@@ -127,14 +124,12 @@ from streamq.protocol.names import (
     REQUEST_RESERVATION_PREFIX,
 )
 from streamq.protocol.scripts import register_script
-from streamq.protocol.status import RequestStatus
+from streamq.protocol.status import RequestState, RequestStatus
 from streamq.redaction import redact_url
 
 __all__ = [
-    "CancelOutcome",
     "Completion",
     "Connecting",
-    "JobState",
     "RequestHandle",
     "SamplingOptions",
     "StreamqClient",
@@ -162,7 +157,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _redis_errors_as_ours(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def redis_errors_as_streamq_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     """The error family of the client: a Redis error that reaches a caller (the client's
     own retries spent) is a ``StreamqError``, its cause chained: ``RedisUnavailable``
     for Redis away, ``StreamqError`` for a command Redis refused (a permission, say)."""
@@ -179,8 +174,6 @@ def _redis_errors_as_ours(method: Callable[P, Awaitable[R]]) -> Callable[P, Awai
     return calling
 
 
-CancelOutcome = Literal["running", "queued", "unknown"]
-JobState = Literal["running", "queued", "finished", "unknown"]
 DEFAULT_SILENCE_CHECK_S = 15.0
 ROUTES_FRESH_S = 1.0
 """How long ``submit`` reuses a registry read that showed its model live. The registry
@@ -206,7 +199,7 @@ class Completion:
     """The prompt's tokens (after the chat template), when ``prompt_logprobs`` or ``echo`` was asked for."""
     prompt_echo: PromptEcho | None = None
     """The prompt as text, when ``echo`` was asked for."""
-    worker: str | None = None
+    worker_id: str | None = None
     """The worker that ran the request to its end (the final event's ``worker``)."""
     parsed: list[ParsedOutput | None] | None = None
     """A chat request not streamed, on a worker with a tool or reasoning parser: per
@@ -295,7 +288,7 @@ class _CompletionParts:
             prompt_logprobs=self.prompt_logprobs,
             prompt_token_ids=self.prompt_token_ids,
             prompt_echo=self.prompt_echo,
-            worker=final.worker,
+            worker_id=final.worker,
             parsed=[self.parsed.get(i) for i in range(n)] if self.parsed else None,
         )
 
@@ -389,7 +382,7 @@ class RequestHandle:
         try:
             if await self._replay():
                 return
-            state = await self._client.job_state(self.request_id)
+            state = await self._client._job_state(self.request_id)
         except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException):
             return  # a shard away too: its subscription says when it is gone for good
         if state in ("queued", "running") or await self._replay():  # the log again: an end may have raced
@@ -439,7 +432,7 @@ class RequestHandle:
                 "request went on from what it kept"
             )
 
-    @_redis_errors_as_ours
+    @redis_errors_as_streamq_errors
     async def _next_event(self) -> Event | None:
         """The next event in order; ``None`` once the request's last event was delivered."""
         while not self._done:
@@ -474,12 +467,12 @@ class RequestHandle:
             raise
         await self.close()
 
-    async def cancel(self) -> CancelOutcome:
+    async def cancel(self) -> RequestState:
         """Cancel the request (see ``StreamqClient.cancel``); its stream ends with a
         final event whose finish reason is ``cancelled``."""
         return await self._client.cancel(self.request_id, queue=self.job_queue)
 
-    @_redis_errors_as_ours
+    @redis_errors_as_streamq_errors
     async def close(self) -> None:
         """Stop following the request; cancel it too if ``cancel_on_close`` is set and it
         has not ended. Closing twice does nothing."""
@@ -592,7 +585,7 @@ class StreamqClient:
         self._routes_read: tuple[float, Routes] | None = None
 
     @classmethod
-    def connect(cls, url: str | None = None, **options: Unpack[ConnectOptions]) -> Connecting[StreamqClient]:
+    def connect(cls, url: str | None = None, **options: Unpack[ConnectOptions]) -> Connecting[Self]:
         """Connect to the Redis at ``url`` (``redis://``, or ``rediss://`` for TLS; see
         ``streamq.broker.connection``): ``await`` it for the client, or ``async with
         StreamqClient.connect() as client:`` (closed on exit). Requests without a ``model``
@@ -619,7 +612,7 @@ class StreamqClient:
         return Connecting(cls._connect(url, **options))
 
     @classmethod
-    async def _connect(cls, url: str | None = None, **options: Unpack[ConnectOptions]) -> StreamqClient:
+    async def _connect(cls, url: str | None = None, **options: Unpack[ConnectOptions]) -> Self:
         url = redis_url_from_env() if url is None else url
         events_url = options.get("events_url")
         events_url = events_url_from_env() if events_url is None else check_events_url(events_url)
@@ -662,17 +655,6 @@ class StreamqClient:
             await close_pool(redis)
             raise
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, *, max_queue_depth: int | None = None) -> Connecting[StreamqClient]:
-        """``connect`` to what a command line's connection options name
-        (``streamq.broker.connection.add_connection_options``)."""
-        return cls.connect(
-            redis_url_from_args(args),
-            events_url=events_url_from_args(args),
-            queue=args.queue,
-            max_queue_depth=max_queue_depth,
-        )
-
     async def __aenter__(self) -> StreamqClient:
         return self
 
@@ -681,26 +663,13 @@ class StreamqClient:
     ) -> None:
         await self.close()
 
-    @property
-    def redis(self) -> ArqRedis:
-        """The Redis pool underneath, for a service that shares it rather than open another
-        (the gateway's key store and dashboard). Commands sent on it bypass this client's
-        checks; closing the client closes it."""
-        return self._redis
-
-    @property
-    def data(self) -> DataRedis:
-        """The data plane's client (each request's log and channel): ``redis`` itself unless
-        a Redis Cluster carries the events. Closing the client closes it."""
-        return self._data
-
     async def close(self) -> None:
         """Stop following every request and close the connections."""
         await self._subscriber.close()
         await close_data_plane(self._redis, self._data)
         await close_pool(self._redis)
 
-    @_redis_errors_as_ours
+    @redis_errors_as_streamq_errors
     async def submit(
         self,
         prompt: str | Sequence[int] | None = None,
@@ -708,7 +677,7 @@ class StreamqClient:
         messages: Sequence[ChatMessage | dict[str, Any]] | None = None,
         request_id: str | None = None,
         model: str | None = None,
-        timeout_s: float | None = None,
+        deadline_s: float | None = None,
         queue_timeout_s: float | None = None,
         callback: Callback | dict[str, Any] | None = None,
         priority: int = 0,
@@ -729,11 +698,13 @@ class StreamqClient:
         both at once.
 
         ``model`` routes the request to the queue of the workers serving that model
-        (see ``routes``); without it, the request goes to this client's queue.
+        (see ``live_models``); without it, the request goes to this client's queue.
         ``sampling`` takes ``SamplingOptions`` (``max_tokens``, ``temperature``, ...).
-        ``timeout_s`` bounds the time from now to completion, ``queue_timeout_s`` the
-        time waiting for a worker. ``cancel_on_close`` sets the handle's: closing it
-        before the request ended (``async with`` does, on exit) cancels the request.
+        ``deadline_s``: seconds from now by which the request must be complete, kept by the
+        workers (past it, it ends with finish reason ``timeout``); ``queue_timeout_s``: how long
+        it may wait for a worker (past it, finish reason ``queue_timeout``). ``cancel_on_close``
+        sets the handle's: closing it before the request ended (``async with`` does, on exit)
+        cancels the request.
 
         Raises ``InvalidRequest`` (a ``ValueError``) before anything is sent if the
         request is malformed (an unknown sampling option: ``InvalidParameter`` naming it)
@@ -747,7 +718,7 @@ class StreamqClient:
         The request carries ``model``, so a worker of another model that takes it
         refuses it. ``callback``
         (``{"url": ..., "include_text": True}``) is POSTed the request's summary when it
-        ends, however it ends (see README, "Completion callbacks").
+        ends, however it ends (see docs/features/callbacks.md).
 
         ``structured_outputs`` (a ``StructuredOutputs``, or its dict) constrains the
         output to a JSON schema, a regex, one of some strings or a grammar:
@@ -799,7 +770,7 @@ class StreamqClient:
                 "tools": msgspec.to_builtins(tools) if tools is not None else None,
                 "model": model,
                 "sampling": sampling,
-                "timeout_s": timeout_s,
+                "deadline_s": deadline_s,
                 "queue_timeout_s": queue_timeout_s,
                 "callback": msgspec.to_builtins(callback) if callback is not None else None,
                 "priority": priority,
@@ -913,7 +884,7 @@ class StreamqClient:
         messages: Sequence[ChatMessage | dict[str, Any]] | None = None,
         request_id: str | None = None,
         model: str | None = None,
-        timeout_s: float | None = None,
+        deadline_s: float | None = None,
         queue_timeout_s: float | None = None,
         callback: Callback | dict[str, Any] | None = None,
         priority: int = 0,
@@ -931,17 +902,18 @@ class StreamqClient:
         """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
         and ``RequestHandle.result`` in one call, with ``submit``'s parameters and errors.
 
-        ``timeout`` bounds the wait here: past it, ``RequestTimeout`` (a builtin
-        ``TimeoutError`` too) is raised and the request is cancelled, since nobody holds its handle to read the rest (so
-        is a request whose waiting task is cancelled). ``timeout_s`` is the request's own
-        deadline, kept by the workers: it ends the request with finish reason ``timeout``.
+        ``timeout`` bounds the caller's wait, as asyncio's and the openai SDK's do: past it,
+        ``RequestTimeout`` (a builtin ``TimeoutError`` too) is raised and the request is
+        cancelled, since nobody holds its handle to read the rest (so is a request whose waiting
+        task is cancelled). ``deadline_s`` is the request's own, kept by the workers: it ends the
+        request with finish reason ``timeout``, which ``result`` returns.
         """
         handle = await self.submit(
             prompt,
             messages=messages,
             request_id=request_id,
             model=model,
-            timeout_s=timeout_s,
+            deadline_s=deadline_s,
             queue_timeout_s=queue_timeout_s,
             callback=callback,
             priority=priority,
@@ -1054,7 +1026,7 @@ class StreamqClient:
             exc.request_id = request_id
             raise
 
-    @_redis_errors_as_ours
+    @redis_errors_as_streamq_errors
     async def follow(self, request_id: str, *, from_seq: int = 0) -> RequestHandle:
         """Follow ``request_id`` from event ``from_seq`` on: the replay log first,
         then live events, with no gap and no duplicate."""
@@ -1082,18 +1054,6 @@ class StreamqClient:
             queue_timeout_s=queue_timeout_s,
         )
 
-    @_redis_errors_as_ours
-    async def last_event(self, request_id: str) -> Event | None:
-        """The newest event in the request's replay log, ``None`` if it holds none: a final
-        or error event there means the request has ended, and at which event."""
-        raw = await self._log.last(request_id)
-        return None if raw is None else decode_event(raw)
-
-    @_redis_errors_as_ours
-    async def routes(self) -> Routes:
-        """The live workers (model, queue) and every model ever registered."""
-        return await self._registry.routes()
-
     async def _routes_serving(self, model: str) -> Routes:
         """``routes()``, reused for ``ROUTES_FRESH_S`` while they show ``model`` live: one
         registry read per request is a round trip before every enqueue. A model not live in
@@ -1103,35 +1063,17 @@ class StreamqClient:
             read_at, routes = self._routes_read
             if now - read_at < ROUTES_FRESH_S and model in routes.live_models():
                 return routes
-        routes = await self.routes()
+        routes = await self._registry.routes()
         self._routes_read = (now, routes)
         return routes
 
+    @redis_errors_as_streamq_errors
     async def live_models(self) -> dict[str, str]:
         """Model name -> queue, for each model that has a live worker."""
-        return (await self.routes()).live_models()
+        return (await self._registry.routes()).live_models()
 
-    def models_waiting(self, routes: Routes) -> dict[str, str]:
-        """Model name -> queue, for each model with no live worker in ``routes`` that still
-        takes requests (they wait for its next worker): declared, or served within
-        ``model_memory_s``."""
-        live = routes.live_models()
-        remembered = {
-            model: queue
-            for model, queue in routes.known_models.items()
-            if model not in live and routes.seen_within(model, self.model_memory_s)
-        }
-        return remembered | {model: queue for model, queue in self.declared_models.items() if model not in live}
-
-    @_redis_errors_as_ours
-    async def exists(self, request_id: str) -> bool:
-        """True if ``request_id`` is queued or has events in the replay log: something to follow."""
-        if await self._redis.exists(JOB_KEY_PREFIX + request_id):
-            return True
-        return await self._log.exists(request_id)
-
-    @_redis_errors_as_ours
-    async def cancel(self, request_id: str, *, queue: str | None = None) -> CancelOutcome:
+    @redis_errors_as_streamq_errors
+    async def cancel(self, request_id: str, *, queue: str | None = None) -> RequestState:
         """Cancel a request: a running one is aborted in the engine, a queued one is
         removed before it runs. Either way its stream ends with a final event whose
         finish reason is ``cancelled``. Returns what the request was doing:
@@ -1141,20 +1083,20 @@ class StreamqClient:
         """
         return await self._take_off_queue(request_id, queue, FinishReason.CANCELLED, queued_only=False)
 
-    async def _end_queued(self, request_id: str, queue: str | None, reason: FinishReason) -> CancelOutcome:
+    async def _end_queued(self, request_id: str, queue: str | None, reason: FinishReason) -> RequestState:
         """End ``request_id`` with ``reason`` if it is still queued (never one running)."""
         return await self._take_off_queue(request_id, queue, reason, queued_only=True)
 
     async def _take_off_queue(
         self, request_id: str, queue: str | None, reason: FinishReason, *, queued_only: bool
-    ) -> CancelOutcome:
+    ) -> RequestState:
         """The cancel script (``queued_only``: a running request is left alone), and the end
         of a request it took off its queue, with finish reason ``reason``."""
         guesses = dict.fromkeys(q for q in (queue, self.queue) if q is not None)
         keys = [JOB_KEY_PREFIX + request_id, *guesses]
         args = [request_id, CANCEL_CHANNEL, IN_PROGRESS_PREFIX + request_id, MODELS_KEY, "1" if queued_only else ""]
         reply = await self._cancel_script(keys=keys, args=args)
-        outcome = cast(CancelOutcome, as_text(reply))
+        outcome = cast(RequestState, as_text(reply))
         if outcome == "queued":
             # No worker will run it now: end its stream here, numbered in Redis after
             # whatever the log holds and only if nothing ended it first (an attempt
@@ -1166,7 +1108,7 @@ class StreamqClient:
                 await self._schedule_callback(request_id)  # on one Redis, end_request did
         return outcome
 
-    @_redis_errors_as_ours
+    @redis_errors_as_streamq_errors
     async def status(self, request_id: str) -> RequestStatus:
         """Where the request is, in one round trip: ``queued`` (its position among the
         waiting requests of its priority, the wait so far; or deferred, with its run-at
@@ -1176,8 +1118,8 @@ class StreamqClient:
         every model's."""
         return await self._status.read(request_id, queues=[self.queue])
 
-    @_redis_errors_as_ours
-    async def job_state(self, request_id: str) -> JobState:
+    @redis_errors_as_streamq_errors
+    async def _job_state(self, request_id: str) -> RequestState:
         """Where the request's job is, cheaper than ``status`` (the handle's watchdog only
         asks whether anything will still happen): ``running`` (a worker holds its lease),
         ``queued`` (waiting for a worker, or for its lapsed lease to be taken over), ``finished``
@@ -1188,11 +1130,6 @@ class StreamqClient:
             pipe.exists(RESULT_KEY_PREFIX + request_id)
             running, queued, finished = await pipe.execute()
         return "running" if running else "queued" if queued else "finished" if finished else "unknown"
-
-    @_redis_errors_as_ours
-    async def queue_depth(self) -> int:
-        """Jobs waiting or running on this client's queue (the autoscaling signal)."""
-        return int(await self._redis.zcard(self.queue))
 
 
 def _queue_of(routes: Routes, model: str, *, memory_s: float, declared: Mapping[str, str]) -> str:
@@ -1307,7 +1244,7 @@ class _InFlightWindow:
         now = time.monotonic()
         if self._read_at is None or now - self._read_at >= IN_FLIGHT_READ_S:
             self._read_at = now
-            slots = (await self._client.routes()).slots(self._model)
+            slots = (await self._client._registry.routes()).slots(self._model)
             self._size = max(MIN_IN_FLIGHT, 2 * slots)
         return self._size
 

@@ -12,7 +12,7 @@ import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from producer.client import StreamqClient
+from producer.connection_args import connect_from_args
 from streamq.broker.connection import (
     add_connection_options,
     request_id_argument,
@@ -67,7 +67,7 @@ def _when(ms: int) -> str:
 
 
 async def run_status(args: argparse.Namespace) -> int:
-    async with await StreamqClient.from_args(args) as client:
+    async with connect_from_args(args) as client:
         status = await client.status(args.request_id)
     print(encode_status(status).decode() if args.json else describe(status))
     return 1 if status.state == "unknown" else 0

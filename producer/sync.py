@@ -28,9 +28,9 @@ from types import TracebackType
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, Unpack, overload
 
 from producer import client as aio
-from producer.client import CancelOutcome, Completion, ConnectOptions, JobState
-from streamq.broker.registry import Routes
+from producer.client import Completion, ConnectOptions
 from streamq.protocol import Event, StreamqError
+from streamq.protocol.status import RequestState
 
 __all__ = ["RequestHandle", "StreamqClient"]
 
@@ -150,7 +150,7 @@ class RequestHandle(_Closes):
         """The whole output once the request ends (``producer.RequestHandle.result``)."""
         return self._loop.run(self._handle.result(timeout))
 
-    def cancel(self) -> CancelOutcome:
+    def cancel(self) -> RequestState:
         """Cancel the request (``producer.RequestHandle.cancel``)."""
         return self._loop.run(self._handle.cancel())
 
@@ -184,18 +184,7 @@ class StreamqClient(_Closes):
     generate = _blocking(aio.StreamqClient.generate)
     cancel = _blocking(aio.StreamqClient.cancel)
     status = _blocking(aio.StreamqClient.status)
-    exists = _blocking(aio.StreamqClient.exists)
-    last_event = _blocking(aio.StreamqClient.last_event)
     live_models = _blocking(aio.StreamqClient.live_models)
-    queue_depth = _blocking(aio.StreamqClient.queue_depth)
-
-    def routes(self) -> Routes:
-        """The live workers (model, queue) and every model ever registered."""
-        return self._loop.run(self._async.routes())
-
-    def job_state(self, request_id: str) -> JobState:
-        """Where the request's job is (``producer.StreamqClient.job_state``)."""
-        return self._loop.run(self._async.job_state(request_id))
 
     @overload
     def generate_many(

@@ -364,13 +364,13 @@ def _time_left(
 ) -> float | None | FinishReason:
     """Seconds left before the request's deadline (``None``: it has none), or the finish
     reason that ends it at once: it waited past its ``queue_timeout_s``, or its
-    ``timeout_s`` passed, both counted from its enqueue on Redis's clock."""
+    ``deadline_s`` passed, both counted from its enqueue on Redis's clock."""
     waited = state.clock.seconds_since(queued_at_ms)
     if request.queue_timeout_s is not None and attempt == 1 and waited > request.queue_timeout_s:
         return FinishReason.QUEUE_TIMEOUT
-    if request.timeout_s is None:
+    if request.deadline_s is None:
         return None
-    time_left = request.timeout_s - waited
+    time_left = request.deadline_s - waited
     return time_left if time_left > 0 else FinishReason.TIMEOUT
 
 

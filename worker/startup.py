@@ -84,7 +84,7 @@ def build_parser() -> FlexibleArgumentParser:
         type=float,
         default=WorkerSettings.job_timeout,
         help="hard limit on one job's run, in seconds: past it the request ends with an error event "
-        "(code timeout); a request's own deadline is its timeout_s (default: %(default)s)",
+        "(code timeout); a request's own deadline is its deadline_s (default: %(default)s)",
     )
     group.add_argument(
         "--engine-factory",

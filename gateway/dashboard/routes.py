@@ -31,8 +31,9 @@ from starlette.types import Receive, Scope, Send
 from gateway.dashboard.sampler import DashboardSampler
 from gateway.request_status import check_request_id, error_response, request_not_found, status_response
 from gateway.sse import SseResponse
-from producer.client import RequestHandle, StreamqClient
+from producer.client import RequestHandle
 from producer.errors import StreamqError
+from producer.internal_client import InternalClient
 from streamq.protocol import ErrorCode, ErrorEvent, Event, encode_event
 
 logger = logging.getLogger("streamq.gateway.dashboard")
@@ -122,7 +123,7 @@ async def request_status(request: Request, request_id: str) -> Response:
 async def request_events(request: Request, request_id: str) -> Response:
     """The request's protocol events from its first (replay log, then live), each as
     ``event: <type>``; the stream ends after the terminal event."""
-    client: StreamqClient = request.app.state.client
+    client: InternalClient = request.app.state.client
     try:
         check_request_id(request_id)
         if not await client.exists(request_id):
@@ -154,7 +155,7 @@ async def _request_events(handle: RequestHandle) -> AsyncGenerator[bytes, None]:
 @router.post("/api/requests/{request_id}/cancel")
 async def cancel(request: Request, request_id: str) -> Response:
     """``cancelled`` is false when the request had ended already, or is unknown."""
-    client: StreamqClient = request.app.state.client
+    client: InternalClient = request.app.state.client
     try:
         check_request_id(request_id)
         outcome = await client.cancel(request_id)

@@ -16,7 +16,7 @@ import time
 
 from gateway.dashboard.history import WINDOW_S
 from gateway.dashboard.snapshot import RECENT_ROWS, Reading, SnapshotBuilder, encode_snapshot, queues_to_count
-from producer.client import StreamqClient
+from producer.internal_client import InternalClient
 from streamq.broker.job_result import request_model_and_queue
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import RESULT_KEY_PREFIX
@@ -37,7 +37,7 @@ class DashboardSampler:
 
     def __init__(
         self,
-        client: StreamqClient,
+        client: InternalClient,
         *,
         period_s: float = PERIOD_S,
         window_s: int = WINDOW_S,

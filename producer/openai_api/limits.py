@@ -3,7 +3,7 @@
 vLLM accepts ``n`` up to 16384 and any number of stop strings; one such request would
 hold a worker's batch, or its stop-string scan, for everyone. The gateway and the batch
 runner refuse them up front with a 400 naming the parameter. ``max_n`` is an option
-(``--max-n``); the others are constants here, documented in README's gateway section.
+(``--max-n``); the others are constants here, documented in docs/gateway.md, "Bounds".
 """
 
 from __future__ import annotations

@@ -35,6 +35,6 @@ class FinishReason(enum.StrEnum):
     CANCELLED = "cancelled"
     """Someone cancelled the request."""
     TIMEOUT = "timeout"
-    """The request's own deadline (``timeout_s``) passed."""
+    """The request's own deadline (``deadline_s``) passed."""
     QUEUE_TIMEOUT = "queue_timeout"
     """The request waited longer than ``queue_timeout_s`` for a worker."""

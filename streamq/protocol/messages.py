@@ -260,7 +260,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     """The served model name the request is meant for; a worker serving another model
     refuses it (``invalid_request``) rather than answer with the wrong model."""
     sampling: Sampling = msgspec.field(default_factory=Sampling)
-    timeout_s: float | None = None
+    deadline_s: float | None = None
     """Seconds from enqueue by which the request must be complete; when they pass it
     ends with finish reason ``timeout``."""
     queue_timeout_s: float | None = None
@@ -318,7 +318,7 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError("add_special_tokens applies to text prompts and messages, not token ids")
         if self.model is not None and not self.model:
             raise ValueError("model must not be empty")
-        for name in ("timeout_s", "queue_timeout_s"):
+        for name in ("deadline_s", "queue_timeout_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")

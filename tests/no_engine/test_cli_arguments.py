@@ -14,6 +14,7 @@ from producer import cli
 from producer.affinity_args import affinity_kwargs
 from producer.cli import build_parser, with_default_subcommand
 from producer.errors import InvalidParameter
+from streamq.protocol.messages import Sampling
 
 
 def parse(*argv: str) -> dict[str, object]:
@@ -26,15 +27,22 @@ def test_prompts_without_a_subcommand_are_submitted() -> None:
     assert args["max_tokens"] == 8
 
 
-@pytest.mark.parametrize("name", ["tail", "cancel", "batch", "submit"])
+def test_max_tokens_defaults_to_the_engines_own_as_the_library_and_vllm_serve() -> None:
+    """Not given, it is not sent: the worker's vLLM applies its default (16), as it does for
+    ``StreamqClient.generate`` and ``vllm serve``."""
+    assert parse("Hello")["max_tokens"] is None
+    assert Sampling().max_tokens is None  # nothing sent: the engine's default
+
+
+@pytest.mark.parametrize("name", ["follow", "cancel", "batch", "submit"])
 @pytest.mark.parametrize("spelling", [("submit",), ("--",), ("submit", "--")])
 def test_a_prompt_spelled_like_a_subcommand_can_be_submitted(name: str, spelling: tuple[str, ...]) -> None:
     assert parse(*spelling, name)["prompts"] == [name]
 
 
 def test_subcommands_take_their_own_arguments() -> None:
-    tail = parse("tail", "req-1", "--from-seq", "3")
-    assert (tail["request_id"], tail["from_seq"]) == ("req-1", 3)
+    follow = parse("follow", "req-1", "--from-seq", "3")
+    assert (follow["request_id"], follow["from_seq"]) == ("req-1", 3)
     assert parse("cancel", "req-2")["request_id"] == "req-2"
     batch = parse("batch", "in.jsonl", "out.jsonl", "--max-in-flight", "4")
     assert (str(batch["input"]), str(batch["output"]), batch["max_in_flight"]) == ("in.jsonl", "out.jsonl", 4)
@@ -47,19 +55,19 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
 def test_help_names_every_subcommand_and_exits_zero() -> None:
     result = run_cli("--help")
     assert result.returncode == 0, result.stderr
-    for name in ("submit", "tail", "cancel", "batch"):
+    for name in ("submit", "follow", "cancel", "batch"):
         assert name in result.stdout
-    assert "-- tail" in result.stdout
+    assert "-- follow" in result.stdout
 
 
 @pytest.mark.parametrize(
     "argv",
     [
         (),
-        ("tail",),
+        ("follow",),
         ("--max-tokens", "many", "Hello"),
         ("batch", "in.jsonl"),
-        ("tail", "bad id!"),
+        ("follow", "bad id!"),
         ("cancel", "a/b"),
         ("status", "x" * 200),
         ("--affinity-key", "", "Hello"),
@@ -117,10 +125,10 @@ async def test_submit_passes_the_affinity_options_to_the_library(monkeypatch: py
             submitted.append(kwargs)
             raise InvalidParameter("stop here", param="x")  # nothing is sent: no Redis needed
 
-    async def from_args(args: argparse.Namespace, **kwargs: Any) -> Client:
+    def connect_from_args(args: argparse.Namespace, **kwargs: Any) -> Client:
         return Client()
 
-    monkeypatch.setattr(cli.StreamqClient, "from_args", from_args)
+    monkeypatch.setattr(cli, "connect_from_args", connect_from_args)
     args = build_parser().parse_args(["submit", "--affinity-key", "chat-9", "Hello"])
     assert await cli.run_submit(args) == 2
     assert submitted[-1]["affinity_key"] == "chat-9" and "affinity" not in submitted[-1]

@@ -54,8 +54,8 @@ def _now_ms() -> int:
     ("waited_s", "fields", "attempt", "expected"),
     [
         (1.0, {}, 1, None),
-        (1.0, {"timeout_s": 10}, 1, 9.0),
-        (11.0, {"timeout_s": 10}, 1, FinishReason.TIMEOUT),
+        (1.0, {"deadline_s": 10}, 1, 9.0),
+        (11.0, {"deadline_s": 10}, 1, FinishReason.TIMEOUT),
         (3.0, {"queue_timeout_s": 2}, 1, FinishReason.QUEUE_TIMEOUT),
         (3.0, {"queue_timeout_s": 2}, 2, None),  # a take-over has left the queue long ago
     ],

@@ -193,7 +193,7 @@ def test_request_ids_are_bounded_at_128_characters() -> None:
 @pytest.mark.parametrize(
     ("extra", "reason"),
     [
-        ({"timeout_s": 0}, "timeout_s must be positive"),
+        ({"deadline_s": 0}, "deadline_s must be positive"),
         ({"queue_timeout_s": -1.5}, "queue_timeout_s must be positive"),
         ({"model": ""}, "model must not be empty"),
     ],

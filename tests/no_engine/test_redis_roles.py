@@ -166,7 +166,8 @@ async def test_a_producer_does_its_own_work(redis_server: RedisServer, admin: ai
     await admin.set(affinity_free_key(queue, "w1"), 4)
     async with await StreamqClient.connect(redis_server.url_for(PRODUCER), queue=queue) as client:
         handle = await client.submit(prompt)
-        assert await client.job_state(handle.request_id) == "queued"
+        assert await client._job_state(handle.request_id) == "queued"  # the handle watchdog's read
+        assert (await client.status(handle.request_id)).state == "queued"
         assert await admin.hget(f"{queue}:held", handle.request_id) == b"w1"
         assert isinstance(await client.live_models(), dict)
         assert await client.cancel(handle.request_id) == "queued"

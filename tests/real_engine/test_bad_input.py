@@ -94,7 +94,7 @@ BAD_JOBS = [
     ),
     ("sampling not an object", lambda rid: arq_job(good_request(rid, sampling=[1, 2])), "sampling"),
     ("stop not a list of strings", lambda rid: arq_job(good_request(rid, sampling={"stop": [1, 2]})), "stop"),
-    ("negative timeout", lambda rid: arq_job(good_request(rid, timeout_s=-1)), "timeout_s must be positive"),
+    ("negative deadline", lambda rid: arq_job(good_request(rid, deadline_s=-1)), "deadline_s must be positive"),
     ("prompt over the size limit", lambda rid: arq_job(good_request(rid, prompt="x" * 1_000_001)), "limit"),
     ("payload over the size limit", lambda rid: b"{" + b" " * 8_000_001 + b"}", "bytes; the limit"),
     ("top_k below -1", lambda rid: arq_job(good_request(rid, sampling={"top_k": -5})), "top_k"),

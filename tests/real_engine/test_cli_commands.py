@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
+from producer.internal_client import InternalClient
 from streamq.protocol import WorkerRegistration, events_channel
 
 
@@ -72,16 +73,16 @@ def test_bad_arguments_are_refused_before_enqueueing(worker: WorkerProcess, prod
     assert "prompt must not be empty" in result.stderr
 
 
-async def test_tail_follows_a_running_request(
+async def test_follow_prints_a_running_request_from_its_first_event(
     worker: WorkerProcess, client: StreamqClient, producer_url: str, redis_url: str
 ) -> None:
-    request_id = f"tail-{uuid.uuid4().hex}"
+    request_id = f"follow-{uuid.uuid4().hex}"
     env = {**os.environ, "REDIS_URL": producer_url}
-    tail = await asyncio.create_subprocess_exec(
+    follow = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "producer",
-        "tail",
+        "follow",
         request_id,
         "--json",
         stdout=asyncio.subprocess.PIPE,
@@ -96,8 +97,8 @@ async def test_tail_follows_a_running_request(
     finally:
         await redis.aclose()
     completion = await (await client.submit("Tell me", request_id=request_id, max_tokens=10, ignore_eos=True)).result()
-    stdout, stderr = await asyncio.wait_for(tail.communicate(), timeout=60)
-    assert tail.returncode == 0, stderr
+    stdout, stderr = await asyncio.wait_for(follow.communicate(), timeout=60)
+    assert follow.returncode == 0, stderr
     events = [json.loads(line) for line in stdout.decode().splitlines()]
     assert events[-1]["type"] == "final"
     assert "".join(e.get("text", "") for e in events) == completion.text
@@ -106,7 +107,7 @@ async def test_tail_follows_a_running_request(
 async def test_cancel_finds_a_queued_request_on_its_models_queue(
     producer_url: str, parked_model: WorkerRegistration
 ) -> None:
-    async with await StreamqClient.connect(producer_url) as client:
+    async with await InternalClient.connect(producer_url) as client:
         handle = await client.submit("Never run", model=parked_model.model)
         result = await asyncio.to_thread(run_producer, producer_url, "cancel", handle.request_id)  # no --queue
         assert result.returncode == 0, result.stdout + result.stderr
@@ -121,7 +122,7 @@ SAMPLING = ["--json", "--max-tokens", "5", "--temperature", "0"]
 
 @pytest.mark.parametrize(
     "command",
-    [["submit", *SAMPLING, "tail"], [*SAMPLING, "--", "tail"]],
+    [["submit", *SAMPLING, "follow"], [*SAMPLING, "--", "follow"]],
     ids=["after-submit", "after-double-dash"],
 )
 async def test_a_prompt_named_like_a_subcommand_is_submitted(
@@ -130,6 +131,6 @@ async def test_a_prompt_named_like_a_subcommand_is_submitted(
     result = await asyncio.to_thread(run_producer, producer_url, *command)
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
-    assert len({e["request_id"] for e in events}) == 1  # one prompt: "tail", not "submit" and "tail"
-    expected = await (await client.submit("tail", max_tokens=5, temperature=0)).result()
+    assert len({e["request_id"] for e in events}) == 1  # one prompt: "follow", not "submit" and "follow"
+    expected = await (await client.submit("follow", max_tokens=5, temperature=0)).result()
     assert "".join(e.get("text", "") for e in events) == expected.text

@@ -34,6 +34,7 @@ from devkit.tiny_adapter import build_tiny_adapter
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import StreamqClient
 from producer.errors import RequestError
+from producer.internal_client import InternalClient
 from streamq.broker.api_keys import ApiKeyStore, KeyRecord
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import events_channel
@@ -129,7 +130,7 @@ def lora_gateway(
 
 @pytest.fixture
 async def lora_client(lora_workers: list[WorkerProcess], producer_url: str) -> Any:
-    async with await StreamqClient.connect(producer_url, queue=QUEUE) as client:
+    async with await InternalClient.connect(producer_url, queue=QUEUE) as client:
         yield client
 
 
@@ -165,7 +166,7 @@ async def test_every_text_under_an_adapter_equals_the_bare_engine_with_its_lora_
     for (name, prompt), completion in zip(asked, completions, strict=True):
         expected = reference[name][prompt]
         assert (completion.text, completion.token_ids[0]) == (expected["text"], expected["token_ids"]), (name, prompt)
-        served_by[name].add(pid_of(completion.worker))
+        served_by[name].add(pid_of(completion.worker_id))
     pids = [w.process.pid for w in lora_workers if w.process is not None]
     assert served_by[LISTED[1]] == {pids[0]}, "only the first worker lists it: each of its requests ran there"
     for name in LISTED:
@@ -184,8 +185,8 @@ async def test_requests_for_an_adapter_go_to_the_worker_that_ran_it_last(
         followers = [
             await lora_client.generate("Hello again", model=name, max_tokens=2, ignore_eos=True) for _ in range(4)
         ]
-        assert {c.worker for c in followers} == {first.worker}, name
-        ran_on[name] = pids.index(pid_of(first.worker))
+        assert {c.worker_id for c in followers} == {first.worker_id}, name
+        ran_on[name] = pids.index(pid_of(first.worker_id))
     after = [scrape(w) for w in lora_workers]
     for name, home in ran_on.items():
         for i, (then, now) in enumerate(zip(before, after, strict=True)):
@@ -229,13 +230,13 @@ async def test_an_adapter_not_listed_is_found_at_run_time_and_listed_from_then_o
         reference[FOUND][prompt]["token_ids"],
     )
     routes = await lora_client.routes()
-    (loaded_by,) = [w for w in routes.workers if w.worker_id == completion.worker]
+    (loaded_by,) = [w for w in routes.workers if w.worker_id == completion.worker_id]
     assert [(a.name, a.path) for a in loaded_by.adapters] == [
         *((name, str(adapters[name])) for name in LISTED),
         (FOUND, str(adapters[FOUND])),
     ]
     assert [w.loads_adapters for w in routes.workers if w.queue == QUEUE].count(True) == 1
-    assert pid_of(completion.worker) == lora_workers[0].process.pid  # type: ignore[union-attr]  # the one that searches
+    assert pid_of(completion.worker_id) == lora_workers[0].process.pid  # type: ignore[union-attr]  # the one that searches
     assert f"{LOAD_LINE}: {FOUND} ({adapters[FOUND]})" in lora_workers[0].log_tail(2000)
 
 
@@ -331,5 +332,5 @@ async def test_a_request_under_an_adapter_is_taken_over_with_the_text_of_an_undi
     attempts = {json.loads(raw)["attempt"] for raw in await ReplayLog(raw_redis).read(request_id)}
     assert attempts == {1, 2}, "not interrupted mid-stream"
     calm = await lora_client.generate(PROMPTS[1], **request)
-    assert pid_of(taken_over.worker) == pid_of(calm.worker) == survivor.process.pid  # type: ignore[union-attr]
+    assert pid_of(taken_over.worker_id) == pid_of(calm.worker_id) == survivor.process.pid  # type: ignore[union-attr]
     assert (taken_over.text, taken_over.token_ids) == (calm.text, calm.token_ids)

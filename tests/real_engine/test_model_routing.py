@@ -21,6 +21,7 @@ from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, tiny_engine_flags
 from producer.client import StreamqClient
 from producer.errors import NoLiveWorker, QueueFull, RequestError, UnknownModel
+from producer.internal_client import InternalClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import DEFAULT_QUEUE, JOB_KEY_PREFIX, MODELS_KEY, WorkerRegistration
 from tests.support.session import MAX_MODEL_LEN
@@ -184,7 +185,7 @@ async def test_submit_to_a_model_nobody_ever_served_is_refused(client: StreamqCl
 async def test_a_full_queue_refuses_at_once_and_stores_nothing(
     worker: WorkerProcess, parked_model: WorkerRegistration, producer_url: str
 ) -> None:
-    async with await StreamqClient.connect(producer_url, max_queue_depth=2) as client:
+    async with await InternalClient.connect(producer_url, max_queue_depth=2) as client:
         handles = [await client.submit("Hello", model=parked_model.model) for _ in range(2)]
         refused_id = f"refused-{uuid.uuid4().hex}"
         with pytest.raises(QueueFull, match="limit"):

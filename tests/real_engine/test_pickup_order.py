@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import Completion, RequestHandle, StreamqClient, _job_payload
+from producer.internal_client import InternalClient
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
 from streamq.protocol.names import affinity_free_key, waiting_key
 from streamq.protocol.scripts import register_script
@@ -75,7 +76,7 @@ def other_worker(
 
 @pytest.fixture
 async def prio_client(two_slot_worker: WorkerProcess, producer_url: str) -> AsyncIterator[StreamqClient]:
-    async with await StreamqClient.connect(producer_url, queue=two_slot_worker.queue) as client:
+    async with await InternalClient.connect(producer_url, queue=two_slot_worker.queue) as client:
         yield client
 
 
@@ -215,7 +216,7 @@ def pid_of_process(worker: WorkerProcess) -> int:
 
 
 def runs_on(completion: Completion, worker: WorkerProcess) -> bool:
-    return pid_of(completion.worker) == pid_of_process(worker)
+    return pid_of(completion.worker_id) == pid_of_process(worker)
 
 
 async def until_not_claiming(redis: aioredis.Redis, queue: str, worker: WorkerProcess) -> None:
@@ -284,7 +285,7 @@ async def test_a_conversations_follow_ups_go_to_the_worker_of_its_first_turn(
         for conversation in conversations:
             await conversation.turn()
     for conversation in conversations:
-        workers = {completion.worker for completion in conversation.turns}
+        workers = {completion.worker_id for completion in conversation.turns}
         assert len(workers) == 1, f"a conversation's turns ran on {workers}"
 
 
@@ -323,7 +324,7 @@ async def test_an_explicit_key_routes_unrelated_prompts_together_and_an_opt_out_
         key = f"document-{uuid.uuid4().hex[:8]}"
         first = await chat_client.generate("Summarise it", affinity_key=key, max_tokens=2)
         second = await chat_client.generate("Quote it", affinity_key=key, max_tokens=2)
-        assert second.worker == first.worker
+        assert second.worker_id == first.worker_id
 
     conversation = Conversation(chat_client)
     first = await conversation.turn()
@@ -332,9 +333,9 @@ async def test_an_explicit_key_routes_unrelated_prompts_together_and_an_opt_out_
         opted_out = await conversation.submit(affinity=False)
         assert await held_for(raw_redis, chat_client.queue, opted_out.request_id) is None
         assert runs_on(await conversation.took(opted_out), elsewhere)
-    assert first.worker is not None
-    await until_claiming(raw_redis, chat_client.queue, first.worker)
-    assert (await conversation.turn()).worker == first.worker
+    assert first.worker_id is not None
+    await until_claiming(raw_redis, chat_client.queue, first.worker_id)
+    assert (await conversation.turn()).worker_id == first.worker_id
 
 
 async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(

@@ -110,7 +110,7 @@ async def test_closing_a_handle_can_cancel_its_request(client: StreamqClient, ra
 
 
 async def test_deadline_ends_the_request_with_a_timeout(client: StreamqClient) -> None:
-    completion = await (await client.submit("Slowly", max_tokens=LONG, ignore_eos=True, timeout_s=0.05)).result()
+    completion = await (await client.submit("Slowly", max_tokens=LONG, ignore_eos=True, deadline_s=0.05)).result()
     assert completion.finish_reasons == ["timeout"]
     assert completion.completion_tokens < LONG
 

@@ -43,6 +43,7 @@ from devkit.redis_cluster import RedisCluster
 from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import RequestHandle, StreamqClient
+from producer.internal_client import InternalClient
 from streamq.broker.cluster import connect_cluster
 from streamq.broker.data_plane import CLUSTER
 from streamq.broker.replay_log import ReplayLog
@@ -593,7 +594,7 @@ async def test_every_request_ends_exactly_once_with_its_tokens_under_chaos(
             fleet.start_one()
             await fleet.wait_serving(2)
             events = events_url.get(EVENTS_REDIS_URL_ENV)
-            async with await StreamqClient.connect(server.url, events_url=events, queue=QUEUE) as client:
+            async with await InternalClient.connect(server.url, events_url=events, queue=QUEUE) as client:
                 specs, expected = await references(client)
                 witness = EventWitness(server.url) if events is None else ShardedEventWitness(events)
                 await witness.start()

@@ -181,7 +181,7 @@ async def test_a_request_that_is_not_streamed_ends_at_its_deadline_with_every_to
 ) -> None:
     """The deadline passes between checkpoints: what was generated since the last one is
     logged with the final event, so the tokens sent match the count it reports."""
-    completion = await client.generate("slow", max_tokens=10_000, ignore_eos=True, timeout_s=0.5)
+    completion = await client.generate("slow", max_tokens=10_000, ignore_eos=True, deadline_s=0.5)
     assert completion.finish_reasons == ["timeout"]
     assert 0 < completion.completion_tokens == len(completion.token_ids[0]) < 10_000
     assert completion.text == " tok" * completion.completion_tokens

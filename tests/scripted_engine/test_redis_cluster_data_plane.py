@@ -24,6 +24,7 @@ from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, scripted_worker
 from producer.client import RequestHandle, StreamqClient
 from producer.errors import ConnectionFailed, DuplicateRequest
+from producer.internal_client import InternalClient
 from streamq.broker.cluster import ClusterUnusable
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import ChunkEvent, Event, FinalEvent, StreamqError, events_channel
@@ -76,7 +77,7 @@ def cluster_worker(
 async def client(
     cluster_worker: WorkerProcess, cluster: RedisCluster, control: RedisServer
 ) -> AsyncIterator[StreamqClient]:
-    async with await StreamqClient.connect(control.url, events_url=cluster.url) as connected:
+    async with await InternalClient.connect(control.url, events_url=cluster.url) as connected:
         yield connected
 
 

@@ -30,6 +30,7 @@ from devkit.redis_server import free_port
 from devkit.worker_process import SCRIPTED_ENGINE, WorkerProcess, scripted_worker, worker_env
 from producer.client import StreamqClient
 from producer.errors import ConnectionFailed
+from producer.internal_client import InternalClient
 from streamq.broker.tls import TlsVerificationError
 
 REFUSED = "the server's certificate was refused"
@@ -213,7 +214,7 @@ async def test_the_insecure_opt_out_connects_and_warns(
 ) -> None:
     url = tls_redis.wrong_host_url
     with caplog.at_level(logging.WARNING, logger="streamq.tls"):
-        async with await StreamqClient.connect(url + "&ssl_check_hostname=false") as client:
+        async with await InternalClient.connect(url + "&ssl_check_hostname=false") as client:
             assert await client.redis.ping()
     assert "does not check the certificate's host name" in caplog.text
 
