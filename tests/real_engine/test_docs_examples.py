@@ -1,12 +1,16 @@
 """Every example under docs/examples/ runs as a reader runs it: a fresh Python process
 with ``REDIS_URL`` and ``STREAMQ_QUEUE`` (the Python client) or ``OPENAI_BASE_URL`` and
 ``OPENAI_API_KEY`` (the openai SDK) set, against the session's real worker and a real
-gateway. The pages show these files verbatim (``tests/no_engine/test_docs.py``)."""
+gateway. The pages show these files verbatim (``tests/no_engine/test_docs.py``). The
+Node.js client (docs/examples/node/) runs with ``node``, its ``redis`` package installed by npm."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -15,10 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess
+from producer.client import StreamqClient
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ELSEWHERE = {
@@ -40,6 +46,11 @@ OUTPUT: dict[str, str] = {
 }
 """What an example's output must match (a regular expression, searched), beyond running
 without error: the parts that do not depend on the tiny model's random text."""
+
+NODE_EXAMPLE = ROOT / "docs" / "examples" / "node"
+NODE_CACHE = ROOT / ".cache" / "node-example"
+"""Where the Node.js example is copied and its package installed: git-ignored, kept between runs."""
+NODE_FINAL_LINE = re.compile(r"\[((?:stop|length)(?:,(?:stop|length))*)\] (\d+) (\d+)")
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +125,51 @@ def test_the_flask_view_serves_and_streams(example_env: dict[str, str]) -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def _node_and_npm() -> tuple[str, str]:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        missing = " and ".join(name for name, path in (("node", node), ("npm", npm)) if path is None)
+        if os.environ.get("CI"):
+            pytest.fail(f"{missing} not installed: CI needs Node.js 20 and npm for docs/examples/node")
+        pytest.skip(f"no {missing} on PATH (Node.js 20 and npm run docs/examples/node)")
+    return node, npm
+
+
+async def test_the_node_example_streams_what_the_python_client_gets(
+    example_env: dict[str, str], client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """docs/examples/node/stream.mjs, as the producer role, enqueues through enqueue.lua and
+    prints its request's every chunk in order: the text its replay log holds, which is the
+    text, finish reason and token counts the Python client gets for the same greedy request."""
+    node, npm = _node_and_npm()
+    NODE_CACHE.mkdir(parents=True, exist_ok=True)
+    for name in ("package.json", "stream.mjs"):
+        shutil.copyfile(NODE_EXAMPLE / name, NODE_CACHE / name)
+    install = await asyncio.to_thread(
+        subprocess.run, [npm, "install", "--no-audit", "--no-fund"], cwd=NODE_CACHE, capture_output=True, timeout=300
+    )
+    assert install.returncode == 0, install.stderr.decode()
+    # Copied out of the tree, the example is told where enqueue.lua is.
+    env = {**example_env, "STREAMQ_LUA_DIR": str(ROOT / "streamq" / "protocol" / "lua")}
+    prompt = "The key to happiness is"
+    run = await asyncio.to_thread(
+        subprocess.run, [node, "stream.mjs", prompt], cwd=NODE_CACHE, env=env, capture_output=True, timeout=120
+    )
+    stdout, stderr = run.stdout.decode(), run.stderr.decode()  # bytes: no newline translation
+    assert run.returncode == 0, f"stream.mjs exited with {run.returncode}:\n{stderr}"
+    text, _, last = stdout.removesuffix("\n").rpartition("\n")
+    assert NODE_FINAL_LINE.fullmatch(last), f"stream.mjs printed:\n{stdout}"
+
+    # Every chunk its log holds, in seq order, and nothing else.
+    request_id = re.fullmatch(r"queued (\S+)\n", stderr)
+    assert request_id, f"stream.mjs wrote to stderr:\n{stderr}"
+    logged = [json.loads(fields[b"event"]) for _, fields in await raw_redis.xrange(f"streamq:events:{request_id[1]}")]
+    assert [event["seq"] for event in logged] == list(range(len(logged)))
+    assert text == "".join(event["text"] for event in logged if event["type"] == "chunk")
+
+    completion = await client.generate(prompt, max_tokens=16, temperature=0)
+    assert text == completion.text
+    usage = completion.usage
+    assert last == f"[{completion.finish_reason}] {usage.prompt_tokens} {usage.completion_tokens}"
