@@ -484,7 +484,7 @@ async def run_mode(
     what it measured is added to ``into``."""
     workload = config.workload
     conversations = build_conversations(workload, f"{mode}-{round_}")
-    async with await StreamqClient.connect(redis_url, affinity_window_ms=config.affinity_window_ms) as client:
+    async with await StreamqClient.connect(redis_url, affinity_window_s=config.affinity_window_ms / 1000) as client:
         before = [scrape(port) for port in ports]
         started = time.perf_counter()
         per_conversation = await asyncio.gather(

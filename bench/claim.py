@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import redis
@@ -42,12 +42,12 @@ from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, LEASE_TTL_MS, W
 from streamq.protocol.names import (
     AFFINITY_FREE_TTL_MS,
     AFFINITY_OWNER_TTL_MS,
-    CLAIM_SCAN_INTERVAL_MS,
     TENANT_WEIGHTS_KEY,
     affinity_free_key,
     affinity_owner_key,
     running_key,
 )
+from streamq.protocol.script_calls import ClaimJobs, Enqueue
 from streamq.protocol.scripts import script_text
 
 QUEUE = "streamq:queue"
@@ -117,26 +117,34 @@ def _fill_running(client: redis.Redis, running: int, *, new: bool, now_ms: int) 
     pipe.execute()
 
 
-def keys_of(job_id: str) -> list[str]:
-    return [JOB_KEY_PREFIX + job_id, QUEUE, f"streamq:events:{job_id}"]
-
-
 def _fill_waiting(client: redis.Redis, count: int, tenants: int, *, new: bool, now_ms: int, keys: bool = False) -> None:
     """``count`` jobs queued after the running ones: by the new enqueue script (indexed,
     tenants in turn; with ``keys``, four affinity keys each) or, for the old claim, by the
     ``ZADD`` its enqueue made."""
-    enqueue = client.register_script(script_text("enqueue"))
+    enqueue = client.execute_command("SCRIPT LOAD", script_text("enqueue"))
     for start in range(0, count, SETUP_BATCH):
         pipe = client.pipeline(transaction=False)
         for i in range(start, min(count, start + SETUP_BATCH)):
             job_id = f"waiting-{i}"
             if new:
-                args: list[str | int] = ["{}", 600_000, job_id, WAKEUP_CHANNEL, QUEUE, -1, f"arq:result:{job_id}"]
-                args += [0, f"t{i % tenants}"]
-                if keys:
-                    prefixes = [f"{i:012x}-{level}" for level in range(AFFINITY_KEYS - 1)] + ["shared-prefix"]
-                    args += [0, "", "", 0, "", ",".join(prefixes), 60_000, 1_000_000]
-                enqueue(keys=keys_of(job_id), args=args, client=pipe)
+                prefixes = [f"{i:012x}-{level}" for level in range(AFFINITY_KEYS - 1)] + ["shared-prefix"]
+                call = Enqueue(
+                    job_key=JOB_KEY_PREFIX + job_id,
+                    queue=QUEUE,
+                    log_key=f"streamq:events:{job_id}",
+                    payload=b"{}",
+                    expiry_ms=600_000,
+                    request_id=job_id,
+                    wakeup_channel=WAKEUP_CHANNEL,
+                    queue_name=QUEUE,
+                    limit=-1,
+                    result_key=f"arq:result:{job_id}",
+                    tenant=f"t{i % tenants}",
+                    affinity_keys=prefixes if keys else (),
+                    window_ms=60_000,
+                    balance_slack=1_000_000,
+                )
+                pipe.execute_command(*call.command(enqueue))
             else:
                 pipe.zadd(QUEUE, {job_id: now_ms - 1_000_000 + i})
         pipe.execute()
@@ -146,7 +154,7 @@ def _measure(
     server: RedisServer,
     client: redis.Redis,
     script: str,
-    args: list[str | int],
+    claim: ClaimJobs,
     claims: int,
     *,
     new: bool,
@@ -158,12 +166,13 @@ def _measure(
     clearing it as in service. ``counts``: the claim's reply starts with that many counts
     (the affinity claim's hits, misses and expired holds) after Redis's time."""
     sha = client.execute_command("SCRIPT LOAD", script)
+    command = claim.command(sha)  # a baseline script reads the first of its arguments only
     assert server.process is not None
     client.config_resetstat()
     cpu_before = cpu_seconds(server.process.pid)
     jobs = 0
     for _ in range(claims):
-        reply = client.execute_command("EVALSHA", sha, 1, QUEUE, *args)
+        reply = client.execute_command(*command)
         claimed = [job_id.decode() for job_id in reply[1 + counts :: 2]]
         jobs += len(claimed)
         pipe = client.pipeline(transaction=False)
@@ -182,9 +191,10 @@ def measure_case(server: RedisServer, running: int, waiting: int, tenants: int, 
     """One depth: each claim on a freshly filled database."""
     client = redis.Redis.from_url(server.url)
     pre_affinity = PRE_AFFINITY.read_text(encoding="utf-8")
-    common: list[str | int] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, WORKER]
-    indexed: list[str | int] = [*common, TENANT_WEIGHTS_KEY, CLAIM_SCAN_INTERVAL_MS]
-    affine: list[str | int] = [*indexed, AFFINITY_OWNER_TTL_MS, AFFINITY_FREE_TTL_MS, running]
+    common = ClaimJobs(
+        queue=QUEUE, wanted=1, lease_ms=LEASE_TTL_MS, page=PAGE, in_progress_prefix=IN_PROGRESS_PREFIX, worker_id=WORKER
+    )
+    affine = replace(common, owner_ttl_ms=AFFINITY_OWNER_TTL_MS, free_ttl_ms=AFFINITY_FREE_TTL_MS, running=running)
 
     def fill(*, new: bool, keys: bool = False, held: bool = False) -> None:
         client.flushall()
@@ -197,8 +207,8 @@ def measure_case(server: RedisServer, running: int, waiting: int, tenants: int, 
         if new:
             client.hset(TENANT_WEIGHTS_KEY, mapping={f"t{i}": 1 + i % 3 for i in range(tenants)})
 
-    def measure(script: str, args: list[str | int], *, new: bool = True, counts: int = 0) -> Cost:
-        cost = _measure(server, client, script, args, claims, new=new, counts=counts)
+    def measure(script: str, claim: ClaimJobs, *, new: bool = True, counts: int = 0) -> Cost:
+        cost = _measure(server, client, script, claim, claims, new=new, counts=counts)
         assert cost.jobs == claims, f"claimed {cost.jobs} of {claims}"
         return cost
 
@@ -206,7 +216,7 @@ def measure_case(server: RedisServer, running: int, waiting: int, tenants: int, 
         fill(new=False)
         old = measure(BASELINE.read_text(encoding="utf-8"), common, new=False)
         fill(new=True)
-        pre = measure(pre_affinity, indexed)
+        pre = measure(pre_affinity, common)
         fill(new=True)
         new = measure(script_text("claim_jobs"), affine, counts=3)
         fill(new=True, keys=True, held=True)

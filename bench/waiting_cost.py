@@ -30,10 +30,9 @@ from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, LEASE_TTL_MS, W
 from streamq.protocol.names import (
     AFFINITY_FREE_TTL_MS,
     AFFINITY_OWNER_TTL_MS,
-    CLAIM_SCAN_INTERVAL_MS,
-    TENANT_WEIGHTS_KEY,
     queue_waiting_key,
 )
+from streamq.protocol.script_calls import ClaimJobs, Enqueue
 from streamq.protocol.scripts import script_text
 
 QUEUE = "streamq:queue"
@@ -65,26 +64,39 @@ def one_round(client: redis.Redis, enqueue_text: str, claim_text: str, jobs: int
     client.config_resetstat()
     for i in range(jobs):
         job_id = f"job-{i}"
-        args: list[bytes | str | int | float] = [
-            JOB,
-            600_000,
-            job_id,
-            WAKEUP_CHANNEL,
-            QUEUE,
-            -1,
-            f"arq:result:{job_id}",
-        ]
-        args += [0, f"t{i % 4}", 0, "", "", 0, "", "", AFFINITY_FREE_TTL_MS, 4, 0.5, ""]
-        keys = [JOB_KEY_PREFIX + job_id, QUEUE, f"streamq:events:{job_id}"]
-        assert client.execute_command("EVALSHA", enqueue, 3, *keys, *args) == 1
+        call = Enqueue(
+            job_key=JOB_KEY_PREFIX + job_id,
+            queue=QUEUE,
+            log_key=f"streamq:events:{job_id}",
+            payload=JOB,
+            expiry_ms=600_000,
+            request_id=job_id,
+            wakeup_channel=WAKEUP_CHANNEL,
+            queue_name=QUEUE,
+            limit=-1,
+            result_key=f"arq:result:{job_id}",
+            tenant=f"t{i % 4}",
+            window_ms=AFFINITY_FREE_TTL_MS,
+            balance_slack=4,
+            balance_fraction=0.5,
+        )
+        assert client.execute_command(*call.command(enqueue)) == 1
     calls, enqueue_us = _script_us(client)
     assert calls == jobs
     client.config_resetstat()
-    claim_args: list[str | int] = [1, LEASE_TTL_MS, PAGE, IN_PROGRESS_PREFIX, "bench-worker", TENANT_WEIGHTS_KEY]
-    claim_args += [CLAIM_SCAN_INTERVAL_MS, AFFINITY_OWNER_TTL_MS, AFFINITY_FREE_TTL_MS, 0, 0, ""]
+    claim_command = ClaimJobs(
+        queue=QUEUE,
+        wanted=1,
+        lease_ms=LEASE_TTL_MS,
+        page=PAGE,
+        in_progress_prefix=IN_PROGRESS_PREFIX,
+        worker_id="bench-worker",
+        owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
+        free_ttl_ms=AFFINITY_FREE_TTL_MS,
+    ).command(claim)
     claimed = 0
     for _ in range(jobs):
-        reply = client.execute_command("EVALSHA", claim, 1, QUEUE, *claim_args)
+        reply = client.execute_command(*claim_command)
         for job_id in reply[4::2]:
             claimed += 1
             client.zrem(QUEUE, job_id)

@@ -29,7 +29,8 @@ from streamq.protocol.names import (
     LOG_TTL_MS,
     REQUEST_KEY_PREFIX,
 )
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import AdmitKeyRequest, FinishKeyRequest
+from streamq.protocol.scripts import Script
 
 logger = logging.getLogger("streamq.gateway.limits")
 
@@ -64,8 +65,8 @@ class KeyLimiter:
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._admit = register_script(redis, "admit_key_request")
-        self._finish = register_script(redis, "finish_key_request")
+        self._admit = Script(redis, AdmitKeyRequest)
+        self._finish = Script(redis, FinishKeyRequest)
         self._open: dict[str, Admission] = {}
         self._gateway_id = uuid.uuid4().hex[:12]
         self._renewer: asyncio.Task[None] | None = None
@@ -83,10 +84,17 @@ class KeyLimiter:
         """Admit one request, or raise the ``ApiError`` that names the limit it is over."""
         admission = Admission(tenant, model, f"{self._gateway_id}:{uuid.uuid4().hex[:12]}", counted)
         if tenant.record is not None:
-            verdict, retry_after, value = await self._admit(
-                keys=[window_key(tenant.name), streams_key(tenant.name)],
-                args=[tenant.digest, model, admission.member, KEY_STREAM_LEASE_MS, KEY_WINDOW_MS, API_KEYS_KEY],
+            call = AdmitKeyRequest(
+                window_key=window_key(tenant.name),
+                streams_key=streams_key(tenant.name),
+                secret_hash=tenant.digest,
+                model=model,
+                stream_member=admission.member,
+                stream_lease_ms=KEY_STREAM_LEASE_MS,
+                window_ms=KEY_WINDOW_MS,
+                api_keys_key=API_KEYS_KEY,
             )
+            verdict, retry_after, value = await self._admit(call)
             verdict = as_text(verdict)
             if verdict == "revoked":
                 raise KeyRevoked()
@@ -105,17 +113,18 @@ class KeyLimiter:
         self._open.pop(admission.member, None)
         name = admission.tenant.name
         try:
-            await self._finish(
-                keys=[window_key(name), streams_key(name), usage_key(name)],
-                args=[
-                    admission.member,
-                    admission.model,
-                    admission.prompt_tokens,
-                    admission.completion_tokens,
-                    KEY_WINDOW_MS,
-                    int(admission.counted),
-                ],
+            call = FinishKeyRequest(
+                window_key=window_key(name),
+                streams_key=streams_key(name),
+                usage_key=usage_key(name),
+                stream_member=admission.member,
+                model=admission.model,
+                prompt_tokens=admission.prompt_tokens,
+                completion_tokens=admission.completion_tokens,
+                window_ms=KEY_WINDOW_MS,
+                counted=int(admission.counted),
             )
+            await self._finish(call)
         except Exception as exc:
             logger.warning("could not record the usage of a request of key %r: %s", name, exc)
 

@@ -123,7 +123,8 @@ from streamq.protocol.names import (
     MAX_AFFINITY_WINDOW_MS,
     REQUEST_RESERVATION_PREFIX,
 )
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import Cancel, Enqueue
+from streamq.protocol.scripts import Script
 from streamq.protocol.status import RequestState, RequestStatus
 from streamq.redaction import redact_url
 
@@ -147,7 +148,7 @@ class ConnectOptions(TypedDict, total=False):
     queue: str | None
     max_queue_depth: int | None
     silence_check_s: float
-    affinity_window_ms: int | None
+    affinity_window_s: float | None
     model_memory_s: float | None
     declared_models: Mapping[str, str | None] | Iterable[str] | None
     connect_timeout_s: float | None
@@ -533,7 +534,7 @@ class StreamqClient:
         queue: str | None = None,
         max_queue_depth: int | None = None,
         silence_check_s: float = DEFAULT_SILENCE_CHECK_S,
-        affinity_window_ms: int | None = None,
+        affinity_window_s: float | None = None,
         model_memory_s: float | None = None,
         declared_models: Mapping[str, str | None] | Iterable[str] | None = None,
     ) -> None:
@@ -541,11 +542,12 @@ class StreamqClient:
         ``connect``; ``data``: the data plane's client, when a Redis Cluster carries the events."""
         if max_queue_depth is not None and max_queue_depth < 0:
             raise ValueError(f"max_queue_depth must be >= 0, got {max_queue_depth}")
-        if affinity_window_ms is None:
-            affinity_window_ms = affinity_window_from_env()
-        if not (isinstance(affinity_window_ms, int) and 0 <= affinity_window_ms <= MAX_AFFINITY_WINDOW_MS):
-            raise ValueError(f"affinity_window_ms must be 0 to {MAX_AFFINITY_WINDOW_MS}, got {affinity_window_ms!r}")
-        self.affinity_window_ms = affinity_window_ms
+        if affinity_window_s is None:
+            affinity_window_s = affinity_window_from_env()
+        most_s = MAX_AFFINITY_WINDOW_MS / 1000
+        if not (isinstance(affinity_window_s, int | float) and 0 <= affinity_window_s <= most_s):
+            raise ValueError(f"affinity_window_s must be 0 to {most_s:g} seconds, got {affinity_window_s!r}")
+        self.affinity_window_s = affinity_window_s
         """How long a request is held for the worker that served its prefix before any
         worker may take it (docs/features/prefix-aware-pickup.md); 0 turns prefix-aware pickup off."""
         if model_memory_s is None:
@@ -578,8 +580,8 @@ class StreamqClient:
         )
         self._log = ReplayLog(self._data)
         self._registry = WorkerRegistry(redis)
-        self._cancel_script = register_script(redis, "cancel")
-        self._enqueue_script = register_script(redis, "enqueue")
+        self._cancel_script = Script(redis, Cancel)
+        self._enqueue_script = Script(redis, Enqueue)
         self._schedule_callback = CallbackSchedule(redis, self._log.owners, self._log.ttl_ms)
         self._status = StatusReader(redis, self._log)
         self._routes_read: tuple[float, Routes] | None = None
@@ -595,7 +597,7 @@ class StreamqClient:
         ``$STREAMQ_EVENTS_REDIS_URL``) names a Redis Cluster carrying the requests' events
         (docs/redis-cluster.md); unset, the Redis of ``url`` carries them. ``max_queue_depth``
         bounds every queue this client submits to (see ``submit``); ``silence_check_s`` is the
-        handles' watchdog; ``affinity_window_ms`` (else ``$STREAMQ_AFFINITY_WINDOW_MS``, else
+        handles' watchdog; ``affinity_window_s`` (else ``$STREAMQ_AFFINITY_WINDOW_S``, else
         200) bounds how long a request waits for the worker that served its prefix
         (docs/features/prefix-aware-pickup.md). A model none of whose workers is alive still
         takes requests, which wait in its queue for the next worker, for ``model_memory_s``
@@ -646,7 +648,7 @@ class StreamqClient:
                 queue=queue,
                 max_queue_depth=options.get("max_queue_depth"),
                 silence_check_s=options.get("silence_check_s", DEFAULT_SILENCE_CHECK_S),
-                affinity_window_ms=options.get("affinity_window_ms"),
+                affinity_window_s=options.get("affinity_window_s"),
                 model_memory_s=options.get("model_memory_s"),
                 declared_models=options.get("declared_models"),
             )
@@ -731,7 +733,7 @@ class StreamqClient:
         starting for that many seconds (on Redis's clock).
 
         The worker that served the request's prefix (its leading text, or its chat
-        messages before the last turn) gets first pick of it for ``affinity_window_ms``,
+        messages before the last turn) gets first pick of it for ``affinity_window_s``,
         so its prefix cache is reused (docs/features/prefix-aware-pickup.md). ``affinity_key`` names the
         conversation or document instead; ``affinity=False`` opts the request out.
 
@@ -845,37 +847,35 @@ class StreamqClient:
         reserving = names.sharded
         if reserving and await self._log.exists(request_id):
             return 0
-        keys = [
-            JOB_KEY_PREFIX + request_id,
-            queue,
-            REQUEST_RESERVATION_PREFIX + request_id if reserving else names.events(request_id),
-        ]
-        args: list[bytes | int | float | str] = [
-            job,
-            JOB_EXPIRY_MS,
-            request_id,
-            WAKEUP_CHANNEL,
-            queue,
-            limit,
-            RESULT_KEY_PREFIX + request_id,
-            request.priority,
-            request.tenant or DEFAULT_TENANT,
-            round(defer_s * 1000),
-        ]
-        # Every optional argument, each empty when unused (the script reads '' as absent): the
-        # callback kept where the paths ending the request outside a worker find it, the id's
-        # reservation, the affinity keys with their window and balance slack, and the workers
-        # that may run it (a job only some may run is held for one of them even with affinity off).
-        callback = (
-            (callback_key(request_id), msgspec.json.encode(request.callback), JOB_EXPIRY_MS + LOG_TTL_MS)
-            if request.callback is not None
-            else ("", "", 0)
+        # The callback is kept where the paths ending the request outside a worker find it; a
+        # job only some workers may run is held for one of them even with affinity off.
+        callback = request.callback
+        window_ms = round(self.affinity_window_s * 1000)
+        call = Enqueue(
+            job_key=JOB_KEY_PREFIX + request_id,
+            queue=queue,
+            log_key=REQUEST_RESERVATION_PREFIX + request_id if reserving else names.events(request_id),
+            payload=job,
+            expiry_ms=JOB_EXPIRY_MS,
+            request_id=request_id,
+            wakeup_channel=WAKEUP_CHANNEL,
+            queue_name=queue,
+            limit=limit,
+            result_key=RESULT_KEY_PREFIX + request_id,
+            priority=request.priority,
+            tenant=request.tenant or DEFAULT_TENANT,
+            delay_ms=round(defer_s * 1000),
+            callback_key=callback_key(request_id) if callback is not None else "",
+            callback=msgspec.json.encode(callback) if callback is not None else b"",
+            callback_ttl_ms=JOB_EXPIRY_MS + LOG_TTL_MS if callback is not None else 0,
+            reservation_ttl_ms=JOB_EXPIRY_MS + LOG_TTL_MS if reserving else "",
+            affinity_keys=prefixes if window_ms > 0 else (),
+            window_ms=window_ms or AFFINITY_FREE_TTL_MS,
+            balance_slack=AFFINITY_BALANCE_SLACK,
+            balance_fraction=AFFINITY_BALANCE_FRACTION,
+            eligible=eligible,
         )
-        affinity = ",".join(prefixes) if self.affinity_window_ms > 0 else ""
-        args += [*callback, JOB_EXPIRY_MS + LOG_TTL_MS if reserving else "", affinity]
-        args += [self.affinity_window_ms or AFFINITY_FREE_TTL_MS, AFFINITY_BALANCE_SLACK, AFFINITY_BALANCE_FRACTION]
-        args.append(",".join(eligible))
-        return int(await self._enqueue_script(keys=keys, args=args))
+        return int(await self._enqueue_script(call))
 
     async def generate(
         self,
@@ -1054,8 +1054,13 @@ class StreamqClient:
             queue_timeout_s=queue_timeout_s,
         )
 
+    @redis_errors_as_streamq_errors
+    async def _routes(self) -> Routes:
+        """The live workers (model, queue, slots) and every model ever registered."""
+        return await self._registry.routes()
+
     async def _routes_serving(self, model: str) -> Routes:
-        """``routes()``, reused for ``ROUTES_FRESH_S`` while they show ``model`` live: one
+        """``_routes()``, reused for ``ROUTES_FRESH_S`` while they show ``model`` live: one
         registry read per request is a round trip before every enqueue. A model not live in
         them is always read afresh, so a worker that just registered is found at once."""
         now = time.monotonic()
@@ -1063,14 +1068,14 @@ class StreamqClient:
             read_at, routes = self._routes_read
             if now - read_at < ROUTES_FRESH_S and model in routes.live_models():
                 return routes
-        routes = await self._registry.routes()
+        routes = await self._routes()
         self._routes_read = (now, routes)
         return routes
 
     @redis_errors_as_streamq_errors
     async def live_models(self) -> dict[str, str]:
         """Model name -> queue, for each model that has a live worker."""
-        return (await self._registry.routes()).live_models()
+        return (await self._routes()).live_models()
 
     @redis_errors_as_streamq_errors
     async def cancel(self, request_id: str, *, queue: str | None = None) -> RequestState:
@@ -1092,10 +1097,16 @@ class StreamqClient:
     ) -> RequestState:
         """The cancel script (``queued_only``: a running request is left alone), and the end
         of a request it took off its queue, with finish reason ``reason``."""
-        guesses = dict.fromkeys(q for q in (queue, self.queue) if q is not None)
-        keys = [JOB_KEY_PREFIX + request_id, *guesses]
-        args = [request_id, CANCEL_CHANNEL, IN_PROGRESS_PREFIX + request_id, MODELS_KEY, "1" if queued_only else ""]
-        reply = await self._cancel_script(keys=keys, args=args)
+        call = Cancel(
+            job_key=JOB_KEY_PREFIX + request_id,
+            queues=list(dict.fromkeys(q for q in (queue, self.queue) if q is not None)),
+            request_id=request_id,
+            cancel_channel=CANCEL_CHANNEL,
+            in_progress_key=IN_PROGRESS_PREFIX + request_id,
+            models_key=MODELS_KEY,
+            queued_only="1" if queued_only else "",
+        )
+        reply = await self._cancel_script(call)
         outcome = cast(RequestState, as_text(reply))
         if outcome == "queued":
             # No worker will run it now: end its stream here, numbered in Redis after
@@ -1244,7 +1255,7 @@ class _InFlightWindow:
         now = time.monotonic()
         if self._read_at is None or now - self._read_at >= IN_FLIGHT_READ_S:
             self._read_at = now
-            slots = (await self._client._registry.routes()).slots(self._model)
+            slots = (await self._client._routes()).slots(self._model)
             self._size = max(MIN_IN_FLIGHT, 2 * slots)
         return self._size
 

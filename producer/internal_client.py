@@ -36,10 +36,9 @@ class InternalClient(StreamqClient):
         a Redis Cluster carries the events. Closing the client closes it."""
         return self._data
 
-    @redis_errors_as_streamq_errors
     async def routes(self) -> Routes:
-        """The live workers (model, queue) and every model ever registered."""
-        return await self._registry.routes()
+        """The live workers (model, queue, slots) and every model ever registered."""
+        return await self._routes()
 
     def models_waiting(self, routes: Routes) -> dict[str, str]:
         """Model name -> queue, for each model with no live worker in ``routes`` that still

@@ -13,6 +13,7 @@ event and the tokens its chunks carry), and the script reads the control plane o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -33,8 +34,9 @@ from streamq.protocol import (
     FinalEvent,
     callback_key,
     decode_event,
+    script_calls,
 )
-from streamq.protocol.scripts import ReadOnlyScript
+from streamq.protocol.scripts import Script
 from streamq.protocol.status import CallbackDelivery, RequestStatus
 
 
@@ -59,28 +61,30 @@ class StatusReader:
 
     def __init__(self, redis: Redis, log: ReplayLog | None = None) -> None:
         """``log``: the replay log, when it is not on ``redis`` (a Redis Cluster's data plane)."""
-        self._script = ReadOnlyScript(redis, "request_status")
+        self._script = Script(redis, script_calls.RequestStatus)
         self._log = log if log is not None and log.names.sharded else None
 
     async def read(self, request_id: str, *, queues: Sequence[str] = ()) -> RequestStatus:
         """The status of ``request_id``. Queued requests are looked for on ``queues``
         first, then on every queue a model was registered on."""
-        keys = [
-            JOB_KEY_PREFIX + request_id,
-            IN_PROGRESS_PREFIX + request_id,
-            RESULT_KEY_PREFIX + request_id,
-            (self._log.names if self._log is not None else ONE_REDIS).events(request_id),
-            RETRY_KEY_PREFIX + request_id,
-            callback_key(request_id),
-            *dict.fromkeys(queues),
-        ]
-        args: list[str] = [request_id, MODELS_KEY, IN_PROGRESS_PREFIX]
+        call = script_calls.RequestStatus(
+            job_key=JOB_KEY_PREFIX + request_id,
+            in_progress_key=IN_PROGRESS_PREFIX + request_id,
+            result_key=RESULT_KEY_PREFIX + request_id,
+            log_key=(self._log.names if self._log is not None else ONE_REDIS).events(request_id),
+            retry_key=RETRY_KEY_PREFIX + request_id,
+            callback_key=callback_key(request_id),
+            queues=list(dict.fromkeys(queues)),
+            request_id=request_id,
+            models_key=MODELS_KEY,
+            in_progress_prefix=IN_PROGRESS_PREFIX,
+        )
         if self._log is None:
-            reply = await self._script(keys=keys, args=args)
+            reply = await self._script(call)
             return status_from(request_id, msgspec.json.decode(reply, type=_Found))
         last, tokens = await _log_summary(self._log, request_id)
         ended = last is not None and isinstance(decode_event(last), TERMINAL_EVENTS)
-        reply = await self._script(keys=keys, args=[*args, "1" if ended else "0"])
+        reply = await self._script(replace(call, ended="1" if ended else "0"))
         found = msgspec.json.decode(reply, type=_Found)
         found.last = None if last is None else last.decode()
         found.tokens = tokens

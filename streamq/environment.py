@@ -61,16 +61,16 @@ def queue_from_env(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(QUEUE_ENV, DEFAULT_QUEUE)
 
 
-def affinity_window_from_env(environ: Mapping[str, str] = os.environ) -> int:
-    """``$STREAMQ_AFFINITY_WINDOW_MS``, else ``AFFINITY_WINDOW_MS``; a value that is not an
-    integer is a ``ValueError`` naming the variable."""
+def affinity_window_from_env(environ: Mapping[str, str] = os.environ) -> float:
+    """``$STREAMQ_AFFINITY_WINDOW_S``, else ``AFFINITY_WINDOW_MS`` in seconds; a value that is
+    not a number is a ``ValueError`` naming the variable."""
     raw = environ.get(AFFINITY_WINDOW_ENV)
     if raw is None:
-        return AFFINITY_WINDOW_MS
+        return AFFINITY_WINDOW_MS / 1000
     try:
-        return int(raw)
+        return float(raw)
     except ValueError:
-        raise ValueError(f"${AFFINITY_WINDOW_ENV} must be an integer (ms), got {raw!r}") from None
+        raise ValueError(f"${AFFINITY_WINDOW_ENV} must be a number of seconds, got {raw!r}") from None
 
 
 def drain_seconds_from_env(environ: Mapping[str, str] = os.environ) -> int:

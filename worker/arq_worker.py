@@ -31,14 +31,9 @@ from streamq.protocol import (
     ErrorEvent,
     is_valid_request_id,
 )
-from streamq.protocol.names import (
-    AFFINITY_FREE_TTL_MS,
-    AFFINITY_OWNER_TTL_MS,
-    CLAIM_SCAN_INTERVAL_MS,
-    TENANT_WEIGHTS_KEY,
-    running_key,
-)
-from streamq.protocol.scripts import register_script
+from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_OWNER_TTL_MS, running_key
+from streamq.protocol.script_calls import ClaimJobs, FinishJob, ReleaseAffinity
+from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.engine import max_batch_size
@@ -112,7 +107,10 @@ class StreamqWorker(Worker):
             return
         self._affinity_released = True
         try:
-            released = await self._release(keys=[self.queue_name], args=[state_of(self.ctx).worker_id, WAKEUP_CHANNEL])
+            call = ReleaseAffinity(
+                queue=self.queue_name, worker_id=state_of(self.ctx).worker_id, wakeup_channel=WAKEUP_CHANNEL
+            )
+            released = await self._release(call)
         except Exception as exc:  # Redis away: the windows lapse on their own
             logger.warning("could not give back the jobs held for this worker: %s", exc)
             return
@@ -148,9 +146,9 @@ class StreamqWorker(Worker):
             )
         logger.info("worker listening on queue %s", self.queue_name)
         self.ctx["redis"] = self.pool
-        self._claim = register_script(self.pool, "claim_jobs")
-        self._finish_script = register_script(self.pool, "finish_job")
-        self._release = register_script(self.pool, "release_affinity")
+        self._claim = Script(self.pool, ClaimJobs)
+        self._finish_script = Script(self.pool, FinishJob)
+        self._release = Script(self.pool, ReleaseAffinity)
         if self.on_startup:
             await self.on_startup(self.ctx)
         if self._max_jobs_from_engine:
@@ -192,21 +190,19 @@ class StreamqWorker(Worker):
         # Slots whose request already ended count as free for enqueue's routing (only).
         spare += sum(1 for job_id in state.ended_jobs if job_id in self.tasks and not self.tasks[job_id].done())
         redis_now, hits, misses, expired, *reply = await self._claim(
-            keys=[self.queue_name],
-            args=[
-                free,
-                ttl_ms,
-                self.queue_read_limit,
-                IN_PROGRESS_PREFIX,
-                state.worker_id,
-                TENANT_WEIGHTS_KEY,
-                CLAIM_SCAN_INTERVAL_MS,
-                AFFINITY_OWNER_TTL_MS,
-                AFFINITY_FREE_TTL_MS,
-                self.job_counter,
-                spare,
-                WAKEUP_CHANNEL,
-            ],
+            ClaimJobs(
+                queue=self.queue_name,
+                wanted=free,
+                lease_ms=ttl_ms,
+                page=self.queue_read_limit,
+                in_progress_prefix=IN_PROGRESS_PREFIX,
+                worker_id=state.worker_id,
+                owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
+                free_ttl_ms=AFFINITY_FREE_TTL_MS,
+                running=self.job_counter,
+                spare=spare,
+                wakeup_channel=WAKEUP_CHANNEL,
+            )
         )
         state.clock.observe(int(redis_now), asked_at, timestamp_ms())
         if hits or misses or expired:
@@ -315,31 +311,28 @@ class StreamqWorker(Worker):
     ) -> bool:
         """Run ``finish_job.lua``; False when a newer attempt owns the request."""
         state = state_of(self.ctx)
-        keys = [
-            IN_PROGRESS_PREFIX + job_id,
-            JOB_KEY_PREFIX + job_id,
-            RETRY_KEY_PREFIX + job_id,
-            RESULT_KEY_PREFIX + job_id,
-            self.queue_name,
-            ABORT_KEY,
-            running_key(self.queue_name),
-        ]
         owners = state.replay_log.owners
-        if not owners.ahead:
-            keys.append(owners.names.owner(job_id))
-        args: list[str | int | bytes] = [
-            job_id,
-            state.worker_id,
-            lease_holder(state.worker_id, attempt),
-            attempt,
-            action,
-            result_data or b"",
-            0 if expiry_s is None else round(expiry_s * 1000),
-            incr_score or "",
-        ]
-        if owners.ahead:
-            args += await owners.values([job_id])
-        return bool(await self._finish_script(keys=keys, args=args))
+        owner = (await owners.values([job_id]))[0] if owners.ahead else None
+        call = FinishJob(
+            in_progress_key=IN_PROGRESS_PREFIX + job_id,
+            job_key=JOB_KEY_PREFIX + job_id,
+            retry_key=RETRY_KEY_PREFIX + job_id,
+            result_key=RESULT_KEY_PREFIX + job_id,
+            queue=self.queue_name,
+            abort_key=ABORT_KEY,
+            running_key=running_key(self.queue_name),
+            owner_key=None if owners.ahead else owners.names.owner(job_id),
+            job_id=job_id,
+            worker_id=state.worker_id,
+            holder=lease_holder(state.worker_id, attempt),
+            attempt=attempt,
+            action=action,
+            result=result_data or b"",
+            result_ttl_ms=0 if expiry_s is None else round(expiry_s * 1000),
+            score_increment=incr_score or "",
+            owner=owner,
+        )
+        return bool(await self._finish_script(call))
 
     async def _end_failed_request(self, job_id: str, result_data: bytes | None, attempt: int | None = None) -> None:
         """Publish an error event for a job that failed, unless its request already

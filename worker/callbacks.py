@@ -38,7 +38,8 @@ from streamq.protocol import (
 )
 from streamq.protocol.callbacks import CallbackBody, CallbackError, signature
 from streamq.protocol.names import CALLBACK_SECRET_ENV, CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP_HEADER
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import ClaimCallbacks, RecordCallback
+from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
 
 logger = logging.getLogger("streamq.worker.callbacks")
@@ -88,9 +89,9 @@ class CallbackSender:
         self._redis = redis
         self._log = log
         self.policy = policy
-        self._claim = register_script(redis, "claim_callbacks")
+        self._claim = Script(redis, ClaimCallbacks)
         self._schedule = CallbackSchedule(redis, log.owners, log.ttl_ms)
-        self._record = register_script(redis, "record_callback")
+        self._record = Script(redis, RecordCallback)
         self._wake = asyncio.Event()
         self._sending: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -132,7 +133,10 @@ class CallbackSender:
         free = self.policy.concurrency - len(self._sending)
         if free <= 0:
             return
-        _, *reply = await self._claim(keys=[CALLBACKS_KEY], args=[free, self.policy.lease_ms, CALLBACK_KEY_PREFIX])
+        call = ClaimCallbacks(
+            callbacks_key=CALLBACKS_KEY, count=free, lease_ms=self.policy.lease_ms, callback_prefix=CALLBACK_KEY_PREFIX
+        )
+        _, *reply = await self._claim(call)
         for i in range(0, len(reply), 4):
             request_id, spec, attempts, ended_ms = (
                 x.decode() if isinstance(x, bytes) else str(x) for x in reply[i : i + 4]
@@ -177,16 +181,18 @@ class CallbackSender:
             await self._outcome(request_id, "failed", attempts, status, error)
 
     async def _outcome(self, request_id: str, outcome: str, attempts: int, status: int | None, error: str) -> None:
-        args: list[str | int] = [
-            request_id,
-            outcome,
-            attempts,
-            "" if status is None else status,
-            error[:500],
-            self.policy.delay_ms(max(attempts, 1)),
-            self._log.ttl_ms,
-        ]
-        await self._record(keys=[CALLBACKS_KEY, callback_key(request_id)], args=args)
+        call = RecordCallback(
+            callbacks_key=CALLBACKS_KEY,
+            callback_key=callback_key(request_id),
+            request_id=request_id,
+            outcome=outcome,
+            attempts=attempts,
+            http_status="" if status is None else status,
+            error=error[:500],
+            retry_in_ms=self.policy.delay_ms(max(attempts, 1)),
+            ttl_ms=self._log.ttl_ms,
+        )
+        await self._record(call)
 
     def headers(self, body: bytes) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}

@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from redis.asyncio import Redis
 
 from streamq.broker.data_plane import OwnerRead
 from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import LeaseRenewal, RenewLeases
+from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
 from worker import metrics
 
@@ -60,7 +61,7 @@ class Leases:
         """job id -> the attempt holding its lease here."""
         self._renew_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._renew = register_script(redis, "renew_leases")
+        self._renew = Script(redis, RenewLeases)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew_forever(), name="leases")
@@ -86,18 +87,21 @@ class Leases:
         held = list(self._held.items())
         if not held:
             return
-        keys: list[str] = []
-        args: list[str | int] = [self.ttl_ms]
-        if self._owners.ahead:
+        ahead = self._owners.ahead  # the owner keys are on another server: read them first
+        owners: Sequence[str | None] = [None] * len(held)
+        if ahead:
             owners = await self._owners.values([job_id for job_id, _ in held])
-            for (job_id, attempt), owner in zip(held, owners, strict=True):
-                keys.append(IN_PROGRESS_PREFIX + job_id)
-                args += [lease_holder(self.worker_id, attempt), attempt, owner]
-        else:
-            for job_id, attempt in held:
-                keys += [IN_PROGRESS_PREFIX + job_id, self._owners.names.owner(job_id)]
-                args += [lease_holder(self.worker_id, attempt), attempt]
-        replies = await self._renew(keys=keys, args=args)
+        jobs = [
+            LeaseRenewal(
+                IN_PROGRESS_PREFIX + job_id,
+                lease_holder(self.worker_id, attempt),
+                attempt,
+                owner_key=None if ahead else self._owners.names.owner(job_id),
+                owner=owner,
+            )
+            for (job_id, attempt), owner in zip(held, owners, strict=True)
+        ]
+        replies = await self._renew(RenewLeases(ttl_ms=self.ttl_ms, jobs=jobs))
         for (job_id, attempt), kept in zip(held, replies, strict=True):
             if not kept and self._held.get(job_id) == attempt:
                 logger.warning("job %s: owned by a newer attempt, or ended (attempt %d stops)", job_id, attempt)

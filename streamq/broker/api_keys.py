@@ -23,7 +23,8 @@ from streamq.protocol.names import (
     KEY_USAGE_PREFIX,
     KEY_WINDOW_PREFIX,
 )
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import RevokeApiKey, SaveApiKey
+from streamq.protocol.scripts import Script
 
 SECRET_PREFIX = "sq-"
 """Secrets start with this, so a leaked one is recognisable (e.g. by secret scanners)."""
@@ -112,15 +113,22 @@ class ApiKeyStore:
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._save = register_script(redis, "save_api_key")
-        self._revoke = register_script(redis, "revoke_api_key")
+        self._save = Script(redis, SaveApiKey)
+        self._revoke = Script(redis, RevokeApiKey)
 
     async def create(self, record: KeyRecord) -> str:
         """Store a new key; its secret, which nothing can show again."""
         check_name(record.name)
         secret = new_secret()
         saved = await self._save(
-            keys=[API_KEYS_KEY, API_KEY_NAMES_KEY], args=[record.name, secret_hash(secret), encode_record(record), 1]
+            SaveApiKey(
+                api_keys_key=API_KEYS_KEY,
+                api_key_names_key=API_KEY_NAMES_KEY,
+                name=record.name,
+                secret_hash=secret_hash(secret),
+                record=encode_record(record),
+                create=1,
+            )
         )
         if not saved:
             raise ApiKeyError(f"a key named {record.name!r} exists already (revoke it first, or change it with set)")
@@ -128,15 +136,24 @@ class ApiKeyStore:
 
     async def update(self, record: KeyRecord) -> None:
         """Replace the limits of the key named ``record.name``; its secret stays."""
-        args: list[str | bytes | int] = [record.name, "", encode_record(record), 0]
-        saved = await self._save(keys=[API_KEYS_KEY, API_KEY_NAMES_KEY], args=args)
+        call = SaveApiKey(
+            api_keys_key=API_KEYS_KEY,
+            api_key_names_key=API_KEY_NAMES_KEY,
+            name=record.name,
+            record=encode_record(record),
+            create=0,
+        )
+        saved = await self._save(call)
         if not saved:
             raise ApiKeyError(f"no key named {record.name!r}")
 
     async def revoke(self, name: str) -> None:
         """Delete the key at once (every gateway refuses it from its next request on) and its
         rate windows; its usage totals stay."""
-        if not await self._revoke(keys=[API_KEYS_KEY, API_KEY_NAMES_KEY, window_key(name)], args=[name]):
+        call = RevokeApiKey(
+            api_keys_key=API_KEYS_KEY, api_key_names_key=API_KEY_NAMES_KEY, window_key=window_key(name), name=name
+        )
+        if not await self._revoke(call):
             raise ApiKeyError(f"no key named {name!r}")
 
     async def get(self, name: str) -> KeyRecord | None:

@@ -9,7 +9,8 @@ from redis.asyncio import Redis
 
 from streamq.broker.data_plane import OwnerRead
 from streamq.protocol import CALLBACKS_KEY, callback_key
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import ScheduleCallback
+from streamq.protocol.scripts import Script
 
 
 class CallbackSchedule:
@@ -17,17 +18,21 @@ class CallbackSchedule:
 
     def __init__(self, control: Redis, owners: OwnerRead, ttl_ms: int) -> None:
         """``ttl_ms``: how long the delivery's record is kept (the replay log's TTL)."""
-        self._script = register_script(control, "schedule_callback")
+        self._script = Script(control, ScheduleCallback)
         self._owners = owners
         self._ttl_ms = ttl_ms
 
     async def __call__(self, request_id: str, spec: bytes = b"") -> bool:
         """Make ``request_id``'s callback due now, once, if it ended: ``spec`` (its callback
         as JSON), else the one stored at enqueue. True when this call scheduled it."""
-        keys = [CALLBACKS_KEY, callback_key(request_id)]
-        args: list[str | bytes | int] = [request_id, spec, self._ttl_ms]
-        if self._owners.ahead:
-            args += await self._owners.values([request_id])
-        else:
-            keys.append(self._owners.names.owner(request_id))
-        return bool(await self._script(keys=keys, args=args))
+        ahead = self._owners.ahead
+        call = ScheduleCallback(
+            callbacks_key=CALLBACKS_KEY,
+            callback_key=callback_key(request_id),
+            owner_key=None if ahead else self._owners.names.owner(request_id),
+            request_id=request_id,
+            callback=spec,
+            ttl_ms=self._ttl_ms,
+            owner=(await self._owners.values([request_id]))[0] if ahead else None,
+        )
+        return bool(await self._script(call))

@@ -25,7 +25,8 @@ from streamq.protocol import (
     encode_registration,
 )
 from streamq.protocol.names import MODELS_SEEN_KEY, QUEUE_MODELS_KEY
-from streamq.protocol.scripts import ReadOnlyScript, register_script
+from streamq.protocol.script_calls import ReadRegistry, RegisterWorker
+from streamq.protocol.scripts import Script
 
 logger = logging.getLogger("streamq.registry")
 
@@ -90,15 +91,23 @@ class WorkerRegistry:
     """Registers workers and reads which models are served where."""
 
     def __init__(self, redis: Redis) -> None:
-        self._register = register_script(redis, "register_worker")
-        self._read = ReadOnlyScript(redis, "read_registry")
+        self._register = Script(redis, RegisterWorker)
+        self._read = Script(redis, ReadRegistry)
         self._redis = redis
 
     async def register(self, registration: WorkerRegistration, ttl_ms: int = WORKER_TTL_MS) -> None:
         """Announce (or renew) ``registration`` as live for ``ttl_ms`` from now."""
         await self._register(
-            keys=[WORKERS_KEY, MODELS_KEY, MODELS_SEEN_KEY, QUEUE_MODELS_KEY],
-            args=[encode_registration(registration), ttl_ms, registration.queue, *registration.models()],
+            RegisterWorker(
+                workers_key=WORKERS_KEY,
+                models_key=MODELS_KEY,
+                models_seen_key=MODELS_SEEN_KEY,
+                queue_models_key=QUEUE_MODELS_KEY,
+                registration=encode_registration(registration),
+                ttl_ms=ttl_ms,
+                queue=registration.queue,
+                models=registration.models(),
+            )
         )
 
     async def unregister(self, registration: WorkerRegistration) -> None:
@@ -107,8 +116,13 @@ class WorkerRegistry:
 
     async def routes(self) -> Routes:
         """The live workers and known models, read in one round trip."""
-        keys = [WORKERS_KEY, MODELS_KEY, MODELS_SEEN_KEY, QUEUE_MODELS_KEY]
-        now, members, flat, seen, bases = await self._read(keys=keys, args=[])
+        call = ReadRegistry(
+            workers_key=WORKERS_KEY,
+            models_key=MODELS_KEY,
+            models_seen_key=MODELS_SEEN_KEY,
+            queue_models_key=QUEUE_MODELS_KEY,
+        )
+        now, members, flat, seen, bases = await self._read(call)
         workers = []
         for member in members:
             try:

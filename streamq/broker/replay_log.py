@@ -7,8 +7,9 @@ already logged or from a superseded attempt. Both scripts that write a terminal 
 (``append_and_publish``, ``end_request``) also push it to ``RECENT_ENDS_KEY``, in the
 same call, for the dashboard.
 
-A batch's command is packed here in one pass: redis-py's asyncio packer copies its
-buffer again for every argument, which made packing the worker's largest cost per event.
+A batch's command is packed here in one pass (``pack_append``, held to the typed call
+``AppendAndPublish`` by a test): redis-py's asyncio packer copies its buffer again for every
+argument, which made packing the worker's largest cost per event.
 
 On a Redis Cluster (``streamq.broker.data_plane``) a script call covers one slot, so a batch
 is split by bucket (the hash tag of its requests' names), the calls pipelined per shard
@@ -55,9 +56,10 @@ from streamq.protocol import (
     FinalEvent,
     callback_key,
     encode_event,
+    script_calls,
 )
 from streamq.protocol.names import RECENT_ENDS_KEY, RECENT_ENDS_MAX, events_bucket
-from streamq.protocol.scripts import register_script
+from streamq.protocol.scripts import Script
 
 T = TypeVar("T")
 
@@ -159,26 +161,19 @@ class ReplayLog:
         if recent_ends_max < 1:
             raise ValueError(f"recent_ends_max must be >= 1, got {recent_ends_max}")
         self._recent_ends_max = recent_ends_max
-        self._append_script = register_script(redis, "append_and_publish")
-        self._take_over_script = register_script(redis, "take_over")
-        self._end_script = register_script(redis, "end_request")
+        self._append_script = Script(redis, script_calls.AppendAndPublish)
+        self._take_over_script = Script(redis, script_calls.TakeOver)
+        self._end_script = Script(redis, script_calls.EndRequest)
 
     async def append(self, events: Sequence[LogEvent]) -> Appended:
         """Log and publish ``events``, in order: in one command on one Redis, in one per
         bucket of requests, pipelined per shard, on a cluster."""
-        script = self._append_script
         if isinstance(self._redis, RedisCluster):
             return await self._append_sharded(self._redis, events)
         if self._one_redis().connection is not None:  # a single-connection client: its own lock and path
-            keys: list[str] = []
-            args: list[str | int | bytes] = [self._maxlen, self._ttl_ms]
-            for event in events:
-                keys += [self.names.events(event.request_id), self.names.owner(event.request_id)]
-                args += [entry_id(event.seq), event.attempt, int(event.terminal), event.payload]
-            args += [RECENT_ENDS_KEY, self._recent_ends_max, EVENTS_CHANNEL_PREFIX]
-            reply = await script(keys=keys, args=args)
+            reply = await self._append_script(self._append_call(events))
         else:
-            [reply] = await self._send_appends(self._pack(script.sha, events), 1)
+            [reply] = await self._send_appends(self._pack(events), 1)
         return self._appended(reply)
 
     def _appended(self, reply: Any) -> Appended:
@@ -203,8 +198,7 @@ class ReplayLog:
             # a cluster splits by bucket anyway; a single-connection client has no pipelining of its own
             results = [await self.append(group) for group in groups]
             return _merged(results)
-        script = self._append_script
-        command = b"".join(self._pack(script.sha, group) for group in groups)
+        command = b"".join(self._pack(group) for group in groups)
         replies = await self._send_appends(command, len(groups))
         return _merged(map(self._appended, replies))
 
@@ -217,7 +211,7 @@ class ReplayLog:
         try:
             return await _execute_pipelined(pool, command, count)
         except NoScriptError:
-            await redis.script_load(self._append_script.script)
+            await redis.script_load(self._append_script.text)
             return await _execute_pipelined(pool, command, count)
 
     def _one_redis(self) -> Redis:
@@ -235,9 +229,8 @@ class ReplayLog:
         buckets: dict[int, list[LogEvent]] = {}
         for event in events:
             buckets.setdefault(events_bucket(event.request_id), []).append(event)
-        sha = self._append_script.sha
         calls = [
-            _ClusterCall(self.names.events(group[0].request_id), self._pack(sha, group), tuple(group))
+            _ClusterCall(self.names.events(group[0].request_id), self._pack(group), tuple(group))
             for group in buckets.values()
         ]
         results: list[Appended] = []
@@ -257,7 +250,7 @@ class ReplayLog:
                     else:
                         errors.append((call, reply))
                 if node is not None and any(isinstance(reply, NoScriptError) for reply in replies):
-                    await node.execute_command("SCRIPT", "LOAD", self._append_script.script)
+                    await node.execute_command("SCRIPT", "LOAD", self._append_script.text)
             if not again:
                 break
             if any(not call.asking for call in again):
@@ -286,7 +279,11 @@ class ReplayLog:
         self._refreshed_at = now
         return True
 
-    def _pack(self, sha: str | bytes, events: Sequence[LogEvent]) -> bytes:
+    def _append_call(self, events: Sequence[LogEvent]) -> script_calls.AppendAndPublish:
+        return append_call(self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names)
+
+    def _pack(self, events: Sequence[LogEvent]) -> bytes:
+        sha = self._append_script.sha
         return pack_append(sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names)
 
     async def end(self, request_id: str, event: FinalEvent | ErrorEvent, *, attempt: int | None = None) -> int | None:
@@ -298,28 +295,34 @@ class ReplayLog:
         stored at enqueue is made due, and the event pushed to ``RECENT_ENDS_KEY``, in the
         same script. Returns the seq given, or ``None`` if nothing was written."""
         names = self.names
-        keys = [names.events(request_id), names.owner(request_id)]
-        args: list[bytes | str | int] = [
-            encode_event(event),
-            self._maxlen,
-            self._ttl_ms,
-            "" if names.sharded else callback_key(request_id),  # on a cluster: the caller's, on the control plane
-            CALLBACKS_KEY,
-            request_id,
-            names.recent_ends(request_id),
-            self._recent_ends_max,
-            "" if attempt is None else attempt,
-            names.publish_command,
-        ]
-        seq = int(await self._on_cluster(lambda: self._end_script(keys=keys, args=args)))
+        call = script_calls.EndRequest(
+            log_key=names.events(request_id),
+            owner_key=names.owner(request_id),
+            event=encode_event(event),
+            maxlen=self._maxlen,
+            ttl_ms=self._ttl_ms,
+            callback_key="" if names.sharded else callback_key(request_id),  # on a cluster: the caller's
+            callbacks_key=CALLBACKS_KEY,
+            request_id=request_id,
+            recent_ends_key=names.recent_ends(request_id),
+            recent_ends_max=self._recent_ends_max,
+            attempt="" if attempt is None else attempt,
+            publish=names.publish_command,
+        )
+        seq = int(await self._on_cluster(lambda: self._end_script(call)))
         return None if seq < 0 else seq
 
     async def take_over(self, request_id: str, attempt: int) -> TakeOver:
         """Make ``attempt`` the request's owner, so that older attempts still running
         can no longer write (unless it ended, or a newer attempt owns it), and read
         everything logged so far, in one step."""
-        keys = [self.names.events(request_id), self.names.owner(request_id)]
-        owns, entries = await self._on_cluster(lambda: self._take_over_script(keys=keys, args=[attempt, self._ttl_ms]))
+        call = script_calls.TakeOver(
+            log_key=self.names.events(request_id),
+            owner_key=self.names.owner(request_id),
+            attempt=attempt,
+            ttl_ms=self._ttl_ms,
+        )
+        owns, entries = await self._on_cluster(lambda: self._take_over_script(call))
         return TakeOver(bool(owns), [_field(fields, b"event") for _, fields in entries])
 
     async def read(self, request_id: str, from_seq: int = 0) -> list[bytes]:
@@ -351,6 +354,40 @@ class ReplayLog:
                 except CLUSTER_GLITCHES:
                     await asyncio.sleep(0.1 * round_)
         return await call()
+
+
+def append_call(
+    maxlen: int,
+    ttl_ms: int,
+    events: Sequence[LogEvent],
+    recent_ends_max: int = RECENT_ENDS_MAX,
+    names: DataNames = ONE_REDIS,
+) -> script_calls.AppendAndPublish:
+    """``append_and_publish`` of ``events``, each terminal one pushed to the recent ends, by
+    ``SPUBLISH`` on a cluster. On a cluster ``events`` are of one bucket (their prefix and
+    recent-ends list are the first one's)."""
+    recent_ends, prefix, publish = RECENT_ENDS_KEY, EVENTS_CHANNEL_PREFIX, None
+    if names.sharded and events:
+        first = events[0].request_id
+        recent_ends, prefix = names.recent_ends(first), names.events(first).removesuffix(first)
+        publish = names.publish_command
+    logged: list[script_calls.AppendedEvent] = []
+    keys: dict[str, tuple[str, str]] = {}  # a batch holds several events of a request
+    appended = script_calls.AppendedEvent._make
+    for request_id, seq, attempt, payload, terminal in events:
+        pair = keys.get(request_id)
+        if pair is None:
+            pair = keys[request_id] = (names.events(request_id), names.owner(request_id))
+        logged.append(appended((*pair, entry_id(seq), attempt, 1 if terminal else 0, payload)))
+    return script_calls.AppendAndPublish(
+        maxlen=maxlen,
+        ttl_ms=ttl_ms,
+        events=logged,
+        recent_ends_key=recent_ends,
+        recent_ends_max=recent_ends_max,
+        log_prefix=prefix,
+        publish=publish,
+    )
 
 
 _EVENTS_PREFIX = EVENTS_CHANNEL_PREFIX.encode()

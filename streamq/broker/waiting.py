@@ -14,12 +14,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
 from streamq.broker.registry import Routes
 from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS, WAKEUP_CHANNEL
-from streamq.protocol.names import CLAIM_SCAN_INTERVAL_MS, TENANT_WEIGHTS_KEY, queue_waiting_key
-from streamq.protocol.scripts import ReadOnlyScript, register_script
+from streamq.protocol.names import queue_waiting_key
+from streamq.protocol.script_calls import ClaimJobs, ReadWaiting
+from streamq.protocol.scripts import Script
 
 TEND_PAGE = 1000
 """Deferred jobs and lapsed leases one tending of a queue looks at (a claim reads its own
@@ -56,16 +56,15 @@ class WaitingRequests:
     """Reads each queue's waiting requests (``read``) and keeps them exact (``tend``)."""
 
     def __init__(self, redis: Redis) -> None:
-        self._redis = redis
-        self._read = ReadOnlyScript(redis, "read_waiting")
-        self._claim = register_script(redis, "claim_jobs")
+        self._read = Script(redis, ReadWaiting)
+        self._claim = Script(redis, ClaimJobs)
 
     async def read(self, queues: Mapping[str, str]) -> list[QueueWaiting]:
         """The waiting requests of each queue (queue -> its model's label), in one round trip."""
         names = list(queues)
         if not names:
             return []
-        now, *counts = await self._read(keys=[queue_waiting_key(queue) for queue in names])
+        now, *counts = await self._read(ReadWaiting(waiting_keys=[queue_waiting_key(queue) for queue in names]))
         now_ms = int(now)
         found = []
         for queue, waiting, oldest in zip(names, counts[::2], counts[1::2], strict=True):
@@ -78,18 +77,16 @@ class WaitingRequests:
         """Make each queue's waiting set exact as of now: the claim, asked for no jobs, moves
         the deferred jobs that came due into the index, notes lapsed leases as waiting, and
         wakes the workers if it moved any (one round trip for every queue)."""
-        queues = list(queues)
         # No jobs, no worker (its id ''), no prefixes owned, no free slots set.
-        args: list[str | int] = [0, LEASE_TTL_MS, TEND_PAGE, IN_PROGRESS_PREFIX, "", TENANT_WEIGHTS_KEY]
-        args += [CLAIM_SCAN_INTERVAL_MS, 0, 0, 0, 0, WAKEUP_CHANNEL]
-        for _ in range(2):
-            # EVALSHA in a plain pipeline: redis-py's own script pipelining asks SCRIPT EXISTS
-            # first, which a producer's Redis user may not run.
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for queue in queues:
-                    pipe.execute_command("EVALSHA", self._claim.sha, 1, queue, *args)
-                try:
-                    await pipe.execute()
-                    return
-                except NoScriptError:  # a restarted Redis has forgotten it
-                    await self._redis.script_load(self._claim.script)
+        await self._claim.pipelined(
+            ClaimJobs(
+                queue=queue,
+                wanted=0,
+                lease_ms=LEASE_TTL_MS,
+                page=TEND_PAGE,
+                in_progress_prefix=IN_PROGRESS_PREFIX,
+                worker_id="",
+                wakeup_channel=WAKEUP_CHANNEL,
+            )
+            for queue in queues
+        )

@@ -21,7 +21,8 @@ from streamq.protocol.names import (
     WORKER_STATS_KEY,
     WORKER_STATS_SEEN_KEY,
 )
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import ReportWorkerStats
+from streamq.protocol.scripts import Script
 from streamq.protocol.worker_stats import (
     RecentEnd,
     WorkerStats,
@@ -40,13 +41,18 @@ class WorkerStatsStore:
         """``data``: the data plane, where the recent ends are pushed, when not ``redis``."""
         self._redis = redis
         self._data: DataRedis = redis if data is None else data
-        self._report = register_script(redis, "report_worker_stats")
+        self._report = Script(redis, ReportWorkerStats)
 
     async def report(self, stats: WorkerStats, keep_ms: int = WORKER_STATS_KEEP_MS) -> None:
         """Replace this worker's report (and drop reports older than ``keep_ms``)."""
         await self._report(
-            keys=[WORKER_STATS_KEY, WORKER_STATS_SEEN_KEY],
-            args=[stats.worker_id, encode_worker_stats(stats), keep_ms],
+            ReportWorkerStats(
+                stats_key=WORKER_STATS_KEY,
+                seen_key=WORKER_STATS_SEEN_KEY,
+                worker_id=stats.worker_id,
+                stats=encode_worker_stats(stats),
+                keep_ms=keep_ms,
+            )
         )
 
     async def read(self) -> list[WorkerStats]:

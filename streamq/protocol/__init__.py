@@ -2,8 +2,9 @@
 
 ``names`` (keys, channels, limits, TTLs, environment variables), ``codes`` (error codes,
 finish reasons), ``messages`` (request, events, registration), ``envelope`` (arq's job
-format) and ``scripts`` (the Lua scripts in ``lua/``). PROTOCOL.md documents the same for
-other languages, checked by a test. Imports neither vllm nor torch: both sides use it.
+format), ``scripts`` (the Lua scripts in ``lua/``) and ``script_calls`` (each script's
+typed call). PROTOCOL.md documents the same for other languages, checked by a test.
+Imports neither vllm nor torch: both sides use it.
 """
 
 from streamq.protocol.codes import ErrorCode, FinishReason

@@ -227,9 +227,9 @@ CALLBACK_SECRET_ENV: Final = "STREAMQ_CALLBACK_SECRET"
 KEEP_RESULT_ENV: Final = "STREAMQ_KEEP_RESULT_S"
 """The worker only: seconds arq keeps a finished job's result (``arq:result:<id>``)."""
 DEFAULT_KEEP_RESULT_S: Final = 3600
-AFFINITY_WINDOW_ENV: Final = "STREAMQ_AFFINITY_WINDOW_MS"
-"""The producer only (library, command line, gateway): its ``affinity_window_ms`` when not
-given (default ``AFFINITY_WINDOW_MS``; 0 turns prefix-aware pickup off for it)."""
+AFFINITY_WINDOW_ENV: Final = "STREAMQ_AFFINITY_WINDOW_S"
+"""The producer only (library, command line, gateway): its ``affinity_window_s`` when not
+given (seconds; default ``AFFINITY_WINDOW_MS`` / 1000; 0 turns prefix-aware pickup off for it)."""
 MODEL_MEMORY_ENV: Final = "STREAMQ_MODEL_MEMORY_S"
 """The producer only (library, command line, gateway): seconds a model with no live worker
 still takes requests after its last one (default ``DEFAULT_MODEL_MEMORY_S``; 0: none)."""

@@ -2,19 +2,24 @@
 
 They are the Redis side of the contract: what each one reads and writes is part of
 the wire format, so they live beside the names and schemas, not in the modules
-that run them."""
+that run them. Each is run with its typed call (``streamq.protocol.script_calls``):
+``Script(redis, Enqueue)`` once per client, then ``await script(Enqueue(...))``."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable
 from importlib import resources
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
+
+from streamq.protocol.script_calls import ScriptCall
+
+C = TypeVar("C", bound=ScriptCall)
 
 _LUA = resources.files(__package__).joinpath("lua")
 
@@ -30,33 +35,51 @@ def script_text(name: str) -> str:
     return _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
-def register_script(redis: Redis | RedisCluster, name: str) -> AsyncScript:
-    """Script ``name`` bound to ``redis``: called with ``keys`` and ``args``, it runs by
-    EVALSHA and loads itself on first use."""
-    return redis.register_script(script_text(name))  # type: ignore[misc]  # RedisCluster has it too
+class Script(Generic[C]):
+    """Script ``call.script`` bound to ``redis``, run with calls of type ``call``: ``await
+    script(call(...))`` runs it by ``EVALSHA``, loading it on first use and again where a
+    restarted Redis forgot it. A call that only reads (``read_only``) runs by
+    ``EVALSHA_RO``: Redis then checks its declared keys as read (``EVALSHA`` checks them as
+    written too), so a user that may only read them can run it, and Redis refuses any write
+    it tries. A Redis older than 7.0 runs it by ``EVALSHA``."""
 
-
-class ReadOnlyScript:
-    """A script that only reads, run by ``EVALSHA_RO``: Redis then checks its declared keys
-    as read (``EVALSHA`` checks them as written too), so a user that may only read them can
-    run it, and Redis refuses any write it tries. A Redis older than 7.0 runs it by ``EVALSHA``."""
-
-    def __init__(self, redis: Redis | RedisCluster, name: str) -> None:
+    def __init__(self, redis: Redis | RedisCluster, call: type[C]) -> None:
+        self.text = script_text(call.script)
         self._redis = redis
-        self._script = register_script(redis, name)
-        self._read_only = True
+        self._script: AsyncScript = redis.register_script(self.text)  # type: ignore[misc]  # RedisCluster has it too
+        self.sha: str = self._script.sha
+        self._read_only = call.read_only
 
-    async def __call__(self, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
+    async def __call__(self, call: C) -> Any:
+        keys, args = call.flat()
         if not self._read_only:
             return await self._script(keys=keys, args=args)
-        command = ("EVALSHA_RO", self._script.sha, len(keys), *keys, *args)
+        command = ("EVALSHA_RO", self.sha, len(keys), *keys, *args)
         try:
             return await self._redis.execute_command(*command)
         except NoScriptError:  # a restarted Redis has forgotten it
-            await self._redis.script_load(self._script.script)
+            await self._redis.script_load(self.text)
             return await self._redis.execute_command(*command)
         except ResponseError as exc:
             if "unknown command" not in str(exc).lower():
                 raise
             self._read_only = False
             return await self._script(keys=keys, args=args)
+
+    async def pipelined(self, calls: Iterable[C]) -> list[Any]:
+        """Every call in one round trip, by ``EVALSHA`` in a plain pipeline (redis-py's own
+        script pipelining asks ``SCRIPT EXISTS`` first, which a producer's Redis user may not
+        run); a Redis that forgot the script gets it loaded, and the calls sent again (none
+        ran). The replies, in order; the first error reply raises."""
+        commands = [call.command(self.sha) for call in calls]
+        try:
+            return await self._send(commands)
+        except NoScriptError:  # a restarted Redis has forgotten it
+            await self._redis.script_load(self.text)
+            return await self._send(commands)
+
+    async def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return await pipe.execute()

@@ -124,7 +124,7 @@ class _Client:
         self.submitted: list[dict[str, Any]] = []
         self.handles: list[_Handle] = []
 
-    async def routes(self) -> Routes:
+    async def _routes(self) -> Routes:
         return Routes(workers=[], known_models={})
 
     async def submit(self, prompt: str | None = None, **kwargs: Any) -> _Handle:

@@ -11,14 +11,15 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import redis.asyncio as aioredis
 
 from streamq.protocol import CANCEL_CHANNEL, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, MODELS_KEY, WAKEUP_CHANNEL
 from streamq.protocol.names import running_key, waiting_key
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import Cancel, ClaimJobs, Enqueue, ReleaseAffinity
+from streamq.protocol.scripts import Script
 
 LEASE_MS = 3000
 
@@ -43,12 +44,12 @@ class Queue:
         self.redis = redis
         self.name = f"streamq:queue:claim-{uuid.uuid4().hex[:8]}"
         self.weights = f"streamq:tenant-weights-{uuid.uuid4().hex[:8]}"
-        self._enqueue = register_script(redis, "enqueue")
-        self._claim = register_script(redis, "claim_jobs")
-        self._cancel = register_script(redis, "cancel")
+        self._enqueue = Script(redis, Enqueue)
+        self._claim = Script(redis, ClaimJobs)
+        self._cancel = Script(redis, Cancel)
         self.ids: set[str] = set()
 
-        self._release = register_script(redis, "release_affinity")
+        self._release = Script(redis, ReleaseAffinity)
         self.affinity = AffinityCounts()
 
     async def enqueue(
@@ -67,14 +68,33 @@ class Queue:
         """Queue a job as the library does; with ``prefixes``, its affinity keys; with
         ``eligible``, the only workers that may run it."""
         self.ids.add(request_id)
-        keys = [JOB_KEY_PREFIX + request_id, self.name, f"streamq:events:{request_id}"]
-        args: list[str | int] = ["{}", 60_000, request_id, WAKEUP_CHANNEL, self.name, -1, f"arq:result:{request_id}"]
-        args += [priority, tenant, delay_ms]
-        if prefixes is not None or eligible is not None:
-            args += ["", "", 0, "", ",".join(prefixes or []), window_ms, slack, fraction]
-        if eligible is not None:
-            args.append(",".join(eligible))
-        assert await self._enqueue(keys=keys, args=args) == 1
+        call = replace(
+            self.enqueue_call(request_id, priority, tenant, delay_ms),
+            affinity_keys=prefixes or (),
+            window_ms=window_ms,
+            balance_slack=slack,
+            balance_fraction=fraction,
+            eligible=eligible or (),
+        )
+        assert await self._enqueue(call) == 1
+
+    def enqueue_call(self, request_id: str, priority: int = 0, tenant: str = "default", delay_ms: int = 0) -> Enqueue:
+        """The library's enqueue of a job on this queue, without affinity."""
+        return Enqueue(
+            job_key=JOB_KEY_PREFIX + request_id,
+            queue=self.name,
+            log_key=f"streamq:events:{request_id}",
+            payload=b"{}",
+            expiry_ms=60_000,
+            request_id=request_id,
+            wakeup_channel=WAKEUP_CHANNEL,
+            queue_name=self.name,
+            limit=-1,
+            result_key=f"arq:result:{request_id}",
+            priority=priority,
+            tenant=tenant,
+            delay_ms=delay_ms,
+        )
 
     async def claim(
         self,
@@ -89,14 +109,44 @@ class Queue:
     ) -> list[str]:
         """A claim by ``worker``, which runs ``running`` jobs; it takes part in affinity and
         tells the other workers on ``wakeup`` (if given) of jobs it leaves for them."""
-        args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, worker, self.weights, scan_ms, 60_000, free_ttl_ms, running]
-        args += [0, wakeup]
-        _, hits, misses, expired, *reply = await self._claim(keys=[self.name], args=args)
+        call = self.claim_call(
+            worker, wanted, lease_ms=lease_ms, scan_ms=scan_ms, running=running, free_ttl_ms=free_ttl_ms, wakeup=wakeup
+        )
+        _, hits, misses, expired, *reply = await self._claim(call)
         self.affinity += AffinityCounts(hits, misses, expired)
         return [job_id.decode() for job_id in reply[::2]]
 
+    def claim_call(
+        self,
+        worker: str,
+        wanted: int,
+        *,
+        lease_ms: int = LEASE_MS,
+        scan_ms: int = 1000,
+        running: int = 0,
+        free_ttl_ms: int = 60_000,
+        wakeup: str = "",
+        spare: int = 0,
+    ) -> ClaimJobs:
+        return ClaimJobs(
+            queue=self.name,
+            wanted=wanted,
+            lease_ms=lease_ms,
+            page=100,
+            in_progress_prefix=IN_PROGRESS_PREFIX,
+            worker_id=worker,
+            weights_key=self.weights,
+            scan_interval_ms=scan_ms,
+            owner_ttl_ms=60_000,
+            free_ttl_ms=free_ttl_ms,
+            running=running,
+            spare=spare,
+            wakeup_channel=wakeup,
+        )
+
     async def release(self, worker: str) -> int:
-        return int(await self._release(keys=[self.name], args=[worker, WAKEUP_CHANNEL]))
+        call = ReleaseAffinity(queue=self.name, worker_id=worker, wakeup_channel=WAKEUP_CHANNEL)
+        return int(await self._release(call))
 
     async def claim_each_by(self, worker: str, count: int) -> list[str]:
         """``count`` claims of one job each by ``worker``."""
@@ -107,9 +157,15 @@ class Queue:
         return [job_id for _ in range(count) for job_id in await self.claim()]
 
     async def cancel(self, request_id: str) -> str:
-        keys = [JOB_KEY_PREFIX + request_id, self.name]
         outcome = await self._cancel(
-            keys=keys, args=[request_id, CANCEL_CHANNEL, IN_PROGRESS_PREFIX + request_id, MODELS_KEY]
+            Cancel(
+                job_key=JOB_KEY_PREFIX + request_id,
+                queues=[self.name],
+                request_id=request_id,
+                cancel_channel=CANCEL_CHANNEL,
+                in_progress_key=IN_PROGRESS_PREFIX + request_id,
+                models_key=MODELS_KEY,
+            )
         )
         return outcome.decode()
 
@@ -277,14 +333,8 @@ async def test_a_bare_zadd_job_is_found_by_the_throttled_scan(queue: Queue) -> N
 
 async def test_jobs_queued_in_one_millisecond_keep_their_order(queue: Queue) -> None:
     ids = [f"job-{99 - i:02d}" for i in range(40)]  # names in the reverse of their order
-    enqueue = register_script(queue.redis, "enqueue")
-    async with queue.redis.pipeline(transaction=False) as pipe:
-        for request_id in ids:
-            queue.ids.add(request_id)
-            keys = [JOB_KEY_PREFIX + request_id, queue.name, f"streamq:events:{request_id}"]
-            args = ["{}", 60_000, request_id, WAKEUP_CHANNEL, queue.name, -1, f"arq:result:{request_id}", 0, "t"]
-            await enqueue(keys=keys, args=args, client=pipe)
-        await pipe.execute()
+    queue.ids.update(ids)
+    await Script(queue.redis, Enqueue).pipelined(queue.enqueue_call(request_id, tenant="t") for request_id in ids)
     assert [int(rank) for rank in [await queue.redis.zrank(waiting_key(queue.name, 0), i) for i in ids]] == list(
         range(40)
     )
@@ -428,8 +478,7 @@ async def test_a_dead_workers_expired_holds_leave_nothing_behind(queue: Queue) -
 
 async def test_spare_slots_beyond_the_claim_are_told_to_enqueue(queue: Queue) -> None:
     """A front end claims its share of its engine's slots and names the others spare."""
-    args = [2, LEASE_MS, 100, IN_PROGRESS_PREFIX, "fe-1", queue.weights, 1000, 60_000, 60_000, 0, 5]
-    await queue._claim(keys=[queue.name], args=args)
+    await queue._claim(queue.claim_call("fe-1", 2, spare=5))
     assert await queue.redis.get(f"{queue.name}:free:fe-1") == b"7"
 
 

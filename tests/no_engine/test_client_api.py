@@ -127,11 +127,11 @@ async def test_a_bad_affinity_key_or_window_is_refused_before_any_redis_command(
         with pytest.raises(InvalidParameter, match="affinity_key is 300 characters") as caught:
             await client.submit("Hello", affinity_key="k" * 300)
         assert caught.value.param == "affinity_key"
-    with pytest.raises(ValueError, match="affinity_window_ms must be 0 to 10000"):
-        StreamqClient(ArqRedis(host="127.0.0.1", port=unused_port()), affinity_window_ms=60_000)
-    monkeypatch.setenv("STREAMQ_AFFINITY_WINDOW_MS", "750")
+    with pytest.raises(ValueError, match="affinity_window_s must be 0 to 10 seconds"):
+        StreamqClient(ArqRedis(host="127.0.0.1", port=unused_port()), affinity_window_s=60)
+    monkeypatch.setenv("STREAMQ_AFFINITY_WINDOW_S", "0.75")
     async with StreamqClient(ArqRedis(host="127.0.0.1", port=unused_port()), queue=queue) as client:
-        assert client.affinity_window_ms == 750
+        assert client.affinity_window_s == 0.75
 
 
 async def test_connect_without_arguments_reads_the_redis_url_and_queue_from_the_environment(

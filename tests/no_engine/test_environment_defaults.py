@@ -16,13 +16,14 @@ def test_unset_variables_give_the_defaults() -> None:
     assert queue_from_env({}) == DEFAULT_QUEUE
     assert drain_seconds_from_env({}) == DEFAULT_DRAIN_SECONDS
     assert redis_url_from_env({}) == DEFAULT_REDIS_URL
-    assert affinity_window_from_env({}) == AFFINITY_WINDOW_MS
+    assert affinity_window_from_env({}) == AFFINITY_WINDOW_MS / 1000
 
 
 def test_the_affinity_window_comes_from_the_environment_and_a_bad_one_is_named() -> None:
-    assert affinity_window_from_env({"STREAMQ_AFFINITY_WINDOW_MS": "0"}) == 0
-    with pytest.raises(ValueError, match="STREAMQ_AFFINITY_WINDOW_MS must be an integer"):
-        affinity_window_from_env({"STREAMQ_AFFINITY_WINDOW_MS": "fast"})
+    assert affinity_window_from_env({"STREAMQ_AFFINITY_WINDOW_S": "0"}) == 0
+    assert affinity_window_from_env({"STREAMQ_AFFINITY_WINDOW_S": "0.5"}) == 0.5
+    with pytest.raises(ValueError, match="STREAMQ_AFFINITY_WINDOW_S must be a number of seconds"):
+        affinity_window_from_env({"STREAMQ_AFFINITY_WINDOW_S": "fast"})
 
 
 def test_set_variables_win() -> None:

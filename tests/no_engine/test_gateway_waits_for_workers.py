@@ -28,8 +28,9 @@ from streamq.protocol import (
     decode_event,
     events_channel,
 )
-from streamq.protocol.names import TENANT_WEIGHTS_KEY, queue_waiting_key
-from streamq.protocol.scripts import register_script
+from streamq.protocol.names import queue_waiting_key
+from streamq.protocol.script_calls import ClaimJobs
+from streamq.protocol.scripts import Script
 from tests.support.gateway_in_process import gateway_client
 
 KEEPALIVE_S = 0.25
@@ -173,8 +174,10 @@ async def test_the_gateway_counts_a_dead_workers_request_as_waiting_once_its_lea
         async with asyncio.timeout(5):
             while f"streamq_requests_waiting{{{labels}}} 1.0" not in (await http.get("/metrics")).text:
                 await asyncio.sleep(0.05)
-        claim = register_script(raw_redis, "claim_jobs")  # a worker takes it, with a 200 ms lease, and dies
-        await claim(keys=[queue], args=[1, 200, 100, IN_PROGRESS_PREFIX, "doomed", TENANT_WEIGHTS_KEY, 1000])
+        claim = ClaimJobs(  # a worker takes it, with a 200 ms lease, and dies
+            queue=queue, wanted=1, lease_ms=200, page=100, in_progress_prefix=IN_PROGRESS_PREFIX, worker_id="doomed"
+        )
+        await Script(raw_redis, ClaimJobs)(claim)
         assert await raw_redis.zcard(queue_waiting_key(queue)) == 0
         async with asyncio.timeout(5):  # the gateway's tending notices the lapse: no worker claims
             while await raw_redis.zcard(queue_waiting_key(queue)) == 0:

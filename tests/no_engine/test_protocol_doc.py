@@ -95,7 +95,7 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
         names.API_KEYS_ENV: "(none)",
         names.COALESCE_ENV: "1",
         names.CHECKPOINT_TOKENS_ENV: str(names.DEFAULT_CHECKPOINT_TOKENS),
-        names.AFFINITY_WINDOW_ENV: str(names.AFFINITY_WINDOW_MS),
+        names.AFFINITY_WINDOW_ENV: f"{names.AFFINITY_WINDOW_MS / 1000:g}",
         names.KEEP_RESULT_ENV: str(names.DEFAULT_KEEP_RESULT_S),
         names.CALLBACK_SECRET_ENV: "(none)",
         names.EVENTS_REDIS_URL_ENV: "(none)",

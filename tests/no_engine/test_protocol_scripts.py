@@ -13,20 +13,22 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from streamq.broker.registry import WorkerRegistry
+from streamq.protocol.script_calls import CALLS
 from streamq.protocol.scripts import script_names, script_text
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_PACKAGES = ("streamq", "producer", "worker", "gateway")
-REGISTERED = re.compile(r"(?:register_script|ReadOnlyScript)\([^,()]+,\s*\"([a-z_]+)\"\)")
+BOUND = re.compile(r"\bScript\([^,()]+,\s*(?:script_calls\.)?([A-Z]\w+)\)")
 
 
 def registered_names() -> set[str]:
-    """Script names passed to ``register_script`` or ``ReadOnlyScript`` anywhere in product code."""
+    """The scripts of the calls bound by ``Script(redis, <call>)`` anywhere in product code."""
+    scripts = {call.__name__: name for name, call in CALLS.items()}
     return {
-        name
+        scripts[call]
         for package in PRODUCT_PACKAGES
         for source in (ROOT / package).rglob("*.py")
-        for name in REGISTERED.findall(source.read_text(encoding="utf-8"))
+        for call in BOUND.findall(source.read_text(encoding="utf-8"))
     }
 
 

@@ -46,9 +46,7 @@ from streamq.protocol.names import (
     AFFINITY_OWNER_TTL_MS,
     API_KEY_NAMES_KEY,
     API_KEYS_KEY,
-    DEFAULT_QUEUE,
     RECENT_ENDS_KEY,
-    TENANT_WEIGHTS_KEY,
     WAKEUP_CHANNEL,
     WORKER_STATS_KEY,
     WORKER_STATS_SEEN_KEY,
@@ -57,7 +55,8 @@ from streamq.protocol.names import (
     running_key,
 )
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import ClaimJobs, FinishJob, LeaseRenewal, ReleaseAffinity, RenewLeases
+from streamq.protocol.scripts import Script
 from streamq.protocol.worker_stats import WorkerStats
 from worker.lease import Leases
 
@@ -100,9 +99,16 @@ async def queued_id(redis_server: RedisServer, queue: str) -> str:
 async def test_a_producer_cannot_claim_a_job(
     producer: aioredis.Redis, admin: aioredis.Redis, queue: str, queued_id: str
 ) -> None:
-    claim = register_script(producer, "claim_jobs")
+    claim = ClaimJobs(
+        queue=queue,
+        wanted=1,
+        lease_ms=LEASE_TTL_MS,
+        page=100,
+        in_progress_prefix=IN_PROGRESS_PREFIX,
+        worker_id="intruder",
+    )
     with pytest.raises(ResponseError, match="ACL failure in script"):
-        await claim(keys=[queue], args=[1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, "intruder"])
+        await Script(producer, ClaimJobs)(claim)
     with pytest.raises(NoPermissionError):
         await producer.set(IN_PROGRESS_PREFIX + queued_id, "intruder", nx=True, px=LEASE_TTL_MS)
     assert not await admin.exists(IN_PROGRESS_PREFIX + queued_id)
@@ -112,9 +118,9 @@ async def test_a_producer_cannot_claim_a_job(
 async def test_a_producer_cannot_renew_or_take_a_lease(producer: aioredis.Redis, admin: aioredis.Redis) -> None:
     lease = IN_PROGRESS_PREFIX + f"test-{uuid.uuid4().hex}"
     await admin.set(lease, "worker-1:1", px=60_000)
-    renew = register_script(producer, "renew_leases")
+    renew = RenewLeases(ttl_ms=LEASE_TTL_MS, jobs=[LeaseRenewal(lease, "intruder:1", 1, owner="")])
     with pytest.raises(NoPermissionError):  # its KEYS must be writable
-        await renew(keys=[lease], args=[LEASE_TTL_MS, "intruder", DEFAULT_QUEUE, "intruder:1", lease])
+        await Script(producer, RenewLeases)(renew)
     with pytest.raises(NoPermissionError):
         await producer.set(lease, "intruder:1", px=LEASE_TTL_MS)
     with pytest.raises(NoPermissionError):
@@ -188,12 +194,21 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
     await registry.unregister(registration)
     request_id = f"test-{uuid.uuid4().hex}"
     await admin.zadd(queue, {request_id: 0})
-    claim = register_script(worker, "claim_jobs")
-    args = [1, LEASE_TTL_MS, 100, IN_PROGRESS_PREFIX, name, TENANT_WEIGHTS_KEY, 1000]
-    *_, claimed, _ = await claim(keys=[queue], args=[*args, AFFINITY_OWNER_TTL_MS, AFFINITY_FREE_TTL_MS, 0])
+    claim = ClaimJobs(
+        queue=queue,
+        wanted=1,
+        lease_ms=LEASE_TTL_MS,
+        page=100,
+        in_progress_prefix=IN_PROGRESS_PREFIX,
+        worker_id=name,
+        owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
+        free_ttl_ms=AFFINITY_FREE_TTL_MS,
+    )
+    *_, claimed, _ = await Script(worker, ClaimJobs)(claim)
     assert claimed == request_id.encode()
     assert await admin.get(affinity_free_key(queue, name)) == b"0"  # what enqueue reads to route here
-    assert await register_script(worker, "release_affinity")(keys=[queue], args=[name, WAKEUP_CHANNEL]) == 0
+    release = ReleaseAffinity(queue=queue, worker_id=name, wakeup_channel=WAKEUP_CHANNEL)
+    assert await Script(worker, ReleaseAffinity)(release) == 0
     assert await admin.exists(affinity_free_key(queue, name)) == 0
     lost: list[tuple[str, int]] = []
     leases = Leases(worker, worker_id=name, on_lost=lambda *job: lost.append(job))
@@ -205,18 +220,24 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
     chunk = ChunkEvent(request_id=request_id, seq=0, index=0, text="a", token_ids=[1], attempt=1)
     await log.append([LogEvent(request_id, 0, 1, encode_event(chunk))])
     assert await log.read(request_id) == [encode_event(chunk)]
-    finish = register_script(worker, "finish_job")
-    keys = [
-        IN_PROGRESS_PREFIX + request_id,
-        JOB_KEY_PREFIX + request_id,
-        RETRY_KEY_PREFIX + request_id,
-        RESULT_KEY_PREFIX + request_id,
-        queue,
-        ABORT_KEY,
-        running_key(queue),
-        owner_key(request_id),
-    ]
-    assert await finish(keys=keys, args=[request_id, name, f"{name}:1", 1, "finish", b"{}", 60_000, ""]) == 1
+    finish = FinishJob(
+        in_progress_key=IN_PROGRESS_PREFIX + request_id,
+        job_key=JOB_KEY_PREFIX + request_id,
+        retry_key=RETRY_KEY_PREFIX + request_id,
+        result_key=RESULT_KEY_PREFIX + request_id,
+        queue=queue,
+        abort_key=ABORT_KEY,
+        running_key=running_key(queue),
+        owner_key=owner_key(request_id),
+        job_id=request_id,
+        worker_id=name,
+        holder=f"{name}:1",
+        attempt=1,
+        action="finish",
+        result=b"{}",
+        result_ttl_ms=60_000,
+    )
+    assert await Script(worker, FinishJob)(finish) == 1
     assert await admin.zcard(queue) == 0 and not await admin.exists(IN_PROGRESS_PREFIX + request_id)
     await admin.hdel(MODELS_KEY, name)
 

@@ -36,7 +36,8 @@ from streamq.protocol import (
 from streamq.protocol.callbacks import CallbackBody, signature, verify
 from streamq.protocol.names import waiting_key
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import ClaimCallbacks, RecordCallback, ScheduleCallback
+from streamq.protocol.scripts import Script
 
 
 @pytest.fixture
@@ -193,29 +194,52 @@ async def test_a_claimed_delivery_is_due_again_when_its_lease_passes(own_redis: 
     worker = aioredis.Redis.from_url(own_redis.url_for(WORKER))
     try:
         request_id = f"cb-{uuid.uuid4().hex}"
-        schedule, claim = register_script(worker, "schedule_callback"), register_script(worker, "claim_callbacks")
-        record = register_script(worker, "record_callback")
-        keys = [CALLBACKS_KEY, callback_key(request_id)]
+        schedule, claim = Script(worker, ScheduleCallback), Script(worker, ClaimCallbacks)
+        record = Script(worker, RecordCallback)
         spec = b'{"url":"http://127.0.0.1:9/x"}'
-        scheduling = [*keys, owner_key(request_id)]
-        assert await schedule(keys=scheduling, args=[request_id, spec, 60_000]) == 0  # not ended yet
+        scheduling = ScheduleCallback(
+            callbacks_key=CALLBACKS_KEY,
+            callback_key=callback_key(request_id),
+            owner_key=owner_key(request_id),
+            request_id=request_id,
+            callback=spec,
+            ttl_ms=60_000,
+        )
+        assert await schedule(scheduling) == 0  # not ended yet
         await worker.set(owner_key(request_id), ENDED)
-        assert await schedule(keys=scheduling, args=[request_id, spec, 60_000]) == 1
-        assert await schedule(keys=scheduling, args=[request_id, spec, 60_000]) == 0  # once per request
+        assert await schedule(scheduling) == 1
+        assert await schedule(scheduling) == 0  # once per request
 
         async def claimed() -> list[bytes]:
-            _, *reply = await claim(keys=[CALLBACKS_KEY], args=[1000, 300, CALLBACK_KEY_PREFIX])
+            _, *reply = await claim(
+                ClaimCallbacks(
+                    callbacks_key=CALLBACKS_KEY, count=1000, lease_ms=300, callback_prefix=CALLBACK_KEY_PREFIX
+                )
+            )
             return [reply[i] for i in range(0, len(reply), 4)]
+
+        def recorded(outcome: str, attempts: int, status: int, error: str, retry_in_ms: int) -> RecordCallback:
+            return RecordCallback(
+                callbacks_key=CALLBACKS_KEY,
+                callback_key=callback_key(request_id),
+                request_id=request_id,
+                outcome=outcome,
+                attempts=attempts,
+                http_status=status,
+                error=error,
+                retry_in_ms=retry_in_ms,
+                ttl_ms=60_000,
+            )
 
         assert request_id.encode() in await claimed()
         assert request_id.encode() not in await claimed()  # held by the first claim
         await asyncio.sleep(0.4)
         assert request_id.encode() in await claimed()  # its claimer never answered
-        await record(keys=keys, args=[request_id, "retry", 1, 500, "HTTP 500", 300, 60_000])
+        await record(recorded("retry", 1, 500, "HTTP 500", 300))
         assert request_id.encode() not in await claimed()
         await asyncio.sleep(0.4)
         assert request_id.encode() in await claimed()
-        await record(keys=keys, args=[request_id, "delivered", 2, 200, "", 0, 60_000])
+        await record(recorded("delivered", 2, 200, "", 0))
         assert await worker.zscore(CALLBACKS_KEY, request_id) is None
         stored = await worker.hmget(callback_key(request_id), "state", "attempts", "http_status")
         assert stored == [b"delivered", b"2", b"200"]

@@ -19,8 +19,9 @@ from devkit.keda import LIST_LENGTH_SCRIPT
 from producer.client import StreamqClient
 from streamq.broker.waiting import WaitingRequests
 from streamq.protocol import ABORT_KEY, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, RESULT_KEY_PREFIX, RETRY_KEY_PREFIX
-from streamq.protocol.names import TENANT_WEIGHTS_KEY, WAKEUP_CHANNEL, queue_waiting_key, running_key
-from streamq.protocol.scripts import register_script
+from streamq.protocol.names import WAKEUP_CHANNEL, queue_waiting_key, running_key
+from streamq.protocol.script_calls import ClaimJobs, FinishJob
+from streamq.protocol.scripts import Script
 
 
 class Worker:
@@ -28,19 +29,40 @@ class Worker:
 
     def __init__(self, redis: aioredis.Redis, queue: str, worker_id: str) -> None:
         self.queue, self.worker_id = queue, worker_id
-        self._claim = register_script(redis, "claim_jobs")
-        self._finish = register_script(redis, "finish_job")
+        self._claim = Script(redis, ClaimJobs)
+        self._finish = Script(redis, FinishJob)
 
     async def claim(self, wanted: int = 1, lease_ms: int = 3000) -> list[str]:
-        args = [wanted, lease_ms, 100, IN_PROGRESS_PREFIX, self.worker_id, TENANT_WEIGHTS_KEY, 1000, 0, 0, 0, 0]
-        _, _, _, _, *reply = await self._claim(keys=[self.queue], args=[*args, WAKEUP_CHANNEL])
+        call = ClaimJobs(
+            queue=self.queue,
+            wanted=wanted,
+            lease_ms=lease_ms,
+            page=100,
+            in_progress_prefix=IN_PROGRESS_PREFIX,
+            worker_id=self.worker_id,
+            wakeup_channel=WAKEUP_CHANNEL,
+        )
+        _, _, _, _, *reply = await self._claim(call)
         return [job_id.decode() for job_id in reply[::2]]
 
     async def finish(self, job_id: str, action: str = "finish") -> None:
         """arq's bookkeeping at the end of an attempt: ``finish``, or ``retry`` (handed back)."""
-        keys = [IN_PROGRESS_PREFIX + job_id, JOB_KEY_PREFIX + job_id, RETRY_KEY_PREFIX + job_id]
-        keys += [RESULT_KEY_PREFIX + job_id, self.queue, ABORT_KEY, running_key(self.queue)]
-        await self._finish(keys=keys, args=[job_id, self.worker_id, f"{self.worker_id}:1", 0, action, "", 0, ""])
+        call = FinishJob(
+            in_progress_key=IN_PROGRESS_PREFIX + job_id,
+            job_key=JOB_KEY_PREFIX + job_id,
+            retry_key=RETRY_KEY_PREFIX + job_id,
+            result_key=RESULT_KEY_PREFIX + job_id,
+            queue=self.queue,
+            abort_key=ABORT_KEY,
+            running_key=running_key(self.queue),
+            job_id=job_id,
+            worker_id=self.worker_id,
+            holder=f"{self.worker_id}:1",
+            attempt=0,
+            action=action,
+            result_ttl_ms=0,
+        )
+        await self._finish(call)
 
 
 @pytest.fixture
@@ -54,7 +76,7 @@ async def queue(raw_redis: aioredis.Redis) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def client(producer_url: str, queue: str) -> AsyncIterator[StreamqClient]:
-    async with await StreamqClient.connect(producer_url, queue=queue, affinity_window_ms=0) as client:
+    async with await StreamqClient.connect(producer_url, queue=queue, affinity_window_s=0) as client:
         yield client
 
 

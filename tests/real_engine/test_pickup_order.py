@@ -27,7 +27,8 @@ from producer.client import Completion, RequestHandle, StreamqClient, _job_paylo
 from producer.internal_client import InternalClient
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
 from streamq.protocol.names import affinity_free_key, waiting_key
-from streamq.protocol.scripts import register_script
+from streamq.protocol.script_calls import Enqueue
+from streamq.protocol.scripts import Script
 from tests.support.events import job_result
 from tests.support.session import MAX_MODEL_LEN
 from tests.support.worker_faults import paused, pid_of
@@ -83,16 +84,27 @@ async def prio_client(two_slot_worker: WorkerProcess, producer_url: str) -> Asyn
 async def enqueue_many(redis: aioredis.Redis, queue: str, requests: list[dict[str, Any]]) -> list[str]:
     """Queue ``requests`` (GenerateRequest fields) in order, in one round trip, with the
     enqueue script the library runs; returns their ids."""
-    enqueue = register_script(redis, "enqueue")
-    async with redis.pipeline(transaction=False) as pipe:
-        for fields in requests:
-            request = parse_request({"prompt": "Hello there", **fields})
-            request_id = request.request_id
-            keys = [JOB_KEY_PREFIX + request_id, queue, events_channel(request_id)]
-            args = [_job_payload(request), JOB_EXPIRY_MS, request_id, WAKEUP_CHANNEL, queue, -1]
-            args += [f"arq:result:{request_id}", request.priority, request.tenant or "default", 0]
-            await enqueue(keys=keys, args=args, client=pipe)
-        assert await pipe.execute() == [1] * len(requests)
+    calls = []
+    for fields in requests:
+        request = parse_request({"prompt": "Hello there", **fields})
+        request_id = request.request_id
+        calls.append(
+            Enqueue(
+                job_key=JOB_KEY_PREFIX + request_id,
+                queue=queue,
+                log_key=events_channel(request_id),
+                payload=_job_payload(request),
+                expiry_ms=JOB_EXPIRY_MS,
+                request_id=request_id,
+                wakeup_channel=WAKEUP_CHANNEL,
+                queue_name=queue,
+                limit=-1,
+                result_key=f"arq:result:{request_id}",
+                priority=request.priority,
+                tenant=request.tenant or "default",
+            )
+        )
+    assert await Script(redis, Enqueue).pipelined(calls) == [1] * len(requests)
     return [fields["request_id"] for fields in requests]
 
 
@@ -202,7 +214,7 @@ async def chat_client(other_worker: WorkerProcess, producer_url: str, queue: str
     this 2-core machine, running two engines, a worker's loop can stall past the default
     200 ms, and these tests are about where requests go, not about the window (the test
     of a SIGKILLed worker is)."""
-    async with await StreamqClient.connect(producer_url, queue=queue, affinity_window_ms=5000) as client:
+    async with await StreamqClient.connect(producer_url, queue=queue, affinity_window_s=5) as client:
         yield client
 
 

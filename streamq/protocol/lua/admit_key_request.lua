@@ -1,7 +1,12 @@
--- KEYS: the key's rate window (hash), the key's open streams (sorted set).
--- ARGV: the secret's hash, the model asked for, this request's stream member, the stream
--- lease (ms), the window (ms), the api-keys hash (only read: not in KEYS, which a caller
--- must be allowed to write).
+-- KEYS[1] window_key: the key's rate window (hash: window, requests, tokens)
+-- KEYS[2] streams_key: the key's open streams (sorted set: member -> when its lease lapses)
+-- ARGV[1] secret_hash: the hash of the key's secret (its field in the api-keys hash)
+-- ARGV[2] model: the model asked for
+-- ARGV[3] stream_member: this request's member of the open streams
+-- ARGV[4] stream_lease_ms: how long the stream counts as open unless renewed
+-- ARGV[5] window_ms: the rate window's length
+-- ARGV[6] api_keys_key: the api-keys hash (only read: not in KEYS, which a caller must be
+--   allowed to write)
 -- One round trip per HTTP request: reads the key's record (so a revoked key or changed
 -- limits apply at once on every gateway), checks its model allow-list, requests and tokens
 -- in this window and open streams; if all pass, counts the request and opens its stream.

@@ -1,10 +1,16 @@
--- KEYS: per event, its log/channel name and its owner key. ARGV: maxlen, ttl_ms, then
--- per event its entry id, attempt (0: not fenced), 1 if it is terminal (final/error) else
--- 0, and payload; then, optionally, the recent-ends list, its cap and the log keys' prefix:
--- each terminal event logged is pushed there as `<request_id> <ended_ms> <event JSON>`
--- (the request id is its log key without the prefix; ended_ms is Redis's time); and the
--- publish command (default PUBLISH; SPUBLISH on a Redis Cluster, where the keys and the
--- list share one slot).
+-- KEYS[1..] events{log_key, owner_key}: per event, its request's log (the channel's name
+--   too) and owner key
+-- ARGV[1] maxlen: the logs' length cap (MAXLEN ~)
+-- ARGV[2] ttl_ms: how long a log and its owner key outlive their last event
+-- ARGV[3..] events{entry_id, attempt, terminal, payload}: per event, its entry id
+--   (0-<seq + 1>), its attempt (0: not fenced), 1 if it is terminal (final/error) else 0,
+--   and its JSON
+-- ARGV[n+1] recent_ends_key = nil: the recent-ends list: each terminal event logged is
+--   pushed there as `<request_id> <ended_ms> <event JSON>` (ended_ms Redis's time); nil: none
+-- ARGV[n+2] recent_ends_max = nil: the list's cap
+-- ARGV[n+3] log_prefix = nil: the log keys' prefix (a log key without it is its request id)
+-- ARGV[n+4] publish = nil: the publish command: PUBLISH when nil; SPUBLISH on a Redis
+--   Cluster, where the keys and the list share one slot
 -- An event is logged and published only as the next entry of its request's log. Otherwise:
 -- - its entry already holds this very payload: a duplicate (a retried batch), skipped;
 -- - its entry holds another payload, a newer attempt owns the request, or the request

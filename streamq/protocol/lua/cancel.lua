@@ -1,12 +1,17 @@
--- KEYS: the job key, then queues to look at first. ARGV: the request id, the cancel channel,
--- the in-progress key, the models hash (these two only read, so not among KEYS: Redis checks
--- declared keys as written too), then optional: '1' to take the job off only if it is queued
--- (a request whose wait for a worker passed its bound), default ''. Atomically: a running job
--- is told to stop (every worker hears the channel; the one running it cancels it), unless only
--- a queued one is to go; a queued one is taken off its queue, out of the claim's index (see
--- claim_jobs) and out of <queue>:waiting, before any worker can. The queue is looked for
--- among KEYS[2...] (the caller's guesses), then on every queue a model was ever registered
--- on, so a caller need not know which.
+-- KEYS[1] job_key: the job's key
+-- KEYS[2..] queues = {}: queues to look in first (the caller's guesses)
+-- ARGV[1] request_id: the request's id (its job's)
+-- ARGV[2] cancel_channel: where a running job is told to stop
+-- ARGV[3] in_progress_key: the job's in-progress key (only read, so not among KEYS: Redis
+--   checks declared keys as written too)
+-- ARGV[4] models_key: the models hash (only read, likewise)
+-- ARGV[5] queued_only = '': '1' to take the job off only if it is queued (a request whose
+--   wait for a worker passed its bound)
+-- Atomically: a running job is told to stop (every worker hears the channel; the one
+-- running it cancels it), unless only a queued one is to go; a queued one is taken off its
+-- queue, out of the claim's index (see claim_jobs) and out of <queue>:waiting, before any
+-- worker can. The queue is looked for among the caller's guesses, then on every queue a
+-- model was ever registered on, so a caller need not know which.
 -- Returns 'running', 'queued' or 'unknown'.
 if redis.call('EXISTS', ARGV[3]) == 1 then
   if ARGV[5] ~= '1' then

@@ -1,8 +1,11 @@
--- KEYS: the callbacks set. ARGV: how many to claim, the claim's lease (ms), the callback
--- hash prefix. Claims due deliveries by pushing their due time a lease ahead (a worker that
--- dies leaves them due again then), on Redis's clock. Returns Redis's time (ms), then per
--- delivery: request id, callback JSON, attempts so far, ended_ms. A delivery whose hash is
--- gone (expired) is dropped.
+-- KEYS[1] callbacks_key: the callbacks set (request id -> when its delivery is due)
+-- ARGV[1] count: how many deliveries to claim at most
+-- ARGV[2] lease_ms: the claim's lease
+-- ARGV[3] callback_prefix: the callback hashes' prefix (a hash is it and the request id)
+-- Claims due deliveries by pushing their due time a lease ahead (a worker that dies leaves
+-- them due again then), on Redis's clock. Returns Redis's time (ms), then per delivery:
+-- request id, callback JSON, attempts so far, ended_ms. A delivery whose hash is gone
+-- (expired) is dropped.
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local claimed = {now}

@@ -1,15 +1,23 @@
--- KEYS[1]: the queue. ARGV: how many to claim, in-progress TTL (ms), queue entries to
--- read per page, the in-progress key prefix, this worker's id (the lease's holder), the
--- tenant weights hash (only read), the minimum ms between two scans of the whole queue,
--- then for prefix-aware pickup (default: off) how long this worker counts as holding the
--- prefixes it claims (ms), how long its free-slot count lives (ms), how many jobs it runs
--- now, and how many free slots it has beyond those it asks for (one of several front ends
--- of an engine asks for its share), and the wake-up channel ('' for none): the other workers
--- are told there when this claim held a job for one of them or left jobs it moved into the
--- index untaken (a held job's window passed, a deferred job came due), so that no job waits
--- for their next poll. Returns Redis's time (ms), the affinity hits, misses
--- and expired windows of this claim, then id, score, id, score, ... of the jobs claimed
--- (score: the job's score in the queue). Jobs are due by Redis's clock, never a worker's.
+-- KEYS[1] queue: arq's queue
+-- ARGV[1] wanted: how many jobs to claim (0: only the bookkeeping below)
+-- ARGV[2] lease_ms: the claimed jobs' lease (their in-progress keys' TTL)
+-- ARGV[3] page: queue entries to read per page
+-- ARGV[4] in_progress_prefix: the in-progress keys' prefix
+-- ARGV[5] worker_id: this worker's id (the leases' holder)
+-- ARGV[6] weights_key = 'streamq:tenant-weights': the tenant weights hash (only read)
+-- ARGV[7] scan_interval_ms = 1000: the minimum ms between two scans of the whole queue
+-- ARGV[8] owner_ttl_ms = 0: for prefix-aware pickup (0: off), how long this worker counts as
+--   holding the prefixes it claims
+-- ARGV[9] free_ttl_ms = 0: how long its free-slot count lives (0: none is set)
+-- ARGV[10] running = 0: how many jobs it runs now
+-- ARGV[11] spare = 0: its free slots beyond those it asks for (one of several front ends of
+--   an engine asks for its share)
+-- ARGV[12] wakeup_channel = '': where the other workers are told when this claim held a job
+--   for one of them or left jobs it moved into the index untaken (a held job's window
+--   passed, a deferred job came due), so that no job waits for their next poll ('' for none)
+-- Returns Redis's time (ms), the affinity hits, misses and expired windows of this claim,
+-- then id, score, id, score, ... of the jobs claimed (score: the job's score in the queue).
+-- Jobs are due by Redis's clock, never a worker's.
 --
 -- arq's queue stays the source of truth (a job is queued or running while it is in it);
 -- the claim takes, in this order, until it has enough:

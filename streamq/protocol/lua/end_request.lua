@@ -1,13 +1,21 @@
--- KEYS: the log, the owner key. ARGV: the terminal event as JSON without its seq,
--- maxlen, ttl_ms, the request's callback hash ('' for none), the callbacks set, the
--- request id, the recent-ends list ('' for none) and its cap (the event is pushed there as
--- `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time), the attempt that ends it
--- ('' for none), the publish command (PUBLISH; SPUBLISH on a Redis Cluster, where the
--- callback is left to the caller: its keys are on the control plane). Logs and publishes
--- the event with the next sequence number (and, for a final event, the completion tokens
--- the log holds), unless the request already ended; a callback stored at enqueue is made
--- due (as `schedule_callback` does). With an attempt (a worker ending its own job that arq
--- failed), nothing is written while a newer attempt owns the request.
+-- KEYS[1] log_key: the request's log (the channel's name too)
+-- KEYS[2] owner_key: the request's owner key
+-- ARGV[1] event: the terminal event as JSON, without its seq
+-- ARGV[2] maxlen: the log's length cap (MAXLEN ~)
+-- ARGV[3] ttl_ms: how long the log, the owner key and the callback hash are kept
+-- ARGV[4] callback_key = '': the request's callback hash ('' for none: on a Redis Cluster,
+--   where the callback is left to the caller, its keys being on the control plane)
+-- ARGV[5] callbacks_key: the callbacks set
+-- ARGV[6] request_id: the request's id
+-- ARGV[7] recent_ends_key: the recent-ends list ('' for none): the event is pushed there as
+--   `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time
+-- ARGV[8] recent_ends_max: the list's cap
+-- ARGV[9] attempt = '': the attempt that ends it ('' for none)
+-- ARGV[10] publish: the publish command (PUBLISH; SPUBLISH on a Redis Cluster)
+-- Logs and publishes the event with the next sequence number (and, for a final event, the
+-- completion tokens the log holds), unless the request already ended; a callback stored at
+-- enqueue is made due (as `schedule_callback` does). With an attempt (a worker ending its
+-- own job that arq failed), nothing is written while a newer attempt owns the request.
 -- Returns the seq given, -1 when it had already ended, -2 when a newer attempt owns it.
 local owner = redis.call('GET', KEYS[2])
 if owner == 'ended' then

@@ -1,13 +1,30 @@
--- KEYS: the job key, the queue, the replay log (where the log lives on a Redis Cluster: the
--- id's reservation instead). ARGV: the job payload, its expiry (ms), the request id, the
--- wake-up channel, the queue name, the queue limit (-1: none), the result key (only read,
--- so not among KEYS: Redis checks declared keys as written too), then optional: the priority
--- (default 0), the tenant (default 'default'), a delay (ms, default 0), the request's
--- callback hash, its callback (JSON, '' for none) and the hash's expiry (ms), and the
--- reservation's expiry (ms, '' for none): with it, KEYS[3] is the reservation, set as the
--- job is queued (the caller checked the log on the cluster first); then the request's
--- affinity keys (comma-separated, longest prefix first; '' for none), the affinity window
--- (ms), and the balance slack: jobs (absolute), and a fraction of the least busy worker's.
+-- KEYS[1] job_key: the job's key (arq:job:<id>)
+-- KEYS[2] queue: arq's queue
+-- KEYS[3] log_key: the request's replay log (where the log lives on a Redis Cluster: the
+--   id's reservation instead, see ARGV[14])
+-- ARGV[1] payload: the job (arq's envelope)
+-- ARGV[2] expiry_ms: the job's expiry
+-- ARGV[3] request_id: the request's id (its job's)
+-- ARGV[4] wakeup_channel: where the workers are woken
+-- ARGV[5] queue_name: what is published there (the queue's name)
+-- ARGV[6] limit: the most jobs the queue may hold (-1: no limit)
+-- ARGV[7] result_key: arq's result key (only read, so not among KEYS: Redis checks declared
+--   keys as written too)
+-- ARGV[8] priority = 0: the priority band (the lowest runs first)
+-- ARGV[9] tenant = 'default': its tenant (fair share within the band)
+-- ARGV[10] delay_ms = 0: how long after now it is due
+-- ARGV[11] callback_key = '': the request's callback hash
+-- ARGV[12] callback = '': its callback (JSON; '' for none)
+-- ARGV[13] callback_ttl_ms = 0: the callback hash's expiry
+-- ARGV[14] reservation_ttl_ms = '': the reservation's expiry ('' for none): with it, KEYS[3]
+--   is the id's reservation, set as the job is queued (the caller checked the log on the
+--   cluster first)
+-- ARGV[15] affinity_keys = '': the request's affinity keys, comma-joined, longest prefix first
+-- ARGV[16] window_ms = 0: the affinity window (read with affinity keys or eligible workers)
+-- ARGV[17] balance_slack = 0: the balance slack in jobs (read likewise)
+-- ARGV[18] balance_fraction = 0: the balance slack as a fraction of the least busy worker's
+-- ARGV[19] eligible = '': the workers that may run the job, comma-joined ('' for any: a LoRA
+--   adapter that not every live worker of the queue serves)
 -- arq's enqueue and the wake-up in one round trip: refuses an id that is queued, running or
 -- has a result, or whose replay log still exists (a second job would splice its events into
 -- the first's); refuses when the queue holds the limit or more; stores the job and queues it
@@ -25,12 +42,10 @@
 -- it is held for the live worker with a free slot that owns the fewest adapters
 -- (<queue>:adapters:<worker>, scored by when each ownership lapses), also marked 'steered',
 -- and that worker owns it for the window (its claim makes that 5 minutes), so the adapter's
--- next requests follow it there before it has claimed. Then optional: the workers that may
--- run the job (comma-separated ids, '' for any: a LoRA adapter that not every live worker of
--- the queue serves). Such a job is kept off the shared index: it is held for one of them
--- (the picks above, made among them), or else made due at once in <queue>:deferred, where
--- the next claim holds it for the least busy of them; <queue>:eligible:<id> names them for
--- the claim (see claim_jobs).
+-- next requests follow it there before it has claimed. A job with eligible workers is kept
+-- off the shared index: it is held for one of them (the picks above, made among them), or
+-- else made due at once in <queue>:deferred, where the next claim holds it for the least
+-- busy of them; <queue>:eligible:<id> names them for the claim (see claim_jobs).
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0

@@ -1,9 +1,21 @@
--- KEYS: the job's in-progress key, job key, retry key, result key, its queue, arq's abort
--- set, <queue>:running, and the request's owner key. ARGV: the job id, this worker's id,
--- the attempt's lease holder (<worker id>:<attempt>), the attempt (0: unknown), what to do,
--- the result (JSON, '' for none), its expiry in ms (0: kept forever), the score to add on
--- a retry ('' for none); where the owner key is on another server (a Redis Cluster's data
--- plane), KEYS has no owner key and ARGV[9] is its value, read just before ('' for none).
+-- KEYS[1] in_progress_key: the job's in-progress key (its lease)
+-- KEYS[2] job_key: the job's key
+-- KEYS[3] retry_key: arq's count of the job's tries
+-- KEYS[4] result_key: arq's result key
+-- KEYS[5] queue: the job's queue
+-- KEYS[6] abort_key: arq's abort set
+-- KEYS[7] running_key: <queue>:running
+-- KEYS[8] owner_key = nil: the request's owner key (nil where it is on another server, a Redis
+--   Cluster's data plane: then ARGV[9])
+-- ARGV[1] job_id: the job's id
+-- ARGV[2] worker_id: this worker's id
+-- ARGV[3] holder: the attempt's lease holder (<worker id>:<attempt>)
+-- ARGV[4] attempt: the attempt (0: unknown)
+-- ARGV[5] action: what to do: finish, failed, retry or release (below)
+-- ARGV[6] result = '': the result (JSON; '' for none)
+-- ARGV[7] result_ttl_ms: the result's expiry (0: kept forever)
+-- ARGV[8] score_increment = '': the score to add on a retry ('' for none)
+-- ARGV[9] owner = nil: where KEYS has no owner key, its value, read just before ('' for none)
 -- arq's bookkeeping at the end of an attempt (arq's `finish_job` and `finish_failed_job`),
 -- done only by an attempt no newer attempt has superseded: a superseded attempt never
 -- removes the job, never writes its result and never hands it back. Every attempt releases

@@ -1,6 +1,13 @@
--- KEYS: the key's rate window, its open streams, its usage totals.
--- ARGV: this request's stream member, the model, prompt tokens, completion tokens, the window
--- (ms), 1 to count the request in the totals (0: a resumed stream, counted when it began).
+-- KEYS[1] window_key: the key's rate window
+-- KEYS[2] streams_key: its open streams
+-- KEYS[3] usage_key: its usage totals
+-- ARGV[1] stream_member: this request's member of the open streams
+-- ARGV[2] model: the model it used
+-- ARGV[3] prompt_tokens: its prompt tokens
+-- ARGV[4] completion_tokens: its completion tokens
+-- ARGV[5] window_ms: the rate window's length
+-- ARGV[6] counted: 1 to count the request in the totals (0: a resumed stream, counted when it
+--   began)
 -- Closes the request's stream, charges its tokens to the key's current window (the tokens
 -- per minute limit) and adds them to its usage totals by model.
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -1,4 +1,5 @@
--- KEYS: queues' waiting sets (<queue>:waiting). Returns Redis's time (ms), then per key
+-- KEYS[1..] waiting_keys: queues' waiting sets (<queue>:waiting)
+-- Returns Redis's time (ms), then per key
 -- how many requests it holds and the lowest score (when the longest waiting of them began
 -- to wait, Unix ms; '' when none waits).
 local t = redis.call('TIME')

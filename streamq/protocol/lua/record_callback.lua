@@ -1,6 +1,12 @@
--- KEYS: the callbacks set, the request's callback hash. ARGV: the request id, the outcome
--- (delivered, retry, failed), attempts made, the answer's HTTP status ('' if none), the
--- error ('' if none), ms until the next try (retry), ttl_ms.
+-- KEYS[1] callbacks_key: the callbacks set
+-- KEYS[2] callback_key: the request's callback hash
+-- ARGV[1] request_id: the request's id
+-- ARGV[2] outcome: delivered, retry or failed
+-- ARGV[3] attempts: attempts made
+-- ARGV[4] http_status = '': the answer's HTTP status ('' if none)
+-- ARGV[5] error = '': the error ('' if none)
+-- ARGV[6] retry_in_ms: ms until the next try (retry)
+-- ARGV[7] ttl_ms: how long the hash is kept
 -- Records one delivery attempt; `retry` makes it due again later, the others end it.
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)

@@ -1,6 +1,11 @@
--- KEYS: the workers set, the models hash, the models' last-seen set, the queues' models
--- hash. ARGV: the registration, ttl_ms, its queue, then the models it serves (its base
--- model, then its adapters).
+-- KEYS[1] workers_key: the workers set
+-- KEYS[2] models_key: the models hash
+-- KEYS[3] models_seen_key: the models' last-seen set
+-- KEYS[4] queue_models_key: the queues' models hash
+-- ARGV[1] registration: the worker's registration (JSON)
+-- ARGV[2] ttl_ms: how long it lives unless renewed
+-- ARGV[3] queue: its queue
+-- ARGV[4..] models: the models it serves: its base model, then its adapters
 -- Renews one worker's registration to ttl_ms from now (Redis's clock), drops registrations
 -- that lapsed, remembers each model's queue for good and when a worker last served it (so
 -- that a model whose workers all stopped keeps its requests waiting for the next one), and

@@ -1,4 +1,6 @@
--- KEYS[1]: the queue. ARGV: this worker's id, the wake-up channel.
+-- KEYS[1] queue: arq's queue
+-- ARGV[1] worker_id: this worker's id
+-- ARGV[2] wakeup_channel: where the other workers are woken
 -- A worker that stops claiming gives back the jobs enqueue held for it, each to its place in
 -- the index (see claim_jobs), and drops its free slots and load, so enqueue routes nothing
 -- more to it; the other workers are woken to take what it gave back. Its

@@ -1,8 +1,11 @@
--- KEYS: per job, its in-progress key and its request's owner key. ARGV: ttl_ms, then per
--- job the holder it should name (<worker id>:<attempt>) and the attempt. Where the owner
--- keys live on another server (a Redis Cluster's data plane), KEYS holds the in-progress
--- keys only and each job's ARGV has a third item: the owner key's value, read just before
--- ('' for none; ownership only moves forward, so an early read acts as an earlier call).
+-- KEYS[1..] jobs{in_progress_key, owner_key = nil}: per job, its in-progress key and its
+--   request's owner key (nil for every job where the owner keys live on another server, a
+--   Redis Cluster's data plane: then each job's owner is in ARGV)
+-- ARGV[1] ttl_ms: how long a renewed lease lives
+-- ARGV[2..] jobs{holder, attempt, owner = nil}: per job, the holder its lease should name
+--   (<worker id>:<attempt>), the attempt, and, where KEYS has no owner keys, the owner key's
+--   value, read just before ('' for none; ownership only moves forward, so an early read
+--   acts as an earlier call)
 -- The owner key decides, not the lease: while no newer attempt owns the request and it has
 -- not ended, the lease is this attempt's, so it is set to the holder (renewed, taken back
 -- after it lapsed, or taken from a claim whose attempt has not taken the request over yet).

@@ -1,4 +1,8 @@
--- KEYS: the stats hash, the stats-seen set. ARGV: the worker id, its stats JSON, keep_ms.
+-- KEYS[1] stats_key: the stats hash (worker id -> its report)
+-- KEYS[2] seen_key: the stats-seen set (worker id -> when it last reported)
+-- ARGV[1] worker_id: the worker's id
+-- ARGV[2] stats: its stats (JSON)
+-- ARGV[3] keep_ms: how long a report is kept
 -- Stores this worker's report, scores it with Redis's time in the seen set, and drops
 -- reports older than keep_ms (workers that stopped or vanished long ago). Returns the time.
 local t = redis.call('TIME')

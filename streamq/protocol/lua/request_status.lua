@@ -1,8 +1,17 @@
--- KEYS: the job, its lease, its result, its log, its try count, its callback hash, then
--- queues to look in first. ARGV: the request id, the models hash (its queues are looked
--- in next), the lease key prefix, and, where the log lives on a Redis Cluster, whether it
--- holds a terminal event ('1' or '0', read there just before; the log is not read here,
--- and the caller fills in `last` and `tokens`). Only reads (run by EVALSHA_RO).
+-- KEYS[1] job_key: the job's key
+-- KEYS[2] in_progress_key: its lease
+-- KEYS[3] result_key: its result
+-- KEYS[4] log_key: its replay log
+-- KEYS[5] retry_key: its try count
+-- KEYS[6] callback_key: its callback hash
+-- KEYS[7..] queues = {}: queues to look in first
+-- ARGV[1] request_id: the request's id
+-- ARGV[2] models_key: the models hash (its queues are looked in next)
+-- ARGV[3] in_progress_prefix: the in-progress keys' prefix
+-- ARGV[4] ended = nil: where the log lives on a Redis Cluster, whether it holds a terminal
+--   event ('1' or '0', read there just before; the log is not read here, and the caller
+--   fills in `last` and `tokens`)
+-- Only reads (run by EVALSHA_RO).
 -- Returns a JSON object of what Redis holds about the request, on Redis's clock: `now`;
 -- `last` (the log's newest event), `lease`, `tries`, `result` (arq's, its `s`, `r`, `st`,
 -- `ft`, `q`), `callback` (the hash); while it has not ended: `queue`, `score`, `priority`,

@@ -1,4 +1,7 @@
--- KEYS: the api-keys hash, the api-key-names hash, the key's rate window. ARGV: the key's name.
+-- KEYS[1] api_keys_key: the api-keys hash
+-- KEYS[2] api_key_names_key: the api-key-names hash
+-- KEYS[3] window_key: the key's rate window
+-- ARGV[1] name: the key's name
 -- Deletes the key (gateways refuse its secret from their next request on) and its window.
 -- Returns 1, or 0 for an unknown name.
 local digest = redis.call('HGET', KEYS[2], ARGV[1])

@@ -1,7 +1,11 @@
--- KEYS: the callbacks set, the request's callback hash, its owner key (where the owner key
--- is on another server, a Redis Cluster's data plane: none, and ARGV[4] is its value, read
--- just before). ARGV: the request id, its callback as JSON ('' to use the one stored at
--- enqueue), ttl_ms.
+-- KEYS[1] callbacks_key: the callbacks set
+-- KEYS[2] callback_key: the request's callback hash
+-- KEYS[3] owner_key = nil: its owner key (nil where it is on another server, a Redis
+--   Cluster's data plane: then ARGV[4])
+-- ARGV[1] request_id: the request's id
+-- ARGV[2] callback = '': its callback as JSON ('' to use the one stored at enqueue)
+-- ARGV[3] ttl_ms: how long the hash is kept
+-- ARGV[4] owner = nil: where KEYS has no owner key, its value, read just before
 -- Makes the request's callback due now (Redis's clock), once, and only once the request
 -- has ended (its owner key says `ended`): an attempt that believes it finished but was
 -- superseded cannot send a summary of a request still running. A request already scheduled

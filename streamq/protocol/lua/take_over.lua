@@ -1,5 +1,9 @@
--- KEYS: the log, the owner key. ARGV: attempt, ttl_ms. Makes that attempt the owner
--- (fencing off older ones) unless the request already ended or a newer attempt owns it.
+-- KEYS[1] log_key: the request's log
+-- KEYS[2] owner_key: its owner key
+-- ARGV[1] attempt: the attempt to own it
+-- ARGV[2] ttl_ms: the owner key's expiry
+-- Makes that attempt the owner (fencing off older ones) unless the request already ended or
+-- a newer attempt owns it.
 -- Returns {1 if the attempt owns the request now else 0, the log as it is at that moment}.
 local owner = redis.call('GET', KEYS[2]) or '0'
 local attempt = tonumber(ARGV[1])
