@@ -173,7 +173,7 @@ def _measure(
     jobs = 0
     for _ in range(claims):
         reply = client.execute_command(*command)
-        claimed = [job_id.decode() for job_id in reply[1 + counts :: 2]]
+        claimed = [job_id.decode() for job_id in reply[1 + counts : 2 + counts]]  # a claim of one job at most
         jobs += len(claimed)
         pipe = client.pipeline(transaction=False)
         for job_id in claimed:

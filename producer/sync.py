@@ -132,6 +132,12 @@ class RequestHandle(_Closes):
         """True once the final or error event has been seen."""
         return self._handle.done
 
+    @property
+    def last_digest(self) -> str | None:
+        """The digest of the last event delivered (``producer.RequestHandle.last_digest``):
+        ``follow``'s ``after``, to resume exactly."""
+        return self._handle.last_digest
+
     def __iter__(self) -> Iterator[Event]:
         return self._pull(self._handle.__aiter__())
 

@@ -31,7 +31,7 @@ from streamq.protocol import (
     ErrorEvent,
     is_valid_request_id,
 )
-from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_OWNER_TTL_MS, running_key
+from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_OWNER_TTL_MS, cancelled_key, running_key
 from streamq.protocol.script_calls import ClaimJobs, FinishJob, ReleaseAffinity
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
@@ -210,8 +210,10 @@ class StreamqWorker(Worker):
             metrics.AFFINITY_MISSES.inc(misses)
             metrics.AFFINITY_EXPIRED.inc(expired)
         started = 0
-        for job_id, score in zip(reply[::2], reply[1::2], strict=True):
+        for job_id, score, cancelled in zip(reply[::3], reply[1::3], reply[2::3], strict=True):
             job_id = job_id.decode()
+            if cancelled:  # while an earlier attempt ran it: it ends `cancelled` at once
+                state.cancels.recorded(job_id)
             if job_id in self.tasks:
                 # Its lease lapsed while it runs here (Redis was away, or this loop
                 # stalled): the claim just took it back for the running attempt.
@@ -219,7 +221,7 @@ class StreamqWorker(Worker):
                 continue
             await self._start(job_id, int(float(score)))
             started += 1
-        self._more_may_wait = len(reply) // 2 == free
+        self._more_may_wait = len(reply) // 3 == free
         return started
 
     async def _claim_and_start_in_shared_slots(self, room: int) -> None:
@@ -330,6 +332,7 @@ class StreamqWorker(Worker):
             result=result_data or b"",
             result_ttl_ms=0 if expiry_s is None else round(expiry_s * 1000),
             score_increment=incr_score or "",
+            cancelled_key=cancelled_key(job_id),
             owner=owner,
         )
         return bool(await self._finish_script(call))

@@ -8,6 +8,11 @@ queued request, a job arq gave up on: ``end_request.lua``). Every worker runs a
 from the replay log, signs it, and sends it, retrying with exponential backoff; a worker
 that dies mid-delivery leaves it due again when the lease passes, so delivery is at least
 once. Requests' own streams never wait on any of this.
+
+Where ends wait for their replicas (``--durable-ends``), the claim and ``WAIT`` go in one
+pipeline on one connection and a delivery is POSTed only once the wait answered: replication
+is ordered, so a replica that has the claim has the end before it (a failover cannot take
+back an end that was called back). Each try's record is followed by a ``WAIT`` too.
 """
 
 from __future__ import annotations
@@ -17,14 +22,16 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import msgspec
 from redis.asyncio import Redis
 
 from streamq.broker.callback_schedule import CallbackSchedule
+from streamq.broker.durability import Durability
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
     CALLBACK_KEY_PREFIX,
@@ -85,10 +92,14 @@ def secret_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
 class CallbackSender:
     """Claims due callback deliveries and sends them, a few at a time."""
 
-    def __init__(self, redis: Redis, log: ReplayLog, policy: CallbackPolicy) -> None:
+    def __init__(
+        self, redis: Redis, log: ReplayLog, policy: CallbackPolicy, *, durability: Durability | None = None
+    ) -> None:
+        """``durability``: what a write of the control plane waits for (``None``: nothing)."""
         self._redis = redis
         self._log = log
         self.policy = policy
+        self._durability = durability
         self._claim = Script(redis, ClaimCallbacks)
         self._schedule = CallbackSchedule(redis, log.owners, log.ttl_ms)
         self._record = Script(redis, RecordCallback)
@@ -136,7 +147,7 @@ class CallbackSender:
         call = ClaimCallbacks(
             callbacks_key=CALLBACKS_KEY, count=free, lease_ms=self.policy.lease_ms, callback_prefix=CALLBACK_KEY_PREFIX
         )
-        _, *reply = await self._claim(call)
+        _, *reply = await self._durably(self._claim, call, wrote=lambda reply: len(reply) > 1)
         for i in range(0, len(reply), 4):
             request_id, spec, attempts, ended_ms = (
                 x.decode() if isinstance(x, bytes) else str(x) for x in reply[i : i + 4]
@@ -192,7 +203,20 @@ class CallbackSender:
             retry_in_ms=self.policy.delay_ms(max(attempts, 1)),
             ttl_ms=self._log.ttl_ms,
         )
-        await self._record(call)
+        await self._durably(self._record, call)
+
+    async def _durably(self, script: Script[Any], call: Any, wrote: Callable[[Any], bool] = lambda reply: True) -> Any:
+        """``script(call)``, followed where writes wait (``durability``) by the wait, in one
+        pipeline on one connection (``Script.then``); a short wait is noted (``wrote(reply)``:
+        the call wrote something the wait covers), and the reply returned all the same."""
+        wait = self._durability.wait() if self._durability is not None else None
+        if wait is None or not wait.waits:
+            return await script(call)
+        started = time.perf_counter()
+        reply, *waited = await script.then(call, *wait.commands())
+        if self._durability is not None and wrote(reply):
+            self._durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="callback")
+        return reply
 
     def headers(self, body: bytes) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}

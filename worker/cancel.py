@@ -4,6 +4,13 @@ Cancelling the task that iterates ``engine.generate()`` aborts the request insid
 frees its KV cache. A cancel may arrive just before the job registers, so requests are
 remembered for a while. The same path stops an attempt that must not go on (``stop``):
 another attempt owns its request, or the log lost what it wrote.
+
+A message on the channel is lost while the listener reconnects, and a worker that takes a
+request over later never heard it; so ``cancel.lua`` records the cancel too
+(``streamq:cancelled:<id>``), and what finds the record acts as if it had heard the message
+(``recorded``): the lease renewal (every second, for this worker's running requests), the
+claim (for a request it claims) and the listener itself as it resubscribes (for its running
+requests, at once).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from redis.asyncio import Redis
 from streamq.broker.pubsub import live_messages
 from streamq.broker.replies import as_text
 from streamq.protocol import CANCEL_CHANNEL
+from streamq.protocol.names import cancelled_key
 from streamq.tasks import stop_task
 from worker.publisher import Refusal
 
@@ -88,14 +96,31 @@ class CancelListener:
         for _, task in self._running.values():
             task.cancel()
 
-    def _cancel(self, request_id: str) -> None:
+    def recorded(self, request_id: str) -> None:
+        """A cancel of ``request_id`` found recorded in Redis: acted on as one heard on the
+        channel (its message may have been missed), unless it was heard already."""
+        running = self._running.get(request_id)
+        if request_id in self._requested and (running is None or running[1].cancelling()):
+            return
+        self._cancel(request_id, "cancel found recorded (its message was missed)")
+
+    def _cancel(self, request_id: str, how: str = "cancel requested") -> None:
         now = time.monotonic()
         self._requested = {rid: t for rid, t in self._requested.items() if now - t < REMEMBER_S}
         self._requested[request_id] = now
         running = self._running.get(request_id)
-        if running is not None:
-            logger.info("request %s: cancel requested", request_id)
+        if running is not None and not running[1].cancelling():  # once: a second cancel outlives the first
+            logger.info("request %s: %s", request_id, how)
             running[1].cancel()
+
+    async def _check_records(self) -> None:
+        """The cancel records of the requests running here: one whose message went out
+        while this listener was away is found as it resubscribes."""
+        ids = list(self._running)
+        if ids:
+            for request_id, record in zip(ids, await self._redis.mget([cancelled_key(i) for i in ids]), strict=True):
+                if record is not None:
+                    self.recorded(request_id)
 
     async def _listen(self) -> None:
         while True:
@@ -103,6 +128,7 @@ class CancelListener:
             try:
                 await pubsub.subscribe(CANCEL_CHANNEL)
                 self._subscribed.set()
+                await self._check_records()
                 async for message in live_messages(pubsub):
                     if message["type"] == "message":
                         data = message["data"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from contextlib import AsyncExitStack
@@ -10,9 +11,11 @@ from typing import Any
 
 from arq.utils import import_string
 
-from streamq.broker.data_plane import close_data_plane, connect_data_plane
+from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
+from streamq.broker.durability import DetectedDurability, DurabilitySpec, durable_ends_from_env, write_record
 from streamq.broker.replay_log import ReplayLog
 from streamq.environment import events_url_from_env, queue_from_env
+from streamq.protocol.names import DEFAULT_DURABLE_ENDS_TIMEOUT_S
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.adapters import Adapters
@@ -80,6 +83,44 @@ def _callback_policy(options: WorkerOptions) -> CallbackPolicy:
     )
 
 
+async def _durable_ends(
+    options: WorkerOptions, redis: Any, data: DataRedis, closing: AsyncExitStack
+) -> tuple[DetectedDurability, DetectedDurability]:
+    """What an end waits for on the control plane (callbacks) and on the data plane (the
+    replay log), read from the primaries now (the start-up log line says what), again every
+    ``DURABILITY_RECHECK_S`` and after a shortfall, each time written to ``DURABILITY_KEY``
+    for producers. One Redis: one reading serves both planes."""
+    spec = DurabilitySpec.parse(options.durable_ends if options.durable_ends is not None else durable_ends_from_env())
+    timeout_s = options.durable_ends_timeout_s
+    timeout_ms = round((timeout_s if timeout_s is not None else DEFAULT_DURABLE_ENDS_TIMEOUT_S) * 1000)
+    control = DetectedDurability(redis, spec, timeout_ms=timeout_ms, on_wait=metrics.durable_end_waited)
+    planes = [control]
+    if data is not redis:
+        planes.append(DetectedDurability(data, spec, timeout_ms=timeout_ms, on_wait=metrics.durable_end_waited))
+    on_data = planes[-1]
+
+    async def publish() -> None:
+        await write_record(redis, spec, control, on_data)
+
+    for plane in planes:
+        try:
+            await plane.detect()
+        except Exception as exc:  # the checks go on trying; until one succeeds, ends wait for nothing
+            logger.warning("durable ends: cannot read what the primary offers (%s); checking again shortly", exc)
+    if len(planes) == 1:
+        logger.info("durable ends (%s): %s", spec, control.describe())
+    else:
+        logger.info("durable ends (%s), control plane (callbacks): %s", spec, control.describe())
+        logger.info("durable ends (%s), data plane (Redis Cluster): %s", spec, on_data.describe())
+    with contextlib.suppress(Exception):  # written again at every check
+        await publish()
+    control.on_detected = publish
+    for plane in planes:
+        plane.start()
+        closing.push_async_callback(plane.close)
+    return control, on_data
+
+
 def _slots(options: WorkerOptions, engine: Any) -> int:
     """The requests this worker runs at once, as it registers them: ``--max-jobs`` or the
     engine's batch, a front end's share of it."""
@@ -105,10 +146,11 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         events_url = options.events_redis_url if options.events_redis_url is not None else events_url_from_env()
         data = await connect_data_plane(redis, events_url)
         closing.push_async_callback(close_data_plane, redis, data)
+        control_durability, data_durability = await _durable_ends(options, redis, data, closing)
         engine = _build_engine(options)
         closing.callback(_shut_down_engine, engine)
         worker_id = new_worker_id()
-        replay_log = ReplayLog(data, maxlen=options.log_maxlen, ttl_ms=options.log_ttl_ms)
+        replay_log = ReplayLog(data, maxlen=options.log_maxlen, ttl_ms=options.log_ttl_ms, durability=data_durability)
         cancels = CancelListener(redis)
         await cancels.start()
         closing.push_async_callback(cancels.close)
@@ -121,6 +163,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             redis,
             worker_id=worker_id,
             on_lost=lambda job_id, attempt: cancels.stop(job_id, attempt, Refusal.SUPERSEDED),
+            on_cancelled=cancels.recorded,  # a cancel whose message this worker missed
             owners=replay_log.owners,
         )
         leases.start()
@@ -139,7 +182,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         )
         if adapters is not None:
             adapters.on_change = presence.list_adapters
-        callbacks = CallbackSender(redis, replay_log, _callback_policy(options))
+        callbacks = CallbackSender(redis, replay_log, _callback_policy(options), durability=control_durability)
         callbacks.start()
         closing.push_async_callback(callbacks.close)
         state = WorkerState(

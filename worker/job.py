@@ -299,10 +299,13 @@ async def _run(
     params = with_take_over_seed(sampling_params_for(request, delivery, prompt.rendered), request.request_id)
     progress = await _take_over(state, request, events, params.n)
     if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
+        await _confirm_logged_end(state, events, progress)
         return progress.summary(request.request_id)
     if progress.superseded:  # a newer attempt took it over first
         return _superseded(state, request.request_id, events.attempt)
     running.progress = progress
+    if state.cancels.was_cancelled(request.request_id):  # before it started (a take-over of a cancelled request)
+        return await _end(ctx, events, request, progress, FinishReason.CANCELLED)
     time_left = _time_left(state, ctx["score"], request, events.attempt)
     if isinstance(time_left, FinishReason):
         return await _end(ctx, events, request, progress, time_left)
@@ -357,6 +360,20 @@ async def _take_over(state: WorkerState, request: GenerateRequest, events: Reque
             progress.completion_tokens,
         )
     return progress
+
+
+async def _confirm_logged_end(state: WorkerState, events: RequestEvents, progress: Progress) -> None:
+    """A take-over that finds its request ended: the earlier attempt's worker may have died
+    after logging the end and before its replicas had it (or before publishing it), so the
+    logged end goes through the publisher's end confirmer again (a duplicate for the log:
+    waited for, published again) before arq's acknowledgement. Nothing to wait for: nothing
+    to do. A failure raises ``PublishFailed`` (the job is handed back)."""
+    durability = state.replay_log.durability
+    if progress.logged_end is None or durability is None or not durability.waits:
+        return
+    seq, raw = progress.logged_end
+    state.publisher.publish(events.request_id, seq, events.attempt, raw, terminal=True)
+    await state.publisher.flushed(events.request_id)
 
 
 def _time_left(

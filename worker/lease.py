@@ -6,7 +6,9 @@ A lease names its holder (``lease_holder``). The lease only says that an attempt
 who owns the request is its owner key's to say, and renewal reads it in the same script:
 an attempt keeps (or takes back) its lease while no newer attempt owns the request, and
 learns at once when one does, or when the request ended, and stops. Where the owner keys
-live on a Redis Cluster, they are read just before (``OwnerRead``).
+live on a Redis Cluster, they are read just before (``OwnerRead``). The same script reads
+each request's cancel record (``streamq:cancelled:<id>``): a cancel whose message this
+worker missed is acted on within a renewal period.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from redis.asyncio import Redis
 
 from streamq.broker.data_plane import OwnerRead
 from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
+from streamq.protocol.names import cancelled_key
 from streamq.protocol.script_calls import LeaseRenewal, RenewLeases
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
@@ -34,12 +37,18 @@ def lease_holder(worker_id: str, attempt: int) -> str:
     return f"{worker_id}:{attempt}"
 
 
+HELD, HELD_CANCELLED = 1, 2
+"""``renew_leases``' answers for a held lease: renewed, and renewed with a cancel recorded."""
+
+
 class Leases:
     """Keeps the in-progress keys of this worker's running jobs alive.
 
     :param worker_id: this worker's id, the value its claims write.
     :param on_lost: called with ``(job_id, attempt)`` when a newer attempt owns the request
         or it ended: that attempt stops without writing the end.
+    :param on_cancelled: called with ``job_id`` at each renewal that finds a cancel recorded
+        for a held job's request (the cancel listener cancels it, once).
     :param owners: the data plane's owner keys, when they are not on ``redis``.
     """
 
@@ -49,6 +58,7 @@ class Leases:
         *,
         worker_id: str,
         on_lost: Callable[[str, int], None],
+        on_cancelled: Callable[[str], None] | None = None,
         ttl_ms: int = LEASE_TTL_MS,
         owners: OwnerRead | None = None,
     ) -> None:
@@ -57,6 +67,7 @@ class Leases:
         self._redis = redis
         self._owners = owners if owners is not None else OwnerRead(redis)
         self._on_lost = on_lost
+        self._on_cancelled = on_cancelled
         self._held: dict[str, int] = {}
         """job id -> the attempt holding its lease here."""
         self._renew_now = asyncio.Event()
@@ -83,7 +94,7 @@ class Leases:
 
     async def renew(self) -> None:
         """Renew every held lease once; report those whose request a newer attempt owns
-        or that ended."""
+        or that ended, and those whose request has a cancel recorded."""
         held = list(self._held.items())
         if not held:
             return
@@ -96,6 +107,7 @@ class Leases:
                 IN_PROGRESS_PREFIX + job_id,
                 lease_holder(self.worker_id, attempt),
                 attempt,
+                cancelled_key(job_id),
                 owner_key=None if ahead else self._owners.names.owner(job_id),
                 owner=owner,
             )
@@ -103,11 +115,15 @@ class Leases:
         ]
         replies = await self._renew(RenewLeases(ttl_ms=self.ttl_ms, jobs=jobs))
         for (job_id, attempt), kept in zip(held, replies, strict=True):
-            if not kept and self._held.get(job_id) == attempt:
+            if self._held.get(job_id) != attempt:
+                continue  # it ended meanwhile
+            if not kept:
                 logger.warning("job %s: owned by a newer attempt, or ended (attempt %d stops)", job_id, attempt)
                 metrics.LEASES_LOST.inc()
                 del self._held[job_id]
                 self._on_lost(job_id, attempt)
+            elif kept == HELD_CANCELLED and self._on_cancelled is not None:
+                self._on_cancelled(job_id)
 
     async def _renew_forever(self) -> None:
         while True:

@@ -110,9 +110,26 @@ AFFINITY_EXPIRED = Counter(
 LEASES_LOST = Counter(
     "streamq_leases_lost", "Running jobs whose lease another worker holds now: this worker's attempt stops"
 )
+DURABLE_END_WAITS: Final = ("end", "end_request", "callback")
+"""What waits for its replicas (``--durable-ends``): an end the publisher confirms (a job's
+own, or one a take-over found logged), an end written outside a running attempt (a job arq
+gave up on), a callback delivery's claim or record."""
+DURABLE_END_WAIT = Histogram(
+    "streamq_durable_end_wait_seconds",
+    "An end's write and its wait for its replicas (WAIT, WAITAOF: --durable-ends), one round trip, by what waited",
+    ["what"],
+    buckets=_LATENCY_BUCKETS,
+)
+DURABLE_END_SHORTFALLS = Counter(
+    "streamq_durable_end_shortfalls",
+    "Ends told before as many replicas as asked acknowledged them (--durable-ends-timeout-s passed), by what waited",
+    ["what"],
+)
 
 for _code in ErrorCode:
     REQUEST_ERRORS.labels(code=_code)  # present at 0 from the start, so rate() sees the first one
+for _what in DURABLE_END_WAITS:
+    DURABLE_END_SHORTFALLS.labels(what=_what)
 COMPLETIONS_BY_REASON: Final = {
     str(reason): COMPLETIONS_FINISHED.labels(finish_reason=reason) for reason in FinishReason
 }
@@ -122,6 +139,13 @@ EVENTS_BY_STREAMED: Final = {
     streamed: REQUEST_EVENTS.labels(streamed=str(streamed).lower()) for streamed in (True, False)
 }
 """``REQUEST_EVENTS``'s child for streamed requests (``True``) and the others."""
+
+
+def durable_end_waited(what: str, seconds: float, short: bool) -> None:
+    """A ``streamq.broker.durability.WaitHook``: one end's wait, counted."""
+    DURABLE_END_WAIT.labels(what=what).observe(seconds)
+    if short:
+        DURABLE_END_SHORTFALLS.labels(what=what).inc()
 
 
 def metrics_port_from_env() -> int:

@@ -58,6 +58,11 @@ class WorkerOptions:
     """Merge a request's DELTAs waiting behind a batch in flight into one chunk event."""
     checkpoint_tokens: int | None = None
     """Tokens per checkpoint of a request that is not streamed."""
+    durable_ends: str | None = None
+    """What an end waits for before anyone is told (``--durable-ends``:
+    ``streamq.broker.durability.DurabilitySpec``); ``None``: ``$STREAMQ_DURABLE_ENDS``, else ``auto``."""
+    durable_ends_timeout_s: float | None = None
+    """The longest an end waits (``--durable-ends-timeout-s``); ``None``: the default, 5 s."""
     callback_tries: int | None = None
     callback_backoff_s: float | None = None
     callback_timeout_s: float | None = None

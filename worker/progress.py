@@ -64,6 +64,8 @@ class Progress:
         self.prompt_tokens = 0
         self.next_seq = 0
         self.ended = False
+        self.logged_end: tuple[int, bytes] | None = None
+        """The terminal event an earlier attempt logged (its seq and its bytes), if it ended."""
         self.superseded = False
         """A newer attempt owned the request when this one took it over."""
 
@@ -110,10 +112,12 @@ class Progress:
                 progress.chunk_token_ids[event.index].append(event.token_ids)
             elif isinstance(event, FinalEvent):
                 progress.ended = True
+                progress.logged_end = (event.seq, raw)
                 progress.finish_reasons = list(event.finish_reasons)
                 progress.prompt_tokens = event.prompt_tokens
             elif isinstance(event, ErrorEvent):
                 progress.ended = True
+                progress.logged_end = (event.seq, raw)
         progress.superseded = not taken.owns and not progress.ended
         return progress
 

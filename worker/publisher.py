@@ -9,6 +9,13 @@ While a batch is in flight, a request's next DELTA may be merged into its chunk 
 waiting in the buffer (``extendable``): the events per token, and with them Redis's work,
 fall exactly when the load rises, while an idle worker still sends every DELTA as it comes.
 Chunks are encoded when the flusher takes them, so a merged chunk is encoded once.
+
+Where an end waits for its replicas (the log's ``durability``, ``--durable-ends``), a
+request whose terminal event the flusher takes goes, with its events of that buffer, to the
+end confirmer, a task of its own on a connection of its own: it logs them and waits in one
+pipeline (``ReplayLog.confirm``), publishes them, and only then resolves their waiters (so
+the job's settling, its callback and arq's acknowledgement come after). The other requests'
+events never wait for it. With nothing to wait for, every event goes the one way, as before.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streamq.broker.durability import REPLICA_REPLY
 from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
 from streamq.protocol import ChunkEvent, TokenLogprob, encode_event
 from streamq.protocol.names import COALESCE_ENV
@@ -95,10 +103,13 @@ class PublishFailed(RuntimeError):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures worth sending the same batch again for."""
+    """True for failures worth sending the same batch again for (a wait refused on a
+    replica too: a primary demoted under the connection)."""
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, *TRANSIENT_REPLIES)):
         return True
-    return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLY_PREFIXES)
+    return isinstance(exc, ResponseError) and (
+        str(exc).startswith(TRANSIENT_REPLY_PREFIXES) or REPLICA_REPLY in str(exc)
+    )
 
 
 class EventPublisher:
@@ -114,6 +125,9 @@ class EventPublisher:
     go back to the front of the buffer and are sent again with the next batch, while the
     other shards' requests go on; a request whose events have failed for ``retry_for_s``
     has them dropped, and its waiters fail.
+
+    Ends that wait (the log's ``durability`` has something to wait for) go through the end
+    confirmer (``_confirm_forever``), each request's retried alone for ``retry_for_s``.
     """
 
     def __init__(
@@ -146,18 +160,28 @@ class EventPublisher:
         self._retry_for_s = retry_for_s
         self._retry_delay_s = retry_delay_s
         self._task: asyncio.Task[None] | None = None
+        self._to_confirm: list[_Confirmation] = []
+        """Ends handed to the confirmer, not yet taken by it."""
+        self._confirming: list[_Confirmation] = []
+        """Ends handed to the confirmer and not yet confirmed (queued or in flight)."""
+        self._confirm_wake = asyncio.Event()
+        self._confirmer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Start the flusher task on the running loop."""
-        self._task = asyncio.get_running_loop().create_task(self._flush_forever(), name="event-publisher")
+        """Start the flusher task (and, where ends may wait, the end confirmer) on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._flush_forever(), name="event-publisher")
+        if self._log.durability is not None:
+            self._confirmer = loop.create_task(self._confirm_forever(), name="end-confirmer")
 
     async def close(self) -> None:
         """Flush what is buffered (failures are logged by the flusher), then stop it."""
-        if self._pending:
+        if self._pending or self._confirming:
             with contextlib.suppress(PublishFailed):
                 await self.flushed()
         await stop_task(self._task)
-        self._task = None
+        await stop_task(self._confirmer)
+        self._task = self._confirmer = None
 
     def publish(self, request_id: str, seq: int, attempt: int, payload: bytes, *, terminal: bool = False) -> None:
         """Queue event ``seq`` of ``request_id``'s ``attempt``; returns at once (no I/O)."""
@@ -200,7 +224,7 @@ class EventPublisher:
         elif self._in_flight:
             self._sending_waiters.append(_Waiter(request_id, waiter))
         else:
-            waiter.set_result(None)
+            self._settle_after_ends([_Waiter(request_id, waiter)])
         return waiter
 
     def take_refusal(self, request_id: str, attempt: int) -> Refusal | None:
@@ -218,6 +242,14 @@ class EventPublisher:
             batch, chunks, tokens = _encoded(taken)
             if self._failing_since:
                 batch, waiters = self._drop_expired(batch, waiters)
+            if self._confirmer is not None and self._log.durability is not None and self._log.durability.waits:
+                batch, waiters = self._to_confirmer(batch, waiters)
+                if not batch:  # ends only: the confirmer has them
+                    metrics.DELTAS.inc(deltas)
+                    metrics.CHUNKS.inc(chunks)
+                    metrics.GENERATED_TOKENS.inc(tokens)
+                    self._settle_after_ends(waiters)
+                    continue
             self._sending_waiters = waiters
             started = time.perf_counter()
             self._in_flight = True
@@ -241,7 +273,7 @@ class EventPublisher:
             for request_id in {event.request_id for event in batch} - failing:
                 self._failing_since.pop(request_id, None)
             if not unsent:
-                _settle(waiters)
+                self._settle_after_ends(waiters)
                 continue
             now = time.monotonic()
             for request_id in failing:
@@ -249,10 +281,124 @@ class EventPublisher:
             logger.warning("%d events of %d requests not logged, sent again: %s", len(unsent), len(failing), error)
             self._pending[:0] = unsent  # ahead of anything published since: each request's order holds
             carried = [waiter for waiter in waiters if waiter.request_id is None or waiter.request_id in failing]
-            _settle([waiter for waiter in waiters if waiter not in carried])
+            self._settle_after_ends([waiter for waiter in waiters if waiter not in carried])
             self._pending_waiters[:0] = carried
             self._has_pending.set()
             await asyncio.sleep(self._retry_delay_s)
+
+    def _to_confirmer(self, batch: list[LogEvent], waiters: list[_Waiter]) -> tuple[list[LogEvent], list[_Waiter]]:
+        """Hand the requests of ``batch`` that end in it (their events of the batch, their
+        waiters) to the confirmer; ``batch`` and ``waiters`` without them."""
+        ended = {event.request_id for event in batch if event.terminal}
+        if not ended:
+            return batch, waiters
+        now = time.monotonic()
+        for request_id in ended:
+            confirmation = _Confirmation(
+                request_id,
+                [event for event in batch if event.request_id == request_id],
+                [waiter for waiter in waiters if waiter.request_id == request_id],
+                asyncio.get_running_loop().create_future(),
+                now,
+            )
+            self._to_confirm.append(confirmation)
+            self._confirming.append(confirmation)
+        self._confirm_wake.set()
+        rest = [event for event in batch if event.request_id not in ended]
+        return rest, [waiter for waiter in waiters if waiter.request_id not in ended]
+
+    def _settle_after_ends(self, waiters: list[_Waiter]) -> None:
+        """Resolve ``waiters`` whose events reached Redis, each once the ends it also waits
+        for are confirmed (a waiter of every request: every end handed to the confirmer so
+        far; of one: its own), failing it if one of them failed."""
+        for waiter in waiters:
+            ends = [c.outcome for c in self._confirming if waiter.request_id in (None, c.request_id)]
+            if not ends:
+                _settle([waiter])
+                continue
+
+            def done(
+                _: object, waiter: _Waiter = waiter, ends: list[asyncio.Future[PublishFailed | None]] = ends
+            ) -> None:
+                if all(end.done() for end in ends):
+                    _settle([waiter], next((end.result() for end in ends if end.result() is not None), None))
+
+            for end in ends:
+                end.add_done_callback(done)
+
+    async def _confirm_forever(self) -> None:
+        """The end confirmer: each round takes every end handed to it, confirms them together
+        (``ReplayLog.confirm``: logged, waited for, published), then resolves their waiters;
+        a request whose end could not be confirmed is sent again, for ``retry_for_s``."""
+        while True:
+            await self._confirm_wake.wait()
+            self._confirm_wake.clear()
+            taken, self._to_confirm = self._to_confirm, []
+            if not taken:
+                continue
+            retry = await self._confirm_round(taken)
+            if retry:
+                self._to_confirm[:0] = retry  # ahead of ends handed over since
+                self._confirm_wake.set()
+                await asyncio.sleep(self._retry_delay_s)
+
+    async def _confirm_round(self, taken: list[_Confirmation]) -> list[_Confirmation]:
+        """Confirm ``taken`` once; the confirmations to try again."""
+        events = [event for confirmation in taken for event in confirmation.events]
+        try:
+            appended = await self._log.confirm(events)
+        except Exception as exc:  # the confirmer must outlive any round
+            if is_transient(exc):
+                logger.warning("confirming the ends of %d requests failed, retrying: %s", len(taken), exc)
+                return self._retried(taken, exc)
+            failure = PublishFailed(f"Redis refused the ends of {len(taken)} requests: {type(exc).__name__}: {exc}")
+            logger.error("%d events of %d requests NOT published: %s", len(events), len(taken), failure)
+            metrics.PUBLISH_FAILURES.inc(len(events))
+            for confirmation in taken:
+                self._confirmed(confirmation, failure)
+            return []
+        metrics.PUBLISH_BATCH_EVENTS.observe(len(events) - len(appended.unsent))
+        if appended.superseded or appended.out_of_step:
+            self._refused(events, appended)
+        unsent = {event.request_id for event in appended.unsent}
+        again = [confirmation for confirmation in taken if confirmation.request_id in unsent]
+        for confirmation in taken:
+            if confirmation.request_id not in unsent:
+                self._confirmed(confirmation)
+        if not again:
+            return []
+        error = appended.error
+        if error is not None and not is_transient(error):
+            failure = PublishFailed(f"Redis refused the ends of {len(again)} requests: {error}")
+            for confirmation in again:
+                self._confirmed(confirmation, failure)
+            return []
+        logger.warning("the ends of %d requests not confirmed, sent again: %s", len(again), error)
+        return self._retried(again, error)
+
+    def _retried(self, confirmations: list[_Confirmation], error: BaseException | None) -> list[_Confirmation]:
+        """``confirmations`` to send again; those past ``retry_for_s`` fail instead."""
+        now = time.monotonic()
+        again = [c for c in confirmations if now - c.since < self._retry_for_s]
+        expired = [c for c in confirmations if c not in again]
+        if expired:
+            failure = PublishFailed(
+                f"could not confirm the ends of {len(expired)} requests for {self._retry_for_s:.0f}s: {error}"
+            )
+            events = sum(len(c.events) for c in expired)
+            logger.error("%d events of %d requests NOT published: %s", events, len(expired), failure)
+            metrics.PUBLISH_FAILURES.inc(events)
+            for confirmation in expired:
+                self._confirmed(confirmation, failure)
+        return again
+
+    def _confirmed(self, confirmation: _Confirmation, failure: PublishFailed | None = None) -> None:
+        """``confirmation`` is done: its waiters resolved (failed with ``failure``)."""
+        with contextlib.suppress(ValueError):
+            self._confirming.remove(confirmation)
+        _settle(confirmation.waiters, failure)
+        if not confirmation.outcome.done():
+            confirmation.outcome.set_result(failure)
 
     def _drop_expired(self, batch: list[LogEvent], waiters: list[_Waiter]) -> tuple[list[LogEvent], list[_Waiter]]:
         """``batch`` without the events of requests that have failed for ``retry_for_s``,
@@ -327,6 +473,20 @@ def append_delta(
     chunk.finish_reason = finish_reason
     if logprobs is not None:
         chunk.logprobs = [*chunk.logprobs, *logprobs] if chunk.logprobs else logprobs
+
+
+@dataclass(eq=False)
+class _Confirmation:
+    """One request's ends handed to the end confirmer: its events of the buffer the flusher
+    took (the terminal one last), its waiters, and the outcome (the failure, or ``None``)
+    that waiters of every request also wait for."""
+
+    request_id: str
+    events: list[LogEvent]
+    waiters: list[_Waiter]
+    outcome: asyncio.Future[PublishFailed | None]
+    since: float
+    """When it was handed over (monotonic): it is retried for ``retry_for_s`` from then."""
 
 
 @dataclass(frozen=True, eq=False)

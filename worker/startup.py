@@ -16,15 +16,24 @@ from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from streamq.broker.connection import (
+    SOCKET_TIMEOUT_S,
     add_connection_options,
     events_url_from_args,
     redis_settings_for,
     redis_url_from_args,
 )
+from streamq.broker.durability import DurabilitySpec, durable_ends_from_env
 from streamq.broker.replay_log import log_limits_from_env
 from streamq.environment import drain_seconds_from_env
 from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
-from streamq.protocol.names import CALLBACK_SECRET_ENV, CHECKPOINT_TOKENS_ENV, COALESCE_ENV, KEEP_RESULT_ENV
+from streamq.protocol.names import (
+    CALLBACK_SECRET_ENV,
+    CHECKPOINT_TOKENS_ENV,
+    COALESCE_ENV,
+    DEFAULT_DURABLE_ENDS_TIMEOUT_S,
+    DURABLE_ENDS_ENV,
+    KEEP_RESULT_ENV,
+)
 from worker.arq_worker import StreamqWorker
 from worker.callbacks import CallbackPolicy
 from worker.chat_parsing import ParserFlags
@@ -50,6 +59,24 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {number}")
     return number
+
+
+def _durable_ends(value: str) -> str:
+    """A ``--durable-ends`` spec, checked (kept as given: the start-up hook parses it)."""
+    try:
+        DurabilitySpec.parse(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _wait_bound(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds < SOCKET_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"must be above 0 and below a connection's reply timeout ({SOCKET_TIMEOUT_S:g} s), not {seconds:g}"
+        )
+    return seconds
 
 
 def build_parser() -> FlexibleArgumentParser:
@@ -140,6 +167,25 @@ def build_parser() -> FlexibleArgumentParser:
         help="a request that is not streamed (a batch line, stream: false) is asked of the engine and written "
         "to Redis every N tokens (a checkpoint) instead of every token: a worker's death costs at most N tokens "
         f"per completion generated again (default: ${CHECKPOINT_TOKENS_ENV} or %(default)s)",
+    )
+    group.add_argument(
+        "--durable-ends",
+        type=_durable_ends,
+        default=durable_ends_from_env(),
+        metavar="SPEC",
+        help="what a request's end (its final or error event, a callback's claim) waits for before anyone is "
+        "told, so that a failover cannot take it back: auto waits for every replica the primary reports online "
+        "(WAIT; none: no wait); off waits for nothing; or replicas=N|all,fsync=none|local (fsync=local adds the "
+        "primary's own AOF fsync, WAITAOF, where the server has it) (docs/reliability.md; default: "
+        f"${DURABLE_ENDS_ENV} or %(default)s)",
+    )
+    group.add_argument(
+        "--durable-ends-timeout-s",
+        type=_wait_bound,
+        default=DEFAULT_DURABLE_ENDS_TIMEOUT_S,
+        metavar="S",
+        help="the longest an end waits for its replicas; past it, the end is told anyway, and the shortfall "
+        "logged and counted (default: %(default)g)",
     )
     group.add_argument(
         "--keep-result-s",
@@ -269,6 +315,8 @@ def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> in
                 log_maxlen=args.log_maxlen,
                 coalesce=args.coalesce,
                 checkpoint_tokens=args.checkpoint_tokens,
+                durable_ends=args.durable_ends,
+                durable_ends_timeout_s=args.durable_ends_timeout_s,
                 callback_tries=args.callback_tries,
                 callback_backoff_s=args.callback_backoff_s,
                 callback_timeout_s=args.callback_timeout_s,

@@ -35,6 +35,7 @@ class ApiErrorCode(enum.StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     REQUEST_NOT_FOUND = "request_not_found"
     DUPLICATE_REQUEST = "duplicate_request"
+    MISSING_EVENTS = "missing_events"
     QUEUE_FULL = "queue_full"
     INVALID_API_KEY = "invalid_api_key"
     DASHBOARD_FORBIDDEN = "dashboard_forbidden"

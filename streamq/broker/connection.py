@@ -44,9 +44,10 @@ RETRY_FOR_S = 20.0
 CONNECT_TIMEOUT_S = 5.0
 """A TCP connect (or TLS handshake) that takes longer failed."""
 SOCKET_TIMEOUT_S = 10.0
-"""A reply that takes longer means a dead connection. streamq sends no blocking command
-and no long script, and Redis itself answers BUSY after 5 s of script; pub/sub readers
-never wait on the socket longer than this (they wait in steps and ping)."""
+"""A reply that takes longer means a dead connection. streamq sends no long script, and Redis
+itself answers BUSY after 5 s of script; its one blocking command, an end's ``WAIT`` (and
+``WAITAOF``) for its replicas, is bounded below this (``--durable-ends-timeout-s``); pub/sub
+readers never wait on the socket longer than this (they wait in steps and ping)."""
 HEALTH_CHECK_INTERVAL_S = 5.0
 """A pooled connection idle this long is pinged before its next command; a pub/sub
 connection silent this long is pinged by its reader."""

@@ -15,6 +15,13 @@ On a Redis Cluster (``streamq.broker.data_plane``) a script call covers one slot
 is split by bucket (the hash tag of its requests' names), the calls pipelined per shard
 primary, ``MOVED``, ``ASK`` and ``NOSCRIPT`` handled per call, and the replies merged as one
 call's would be.
+
+An end waits for its replicas before anyone is told (``streamq.broker.durability``): where
+the log's ``durability`` has something to wait for, ``confirm`` (a worker's ends) and ``end``
+(the ends written outside a running attempt) send the script deferred (it logs, publishes
+nothing, and writes every key it names again) and the wait (``WAIT``, ``WAITAOF``) in one
+pipeline on one connection, per primary on a cluster, then publish what it logged. A log
+reader (``XRANGE``) may see such an end before it is durable, for as long as the wait takes.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, TypeVar, cast
 
 from redis.asyncio import Redis
@@ -44,6 +51,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.cluster import refresh_slot_map
 from streamq.broker.data_plane import ONE_REDIS, DataNames, DataRedis, OwnerRead, names_of
+from streamq.broker.durability import Durability, EndWait, pack_command
 from streamq.protocol import (
     CALLBACKS_KEY,
     EVENTS_CHANNEL_PREFIX,
@@ -146,10 +154,13 @@ class ReplayLog:
         maxlen: int | None = None,
         ttl_ms: int | None = None,
         recent_ends_max: int = RECENT_ENDS_MAX,
+        durability: Durability | None = None,
     ) -> None:
         """``maxlen`` and ``ttl_ms`` default to ``log_limits_from_env()``; ``recent_ends_max``
         caps ``RECENT_ENDS_KEY``, where every terminal event written here is pushed.
-        ``redis`` is the data plane: one Redis, or a Redis Cluster."""
+        ``redis`` is the data plane: one Redis, or a Redis Cluster. ``durability``: what an
+        end written here waits for (a worker's, detected; a producer's, read from the
+        workers' record); ``None``: nothing, as without replicas."""
         env_maxlen, env_ttl_ms = log_limits_from_env() if maxlen is None or ttl_ms is None else (0, 0)
         self._redis = redis
         self.names: DataNames = names_of(redis)
@@ -164,6 +175,7 @@ class ReplayLog:
         self._append_script = Script(redis, script_calls.AppendAndPublish)
         self._take_over_script = Script(redis, script_calls.TakeOver)
         self._end_script = Script(redis, script_calls.EndRequest)
+        self.durability = durability
 
     async def append(self, events: Sequence[LogEvent]) -> Appended:
         """Log and publish ``events``, in order: in one command on one Redis, in one per
@@ -177,8 +189,8 @@ class ReplayLog:
         return self._appended(reply)
 
     def _appended(self, reply: Any) -> Appended:
-        """One ``append_and_publish`` reply, read."""
-        skipped, superseded, out_of_step = reply
+        """One ``append_and_publish`` reply, read (a deferred call's positions left out)."""
+        skipped, superseded, out_of_step = reply[:3]
         return Appended(
             int(skipped),
             frozenset(map(self.names.request_id, superseded)),
@@ -202,6 +214,68 @@ class ReplayLog:
         replies = await self._send_appends(command, len(groups))
         return _merged(map(self._appended, replies))
 
+    async def confirm(self, events: Sequence[LogEvent]) -> Appended:
+        """Log ``events`` (ends, each with its request's events not yet logged) as durably as
+        ``durability`` asks, then publish them, then return: ``append_and_publish`` deferred
+        and the wait in one pipeline on one connection (per primary on a cluster), then the
+        events it logged (and those it found logged already, with the same payload: a
+        retry's) published. A wait that falls short is noted (``Durability.confirmed``) and
+        the events published all the same. On a cluster, a call that failed, or whose events
+        could not be published, comes back ``unsent`` (all of its requests' events): confirm
+        them again (their events are duplicates then, published again)."""
+        durability = self.durability
+        if durability is None:
+            return await self.append(events)
+        if isinstance(self._redis, RedisCluster):
+            return await self._confirm_sharded(self._redis, events, durability)
+        redis = self._one_redis()
+        wait = durability.wait()
+        started = time.perf_counter()
+        if redis.connection is not None:  # a single-connection client: each command on its one connection
+            reply = await self._append_script(self._append_call(events, defer=True))
+            waited = [await _answer(redis.execute_command(*command)) for command in wait.commands()]
+        else:
+            command = self._pack(events, defer=True) + wait.packed()
+            reply, *waited = await _script_then(redis, self._append_script, command, 1 + wait.reply_count)
+        durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="end")
+        await self._publish([events[int(position) - 1] for position in reply[3]])
+        return self._appended(reply)
+
+    async def _confirm_sharded(
+        self, cluster: RedisCluster, events: Sequence[LogEvent], durability: Durability
+    ) -> Appended:
+        """``confirm`` on a cluster: ``_sharded`` deferred, then each event to publish by
+        ``SPUBLISH`` on its slot's primary."""
+        appended, publishable = await self._sharded(cluster, events, durability)
+        calls = [
+            _ClusterCall(key, pack_command("SPUBLISH", key, event.payload), (event,))
+            for event in publishable
+            for key in (self.names.events(event.request_id),)
+        ]
+        if not calls:
+            return appended
+        _, errors = await self._send_sharded(cluster, calls)
+        if not errors:
+            return appended
+        # logged, not published: their requests are confirmed again (duplicates, published then)
+        failed = {event.request_id for call, _ in errors for event in call.events}
+        unsent = {*appended.unsent, *(event for event in events if event.request_id in failed)}
+        in_order = tuple(event for event in events if event in unsent)
+        return replace(appended, unsent=in_order, error=appended.error or errors[0][1])
+
+    async def _publish(self, events: Sequence[LogEvent]) -> None:
+        """Publish ``events`` on their channels, in one round trip (one Redis)."""
+        if not events:
+            return
+        redis = self._one_redis()
+        publish = self.names.publish_command
+        if redis.connection is not None:
+            for event in events:
+                await redis.execute_command(publish, self.names.events(event.request_id), event.payload)
+            return
+        command = b"".join(pack_command(publish, self.names.events(e.request_id), e.payload) for e in events)
+        await _execute_pipelined(redis.connection_pool, command, len(events))
+
     async def _send_appends(self, command: bytes, count: int) -> list[Any]:
         """Send ``count`` packed ``append_and_publish`` calls in one write and read their
         replies; a restarted Redis that has forgotten the script (every call refused) gets
@@ -222,35 +296,75 @@ class ReplayLog:
     async def _append_sharded(self, cluster: RedisCluster, events: Sequence[LogEvent]) -> Appended:
         """``append`` on a cluster: one call per bucket present in ``events`` (a bucket's
         names share one slot), sent to the slot's primary, the calls of one primary in one
-        write; each call's redirect or missing script is dealt with and that call sent
-        again, up to ``CLUSTER_ROUNDS`` times. A call that fails otherwise (its shard away,
-        say) fails alone: its events come back as ``unsent``, with the error, and the rest of
-        the batch is logged, so one shard's outage holds up only its own requests."""
+        write (``_send_sharded``). A call that fails (its shard away, say) fails alone: its
+        events come back as ``unsent``, with the error, and the rest of the batch is logged,
+        so one shard's outage holds up only its own requests."""
+        appended, _ = await self._sharded(cluster, events)
+        return appended
+
+    async def _sharded(
+        self, cluster: RedisCluster, events: Sequence[LogEvent], durability: Durability | None = None
+    ) -> tuple[Appended, list[LogEvent]]:
+        """``_append_sharded``; with ``durability`` deferred, each primary's calls followed by
+        its wait: then also the events to publish (logged now, or already: a retry's)."""
         buckets: dict[int, list[LogEvent]] = {}
         for event in events:
             buckets.setdefault(events_bucket(event.request_id), []).append(event)
+        defer = durability is not None
         calls = [
-            _ClusterCall(self.names.events(group[0].request_id), self._pack(group), tuple(group))
+            _ClusterCall(self.names.events(group[0].request_id), self._pack(group, defer=defer), tuple(group))
             for group in buckets.values()
         ]
-        results: list[Appended] = []
+        answered, errors = await self._send_sharded(cluster, calls, self._append_script.text, durability, "end")
+        publishable = [call.events[int(p) - 1] for call, reply in answered if defer for p in reply[3]]
+        merged = _merged(self._appended(reply) for _, reply in answered)
+        if not errors:
+            return merged, publishable
+        unsent = tuple(event for call, _ in errors for event in call.events)
+        return replace(merged, unsent=unsent, error=errors[0][1]), publishable
+
+    async def _send_sharded(
+        self,
+        cluster: RedisCluster,
+        calls: Sequence[_ClusterCall],
+        script_text: str | None = None,
+        durability: Durability | None = None,
+        what: str = "end",
+    ) -> tuple[list[tuple[_ClusterCall, Any]], list[tuple[_ClusterCall, BaseException]]]:
+        """Each call to its slot's primary, the calls of one primary in one write, all
+        primaries at once; each call's redirect or missing script (``script_text`` loaded)
+        dealt with and that call sent again, up to ``CLUSTER_ROUNDS`` times. With
+        ``durability``, each primary's write ends with its wait, whose replies are checked
+        (``Durability.confirmed``: a replica's reply fails that primary's calls). Returns the
+        calls answered, with their replies, and those that failed, with their errors."""
+        answered: list[tuple[_ClusterCall, Any]] = []
         errors: list[tuple[_ClusterCall, BaseException]] = []
         with contextlib.suppress(*CLUSTER_GLITCHES):  # a no-op once connected; failing, the map it has
             await cluster.initialize()
+        tail = None if durability is None else (lambda node: durability.wait(node.name))
         for round_ in range(CLUSTER_ROUNDS):
             again: list[_ClusterCall] = []
-            for node, node_calls, replies in await _send_by_node(cluster, calls):
-                for call, reply in zip(node_calls, replies, strict=True):
+            started = time.perf_counter()
+            for sent in await _send_by_node(cluster, calls, tail):
+                node, replies = sent.node, sent.replies
+                if durability is not None and node is not None and sent.wait is not None and sent.waited:
+                    seconds = time.perf_counter() - started
+                    try:
+                        durability.confirmed(sent.wait, sent.waited, seconds=seconds, what=what, node=node.name)
+                    except ResponseError:  # a primary demoted under the connection: its calls again
+                        again += [replace(call, asking=None) for call in sent.calls]
+                        continue
+                for call, reply in zip(sent.calls, replies, strict=True):
                     if not isinstance(reply, BaseException):
-                        results.append(self._appended(reply))
+                        answered.append((call, reply))
                     elif isinstance(reply, AskError):
                         again.append(replace(call, asking=(reply.host, reply.port)))
                     elif isinstance(reply, (MovedError, NoScriptError, TryAgainError)):
                         again.append(replace(call, asking=None))
                     else:
                         errors.append((call, reply))
-                if node is not None and any(isinstance(reply, NoScriptError) for reply in replies):
-                    await node.execute_command("SCRIPT", "LOAD", self._append_script.text)
+                if script_text and node is not None and any(isinstance(r, NoScriptError) for r in replies):
+                    await node.execute_command("SCRIPT", "LOAD", script_text)
             if not again:
                 break
             if any(not call.asking for call in again):
@@ -264,11 +378,7 @@ class ReplayLog:
         if any(not isinstance(error, ResponseError) for _, error in errors) and self._may_refresh():
             with contextlib.suppress(Exception):  # a node away (failing over?): read the map again
                 await refresh_slot_map(cluster)
-        merged = _merged(results)
-        if not errors:
-            return merged
-        unsent = tuple(event for call, _ in errors for event in call.events)
-        return replace(merged, unsent=unsent, error=errors[0][1])
+        return answered, errors
 
     def _may_refresh(self) -> bool:
         """True at most once per ``MAP_REFRESH_S``: reading the slot map closes every
@@ -279,12 +389,12 @@ class ReplayLog:
         self._refreshed_at = now
         return True
 
-    def _append_call(self, events: Sequence[LogEvent]) -> script_calls.AppendAndPublish:
-        return append_call(self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names)
+    def _append_call(self, events: Sequence[LogEvent], *, defer: bool = False) -> script_calls.AppendAndPublish:
+        return append_call(self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names, defer=defer)
 
-    def _pack(self, events: Sequence[LogEvent]) -> bytes:
+    def _pack(self, events: Sequence[LogEvent], *, defer: bool = False) -> bytes:
         sha = self._append_script.sha
-        return pack_append(sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names)
+        return pack_append(sha, self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names, defer=defer)
 
     async def end(self, request_id: str, event: FinalEvent | ErrorEvent, *, attempt: int | None = None) -> int | None:
         """Log and publish ``event`` as ``request_id``'s last, numbered after whatever the
@@ -309,8 +419,51 @@ class ReplayLog:
             attempt="" if attempt is None else attempt,
             publish=names.publish_command,
         )
+        durability = self.durability
+        if durability is not None:
+            await durability.fresh()
+            if durability.waits:
+                return await self._on_cluster(lambda: self._end_durably(call, durability))
         seq = int(await self._on_cluster(lambda: self._end_script(call)))
         return None if seq < 0 else seq
+
+    async def _end_durably(self, call: script_calls.EndRequest, durability: Durability) -> int | None:
+        """``end`` where it waits: ``end_request`` deferred (it logs the end and returns it,
+        published by nobody) and the wait in one pipeline on one connection (on a cluster,
+        the log's primary's); then the end published, a shortfall noted."""
+        deferred = replace(call, publish="")
+        started = time.perf_counter()
+        redis = self._redis
+        if isinstance(redis, RedisCluster):
+            command = pack_command(*deferred.command(self._end_script.sha))
+            answered, errors = await self._send_sharded(
+                redis, [_ClusterCall(call.log_key, command, ())], self._end_script.text, durability, "end_request"
+            )
+            if errors:
+                raise errors[0][1]
+            [(_, reply)] = answered
+        else:
+            one = self._one_redis()
+            wait = durability.wait()
+            if one.connection is not None:  # a single-connection client: each command on its one connection
+                reply = await self._end_script(deferred)
+                waited = [await _answer(one.execute_command(*command)) for command in wait.commands()]
+            else:
+                command = pack_command(*deferred.command(self._end_script.sha)) + wait.packed()
+                reply, *waited = await _script_then(one, self._end_script, command, 1 + wait.reply_count)
+            if isinstance(reply, list):  # else it wrote nothing: the wait covered nothing of it
+                durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="end_request")
+        if not isinstance(reply, list):
+            return None  # -1: it had ended; -2: a newer attempt owns it
+        seq, payload = int(reply[0]), reply[1]
+        publish = pack_command(self.names.publish_command, call.log_key, payload)
+        if isinstance(redis, RedisCluster):
+            _, errors = await self._send_sharded(redis, [_ClusterCall(call.log_key, publish, ())])
+            if errors:
+                raise errors[0][1]
+        else:
+            await redis.execute_command(self.names.publish_command, call.log_key, payload)
+        return seq
 
     async def take_over(self, request_id: str, attempt: int) -> TakeOver:
         """Make ``attempt`` the request's owner, so that older attempts still running
@@ -362,15 +515,19 @@ def append_call(
     events: Sequence[LogEvent],
     recent_ends_max: int = RECENT_ENDS_MAX,
     names: DataNames = ONE_REDIS,
+    *,
+    defer: bool = False,
 ) -> script_calls.AppendAndPublish:
     """``append_and_publish`` of ``events``, each terminal one pushed to the recent ends, by
-    ``SPUBLISH`` on a cluster. On a cluster ``events`` are of one bucket (their prefix and
-    recent-ends list are the first one's)."""
+    ``SPUBLISH`` on a cluster; ``defer``: published by the caller after its wait. On a
+    cluster ``events`` are of one bucket (their prefix and recent-ends list are the first one's)."""
     recent_ends, prefix, publish = RECENT_ENDS_KEY, EVENTS_CHANNEL_PREFIX, None
     if names.sharded and events:
         first = events[0].request_id
         recent_ends, prefix = names.recent_ends(first), names.events(first).removesuffix(first)
         publish = names.publish_command
+    if defer:
+        publish = script_calls.AppendAndPublish.DEFER
     logged: list[script_calls.AppendedEvent] = []
     keys: dict[str, tuple[str, str]] = {}  # a batch holds several events of a request
     appended = script_calls.AppendedEvent._make
@@ -401,21 +558,26 @@ def pack_append(
     events: Sequence[LogEvent],
     recent_ends_max: int = RECENT_ENDS_MAX,
     names: DataNames = ONE_REDIS,
+    *,
+    defer: bool = False,
 ) -> bytes:
     """The RESP bytes of ``EVALSHA`` of ``append_and_publish`` for ``events``: per event
     its log and owner keys, then maxlen and ttl, then per event its entry id, attempt,
     terminal flag and payload, then the recent-ends list, its cap and the log keys' prefix,
-    and on a cluster ``SPUBLISH`` (the script's KEYS and ARGV). On a cluster ``events`` are
-    of one bucket (their prefix and recent-ends list are the first one's)."""
+    and on a cluster ``SPUBLISH``, deferred ``''`` (the script's KEYS and ARGV). On a
+    cluster ``events`` are of one bucket (their prefix and recent-ends list are the first one's)."""
     keys: list[bytes] = []
     args: list[bytes] = []
     events_prefix, owner_prefix = _EVENTS_PREFIX, _OWNER_PREFIX
     tail = _pack_recent_ends(recent_ends_max)
+    publish = b"" if defer else b"SPUBLISH"
     if names.sharded and events:
         first = events[0].request_id
         events_prefix = names.events(first).removesuffix(first).encode()
         owner_prefix = names.owner(first).removesuffix(first).encode()
-        tail = _pack_args(names.recent_ends(first).encode(), b"%d" % recent_ends_max, events_prefix, b"SPUBLISH")
+        tail = _pack_args(names.recent_ends(first).encode(), b"%d" % recent_ends_max, events_prefix, publish)
+    elif defer:
+        tail += _pack_args(publish)
     for event in events:
         request_id = event.request_id.encode()
         size = len(request_id)
@@ -433,7 +595,7 @@ def pack_append(
     sha_bytes = sha.encode() if isinstance(sha, str) else sha
     numkeys, maxlen_bytes, ttl_bytes = b"%d" % (2 * len(events)), b"%d" % maxlen, b"%d" % ttl_ms
     head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-        (9 if names.sharded else 8) + 6 * len(events),
+        (9 if names.sharded or defer else 8) + 6 * len(events),
         len(sha_bytes),
         sha_bytes,
         len(numkeys),
@@ -467,13 +629,28 @@ class _ClusterCall:
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
 
 
+@dataclass(frozen=True)
+class _NodeReplies:
+    """What one node answered to its calls of ``_send_by_node``: per call its reply (an error
+    reply, or the node's connection error, as an exception), and its wait's replies."""
+
+    node: ClusterNode | None
+    """``None``: the calls whose slot no node serves."""
+    calls: list[_ClusterCall]
+    replies: list[Any]
+    wait: EndWait | None = None
+    waited: list[Any] = field(default_factory=list)
+    """The replies to ``wait``'s commands (none when the node could not be reached)."""
+
+
 async def _send_by_node(
-    cluster: RedisCluster, calls: Sequence[_ClusterCall]
-) -> list[tuple[ClusterNode | None, list[_ClusterCall], list[Any]]]:
+    cluster: RedisCluster,
+    calls: Sequence[_ClusterCall],
+    tail: Callable[[ClusterNode], EndWait] | None = None,
+) -> list[_NodeReplies]:
     """Each node's calls sent in one write (an ``ASK``ed call after ``ASKING``), all nodes at
-    once; per node its calls and their replies (an error reply, or a node's connection
-    error for each of its calls, as an exception; calls whose slot no node serves come
-    under node ``None``)."""
+    once, and after them, on the same connection, the commands of the node's wait (``tail``),
+    if any; per node its calls, their replies and the wait's."""
     by_node: dict[str, tuple[ClusterNode, list[_ClusterCall]]] = {}
     uncovered: list[_ClusterCall] = []
     for call in calls:
@@ -491,36 +668,35 @@ async def _send_by_node(
             node = cluster.get_node(host, port) or ClusterNode(host, port, **cluster.nodes_manager.connection_kwargs)
         by_node.setdefault(node.name, (node, []))[1].append(call)
 
-    async def send(node: ClusterNode, node_calls: list[_ClusterCall]) -> list[Any]:
+    async def send(node: ClusterNode, node_calls: list[_ClusterCall]) -> _NodeReplies:
+        wait = tail(node) if tail is not None else None
         command = b"".join(_ASKING + call.command if call.asking else call.command for call in node_calls)
         count = sum(2 if call.asking else 1 for call in node_calls)
+        waits = 0 if wait is None else wait.reply_count
         connection = node.acquire_connection()
         try:
-            replies = await _exchange(connection, command, count)
+            replies = await _exchange(connection, command + (b"" if wait is None else wait.packed()), count + waits)
         except Exception as error:  # the node is away: every call of it failed so
-            return [error] * len(node_calls)
+            return _NodeReplies(node, node_calls, [error] * len(node_calls), wait)
         finally:
             node._free.append(connection)  # ClusterNode's own release (it has no public one)
-        answers, out = iter(replies), []
+        answers, out = iter(replies[:count]), []
         for call in node_calls:
             if call.asking:
                 next(answers)  # ASKING's own OK, just before the call's reply
             out.append(next(answers))
-        return out
+        return _NodeReplies(node, node_calls, out, wait, replies[count:])
 
     sent = list(by_node.values())
     # an ASK's importing node that the map does not name yet is this flush's own: closed after
     passing = [node for node, _ in sent if cluster.get_node(node_name=node.name) is not node]
     try:
-        replies = await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent))
+        answered = list(await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent)))
     finally:
         await asyncio.gather(*(node.disconnect() for node in passing), return_exceptions=True)
-    answered: list[tuple[ClusterNode | None, list[_ClusterCall], list[Any]]] = [
-        (node, node_calls, node_replies) for (node, node_calls), node_replies in zip(sent, replies, strict=True)
-    ]
     if uncovered:
         error = SlotNotCoveredError("no primary serves the slot (a shard down?)")
-        answered.append((None, uncovered, [error] * len(uncovered)))
+        answered.append(_NodeReplies(None, uncovered, [error] * len(uncovered)))
     return answered
 
 
@@ -538,15 +714,41 @@ async def _execute_pipelined(pool: ConnectionPool, commands: bytes, count: int) 
     ``pool`` and read their ``count`` replies, as ``execute_command`` would one: the first
     error reply raises once every reply was read, so the connection goes back to the pool
     in step."""
-    connection = await _pooled_connection(pool)
-    try:
-        replies = await _exchange(connection, commands, count)
-    finally:
-        await pool.release(connection)
+    replies = await _exchange_pooled(pool, commands, count)
     for reply in replies:
         if isinstance(reply, ResponseError):
             raise reply
     return replies
+
+
+async def _exchange_pooled(pool: ConnectionPool, commands: bytes, count: int) -> list[Any]:
+    """``_exchange`` on a connection of ``pool``: every reply, an error reply as its exception."""
+    connection = await _pooled_connection(pool)
+    try:
+        return await _exchange(connection, commands, count)
+    finally:
+        await pool.release(connection)
+
+
+async def _script_then(redis: Redis, script: Script[Any], commands: bytes, count: int) -> list[Any]:
+    """``commands``, a packed ``EVALSHA`` of ``script`` and what follows it (a wait), in one
+    write on one connection: every reply, the script's error reply raised; a Redis that
+    forgot the script gets it loaded, and all of it again."""
+    replies = await _exchange_pooled(redis.connection_pool, commands, count)
+    if isinstance(replies[0], NoScriptError):
+        await redis.script_load(script.text)
+        replies = await _exchange_pooled(redis.connection_pool, commands, count)
+    if isinstance(replies[0], BaseException):
+        raise replies[0]
+    return replies
+
+
+async def _answer(command: Awaitable[Any]) -> Any:
+    """``command``'s reply, an error reply as its exception (as a pipeline's)."""
+    try:
+        return await command
+    except ResponseError as error:
+        return error
 
 
 async def _exchange(connection: AbstractConnection, commands: bytes, count: int) -> list[Any]:

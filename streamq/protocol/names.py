@@ -47,6 +47,12 @@ WAKEUP_CHANNEL: Final = "streamq:wakeup"
 """Producers publish the queue name here after an enqueue, so idle workers start at once."""
 CANCEL_CHANNEL: Final = "streamq:cancel"
 """Producers publish a request id here to cancel it while it runs; every worker listens."""
+CANCELLED_KEY_PREFIX: Final = "streamq:cancelled:"
+"""``streamq:cancelled:<request_id>``: a running request's cancel, recorded (the Unix ms,
+Redis's clock, it was asked; kept ``JOB_EXPIRY_MS``) by ``cancel`` beside its message on
+``CANCEL_CHANNEL``, so that a worker that missed the message (its listener reconnecting) or
+takes the request over later finds it: the lease renewal and the claim report it.
+``finish_job`` deletes it with the job; ``enqueue`` deletes a stale one."""
 SUBSCRIBER_CHANNEL_PREFIX: Final = "streamq:subscriber:"
 """A subscriber's own channel (``streamq:subscriber:<random>``), which nobody publishes
 on: it keeps a pub/sub connection subscribed while no request is followed."""
@@ -190,6 +196,20 @@ header's value, a ``.``, and the body's bytes."""
 CALLBACK_TIMESTAMP_HEADER: Final = "X-Streamq-Timestamp"
 """Unix seconds when the delivery was signed: a receiver refuses old ones (replays)."""
 
+# --- durable ends (docs/reliability.md) ------------------------------------------------
+DURABILITY_KEY: Final = "streamq:durability"
+"""String (JSON): what an end waits for before anyone is told, as the workers resolved their
+``--durable-ends`` against the primaries: ``{"v": 1, "spec", "timeout_ms", "control":
+{"replicas", "fsync"}, "data": {...}, "nodes": {"<host:port>": {...}}}`` (``nodes``: each
+primary of a Redis Cluster data plane). Every worker writes it at each check (every
+``DURABILITY_RECHECK_S``), kept ``DURABILITY_TTL_MS``; producers and gateways, which may not
+run ``INFO``, read it (at most every ``DURABILITY_RECHECK_S``) to wait as workers do for the
+ends they write themselves (``end_request``). Absent: nothing to wait for."""
+DURABILITY_TTL_MS: Final = 3_600_000
+DURABILITY_RECHECK_S: Final = 10.0
+"""Workers read what their primaries offer (replicas online, AOF) this often, and right
+after an end fell short; producers read ``DURABILITY_KEY`` at most this often."""
+
 # --- limits -----------------------------------------------------------------------
 REQUEST_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """Request ids become parts of Redis key and channel names: a narrow alphabet keeps
@@ -245,6 +265,13 @@ DEFAULT_CHECKPOINT_TOKENS: Final = 256
 """A request that is not streamed (``"stream": false``) has its tokens written to its log
 every this many tokens of a completion, and when it ends: what a take-over after a worker's
 death must generate again is at most this many tokens per completion."""
+DURABLE_ENDS_ENV: Final = "STREAMQ_DURABLE_ENDS"
+"""The worker only: what an end waits for before anyone is told (``--durable-ends``):
+``auto`` (every replica online), ``off``, or ``replicas=N|all,fsync=none|local``."""
+DEFAULT_DURABLE_ENDS: Final = "auto"
+DEFAULT_DURABLE_ENDS_TIMEOUT_S: Final = 5.0
+"""The longest an end waits for its replicas (``--durable-ends-timeout-s``): below a
+connection's reply timeout (10 s), since the wait blocks its connection."""
 
 
 def events_channel(request_id: str) -> str:
@@ -255,6 +282,11 @@ def events_channel(request_id: str) -> str:
 def owner_key(request_id: str) -> str:
     """Name of the key naming the attempt that owns ``request_id`` (or ``ENDED``)."""
     return OWNER_KEY_PREFIX + request_id
+
+
+def cancelled_key(request_id: str) -> str:
+    """Name of the key recording a cancel of ``request_id`` while it ran (``CANCELLED_KEY_PREFIX``)."""
+    return CANCELLED_KEY_PREFIX + request_id
 
 
 def events_bucket(request_id: str) -> int:

@@ -9,6 +9,9 @@ together and the devkit creates its users from them.
 
 Redis checks the keys a script declares (``KEYS``) as read *and* written, so a script
 that only reads a key for some role takes its name in ``ARGV``, or runs by ``EVALSHA_RO``.
+
+``+waitaof`` (an end's wait for the AOF fsync) names a command Redis 7.0 does not have, and
+Redis 7.0 refuses the whole rule: ``rules(waitaof=False)`` leaves it out for such a server.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from streamq.protocol.names import (
     CALLBACK_KEY_PREFIX,
     CALLBACKS_KEY,
     CANCEL_CHANNEL,
+    CANCELLED_KEY_PREFIX,
     DEFAULT_QUEUE,
+    DURABILITY_KEY,
     EVENTS_CHANNEL_PREFIX,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
@@ -55,6 +60,10 @@ queue's ``:health-check``). A queue named otherwise needs its own pattern added.
 CONNECTION_COMMANDS = ("ping", "hello", "auth", "client|setinfo")
 """What every redis-py connection sends: ``PING`` (health checks), ``HELLO``/``AUTH``
 (log in), ``CLIENT SETINFO`` (redis-py names its library on connect)."""
+WAIT_COMMANDS = ("wait", "waitaof")
+"""What a role that ends requests sends after an end (``streamq.broker.durability``):
+``WAIT`` for its replicas and ``WAITAOF`` for the primary's fsync (Redis 7.2 and later,
+Valkey; left out for Redis 7.0 by ``rules(waitaof=False)``)."""
 
 
 @dataclass(frozen=True)
@@ -88,23 +97,24 @@ class Role:
     def user(self) -> str:
         return f"streamq-{self.name}"
 
-    def rules(self) -> list[str]:
+    def rules(self, *, waitaof: bool = True) -> list[str]:
         """The ACL rules, in ``ACL SETUSER`` (and ACL file) syntax, after the user's name
-        and password: nothing is granted that is not listed here."""
+        and password: nothing is granted that is not listed here. ``waitaof=False``: for a
+        server without ``WAITAOF`` (Redis 7.0), which refuses a rule naming it."""
         return [
             "resetkeys",
             "resetchannels",
             "-@all",
-            *(f"+{command}" for command in self.commands),
+            *(f"+{command}" for command in self.commands if waitaof or command != "waitaof"),
             *(f"~{pattern}" for pattern in self.keys),
             *(f"%R~{pattern}" for pattern in self.read_only_keys),
             *(f"&{pattern}" for pattern in self.channels),
             *(selector.rule() for selector in self.writes),
         ]
 
-    def setuser(self, password: str = "<password>") -> str:
-        """The ``ACL SETUSER`` line that creates this role's user."""
-        return " ".join(["ACL SETUSER", self.user, "on", f">{password}", *self.rules()])
+    def setuser(self, password: str = "<password>", *, waitaof: bool = True) -> str:
+        """The ``ACL SETUSER`` line that creates this role's user (``waitaof``: see ``rules``)."""
+        return " ".join(["ACL SETUSER", self.user, "on", f">{password}", *self.rules(waitaof=waitaof)])
 
 
 WORKER = Role(
@@ -163,6 +173,9 @@ WORKER = Role(
         "lpush",
         "ltrim",
         "mget",  # where a Redis Cluster carries the owner keys: read ahead of the control scripts
+        # durable ends: each end, callback claim and record waits for its replicas (and the
+        # AOF); INFO above reads what the primary offers, and the result goes to streamq:durability
+        *WAIT_COMMANDS,
     ),
     keys=(
         *QUEUE_KEY_PATTERNS,
@@ -184,9 +197,13 @@ WORKER = Role(
         RECENT_ENDS_KEY,
         SHARDED_RECENT_ENDS_PREFIX + "*",
         TOKENIZER_INFO_PREFIX + "*",  # its model's tokenizer, for the gateway's /tokenizer_info
+        DURABILITY_KEY,  # what an end waits for, for the producers
     ),
-    read_only_keys=(TENANT_WEIGHTS_KEY,),
+    # a cancel's record: read (the claim, the lease renewal, the cancel listener), deleted
+    # with its job (finish_job), never written
+    read_only_keys=(TENANT_WEIGHTS_KEY, CANCELLED_KEY_PREFIX + "*"),
     channels=(EVENTS_CHANNEL_PREFIX + "*", WAKEUP_CHANNEL, CANCEL_CHANNEL),
+    writes=(Writes(("del",), (CANCELLED_KEY_PREFIX + "*",)),),
 )
 
 PRODUCER = Role(
@@ -223,6 +240,9 @@ PRODUCER = Role(
         "spublish",
         "ssubscribe",
         "sunsubscribe",
+        # durable ends: the end of a request it takes off its queue waits for its replicas as
+        # the workers' record (streamq:durability) says
+        *WAIT_COMMANDS,
     ),
     keys=(),
     read_only_keys=(
@@ -239,6 +259,7 @@ PRODUCER = Role(
         QUEUE_MODELS_KEY,
         CALLBACK_KEY_PREFIX + "*",
         REQUEST_RESERVATION_PREFIX + "*",
+        DURABILITY_KEY,
     ),
     channels=(
         EVENTS_CHANNEL_PREFIX + "*",
@@ -258,11 +279,14 @@ PRODUCER = Role(
                 REQUEST_RESERVATION_PREFIX + "*",
                 CALLBACK_KEY_PREFIX + "*",  # schedule_callback, where a Redis Cluster carries the events
                 CALLBACKS_KEY,
+                CANCELLED_KEY_PREFIX + "*",  # cancel, enqueue
             ),
         ),
         # an id's reservation where a Redis Cluster carries the logs (enqueue)
         Writes(("set",), (REQUEST_RESERVATION_PREFIX + "*",)),
         Writes(("set", "del"), (JOB_KEY_PREFIX + "*",)),  # store a job; drop a cancelled one
+        # record the cancel of a running request (cancel); clear a stale record (enqueue)
+        Writes(("set", "del"), (CANCELLED_KEY_PREFIX + "*",)),
         Writes(("zadd", "zrem"), QUEUE_KEY_PATTERNS),  # queue it; take a cancelled one off
         Writes(("hset", "hdel", "incr"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
         # hold it for the worker of its prefix: one free slot and one job more for that worker

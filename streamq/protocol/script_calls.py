@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, ClassVar, Final, NamedTuple, TypeAlias, Union, get_args, get_origin, get_type_hints
 
-from streamq.protocol.names import CLAIM_SCAN_INTERVAL_MS, DEFAULT_TENANT, TENANT_WEIGHTS_KEY
+from streamq.protocol.names import (
+    CANCELLED_KEY_PREFIX,
+    CLAIM_SCAN_INTERVAL_MS,
+    DEFAULT_TENANT,
+    JOB_EXPIRY_MS,
+    TENANT_WEIGHTS_KEY,
+)
 
 Arg: TypeAlias = str | bytes | int | float
 """One ARGV value, as Redis gets it (a number in decimal)."""
@@ -221,6 +227,10 @@ class AppendAndPublish(ScriptCall):
     recent_ends_max: int | None = None
     log_prefix: str | None = None
     publish: str | None = None
+    """``None``: ``PUBLISH``; ``SPUBLISH`` on a cluster; ``DEFER`` (``''``): an end that waits
+    for its replicas, published by the caller after its ``WAIT``."""
+
+    DEFER: ClassVar[str] = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,12 +239,14 @@ class Cancel(ScriptCall):
 
     script: ClassVar[str] = "cancel"
     job_key: Key
+    cancelled_key: Key
     queues: Keys = ()
     request_id: str
     cancel_channel: str
     in_progress_key: str
     models_key: str
     queued_only: str = ""
+    cancelled_ttl_ms: int = JOB_EXPIRY_MS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +278,7 @@ class ClaimJobs(ScriptCall):
     running: int = 0
     spare: int = 0
     wakeup_channel: str = ""
+    cancelled_prefix: str = CANCELLED_KEY_PREFIX
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,6 +308,7 @@ class Enqueue(ScriptCall):
     job_key: Key
     queue: Key
     log_key: Key
+    cancelled_key: Key | None = None
     payload: bytes
     expiry_ms: int
     request_id: str
@@ -337,6 +351,7 @@ class FinishJob(ScriptCall):
     result: bytes = b""
     result_ttl_ms: int
     score_increment: int | str = ""
+    cancelled_key: str
     owner: str | None = None
 
 
@@ -424,13 +439,15 @@ class LeaseRenewal(NamedTuple):
     in_progress_key: Key
     holder: str
     attempt: int
+    cancelled_key: str
     owner_key: Key | None = None
     owner: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class RenewLeases(ScriptCall):
-    """Renew the leases of the attempts that still own their requests."""
+    """Renew the leases of the attempts that still own their requests; report those
+    whose requests were cancelled."""
 
     script: ClassVar[str] = "renew_leases"
     ttl_ms: int

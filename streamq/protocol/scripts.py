@@ -78,8 +78,22 @@ class Script(Generic[C]):
             await self._redis.script_load(self.text)
             return await self._send(commands)
 
-    async def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    async def then(self, call: C, *commands: tuple[Any, ...]) -> list[Any]:
+        """``call`` by ``EVALSHA``, then ``commands`` (a ``WAIT`` that covers its write: the
+        same connection), in one pipeline: the call's reply (its error reply raised) and each
+        command's (an error reply as its exception); a Redis that forgot the script gets it
+        loaded, and all of it sent again."""
+        sent = [call.command(self.sha), *commands]
+        replies = await self._send(sent, raise_on_error=False)
+        if isinstance(replies[0], NoScriptError):  # a restarted Redis has forgotten it
+            await self._redis.script_load(self.text)
+            replies = await self._send(sent, raise_on_error=False)
+        if isinstance(replies[0], BaseException):
+            raise replies[0]
+        return replies
+
+    async def _send(self, commands: list[tuple[Any, ...]], *, raise_on_error: bool = True) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
-            return await pipe.execute()
+            return await pipe.execute(raise_on_error=raise_on_error)

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from streamq.protocol import CANCEL_CHANNEL, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, MODELS_KEY, WAKEUP_CHANNEL
-from streamq.protocol.names import running_key, waiting_key
+from streamq.protocol.names import cancelled_key, running_key, waiting_key
 from streamq.protocol.script_calls import Cancel, ClaimJobs, Enqueue, ReleaseAffinity
 from streamq.protocol.scripts import Script
 
@@ -114,7 +114,7 @@ class Queue:
         )
         _, hits, misses, expired, *reply = await self._claim(call)
         self.affinity += AffinityCounts(hits, misses, expired)
-        return [job_id.decode() for job_id in reply[::2]]
+        return [job_id.decode() for job_id in reply[::3]]
 
     def claim_call(
         self,
@@ -160,6 +160,7 @@ class Queue:
         outcome = await self._cancel(
             Cancel(
                 job_key=JOB_KEY_PREFIX + request_id,
+                cancelled_key=cancelled_key(request_id),
                 queues=[self.name],
                 request_id=request_id,
                 cancel_channel=CANCEL_CHANNEL,

@@ -101,6 +101,7 @@ def test_every_environment_variable_is_documented_with_its_default() -> None:
         names.EVENTS_REDIS_URL_ENV: "(none)",
         names.MODEL_MEMORY_ENV: str(names.DEFAULT_MODEL_MEMORY_S),
         names.DECLARED_MODELS_ENV: "(none)",
+        names.DURABLE_ENDS_ENV: names.DEFAULT_DURABLE_ENDS,
     }
     env_names = {value for name, value in public_constants(names, str).items() if name.endswith("_ENV")}
     assert env_names == defaults.keys()

@@ -25,6 +25,7 @@ class ShardAway:
         self.failing = failing
         self.down = True
         self.logged: list[tuple[str, int]] = []
+        self.durability = None  # ends wait for nothing: they go the one way
 
     async def append(self, events: Sequence[LogEvent]) -> Appended:
         await asyncio.sleep(0.01)
@@ -84,6 +85,9 @@ async def test_a_request_whose_events_fail_past_the_retry_budget_fails_alone() -
         "MASTERDOWN Link with MASTER is down",
         "TRYAGAIN Multiple keys request during rehashing of slot",
         "CLUSTERDOWN The cluster is down",
+        # an end's wait on a primary demoted under its connection
+        "ERR WAIT cannot be used with replica instances. Please also note that since Redis 4.0 ...",
+        "ERR WAITAOF cannot be used with replica instances. Please also note that since Redis 4.0 ...",
     ],
 )
 def test_replies_that_pass_on_their_own_are_sent_again(reply: str) -> None:

@@ -24,6 +24,7 @@ from streamq.broker.replay_log import LogEvent, ReplayLog, TakeOver
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import (
     ABORT_KEY,
+    CANCEL_CHANNEL,
     HEALTH_CHECK_SUFFIX,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
@@ -52,10 +53,11 @@ from streamq.protocol.names import (
     WORKER_STATS_SEEN_KEY,
     affinity_free_key,
     affinity_owner_key,
+    cancelled_key,
     running_key,
 )
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
-from streamq.protocol.script_calls import ClaimJobs, FinishJob, LeaseRenewal, ReleaseAffinity, RenewLeases
+from streamq.protocol.script_calls import Cancel, ClaimJobs, FinishJob, LeaseRenewal, ReleaseAffinity, RenewLeases
 from streamq.protocol.scripts import Script
 from streamq.protocol.worker_stats import WorkerStats
 from worker.lease import Leases
@@ -116,9 +118,12 @@ async def test_a_producer_cannot_claim_a_job(
 
 
 async def test_a_producer_cannot_renew_or_take_a_lease(producer: aioredis.Redis, admin: aioredis.Redis) -> None:
-    lease = IN_PROGRESS_PREFIX + f"test-{uuid.uuid4().hex}"
+    job_id = f"test-{uuid.uuid4().hex}"
+    lease = IN_PROGRESS_PREFIX + job_id
     await admin.set(lease, "worker-1:1", px=60_000)
-    renew = RenewLeases(ttl_ms=LEASE_TTL_MS, jobs=[LeaseRenewal(lease, "intruder:1", 1, owner="")])
+    renew = RenewLeases(
+        ttl_ms=LEASE_TTL_MS, jobs=[LeaseRenewal(lease, "intruder:1", 1, cancelled_key(job_id), owner="")]
+    )
     with pytest.raises(NoPermissionError):  # its KEYS must be writable
         await Script(producer, RenewLeases)(renew)
     with pytest.raises(NoPermissionError):
@@ -204,8 +209,8 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
         owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
         free_ttl_ms=AFFINITY_FREE_TTL_MS,
     )
-    *_, claimed, _ = await Script(worker, ClaimJobs)(claim)
-    assert claimed == request_id.encode()
+    *_, claimed, _, cancelled = await Script(worker, ClaimJobs)(claim)
+    assert claimed == request_id.encode() and cancelled == 0
     assert await admin.get(affinity_free_key(queue, name)) == b"0"  # what enqueue reads to route here
     release = ReleaseAffinity(queue=queue, worker_id=name, wakeup_channel=WAKEUP_CHANNEL)
     assert await Script(worker, ReleaseAffinity)(release) == 0
@@ -236,10 +241,44 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
         action="finish",
         result=b"{}",
         result_ttl_ms=60_000,
+        cancelled_key=cancelled_key(request_id),
     )
     assert await Script(worker, FinishJob)(finish) == 1
     assert await admin.zcard(queue) == 0 and not await admin.exists(IN_PROGRESS_PREFIX + request_id)
     await admin.hdel(MODELS_KEY, name)
+
+
+async def test_only_a_canceller_records_a_cancel_and_a_worker_reads_and_deletes_it(
+    producer: aioredis.Redis, worker: aioredis.Redis, admin: aioredis.Redis
+) -> None:
+    """The producer and the gateway record a running request's cancel (``cancel``) and clear a
+    stale record (``enqueue``) but do not read it; a worker reads it (the claim, the lease
+    renewal, its cancel listener) and deletes it with its job, but cannot record one."""
+    request_id = f"test-{uuid.uuid4().hex}"
+    record = cancelled_key(request_id)
+    await admin.set(IN_PROGRESS_PREFIX + request_id, "worker-1:1", px=60_000)  # running
+    cancel = Cancel(
+        job_key=JOB_KEY_PREFIX + request_id,
+        cancelled_key=record,
+        request_id=request_id,
+        cancel_channel=CANCEL_CHANNEL,
+        in_progress_key=IN_PROGRESS_PREFIX + request_id,
+        models_key=MODELS_KEY,
+    )
+    try:
+        with pytest.raises(NoPermissionError):  # its KEYS must be writable
+            await Script(worker, Cancel)(cancel)
+        with pytest.raises(NoPermissionError):
+            await worker.set(record, 1)
+        assert not await admin.exists(record)
+        assert await Script(producer, Cancel)(cancel) == b"running"
+        with pytest.raises(NoPermissionError):
+            await producer.get(record)
+        assert await worker.get(record) == await admin.get(record) is not None
+        assert await worker.mget([record]) == [await admin.get(record)]
+        assert await worker.delete(record) == 1
+    finally:
+        await admin.delete(IN_PROGRESS_PREFIX + request_id, record)
 
 
 async def test_a_worker_reaches_nothing_outside_its_keys(worker: aioredis.Redis) -> None:

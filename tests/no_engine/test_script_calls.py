@@ -211,10 +211,11 @@ def test_a_left_out_argument_is_only_ever_the_last() -> None:
         AppendAndPublish(maxlen=1, ttl_ms=1, events=events, recent_ends_max=200).keys()
 
 
+@pytest.mark.parametrize("defer", [False, True], ids=["published", "deferred"])
 @pytest.mark.parametrize("names", [ONE_REDIS, CLUSTER], ids=["one Redis", "cluster"])
-def test_the_hot_paths_packed_append_is_the_typed_call_as_redis_py_packs_it(names: DataNames) -> None:
+def test_the_hot_paths_packed_append_is_the_typed_call_as_redis_py_packs_it(names: DataNames, defer: bool) -> None:
     """The worker packs its batches by hand (``pack_append``, one pass: the cost per event);
-    the bytes must be the typed call's."""
+    the bytes must be the typed call's, deferred too (an end that waits for its replicas)."""
     other = next(f"req-{i}" for i in range(10_000) if events_bucket(f"req-{i}") == events_bucket("req-a"))
     events = [  # on a cluster a call's events are of one bucket
         LogEvent("req-a", 0, 1, b"{}", False),
@@ -222,5 +223,7 @@ def test_the_hot_paths_packed_append_is_the_typed_call_as_redis_py_packs_it(name
         LogEvent("req-a", 1, 1, b'{"t":1}', False),
     ]
     sha = "f" * 40
-    call = append_call(100, 60_000, events, 200, names)
-    assert pack_append(sha, 100, 60_000, events, 200, names) == b"".join(Connection().pack_command(*call.command(sha)))
+    call = append_call(100, 60_000, events, 200, names, defer=defer)
+    assert (call.publish == "") is defer
+    packed = pack_append(sha, 100, 60_000, events, 200, names, defer=defer)
+    assert packed == b"".join(Connection().pack_command(*call.command(sha)))

@@ -97,6 +97,29 @@ async def test_generate_many_is_an_iterator_of_completions(client: StreamqClient
     assert len(await asyncio.to_thread(run)) == 5
 
 
+async def test_follow_resumes_after_the_digest_of_the_last_event_had(
+    client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """``follow``'s ``after`` and the handle's ``last_digest``, as the async client's."""
+    request_id = f"sync-follow-{uuid.uuid4().hex[:8]}"
+    await play_worker(raw_redis, request_id, "a", "b")
+
+    def follow() -> tuple[list[int], list[int], bool]:
+        with client.follow(request_id) as handle:
+            for event in handle:
+                if event.seq == 1:
+                    break  # the connection drops here: the caller keeps seq and digest
+            after_one = handle.last_digest
+        assert after_one is not None
+        rest = client.follow(request_id, from_seq=2, after=after_one)
+        seqs = [event.seq for event in rest]
+        assert rest.last_digest is not None
+        with client.follow(request_id, from_seq=3, after=rest.last_digest) as ended:
+            return seqs, [event.seq for event in ended], ended.done
+
+    assert await asyncio.to_thread(follow) == ([2], [], True)  # 0, 1: chunks; 2: the end
+
+
 def test_status_cancel_and_a_timeout_as_the_async_client_answers(client: StreamqClient) -> None:
     handle = client.submit("Hi")  # nobody serves the queue: it stays queued
     assert client.status(handle.request_id).state == "queued"

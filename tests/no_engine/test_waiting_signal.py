@@ -19,7 +19,7 @@ from devkit.keda import LIST_LENGTH_SCRIPT
 from producer.client import StreamqClient
 from streamq.broker.waiting import WaitingRequests
 from streamq.protocol import ABORT_KEY, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, RESULT_KEY_PREFIX, RETRY_KEY_PREFIX
-from streamq.protocol.names import WAKEUP_CHANNEL, queue_waiting_key, running_key
+from streamq.protocol.names import WAKEUP_CHANNEL, cancelled_key, queue_waiting_key, running_key
 from streamq.protocol.script_calls import ClaimJobs, FinishJob
 from streamq.protocol.scripts import Script
 
@@ -43,7 +43,7 @@ class Worker:
             wakeup_channel=WAKEUP_CHANNEL,
         )
         _, _, _, _, *reply = await self._claim(call)
-        return [job_id.decode() for job_id in reply[::2]]
+        return [job_id.decode() for job_id in reply[::3]]
 
     async def finish(self, job_id: str, action: str = "finish") -> None:
         """arq's bookkeeping at the end of an attempt: ``finish``, or ``retry`` (handed back)."""
@@ -61,6 +61,7 @@ class Worker:
             attempt=0,
             action=action,
             result_ttl_ms=0,
+            cancelled_key=cancelled_key(job_id),
         )
         await self._finish(call)
 

@@ -258,10 +258,13 @@ async def test_a_named_stream_resumes_from_last_event_id(
         after = sse_events(resumed.text.splitlines())
 
     assert after[-1]["data"] == "[DONE]"
-    ids = [int(e["id"]) for e in before + after if "id" in e]
+    labels = [e["id"].split(".") for e in before + after if "id" in e]  # <seq>.<digest of the event as logged>
+    ids = [int(seq) for seq, _ in labels]
     assert ids == sorted(set(ids))  # none repeated: one SSE event per chunk event
     text = "".join(json.loads(e["data"])["choices"][0]["text"] for e in before + after if e["data"] != "[DONE]")
-    whole = await (await client.follow(request_id)).result()
+    replayed = await client.follow(request_id)
+    whole = await replayed.result()
+    assert [digest for _, digest in labels] == [replayed.digest(seq) for seq in ids]
     assert text == whole.text
     assert whole.finish_reasons == ["length"] and whole.completion_tokens == 200  # not cancelled by the drop
 

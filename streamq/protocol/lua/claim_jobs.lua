@@ -15,8 +15,11 @@
 -- ARGV[12] wakeup_channel = '': where the other workers are told when this claim held a job
 --   for one of them or left jobs it moved into the index untaken (a held job's window
 --   passed, a deferred job came due), so that no job waits for their next poll ('' for none)
+-- ARGV[13] cancelled_prefix = 'streamq:cancelled:': the cancel records' prefix (only read)
 -- Returns Redis's time (ms), the affinity hits, misses and expired windows of this claim,
--- then id, score, id, score, ... of the jobs claimed (score: the job's score in the queue).
+-- then id, score, cancelled, id, score, cancelled, ... of the jobs claimed (score: the job's
+-- score in the queue; cancelled: 1 if a cancel was recorded while an earlier attempt ran it,
+-- see cancel: the worker ends it `cancelled` at once, with what the earlier attempts logged).
 -- Jobs are due by Redis's clock, never a worker's.
 --
 -- arq's queue stays the source of truth (a job is queued or running while it is in it);
@@ -51,6 +54,7 @@ local weights, scan_ms = ARGV[6] or 'streamq:tenant-weights', ARGV[7] or '1000'
 local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
 local spare = tonumber(ARGV[11] or '0')
 local wakeup = ARGV[12] or ''
+local cancelled = ARGV[13] or 'streamq:cancelled:'
 local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
 local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
@@ -140,6 +144,7 @@ local function take(id, score)
     redis.call('ZADD', running, now + ttl, id)
     claimed[#claimed + 1] = id
     claimed[#claimed + 1] = score
+    claimed[#claimed + 1] = redis.call('EXISTS', cancelled .. id)
     n = n + 1
     return true
   end

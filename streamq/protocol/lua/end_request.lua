@@ -11,12 +11,15 @@
 --   `<request_id> <ended_ms> <event JSON>`, ended_ms Redis's time
 -- ARGV[8] recent_ends_max: the list's cap
 -- ARGV[9] attempt = '': the attempt that ends it ('' for none)
--- ARGV[10] publish: the publish command (PUBLISH; SPUBLISH on a Redis Cluster)
+-- ARGV[10] publish: the publish command (PUBLISH; SPUBLISH on a Redis Cluster); '' defers
+--   (an end that waits for its replicas): nothing is published, and the reply is {seq,
+--   payload}: the caller publishes the payload once its WAIT, on the same connection, answered
 -- Logs and publishes the event with the next sequence number (and, for a final event, the
 -- completion tokens the log holds), unless the request already ended; a callback stored at
 -- enqueue is made due (as `schedule_callback` does). With an attempt (a worker ending its
 -- own job that arq failed), nothing is written while a newer attempt owns the request.
--- Returns the seq given, -1 when it had already ended, -2 when a newer attempt owns it.
+-- Returns the seq given (deferred: {seq, payload}), -1 when it had already ended, -2 when a
+-- newer attempt owns it.
 local owner = redis.call('GET', KEYS[2])
 if owner == 'ended' then
   return -1
@@ -44,7 +47,9 @@ if event['type'] == 'final' then
 end
 local payload = cjson.encode(event)
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '0-' .. (seq + 1), 'event', payload)
-redis.call(ARGV[10], KEYS[1], payload)
+if ARGV[10] ~= '' then
+  redis.call(ARGV[10], KEYS[1], payload)
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], 'ended', 'PX', ARGV[3])
 local t = redis.call('TIME')
@@ -58,5 +63,8 @@ if callback ~= '' and redis.call('HEXISTS', callback, 'spec') == 1 and redis.cal
   redis.call('HSET', callback, 'state', 'pending', 'attempts', 0, 'ended_ms', now)
   redis.call('PEXPIRE', callback, ARGV[3])
   redis.call('ZADD', ARGV[5], now, ARGV[6])
+end
+if ARGV[10] == '' then
+  return {seq, payload}
 end
 return seq

@@ -2,6 +2,8 @@
 -- KEYS[2] queue: arq's queue
 -- KEYS[3] log_key: the request's replay log (where the log lives on a Redis Cluster: the
 --   id's reservation instead, see ARGV[14])
+-- KEYS[4] cancelled_key = nil: the request's cancel record (streamq:cancelled:<id>), deleted
+--   as the job is queued: one an earlier job of this id left (see cancel)
 -- ARGV[1] payload: the job (arq's envelope)
 -- ARGV[2] expiry_ms: the job's expiry
 -- ARGV[3] request_id: the request's id (its job's)
@@ -53,6 +55,9 @@ end
 local limit = tonumber(ARGV[6])
 if limit >= 0 and redis.call('ZCARD', KEYS[2]) >= limit then
   return -1
+end
+if KEYS[4] then
+  redis.call('DEL', KEYS[4])
 end
 local q, id = KEYS[2], ARGV[3]
 local prio, tenant, delay = ARGV[8] or '0', ARGV[9] or 'default', tonumber(ARGV[10] or '0')

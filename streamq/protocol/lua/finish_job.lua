@@ -6,7 +6,7 @@
 -- KEYS[6] abort_key: arq's abort set
 -- KEYS[7] running_key: <queue>:running
 -- KEYS[8] owner_key = nil: the request's owner key (nil where it is on another server, a Redis
---   Cluster's data plane: then ARGV[9])
+--   Cluster's data plane: then ARGV[10])
 -- ARGV[1] job_id: the job's id
 -- ARGV[2] worker_id: this worker's id
 -- ARGV[3] holder: the attempt's lease holder (<worker id>:<attempt>)
@@ -15,13 +15,16 @@
 -- ARGV[6] result = '': the result (JSON; '' for none)
 -- ARGV[7] result_ttl_ms: the result's expiry (0: kept forever)
 -- ARGV[8] score_increment = '': the score to add on a retry ('' for none)
--- ARGV[9] owner = nil: where KEYS has no owner key, its value, read just before ('' for none)
+-- ARGV[9] cancelled_key: the request's cancel record (streamq:cancelled:<id>; only deleted, so
+--   not among KEYS: a worker may read and delete it, not write it), deleted with the job
+-- ARGV[10] owner = nil: where KEYS has no owner key, its value, read just before ('' for none)
 -- arq's bookkeeping at the end of an attempt (arq's `finish_job` and `finish_failed_job`),
 -- done only by an attempt no newer attempt has superseded: a superseded attempt never
 -- removes the job, never writes its result and never hands it back. Every attempt releases
 -- its own lease (the key naming this worker or this attempt); a lease naming another
 -- holder is left to it. What to do:
--- - `finish`: the job is done (its request ended): result stored, job off its queue;
+-- - `finish`: the job is done (its request ended): result stored, job off its queue, its
+--   cancel record (a cancel sent while it ran, see cancel) deleted;
 -- - `failed`: arq gave up on it without running it: the same, but a result already stored
 --   (the request had ended, by the attempt that wrote it) is kept;
 -- - `retry`: handed back: the job stays queued (its score raised by a deferral) and the
@@ -38,8 +41,8 @@ end
 local owner
 if owner_key then
   owner = redis.call('GET', owner_key)
-elseif ARGV[9] ~= '' then
-  owner = ARGV[9]
+elseif ARGV[10] ~= '' then
+  owner = ARGV[10]
 end
 if action == 'release' or (attempt > 0 and owner and owner ~= 'ended' and tonumber(owner) > attempt) then
   return 0
@@ -65,6 +68,9 @@ if data ~= '' then
   redis.call(unpack(set))
 end
 redis.call('DEL', retry, job)
+if ARGV[9] ~= '' then
+  redis.call('DEL', ARGV[9])
+end
 redis.call('ZREM', abort, id)
 redis.call('ZREM', queue, id)
 redis.call('ZREM', running, id)

@@ -1,0 +1,581 @@
+"""What an end waits for before anyone is told: its replicas (``WAIT``) and the primary's AOF
+(``WAITAOF``).
+
+An end (a request's terminal event, a callback's claim) is the one write that must survive a
+failover: tokens Redis loses are produced again by a take-over, but an end that subscribers
+saw and a promoted replica lacks makes the request end twice. So where the primary has
+replicas, each end is followed, on the connection that wrote it and in the same pipeline, by
+``WAIT <replicas> <timeout>`` (with ``fsync=local`` also ``WAITAOF 1 0 <timeout>``), and
+published only once they answer. ``WAIT`` covers the connection's own last write (a fresh
+connection whose script wrote nothing is told "acknowledged" at once even while its replica
+is stalled), so every confirmation writes something on that connection first; replication
+is ordered, so a replica that has that write has everything written before it. Tokens never
+wait. An end that is still short when the bound passes is told anyway (it is logged and
+fenced: a re-run would do the same), logged once per episode and counted.
+
+- ``DurabilitySpec``: the policy asked for (a worker's ``--durable-ends``): ``auto``, ``off``,
+  or ``replicas=N|all,fsync=none|local``.
+- ``detect``: what one primary offers (replicas online, AOF on, ``WAITAOF`` known).
+- ``EndWait``: what one end on one primary waits for: the commands, and the check of their
+  replies (a ``Shortfall``).
+- ``Durability``: the waits of one plane's primaries and the shortfalls' bookkeeping;
+  ``DetectedDurability`` (workers: read with ``INFO``, again every ``DURABILITY_RECHECK_S``
+  and right after a shortfall, and written to ``DURABILITY_KEY``) and ``PublishedDurability``
+  (producers and gateways, which may not run ``INFO``: that record, read at most every
+  ``DURABILITY_RECHECK_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from streamq.broker.replies import as_text
+from streamq.protocol.names import (
+    DEFAULT_DURABLE_ENDS,
+    DURABILITY_KEY,
+    DURABILITY_RECHECK_S,
+    DURABILITY_TTL_MS,
+    DURABLE_ENDS_ENV,
+)
+from streamq.tasks import stop_task
+
+logger = logging.getLogger("streamq.durability")
+
+REPLICA_REPLY: Final = "cannot be used with replica instances"
+"""What ``WAIT`` and ``WAITAOF`` answer on a replica: a primary demoted under a connection,
+which passes once the client reaches the new primary (a transient reply)."""
+RECORD_VERSION: Final = 1
+
+WaitHook = Callable[[str, float, bool], None]
+"""Told of each confirmation: what waited (``end``, ``end_request``, ``callback``), its
+seconds, and whether it fell short."""
+
+
+# --- the policy asked for ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DurabilitySpec:
+    """What an end waits for, as asked (``--durable-ends``)."""
+
+    replicas: int | None = None
+    """Replicas each end waits for; ``None``: every replica its primary reports online."""
+    fsync: bool = False
+    """Also the primary's own AOF fsync (``WAITAOF 1 0``), where the server has it and AOF is on."""
+
+    @classmethod
+    def parse(cls, text: str) -> DurabilitySpec:
+        """``auto`` (every online replica, no fsync), ``off``, or a comma list of
+        ``replicas=N|all`` and ``fsync=none|local`` (the one not given: ``all``, ``none``)."""
+        spec = text.strip().lower()
+        if spec == "auto":
+            return AUTO
+        if spec == "off":
+            return OFF
+        replicas: int | None = None
+        fsync = False
+        seen: set[str] = set()
+        for part in spec.split(","):
+            name, equals, value = (piece.strip() for piece in part.partition("="))
+            if not equals or name in seen:
+                raise ValueError(f"durable ends: {text!r}: want auto, off, or replicas=N|all,fsync=none|local")
+            seen.add(name)
+            if name == "replicas":
+                if value != "all" and not value.isdigit():
+                    raise ValueError(f"durable ends: replicas={value!r}: want a count (0 or more) or all")
+                replicas = None if value == "all" else int(value)
+            elif name == "fsync":
+                if value not in ("none", "local"):
+                    raise ValueError(
+                        f"durable ends: fsync={value!r}: want none or local (waiting for the replicas' "
+                        "fsync costs about a second per end: replicas report it once a second)"
+                    )
+                fsync = value == "local"
+            else:
+                raise ValueError(f"durable ends: {name!r}: want replicas= or fsync=")
+        return cls(replicas, fsync)
+
+    @property
+    def off(self) -> bool:
+        return self.replicas == 0 and not self.fsync
+
+    def __str__(self) -> str:
+        if self == AUTO:
+            return "auto"
+        if self.off:
+            return "off"
+        return f"replicas={'all' if self.replicas is None else self.replicas},fsync={'local' if self.fsync else 'none'}"
+
+
+AUTO: Final = DurabilitySpec()
+OFF: Final = DurabilitySpec(0, False)
+
+
+def durable_ends_from_env(environ: Mapping[str, str] = os.environ) -> str:
+    """``$STREAMQ_DURABLE_ENDS``, else ``auto`` (parsed by ``DurabilitySpec.parse``)."""
+    return environ.get(DURABLE_ENDS_ENV) or DEFAULT_DURABLE_ENDS
+
+
+# --- what one end waits for, and its check ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class EndWait:
+    """What one end on one primary waits for: ``replicas`` acknowledgements (``WAIT``) and,
+    with ``fsync``, the primary's AOF fsync (``WAITAOF 1 0``), each at most ``timeout_ms``."""
+
+    replicas: int = 0
+    fsync: bool = False
+    timeout_ms: int = 0
+
+    @property
+    def waits(self) -> bool:
+        """False: nothing to wait for, ends go out as they did before (no extra command)."""
+        return self.replicas > 0 or self.fsync
+
+    def commands(self) -> list[tuple[str | int, ...]]:
+        """The commands to send right after the end's write, on its connection."""
+        commands: list[tuple[str | int, ...]] = []
+        if self.replicas > 0:
+            commands.append(("WAIT", self.replicas, self.timeout_ms))
+        if self.fsync:
+            commands.append(("WAITAOF", 1, 0, self.timeout_ms))
+        return commands
+
+    def packed(self) -> bytes:
+        """``commands()`` as RESP, back to back."""
+        return b"".join(pack_command(*command) for command in self.commands())
+
+    @property
+    def reply_count(self) -> int:
+        return len(self.commands())
+
+    def check(self, replies: Sequence[Any]) -> Shortfall | None:
+        """``None`` when ``replies`` (of ``commands()``, an error reply as its exception) say
+        the end is as durable as asked, else what fell short. Raises the error of a replica's
+        reply (``REPLICA_REPLY``): transient, the caller sends the whole confirmation again."""
+        acked: int | None = None
+        fsynced: bool | None = None
+        error: BaseException | None = None
+        answers = iter(replies)
+        if self.replicas > 0:
+            reply = next(answers)
+            if isinstance(reply, BaseException):
+                error = reply
+            else:
+                acked = int(reply)
+        if self.fsync:
+            reply = next(answers)
+            if isinstance(reply, BaseException):
+                error = error or reply
+            else:
+                fsynced = int(reply[0]) >= 1
+        if error is not None and REPLICA_REPLY in str(error):
+            raise error
+        if error is None and (acked is None or acked >= self.replicas) and fsynced is not False:
+            return None
+        return Shortfall(self, acked, fsynced, None if error is None else f"{type(error).__name__}: {error}")
+
+    def __str__(self) -> str:
+        parts = []
+        if self.replicas > 0:
+            parts.append(f"{self.replicas} replica{'s' if self.replicas > 1 else ''} (WAIT)")
+        if self.fsync:
+            parts.append("the primary's AOF fsync (WAITAOF)")
+        return " and ".join(parts) or "nothing"
+
+
+NO_WAIT: Final = EndWait()
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """An end whose wait ended before it was as durable as asked (the bound passed)."""
+
+    wait: EndWait
+    acked: int | None
+    """Replicas that acknowledged it (``None``: not asked, or the reply was an error)."""
+    fsynced: bool | None
+    """The primary fsynced it (``None``: not asked, or the reply was an error)."""
+    error: str | None = None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.error is not None:
+            parts.append(self.error)
+        if self.acked is not None and self.acked < self.wait.replicas:
+            parts.append(f"{self.acked} of {self.wait.replicas} replicas acknowledged it")
+        if self.fsynced is False:
+            parts.append("the primary had not fsynced it")
+        return f"{'; '.join(parts)} within {self.wait.timeout_ms / 1000:g}s"
+
+
+def pack_command(*args: str | bytes | int | float) -> bytes:
+    """One command as RESP (an array of bulk strings)."""
+    encoded = [arg if isinstance(arg, bytes) else str(arg).encode() for arg in args]
+    return b"*%d\r\n" % len(encoded) + b"".join(b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in encoded)
+
+
+# --- what one primary offers --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replica:
+    address: str
+    lag_s: int | None
+    """Seconds since the replica's last acknowledgement, as its primary reports it."""
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What ``detect`` found on one primary."""
+
+    replicas: tuple[Replica, ...]
+    """The replicas it reports ``state=online`` (a frozen link stays online until
+    ``repl-timeout`` passes, its lag rising)."""
+    aof: bool
+    waitaof: bool
+    """It knows ``WAITAOF`` (Redis 7.2 and later, Valkey) and this user may run it."""
+    waitaof_note: str = ""
+    """Why not, when it does not."""
+
+    def lags(self) -> str:
+        return ", ".join(f"{r.address} lag {'?' if r.lag_s is None else r.lag_s}s" for r in self.replicas) or "none"
+
+
+_REPLICA_FIELD = re.compile(r"slave\d+")
+
+
+async def detect(execute: Callable[..., Awaitable[Any]]) -> ServerState:
+    """What the primary that ``execute`` (a client's or a cluster node's ``execute_command``)
+    reaches offers: ``INFO replication`` (its online replicas), ``INFO persistence`` (AOF on),
+    and a probe ``WAITAOF 0 0 0`` ("unknown command": none)."""
+    replication = _info(await execute("INFO", "replication"))
+    persistence = _info(await execute("INFO", "persistence"))
+    replicas = []
+    for name, value in replication.items():
+        if _REPLICA_FIELD.fullmatch(name) and isinstance(value, Mapping) and str(value.get("state")) == "online":
+            lag = value.get("lag")
+            replicas.append(Replica(f"{value.get('ip')}:{value.get('port')}", None if lag is None else int(lag)))
+    waitaof, note = True, ""
+    try:
+        await execute("WAITAOF", 0, 0, 0)
+    except ResponseError as exc:
+        text = str(exc)
+        if REPLICA_REPLY not in text:  # a replica has it; an end never waits there
+            waitaof = False
+            note = "the server has no WAITAOF (Redis before 7.2)" if "unknown command" in text.lower() else text
+    return ServerState(tuple(replicas), str(persistence.get("aof_enabled", "0")) == "1", waitaof, note)
+
+
+def _info(reply: Any) -> dict[str, Any]:
+    """An ``INFO`` reply as a dict (redis-py's parsed one as it is)."""
+    if isinstance(reply, dict):
+        return reply
+    fields: dict[str, Any] = {}
+    for line in as_text(reply).splitlines():
+        key, colon, value = line.partition(":")
+        if not colon or line.startswith("#"):
+            continue
+        if "=" in value:
+            fields[key] = dict(item.partition("=")[::2] for item in value.split(","))
+        else:
+            fields[key] = value
+    return fields
+
+
+# --- a plane's waits ---------------------------------------------------------------
+
+
+class Durability:
+    """What ends wait for on the primaries of one plane (one Redis, or each primary of a
+    Redis Cluster by its node name), and the bookkeeping of the waits: a shortfall is
+    logged once per episode (until an end on that primary is acknowledged again) and told
+    to ``on_wait``, as every wait is. Nothing to wait for until told otherwise."""
+
+    def __init__(self, *, timeout_ms: int, on_wait: WaitHook | None = None) -> None:
+        self.timeout_ms = timeout_ms
+        self.on_wait = on_wait
+        self._default = NO_WAIT
+        self._nodes: dict[str, EndWait] = {}
+        self._short: set[str] = set()
+
+    def wait(self, node: str = "") -> EndWait:
+        """What an end on ``node`` waits for (``""``: one Redis; on a cluster, an unknown node
+        waits as the most demanding primary does). No I/O."""
+        return self._nodes.get(node, self._default)
+
+    def node_waits(self) -> dict[str, EndWait]:
+        """Each cluster primary's wait, by node name (empty on one Redis)."""
+        return dict(self._nodes)
+
+    @property
+    def waits(self) -> bool:
+        """Some end somewhere waits for something (else every path is as without waits)."""
+        return self._default.waits or any(wait.waits for wait in self._nodes.values())
+
+    def set_waits(self, default: EndWait, nodes: Mapping[str, EndWait] | None = None) -> None:
+        self._default = default
+        self._nodes = dict(nodes or {})
+
+    async def fresh(self) -> None:
+        """Bring the waits up to date if they may be stale (a producer's read of the record);
+        a no-op where they are kept fresh in the background (a worker's)."""
+
+    def confirmed(
+        self, wait: EndWait, replies: Sequence[Any], *, seconds: float, what: str, node: str = ""
+    ) -> Shortfall | None:
+        """Check ``replies`` to ``wait``'s commands (``EndWait.check``, which raises a
+        replica's reply), note a shortfall, and tell ``on_wait``. The end is told anyway."""
+        shortfall = wait.check(replies)
+        if self.on_wait is not None:
+            self.on_wait(what, seconds, shortfall is not None)
+        if shortfall is None:
+            if node in self._short:
+                self._short.discard(node)
+                logger.info("durable ends: %s acknowledges ends again", _where(node))
+            return None
+        if node not in self._short:
+            self._short.add(node)
+            self.shortfall_began(shortfall, what, node)
+        return shortfall
+
+    def shortfall_began(self, shortfall: Shortfall, what: str, node: str) -> None:
+        """The first shortfall of an episode on ``node``: logged."""
+        logger.warning(
+            "durable ends: an end (%s) on %s was told before it was durable: %s; told anyway, "
+            "and so is every end until %s acknowledges them again",
+            what,
+            _where(node),
+            shortfall,
+            _where(node),
+        )
+
+
+def _where(node: str) -> str:
+    return f"primary {node}" if node else "the primary"
+
+
+def _strictest(waits: Iterable[EndWait], timeout_ms: int) -> EndWait:
+    """The wait that asks the most of any of ``waits``."""
+    listed = list(waits)
+    return EndWait(max((w.replicas for w in listed), default=0), any(w.fsync for w in listed), timeout_ms)
+
+
+class DetectedDurability(Durability):
+    """A worker's waits on one plane, read from its primaries (``detect``) for ``spec``; again
+    every ``recheck_s`` and right after a shortfall (``start``), each time told to
+    ``on_detected`` (which writes ``DURABILITY_KEY``)."""
+
+    def __init__(
+        self,
+        redis: Redis | RedisCluster,
+        spec: DurabilitySpec,
+        *,
+        timeout_ms: int,
+        on_wait: WaitHook | None = None,
+        recheck_s: float = DURABILITY_RECHECK_S,
+    ) -> None:
+        super().__init__(timeout_ms=timeout_ms, on_wait=on_wait)
+        self.spec = spec
+        self.states: dict[str, ServerState] = {}
+        """What the last detection found, by node name (``""``: one Redis)."""
+        self.on_detected: Callable[[], Awaitable[None]] | None = None
+        self._redis = redis
+        self._recheck_s = recheck_s
+        self._again = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._reports: set[asyncio.Task[None]] = set()
+
+    def resolve(self, state: ServerState) -> EndWait:
+        """What an end on a primary in ``state`` waits for, under ``spec``."""
+        replicas = len(state.replicas) if self.spec.replicas is None else self.spec.replicas
+        return EndWait(replicas, self.spec.fsync and state.aof and state.waitaof, self.timeout_ms)
+
+    async def detect(self) -> None:
+        """Read every primary's state now and resolve its wait (``off``: reads nothing)."""
+        if self.spec.off:
+            self.states = {}
+            self.set_waits(NO_WAIT)
+            return
+        redis = self._redis
+        if isinstance(redis, RedisCluster):
+            primaries = redis.get_primaries()
+            found = await asyncio.gather(*(detect(node.execute_command) for node in primaries))
+            self.states = {node.name: state for node, state in zip(primaries, found, strict=True)}
+            nodes = {name: self.resolve(state) for name, state in self.states.items()}
+            self.set_waits(_strictest(nodes.values(), self.timeout_ms), nodes)
+        else:
+            state = await detect(redis.execute_command)
+            self.states = {"": state}
+            self.set_waits(self.resolve(state))
+
+    def describe(self) -> str:
+        """What each end waits for, in words (the start-up log line)."""
+        if self.spec.off:
+            return "off: ends are told as soon as the primary acknowledges them"
+        timeout = f"at most {self.timeout_ms / 1000:g}s"
+        lines = []
+        for node, state in sorted(self.states.items()):
+            wait = self.wait(node)
+            where = f"primary {node}: " if node else ""
+            if wait.waits:
+                text = f"{where}each end waits for {wait}, {timeout}"
+            else:
+                durable = "AOF" if state.aof else "memory (AOF off)"
+                text = f"{where}no replica: ends are as durable as the primary's {durable}"
+            if self.spec.fsync and not wait.fsync:
+                reason = state.waitaof_note if not state.waitaof else "AOF is off (appendonly no)"
+                text += f"; fsync=local asked, but {reason}: no fsync wait"
+            lines.append(text)
+        return "; ".join(lines)
+
+    def start(self) -> None:
+        """Detect again every ``recheck_s`` (and at once after ``recheck()``) on the running loop."""
+        self._task = asyncio.get_running_loop().create_task(self._recheck_forever(), name="durability-check")
+
+    def recheck(self) -> None:
+        self._again.set()
+
+    async def close(self) -> None:
+        await stop_task(self._task)
+        self._task = None
+        for task in list(self._reports):
+            await stop_task(task)
+
+    async def check(self) -> None:
+        """Detect, then tell ``on_detected``; a failure is logged (the waits known stay)."""
+        try:
+            await self.detect()
+        except Exception as exc:  # Redis away, a shard failing over: the waits known stay
+            logger.warning("durable ends: cannot read what the primary offers (%s); keeping the last", exc)
+            return
+        if self.on_detected is not None:
+            try:
+                await self.on_detected()
+            except Exception as exc:
+                logger.warning("durable ends: cannot write %s: %s", DURABILITY_KEY, exc)
+
+    async def _recheck_forever(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._again.wait(), self._recheck_s)
+            self._again.clear()
+            await self.check()
+
+    def shortfall_began(self, shortfall: Shortfall, what: str, node: str) -> None:
+        """Read the primary again at once (a replica gone is waited for no more), and log the
+        shortfall with its replicas' lag."""
+        task = asyncio.get_running_loop().create_task(self._report(shortfall, what, node), name="durability-report")
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report(self, shortfall: Shortfall, what: str, node: str) -> None:
+        await self.check()
+        state = self.states.get(node)
+        logger.warning(
+            "durable ends: an end (%s) on %s was told before it was durable: %s (replicas online: %s; "
+            "now waiting for %s); told anyway, and so is every end until %s acknowledges them again",
+            what,
+            _where(node),
+            shortfall,
+            "?" if state is None else state.lags(),
+            self.wait(node),
+            _where(node),
+        )
+
+
+# --- the record workers write and producers read ------------------------------------------
+
+
+def record(spec: DurabilitySpec, control: Durability, data: Durability) -> bytes:
+    """``DURABILITY_KEY``'s value: what an end waits for on the control plane and on the
+    data plane (``nodes``: each cluster primary's, by node name), as a worker resolved them."""
+    return json.dumps(
+        {
+            "v": RECORD_VERSION,
+            "spec": str(spec),
+            "timeout_ms": data.timeout_ms,
+            "control": _wait_fields(control.wait()),
+            "data": _wait_fields(data.wait()),
+            "nodes": {node: _wait_fields(wait) for node, wait in sorted(data.node_waits().items())},
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def _wait_fields(wait: EndWait) -> dict[str, Any]:
+    return {"replicas": wait.replicas, "fsync": wait.fsync}
+
+
+async def write_record(control: Redis, spec: DurabilitySpec, control_waits: Durability, data: Durability) -> None:
+    """Write ``record(...)`` to ``DURABILITY_KEY``, kept ``DURABILITY_TTL_MS``."""
+    await control.set(DURABILITY_KEY, record(spec, control_waits, data), px=DURABILITY_TTL_MS)
+
+
+class PublishedDurability(Durability):
+    """A producer's (or gateway's) waits on ``plane`` (``control`` or ``data``), from the
+    record workers write to ``DURABILITY_KEY`` on ``control``, read at most every
+    ``fresh_s`` (``fresh``). No record (no worker, or one that predates it): no wait."""
+
+    def __init__(
+        self,
+        control: Redis,
+        plane: str = "data",
+        *,
+        fresh_s: float = DURABILITY_RECHECK_S,
+        on_wait: WaitHook | None = None,
+    ) -> None:
+        if plane not in ("control", "data"):
+            raise ValueError(f"plane must be control or data, not {plane!r}")
+        super().__init__(timeout_ms=0, on_wait=on_wait)
+        self.plane = plane
+        self._control = control
+        self._fresh_s = fresh_s
+        self._read_at = float("-inf")
+
+    async def fresh(self) -> None:
+        now = time.monotonic()
+        if now - self._read_at < self._fresh_s:
+            return
+        self._read_at = now
+        try:
+            raw = await self._control.get(DURABILITY_KEY)
+        except Exception as exc:  # no permission, Redis away: the waits known stay
+            logger.debug("durable ends: cannot read %s: %s", DURABILITY_KEY, exc)
+            return
+        self.apply(raw)
+
+    def apply(self, raw: bytes | str | None) -> None:
+        """Take the waits of ``plane`` from a record (``None``: none)."""
+        if raw is None:
+            self.set_waits(NO_WAIT)
+            return
+        try:
+            fields = json.loads(raw)
+            timeout_ms = int(fields["timeout_ms"])
+            self.timeout_ms = timeout_ms
+            default = _wait_of(fields[self.plane], timeout_ms)
+            nodes = fields.get("nodes", {}) if self.plane == "data" else {}
+            self.set_waits(default, {node: _wait_of(wait, timeout_ms) for node, wait in nodes.items()})
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning(
+                "durable ends: %s is not a record this client reads (%s); keeping the last", DURABILITY_KEY, exc
+            )
+
+
+def _wait_of(fields: Mapping[str, Any], timeout_ms: int) -> EndWait:
+    return EndWait(int(fields["replicas"]), bool(fields["fsync"]), timeout_ms)
