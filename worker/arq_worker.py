@@ -22,16 +22,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from streamq.broker.job_result import failure_of
 from streamq.broker.pubsub import live_messages
 from streamq.protocol import (
-    ABORT_KEY,
     IN_PROGRESS_PREFIX,
-    JOB_KEY_PREFIX,
-    RESULT_KEY_PREFIX,
-    RETRY_KEY_PREFIX,
     WAKEUP_CHANNEL,
     ErrorEvent,
     is_valid_request_id,
 )
-from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_OWNER_TTL_MS, cancelled_key, running_key
+from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_OWNER_TTL_MS
 from streamq.protocol.script_calls import ClaimJobs, FinishJob, ReleaseAffinity
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
@@ -315,16 +311,10 @@ class StreamqWorker(Worker):
         state = state_of(self.ctx)
         owners = state.replay_log.owners
         owner = (await owners.values([job_id]))[0] if owners.ahead else None
-        call = FinishJob(
-            in_progress_key=IN_PROGRESS_PREFIX + job_id,
-            job_key=JOB_KEY_PREFIX + job_id,
-            retry_key=RETRY_KEY_PREFIX + job_id,
-            result_key=RESULT_KEY_PREFIX + job_id,
-            queue=self.queue_name,
-            abort_key=ABORT_KEY,
-            running_key=running_key(self.queue_name),
+        call = FinishJob.of_job(
+            job_id,
+            self.queue_name,
             owner_key=None if owners.ahead else owners.names.owner(job_id),
-            job_id=job_id,
             worker_id=state.worker_id,
             holder=lease_holder(state.worker_id, attempt),
             attempt=attempt,
@@ -332,7 +322,6 @@ class StreamqWorker(Worker):
             result=result_data or b"",
             result_ttl_ms=0 if expiry_s is None else round(expiry_s * 1000),
             score_increment=incr_score or "",
-            cancelled_key=cancelled_key(job_id),
             owner=owner,
         )
         return bool(await self._finish_script(call))

@@ -27,11 +27,18 @@ from dataclasses import dataclass, fields
 from typing import Annotated, Any, ClassVar, Final, NamedTuple, TypeAlias, Union, get_args, get_origin, get_type_hints
 
 from streamq.protocol.names import (
+    ABORT_KEY,
     CANCELLED_KEY_PREFIX,
     CLAIM_SCAN_INTERVAL_MS,
     DEFAULT_TENANT,
+    IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
+    JOB_KEY_PREFIX,
+    RESULT_KEY_PREFIX,
+    RETRY_KEY_PREFIX,
     TENANT_WEIGHTS_KEY,
+    cancelled_key,
+    running_key,
 )
 
 Arg: TypeAlias = str | bytes | int | float
@@ -353,6 +360,22 @@ class FinishJob(ScriptCall):
     score_increment: int | str = ""
     cancelled_key: str
     owner: str | None = None
+
+    @classmethod
+    def of_job(cls, job_id: str, queue: str, **rest: Any) -> FinishJob:
+        """The call for ``job_id`` on ``queue``, its keys named from them (``rest``: the others)."""
+        return cls(
+            in_progress_key=IN_PROGRESS_PREFIX + job_id,
+            job_key=JOB_KEY_PREFIX + job_id,
+            retry_key=RETRY_KEY_PREFIX + job_id,
+            result_key=RESULT_KEY_PREFIX + job_id,
+            queue=queue,
+            abort_key=ABORT_KEY,
+            running_key=running_key(queue),
+            job_id=job_id,
+            cancelled_key=cancelled_key(job_id),
+            **rest,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,6 @@ import redis.asyncio as aioredis
 
 from devkit.redis_server import RedisServer
 from streamq.protocol import (
-    ABORT_KEY,
     CANCEL_CHANNEL,
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
@@ -29,7 +28,7 @@ from streamq.protocol import (
     WAKEUP_CHANNEL,
     owner_key,
 )
-from streamq.protocol.names import cancelled_key, running_key
+from streamq.protocol.names import cancelled_key
 from streamq.protocol.roles import PRODUCER
 from streamq.protocol.script_calls import Cancel, ClaimJobs, Enqueue, FinishJob, LeaseRenewal, RenewLeases
 from streamq.protocol.scripts import Script
@@ -116,23 +115,16 @@ class Roles:
         return [int(held) for held in await self._renew(RenewLeases(ttl_ms=3000, jobs=renewals))]
 
     async def finish(self, request_id: str, worker_id: str, action: str) -> int:
-        call = FinishJob(
-            in_progress_key=IN_PROGRESS_PREFIX + request_id,
-            job_key=JOB_KEY_PREFIX + request_id,
-            retry_key=RETRY_KEY_PREFIX + request_id,
-            result_key=RESULT_KEY_PREFIX + request_id,
-            queue=self.queue,
-            abort_key=ABORT_KEY,
-            running_key=running_key(self.queue),
+        call = FinishJob.of_job(
+            request_id,
+            self.queue,
             owner_key=owner_key(request_id),
-            job_id=request_id,
             worker_id=worker_id,
             holder=lease_holder(worker_id, 1),
             attempt=1,
             action=action,
             result=b"{}" if action != "retry" else b"",
             result_ttl_ms=60_000,
-            cancelled_key=cancelled_key(request_id),
         )
         return int(await self._finish(call))
 

@@ -23,7 +23,6 @@ from streamq.broker.registry import WorkerRegistry
 from streamq.broker.replay_log import LogEvent, ReplayLog, TakeOver
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import (
-    ABORT_KEY,
     CANCEL_CHANNEL,
     HEALTH_CHECK_SUFFIX,
     IN_PROGRESS_PREFIX,
@@ -31,7 +30,6 @@ from streamq.protocol import (
     LEASE_TTL_MS,
     MODELS_KEY,
     RESULT_KEY_PREFIX,
-    RETRY_KEY_PREFIX,
     WORKERS_KEY,
     ChunkEvent,
     FinalEvent,
@@ -54,7 +52,6 @@ from streamq.protocol.names import (
     affinity_free_key,
     affinity_owner_key,
     cancelled_key,
-    running_key,
 )
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
 from streamq.protocol.script_calls import Cancel, ClaimJobs, FinishJob, LeaseRenewal, ReleaseAffinity, RenewLeases
@@ -225,23 +222,16 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
     chunk = ChunkEvent(request_id=request_id, seq=0, index=0, text="a", token_ids=[1], attempt=1)
     await log.append([LogEvent(request_id, 0, 1, encode_event(chunk))])
     assert await log.read(request_id) == [encode_event(chunk)]
-    finish = FinishJob(
-        in_progress_key=IN_PROGRESS_PREFIX + request_id,
-        job_key=JOB_KEY_PREFIX + request_id,
-        retry_key=RETRY_KEY_PREFIX + request_id,
-        result_key=RESULT_KEY_PREFIX + request_id,
-        queue=queue,
-        abort_key=ABORT_KEY,
-        running_key=running_key(queue),
+    finish = FinishJob.of_job(
+        request_id,
+        queue,
         owner_key=owner_key(request_id),
-        job_id=request_id,
         worker_id=name,
         holder=f"{name}:1",
         attempt=1,
         action="finish",
         result=b"{}",
         result_ttl_ms=60_000,
-        cancelled_key=cancelled_key(request_id),
     )
     assert await Script(worker, FinishJob)(finish) == 1
     assert await admin.zcard(queue) == 0 and not await admin.exists(IN_PROGRESS_PREFIX + request_id)

@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 from devkit.keda import LIST_LENGTH_SCRIPT
 from producer.client import StreamqClient
 from streamq.broker.waiting import WaitingRequests
-from streamq.protocol import ABORT_KEY, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, RESULT_KEY_PREFIX, RETRY_KEY_PREFIX
-from streamq.protocol.names import WAKEUP_CHANNEL, cancelled_key, queue_waiting_key, running_key
+from streamq.protocol import IN_PROGRESS_PREFIX
+from streamq.protocol.names import WAKEUP_CHANNEL, queue_waiting_key, running_key
 from streamq.protocol.script_calls import ClaimJobs, FinishJob
 from streamq.protocol.scripts import Script
 
@@ -47,21 +47,14 @@ class Worker:
 
     async def finish(self, job_id: str, action: str = "finish") -> None:
         """arq's bookkeeping at the end of an attempt: ``finish``, or ``retry`` (handed back)."""
-        call = FinishJob(
-            in_progress_key=IN_PROGRESS_PREFIX + job_id,
-            job_key=JOB_KEY_PREFIX + job_id,
-            retry_key=RETRY_KEY_PREFIX + job_id,
-            result_key=RESULT_KEY_PREFIX + job_id,
-            queue=self.queue,
-            abort_key=ABORT_KEY,
-            running_key=running_key(self.queue),
-            job_id=job_id,
+        call = FinishJob.of_job(
+            job_id,
+            self.queue,
             worker_id=self.worker_id,
             holder=f"{self.worker_id}:1",
             attempt=0,
             action=action,
             result_ttl_ms=0,
-            cancelled_key=cancelled_key(job_id),
         )
         await self._finish(call)
 
