@@ -31,6 +31,7 @@ from devkit.worker_process import WorkerProcess
 from producer.sharded_subscriber import ShardedEventSubscriber
 from producer.subscriber import Inbox
 from streamq.broker.cluster import SeededCluster, connect_cluster
+from streamq.broker.connection import SENTINEL_SCHEME, close_pool, redis_client, redis_settings_for
 from streamq.broker.data_plane import CLUSTER
 from streamq.protocol import EVENTS_CHANNEL_PREFIX, IN_PROGRESS_PREFIX
 
@@ -174,7 +175,8 @@ class WireEvent:
 class EventWitness:
     """Records every event published on any request channel (a pattern subscription
     on its own connection, resubscribed after Redis restarts). Events published while
-    it reconnects are not seen; everything seen is kept, duplicates included."""
+    it reconnects are not seen; everything seen is kept, duplicates included. ``url`` may
+    be a ``redis+sentinel://`` URL: the witness then follows the master through failovers."""
 
     url: str
     events: dict[str, list[WireEvent]] = field(default_factory=dict)
@@ -194,7 +196,8 @@ class EventWitness:
 
     async def _run(self) -> None:
         while True:
-            client = aioredis.Redis.from_url(self.url)
+            sentinel = self.url.startswith(SENTINEL_SCHEME + "://")
+            client = redis_client(redis_settings_for(self.url)) if sentinel else aioredis.Redis.from_url(self.url)
             pubsub = client.pubsub()
             try:
                 await pubsub.psubscribe(EVENTS_CHANNEL_PREFIX + "*")
@@ -211,7 +214,7 @@ class EventWitness:
             finally:
                 with contextlib.suppress(RedisConnectionError, RedisTimeoutError, OSError):
                     await pubsub.aclose()
-                    await client.aclose()
+                    await close_pool(client)  # aclose(), and the Sentinels' connections too
 
 
 class ShardedEventWitness:

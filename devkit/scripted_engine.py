@@ -78,10 +78,26 @@ def _delta(
 
 class _FixedPromptTokenizer:
     """Enough of a tokenizer for chat messages and for taking a request over from
-    another worker: every text is ``PROMPT_TOKEN_IDS``."""
+    another worker: every text is ``PROMPT_TOKEN_IDS``, and ``TOKEN_ID`` reads ``TOKEN_TEXT``
+    (what vLLM's slow incremental detokenizer asks, which a take-over replays the tokens
+    already sent through)."""
+
+    is_fast = True
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(PROMPT_TOKEN_IDS)
+
+    def __len__(self) -> int:
+        return TOKEN_ID + 1
+
+    def convert_ids_to_tokens(self, ids: Sequence[int], skip_special_tokens: bool = False) -> list[str]:
+        return [TOKEN_TEXT if token_id == TOKEN_ID else "" for token_id in ids]
+
+    def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
+        return "".join(tokens)
+
+    def get_added_vocab(self) -> dict[str, int]:
+        return {}
 
     def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> str:
         return "\n".join(m["content"] for m in messages)

@@ -636,6 +636,8 @@ class StreamqClient:
         )
         # the end of a request taken off its queue waits as the workers' record says
         self._log = ReplayLog(self._data, durability=PublishedDurability(redis, "data"))
+        # a running request's cancel record waits as the workers' record says for the control plane
+        self._cancel_durability = PublishedDurability(redis, "control")
         self._registry = WorkerRegistry(redis)
         self._cancel_script = Script(redis, Cancel)
         self._enqueue_script = Script(redis, Enqueue)
@@ -1165,6 +1167,9 @@ class StreamqClient:
         ``running``, ``queued``, or ``unknown`` (finished, or never submitted).
         A queued request is found on this client's queue or any model's, in one
         round trip; ``queue`` (the queue it was put on, if known) is looked at first.
+        It returns once the cancel is as durable as the workers make an end (their
+        ``--durable-ends``: Redis's replicas have its record), so a failover after it
+        returns cannot take it back; the worker is told at once all the same.
         """
         return await self._take_off_queue(request_id, queue, FinishReason.CANCELLED, queued_only=False)
 
@@ -1187,7 +1192,7 @@ class StreamqClient:
             models_key=MODELS_KEY,
             queued_only="1" if queued_only else "",
         )
-        reply = await self._cancel_script(call)
+        reply = await self._cancel(call, durable=not queued_only)
         outcome = cast(RequestState, as_text(reply))
         if outcome == "queued":
             # No worker will run it now: end its stream here, numbered in Redis after
@@ -1199,6 +1204,23 @@ class StreamqClient:
             if await self._log.end(request_id, final) is not None and self._log.names.sharded:
                 await self._schedule_callback(request_id)  # on one Redis, end_request did
         return outcome
+
+    async def _cancel(self, call: Cancel, *, durable: bool) -> Any:
+        """The cancel script's reply; ``durable``: it returns once its write (a running request's
+        cancel record) is as durable as the workers' record says an end must be: the script and
+        the wait in one pipeline on one connection (``WAIT`` covers that connection's writes).
+        The script publishes the cancel itself, so the worker acts at once; only the caller
+        waits."""
+        durability = self._cancel_durability
+        if durable:
+            await durability.fresh()
+        wait = durability.wait()
+        if not durable or not wait.waits:
+            return await self._cancel_script(call)
+        started = time.perf_counter()
+        reply, *waited = await self._cancel_script.then(call, *wait.commands())
+        durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="cancel")
+        return reply
 
     @redis_errors_as_streamq_errors
     async def status(self, request_id: str) -> RequestStatus:

@@ -60,8 +60,8 @@ which passes once the client reaches the new primary (a transient reply)."""
 RECORD_VERSION: Final = 1
 
 WaitHook = Callable[[str, float, bool], None]
-"""Told of each confirmation: what waited (``end``, ``end_request``, ``callback``), its
-seconds, and whether it fell short."""
+"""Told of each confirmation: what waited (``end``, ``end_request``, ``callback``,
+``cancel``), its seconds, and whether it fell short."""
 
 
 # --- the policy asked for ------------------------------------------------------------

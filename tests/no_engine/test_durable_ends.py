@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from devkit.redis_cluster import RedisCluster
 from devkit.redis_server import FreezingProxy, RedisServer, has_waitaof
+from producer.client import StreamqClient
 from streamq.broker.cluster import connect_cluster
 from streamq.broker.durability import (
     AUTO,
@@ -40,6 +41,8 @@ from streamq.broker.durability import (
 from streamq.broker.replay_log import LogEvent, ReplayLog
 from streamq.protocol import (
     CALLBACKS_KEY,
+    CANCEL_CHANNEL,
+    IN_PROGRESS_PREFIX,
     Callback,
     ChunkEvent,
     FinalEvent,
@@ -47,7 +50,7 @@ from streamq.protocol import (
     encode_event,
     events_channel,
 )
-from streamq.protocol.names import DURABILITY_KEY, DURABILITY_TTL_MS, sharded_events_channel
+from streamq.protocol.names import DURABILITY_KEY, DURABILITY_TTL_MS, cancelled_key, sharded_events_channel
 from streamq.protocol.roles import ROLES, WORKER
 from tests.support.callback_receiver import CallbackReceiver
 from worker.callbacks import CallbackPolicy, CallbackSender
@@ -530,6 +533,63 @@ async def test_a_producer_end_waits_as_the_record_says(pair: Pair, primary_clien
     before = wait_calls(pair.primary)
     assert await log.end(request_id(), final) == 0
     assert wait_calls(pair.primary) > before
+
+
+# --- cancels ------------------------------------------------------------------------------------
+
+
+async def test_a_running_requests_cancel_returns_once_its_record_is_on_the_replica(
+    pair: Pair, primary_client: aioredis.Redis
+) -> None:
+    """``cancel()`` of a running request returns after its record (``streamq:cancelled:<id>``)
+    is on the replica: ``cancel.lua`` and ``WAIT`` in one pipeline on one connection, the wait
+    the workers' record gives the control plane. The script's PUBLISH is not held back: the
+    worker is told while the caller still waits. The replica is stopped (SIGSTOP) for a
+    while shorter than the bound: the cancel returns only once it is back, and has it then."""
+    durability = await detected(primary_client)
+    await write_record(primary_client, AUTO, durability, durability)
+    rid = request_id()
+    await primary_client.set(IN_PROGRESS_PREFIX + rid, "w-1-abcdef01", px=60_000)  # a worker holds it
+    listener = aioredis.Redis.from_url(pair.primary.url)
+    pubsub = listener.pubsub()
+    await pubsub.subscribe(CANCEL_CHANNEL)
+    replica = aioredis.Redis.from_url(pair.replica.url)
+    stopped_s = BOUND_MS / 2000
+    client = await StreamqClient.connect(pair.primary.url)
+    try:
+        await client.cancel(request_id(), queue="streamq:queue:none")  # loads the script, reads the record
+        before = wait_calls(pair.primary)
+        pair.replica.pause()
+        try:
+            started = time.monotonic()
+            cancel = asyncio.create_task(client.cancel(rid))
+            assert await next_message(pubsub) == rid.encode()  # the worker is told at once
+            told = time.monotonic() - started
+            await asyncio.sleep(stopped_s - told)
+            assert not cancel.done()  # the caller waits for the replica
+        finally:
+            pair.replica.resume()
+        assert await cancel == "running"
+        took = time.monotonic() - started
+        assert await replica.exists(cancelled_key(rid))  # the replica had it when cancel() returned
+        assert told < stopped_s / 2 and stopped_s <= took < BOUND_MS / 1000, (told, took)
+        assert wait_calls(pair.primary) == before + 1
+        # with no worker's record (no replica, or durable ends off), the cancel sends no WAIT
+        await primary_client.delete(DURABILITY_KEY)
+        fresh = await StreamqClient.connect(pair.primary.url)
+        try:
+            other = request_id()
+            await primary_client.set(IN_PROGRESS_PREFIX + other, "w-1-abcdef01", px=60_000)
+            before = wait_calls(pair.primary)
+            assert await fresh.cancel(other) == "running"
+            assert wait_calls(pair.primary) == before
+        finally:
+            await fresh.close()
+    finally:
+        await client.close()
+        await pubsub.aclose()
+        await listener.aclose()
+        await replica.aclose()
 
 
 # --- callbacks --------------------------------------------------------------------------------

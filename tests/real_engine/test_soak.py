@@ -10,7 +10,10 @@ replacement starts, so two run again), restarts Redis or SIGKILLs it (down ``RED
 data kept), and the producer cancels some requests. References come first, from an undisturbed run
 of each distinct request through the same workers. The run lasts ``STREAMQ_SOAK_SECONDS``
 (default 90) and writes its figures to ``STREAMQ_SOAK_REPORT`` (default
-``bench/results/soak.json``); ``STREAMQ_SOAK_SEED`` repeats its random choices.
+``bench/results/soak.json``); ``STREAMQ_SOAK_SEED`` repeats its random choices. Each
+request is then checked (``tests.support.soak_check.check``) against its replay log, its
+handle's events and the witness's: one end in each, whatever its seq (an end published again
+as it was passes), and its tokens and text.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 import random
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +50,10 @@ from producer.internal_client import InternalClient
 from streamq.broker.cluster import connect_cluster
 from streamq.broker.data_plane import CLUSTER
 from streamq.broker.replay_log import ReplayLog
-from streamq.protocol import IN_PROGRESS_PREFIX, ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event
+from streamq.protocol import IN_PROGRESS_PREFIX, Event, FinalEvent, decode_event
 from streamq.protocol.names import EVENTS_REDIS_URL_ENV
 from tests.support.session import MAX_MODEL_LEN
+from tests.support.soak_check import NEVER, Answer, Run, Spec, answer_of, check
 
 SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "90"))
 SEED = int(os.environ.get("STREAMQ_SOAK_SEED") or random.SystemRandom().randrange(2**32))
@@ -81,20 +85,6 @@ FAULT_GAP_S = (15.0, 30.0)
 waits for them, a later one becomes a Redis restart while a replacement still starts."""
 DRAIN_S = 150.0
 """After the soak, how long the requests still in flight may take to end."""
-NEVER = "@@ no such words @@"
-"""A stop string the tiny model never writes: vLLM holds back text while it might form."""
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One distinct request; the soak submits it many times under fresh ids."""
-
-    name: str
-    request: dict[str, Any]
-
-    @property
-    def runs_to_max_tokens(self) -> bool:
-        return bool(self.request.get("ignore_eos")) and self.request.get("stop") in (None, [NEVER])
 
 
 def chat(*turns: tuple[str, str]) -> list[dict[str, str]]:
@@ -122,35 +112,6 @@ STOP_SPECS_FROM = {"stop-plain": "key-180", "stop-chat": "chat-150"}
 """Requests with a stop string taken from the middle of their base request's answer."""
 
 
-@dataclass(frozen=True)
-class Answer:
-    """What a subscriber assembles from a request's events."""
-
-    text: str
-    token_ids: list[int]
-    finish_reasons: list[str | None]
-
-
-@dataclass
-class Run:
-    """One request of the soak, as its handle saw it."""
-
-    request_id: str
-    spec: Spec
-    streamed: bool = True
-    submitted_at: float = 0.0
-    events: list[tuple[float, Event]] = field(default_factory=list)
-    error: str | None = None
-    cancel_at: float | None = None
-    cancel_outcome: str | None = None
-
-    def ended_by(self, at: float) -> bool:
-        return any(isinstance(event, FinalEvent | ErrorEvent) and seen <= at for seen, event in self.events)
-
-    def next_event_after(self, at: float) -> float | None:
-        return next((seen for seen, _ in self.events if seen > at), None)
-
-
 @dataclass
 class Fault:
     kind: str
@@ -160,13 +121,6 @@ class Fault:
     down_at: float | None = None
     """Redis restarts: when the server had stopped (events may flow while it shuts down)."""
     back_at: float | None = None
-
-
-def answer_of(events: list[Event]) -> Answer:
-    chunks = [e for e in events if isinstance(e, ChunkEvent)]
-    last = events[-1] if events else None
-    reasons = last.finish_reasons if isinstance(last, FinalEvent) else []
-    return Answer("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], reasons)
 
 
 def stop_string_within(text: str) -> str | None:
@@ -200,65 +154,6 @@ async def references(client: StreamqClient) -> tuple[list[Spec], dict[str, Answe
         assert answers[name].finish_reasons == ["stop"], f"{name}: {answers[name]}"
         specs.append(spec)
     return specs, answers
-
-
-def check(run: Run, logged: list[Event], wire: list[Event], expected: Answer) -> tuple[list[str], bool, bool]:
-    """What is wrong with one request: (problems, lost, duplicated)."""
-    problems: list[str] = []
-    seqs = [event.seq for event in logged]
-    terminals = [event for event in logged if isinstance(event, FinalEvent | ErrorEvent)]
-    lost = not terminals or not run.ended_by(float("inf"))
-    duplicated = len(terminals) > 1 or len(set(seqs)) != len(seqs)
-    if seqs != list(range(len(seqs))):
-        problems.append(f"replay log seqs not contiguous from 0: {seqs}")
-    if not terminals:
-        problems.append("no final or error event in the replay log")
-    elif terminals != [logged[-1]]:
-        problems.append(f"{len(terminals)} terminal events, or one before the end: {terminals}")
-    if run.cancel_outcome and run.cancel_outcome.startswith("raised"):
-        problems.append(f"cancel() {run.cancel_outcome}")
-    if run.error is not None:
-        problems.append(f"the handle raised {run.error}")
-    elif not run.ended_by(float("inf")):
-        problems.append("the handle never saw the end")
-    elif [event for _, event in run.events] != logged:
-        problems.append("the handle's events differ from the replay log's")
-    by_seq = {event.seq: event for event in logged}
-    wire_seqs = [event.seq for event in wire]
-    if len(set(wire_seqs)) != len(wire_seqs):
-        duplicated = True
-        problems.append(f"events published twice: seqs {sorted(s for s in set(wire_seqs) if wire_seqs.count(s) > 1)}")
-    strays = [event for event in wire if by_seq.get(event.seq) != event]
-    if strays:
-        duplicated = True
-        problems.append(f"published events that the log does not hold: {strays[:3]}")
-    if problems or not terminals:
-        return problems, lost, duplicated
-
-    final = logged[-1]
-    if isinstance(final, ErrorEvent):
-        return [f"ended with an error: {final.code}: {final.message}"], lost, duplicated
-    assert isinstance(final, FinalEvent)
-    got = answer_of(logged)
-    attempts = sorted({event.attempt for event in logged})
-    if final.completion_tokens != len(got.token_ids):
-        problems.append(f"completion_tokens {final.completion_tokens} but {len(got.token_ids)} tokens sent")
-    if got.finish_reasons == ["cancelled"]:
-        if run.cancel_at is None:
-            problems.append("cancelled, but nobody cancelled it")
-        if got.token_ids != expected.token_ids[: len(got.token_ids)] or not expected.text.startswith(got.text):
-            problems.append(f"cancelled output is not a prefix of the undisturbed answer (attempts {attempts})")
-        return problems, lost, duplicated
-    if got != expected:
-        at = next((i for i, (a, b) in enumerate(zip(got.token_ids, expected.token_ids, strict=False)) if a != b), None)
-        problems.append(
-            f"answer differs from the undisturbed run (attempts {attempts}, first differing token {at}, "
-            f"{len(got.token_ids)} vs {len(expected.token_ids)} tokens, {got.finish_reasons} vs "
-            f"{expected.finish_reasons}): {got.text!r} != {expected.text!r}"
-        )
-    if run.spec.runs_to_max_tokens and final.completion_tokens != run.spec.request["max_tokens"]:
-        problems.append(f"{final.completion_tokens} tokens, not max_tokens {run.spec.request['max_tokens']}")
-    return problems, lost, duplicated
 
 
 @dataclass(frozen=True)

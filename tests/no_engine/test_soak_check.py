@@ -1,0 +1,72 @@
+"""The chaos soak's check of one request (``tests/support/soak_check.py``) fails on a second
+end, however it shows: a second terminal event on the wire (at another seq, or at the same
+seq with other contents: a request run again after a failover took its first end back), a
+handle that delivered two ends, a log that holds two; it lets an end published again as it
+was pass (a take-over that confirms a logged end publishes it again)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
+from tests.support.soak_check import Answer, Run, Spec, check
+
+RID = "soak-check"
+SPEC = Spec("plain-2", {"prompt": "x", "max_tokens": 2, "ignore_eos": True})
+EXPECTED = Answer("ab", [1, 2], ["length"])
+
+
+def chunk(seq: int, text: str, token: int, attempt: int = 1) -> ChunkEvent:
+    return ChunkEvent(request_id=RID, seq=seq, text=text, token_ids=[token], attempt=attempt)
+
+
+def final(seq: int, attempt: int = 1, reason: str = "length") -> FinalEvent:
+    return FinalEvent(
+        request_id=RID, seq=seq, finish_reasons=[reason], prompt_tokens=1, completion_tokens=seq, attempt=attempt
+    )
+
+
+LOGGED: list[Event] = [chunk(0, "a", 1), chunk(1, "b", 2), final(2)]
+
+
+def run_of(events: list[Event]) -> Run:
+    return Run(RID, SPEC, events=[(float(index), event) for index, event in enumerate(events)])
+
+
+def test_a_request_that_ended_once_passes() -> None:
+    assert check(run_of(LOGGED), LOGGED, LOGGED, EXPECTED) == ([], False, False)
+
+
+def test_an_end_published_again_as_it_was_passes() -> None:
+    assert check(run_of(LOGGED), LOGGED, [*LOGGED, final(2)], EXPECTED) == ([], False, False)
+
+
+@pytest.mark.parametrize(
+    ("second", "why"),
+    [
+        (final(2, attempt=2), "the same seq, run again: another attempt's end"),
+        (final(3, attempt=2), "another seq"),
+        (ErrorEvent(request_id=RID, seq=2, code="worker_lost", message="m", attempt=2), "an error after a final"),
+    ],
+)
+def test_a_second_end_on_the_wire_fails_whatever_its_seq(second: Event, why: str) -> None:
+    problems, lost, duplicated = check(run_of(LOGGED), LOGGED, [*LOGGED, second], EXPECTED)
+    assert duplicated and not lost, why
+    assert any("2 ends on the wire" in problem for problem in problems), problems
+
+
+def test_a_handle_that_delivered_two_ends_fails() -> None:
+    problems, _, duplicated = check(run_of([*LOGGED, final(3, attempt=2)]), LOGGED, LOGGED, EXPECTED)
+    assert duplicated
+    assert any("the handle delivered 2 ends" in problem for problem in problems), problems
+
+
+def test_a_log_that_holds_two_ends_fails() -> None:
+    logged = [*LOGGED, final(3, attempt=2)]
+    problems, _, duplicated = check(run_of(logged), logged, logged, EXPECTED)
+    assert duplicated and any("2 terminal events" in problem for problem in problems), problems
+
+
+def test_a_chunk_published_twice_fails() -> None:
+    problems, _, duplicated = check(run_of(LOGGED), LOGGED, [LOGGED[0], *LOGGED], EXPECTED)
+    assert duplicated and any("events published twice: seqs [0]" in problem for problem in problems), problems
