@@ -716,7 +716,7 @@ class StreamqClient:
             await close_pool(redis)
             raise
 
-    async def __aenter__(self) -> StreamqClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

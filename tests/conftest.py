@@ -21,7 +21,6 @@ from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
-from producer.client import StreamqClient
 from producer.internal_client import InternalClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
@@ -118,7 +117,7 @@ def reference_outputs(tiny_model: Path, worker: WorkerProcess) -> dict[str, dict
 
 
 @pytest.fixture
-async def client(worker: WorkerProcess, producer_url: str) -> AsyncIterator[StreamqClient]:
+async def client(worker: WorkerProcess, producer_url: str) -> AsyncIterator[InternalClient]:
     """A client library as the producer role."""
     async with await InternalClient.connect(producer_url, queue=worker.queue) as client:
         yield client

@@ -13,7 +13,6 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess
-from producer.client import StreamqClient
 from producer.internal_client import InternalClient
 from streamq.protocol import WorkerRegistration, events_channel
 
@@ -74,7 +73,7 @@ def test_bad_arguments_are_refused_before_enqueueing(worker: WorkerProcess, prod
 
 
 async def test_follow_prints_a_running_request_from_its_first_event(
-    worker: WorkerProcess, client: StreamqClient, producer_url: str, redis_url: str
+    worker: WorkerProcess, client: InternalClient, producer_url: str, redis_url: str
 ) -> None:
     request_id = f"follow-{uuid.uuid4().hex}"
     env = {**os.environ, "REDIS_URL": producer_url}
@@ -126,7 +125,7 @@ SAMPLING = ["--json", "--max-tokens", "5", "--temperature", "0"]
     ids=["after-submit", "after-double-dash"],
 )
 async def test_a_prompt_named_like_a_subcommand_is_submitted(
-    worker: WorkerProcess, client: StreamqClient, producer_url: str, command: list[str]
+    worker: WorkerProcess, client: InternalClient, producer_url: str, command: list[str]
 ) -> None:
     result = await asyncio.to_thread(run_producer, producer_url, *command)
     assert result.returncode == 0, result.stderr

@@ -124,7 +124,7 @@ def test_the_flask_view_serves_and_streams(example_env: dict[str, str]) -> None:
         assert "[error" not in body, body
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        server.communicate(timeout=10)  # reaped, its stderr pipe read and closed
 
 
 def _node_and_npm() -> tuple[str, str]:

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess, worker_env
-from producer.client import StreamqClient
+from producer.internal_client import InternalClient
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WorkerRegistration
 from streamq.protocol.names import DEFAULT_MODEL_MEMORY_S, MODELS_SEEN_KEY
@@ -48,7 +48,7 @@ def sse_events(lines: list[str]) -> list[dict[str, str]]:
     return events
 
 
-async def reference(client: StreamqClient, model: str, **kwargs: Any) -> str:
+async def reference(client: InternalClient, model: str, **kwargs: Any) -> str:
     """The text the queue itself gives for the same request (temperature 0)."""
     return (await (await client.submit(model=model, temperature=0, **kwargs)).result()).text
 
@@ -58,7 +58,7 @@ def test_models_lists_the_model_of_the_live_worker(sdk: openai.OpenAI, model: st
 
 
 async def test_completion_through_the_sdk_equals_the_queues_answer(
-    sdk: openai.OpenAI, model: str, client: StreamqClient
+    sdk: openai.OpenAI, model: str, client: InternalClient
 ) -> None:
     completion = await asyncio.to_thread(
         sdk.completions.create,
@@ -74,7 +74,7 @@ async def test_completion_through_the_sdk_equals_the_queues_answer(
     assert completion.id.startswith("cmpl-")
 
 
-async def test_streamed_completion_through_the_sdk(sdk: openai.OpenAI, model: str, client: StreamqClient) -> None:
+async def test_streamed_completion_through_the_sdk(sdk: openai.OpenAI, model: str, client: InternalClient) -> None:
     def run() -> list[Any]:
         stream = sdk.completions.create(
             model=model,
@@ -94,7 +94,7 @@ async def test_streamed_completion_through_the_sdk(sdk: openai.OpenAI, model: st
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
 
 
-async def test_chat_through_the_sdk_streamed_and_not(sdk: openai.OpenAI, model: str, client: StreamqClient) -> None:
+async def test_chat_through_the_sdk_streamed_and_not(sdk: openai.OpenAI, model: str, client: InternalClient) -> None:
     messages: list[Any] = [{"role": "user", "content": "Hello there"}]
     whole = await asyncio.to_thread(
         sdk.chat.completions.create, model=model, messages=messages, max_completion_tokens=10, temperature=0
@@ -184,7 +184,7 @@ async def test_model_whose_workers_are_gone_past_its_memory_is_503(
 
 
 async def test_full_queue_is_429(
-    worker: WorkerProcess, parked_model: WorkerRegistration, client: StreamqClient, gateway_url: str, tmp_path: Path
+    worker: WorkerProcess, parked_model: WorkerRegistration, client: InternalClient, gateway_url: str, tmp_path: Path
 ) -> None:
     gateway = GatewayProcess(gateway_url, tmp_path / "gateway.log", "--max-queue-depth", "2").wait_ready()
     try:
@@ -203,7 +203,7 @@ async def test_full_queue_is_429(
 
 
 async def test_disconnect_mid_stream_cancels_the_request(
-    gateway: GatewayProcess, model: str, client: StreamqClient
+    gateway: GatewayProcess, model: str, client: InternalClient
 ) -> None:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True, "stream": True}
     async with (
@@ -221,7 +221,7 @@ async def test_disconnect_mid_stream_cancels_the_request(
 
 
 async def test_disconnect_while_queued_removes_the_request(
-    gateway: GatewayProcess, parked_model: WorkerRegistration, client: StreamqClient, raw_redis: aioredis.Redis
+    gateway: GatewayProcess, parked_model: WorkerRegistration, client: InternalClient, raw_redis: aioredis.Redis
 ) -> None:
     body = {"model": parked_model.model, "prompt": PROMPT, "max_tokens": 4, "stream": True}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
@@ -238,7 +238,7 @@ async def test_disconnect_while_queued_removes_the_request(
 
 
 async def test_a_named_stream_resumes_from_last_event_id(
-    gateway: GatewayProcess, model: str, client: StreamqClient
+    gateway: GatewayProcess, model: str, client: InternalClient
 ) -> None:
     request_id = f"resume-{uuid.uuid4().hex}"
     body = {"model": model, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
@@ -270,7 +270,7 @@ async def test_a_named_stream_resumes_from_last_event_id(
 
 
 async def test_a_request_id_in_use_is_409(
-    gateway: GatewayProcess, model: str, client: StreamqClient, parked_model: WorkerRegistration
+    gateway: GatewayProcess, model: str, client: InternalClient, parked_model: WorkerRegistration
 ) -> None:
     """A named request whose id exists (finished, or cancelled while queued: its log is
     kept) is refused; the first request's stream is left as it was."""

@@ -32,7 +32,6 @@ from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import free_ports
 from devkit.tiny_adapter import build_tiny_adapter
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
-from producer.client import StreamqClient
 from producer.errors import RequestError
 from producer.internal_client import InternalClient
 from streamq.broker.api_keys import ApiKeyStore, KeyRecord
@@ -135,7 +134,7 @@ async def lora_client(lora_workers: list[WorkerProcess], producer_url: str) -> A
 
 
 async def test_each_listed_adapter_is_a_model_on_its_base_models_queue(
-    lora_client: StreamqClient, adapters: dict[str, Path], lora_gateway: GatewayProcess
+    lora_client: InternalClient, adapters: dict[str, Path], lora_gateway: GatewayProcess
 ) -> None:
     live = await lora_client.live_models()
     assert {name: live[name] for name in (BASE, *LISTED)} == dict.fromkeys((BASE, *LISTED), QUEUE)
@@ -150,7 +149,7 @@ async def test_each_listed_adapter_is_a_model_on_its_base_models_queue(
 
 
 async def test_every_text_under_an_adapter_equals_the_bare_engine_with_its_lora_request(
-    lora_client: StreamqClient, reference: dict[str, dict[str, dict]], lora_workers: list[WorkerProcess]
+    lora_client: InternalClient, reference: dict[str, dict[str, dict]], lora_workers: list[WorkerProcess]
 ) -> None:
     """... and each request runs on a worker that serves its adapter."""
     models = {"": BASE, **{name: name for name in LISTED}}
@@ -174,7 +173,7 @@ async def test_every_text_under_an_adapter_equals_the_bare_engine_with_its_lora_
 
 
 async def test_requests_for_an_adapter_go_to_the_worker_that_ran_it_last(
-    lora_client: StreamqClient, lora_workers: list[WorkerProcess]
+    lora_client: InternalClient, lora_workers: list[WorkerProcess]
 ) -> None:
     """... and that worker's metrics count them, and their tokens, under the adapter's name."""
     pids = [w.process.pid for w in lora_workers if w.process is not None]
@@ -219,7 +218,7 @@ def test_the_docs_example_runs_against_workers_with_adapters(
 
 async def test_an_adapter_not_listed_is_found_at_run_time_and_listed_from_then_on(
     lora_workers: list[WorkerProcess],
-    lora_client: StreamqClient,
+    lora_client: InternalClient,
     reference: dict[str, dict[str, dict]],
     adapters: dict[str, Path],
 ) -> None:
@@ -240,7 +239,7 @@ async def test_an_adapter_not_listed_is_found_at_run_time_and_listed_from_then_o
     assert f"{LOAD_LINE}: {FOUND} ({adapters[FOUND]})" in lora_workers[0].log_tail(2000)
 
 
-async def test_an_adapter_nobody_can_find_ends_with_an_error_naming_it(lora_client: StreamqClient) -> None:
+async def test_an_adapter_nobody_can_find_ends_with_an_error_naming_it(lora_client: InternalClient) -> None:
     with pytest.raises(RequestError) as refused:
         await lora_client.generate("Hello", model="no-such-adapter", max_tokens=2)
     assert refused.value.code == "invalid_request"
@@ -313,7 +312,7 @@ def test_the_command_line_and_batch_files_name_adapters_as_models(
 
 
 async def test_a_request_under_an_adapter_is_taken_over_with_the_text_of_an_undisturbed_run(
-    lora_workers: list[WorkerProcess], lora_client: StreamqClient, raw_redis: aioredis.Redis
+    lora_workers: list[WorkerProcess], lora_client: InternalClient, raw_redis: aioredis.Redis
 ) -> None:
     """Last in the module: it kills the first worker."""
     doomed, survivor = lora_workers

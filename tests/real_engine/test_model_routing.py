@@ -60,7 +60,7 @@ def run_producer(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]
 
 
 async def test_each_live_model_is_listed_with_its_queue(
-    worker_b: WorkerProcess, client: StreamqClient, tiny_model: Path, gateway: GatewayProcess
+    worker_b: WorkerProcess, client: InternalClient, tiny_model: Path, gateway: GatewayProcess
 ) -> None:
     live = await client.live_models()
     assert live[str(tiny_model)] == DEFAULT_QUEUE
@@ -71,7 +71,7 @@ async def test_each_live_model_is_listed_with_its_queue(
 
 
 async def test_requests_reach_the_worker_of_their_model(
-    worker: WorkerProcess, worker_b: WorkerProcess, client: StreamqClient, tiny_model: Path, gateway: GatewayProcess
+    worker: WorkerProcess, worker_b: WorkerProcess, client: InternalClient, tiny_model: Path, gateway: GatewayProcess
 ) -> None:
     for_a, for_b = f"route-a-{uuid.uuid4().hex}", f"route-b-{uuid.uuid4().hex}"
     sdk = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
@@ -104,7 +104,7 @@ def test_cli_names_an_unknown_model(worker: WorkerProcess, producer_url: str) ->
 
 
 async def test_a_worker_refuses_a_request_for_a_model_it_does_not_serve(
-    worker_b: WorkerProcess, client: StreamqClient, raw_redis: aioredis.Redis, gateway: GatewayProcess
+    worker_b: WorkerProcess, client: InternalClient, raw_redis: aioredis.Redis, gateway: GatewayProcess
 ) -> None:
     """Two models on one queue (a misconfiguration): the request names its model, and
     the worker of the other model refuses it rather than answer with the wrong one."""
@@ -163,7 +163,7 @@ def test_batch_routes_each_line_by_its_model(
 
 
 async def test_a_stopped_worker_leaves_the_registry_and_its_model_waits_for_the_next_within_its_memory(
-    worker_b: WorkerProcess, client: StreamqClient, producer_url: str
+    worker_b: WorkerProcess, client: InternalClient, producer_url: str
 ) -> None:
     assert MODEL_B in await client.live_models()
     assert worker_b.stop() == 0
@@ -177,7 +177,7 @@ async def test_a_stopped_worker_leaves_the_registry_and_its_model_waits_for_the_
             await forgetful.submit("Hello", model=MODEL_B)
 
 
-async def test_submit_to_a_model_nobody_ever_served_is_refused(client: StreamqClient) -> None:
+async def test_submit_to_a_model_nobody_ever_served_is_refused(client: InternalClient) -> None:
     with pytest.raises(UnknownModel, match="no-such-model"):
         await client.submit("Hello", model="no-such-model")
 

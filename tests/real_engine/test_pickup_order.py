@@ -23,7 +23,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
-from producer.client import Completion, RequestHandle, StreamqClient, _job_payload
+from producer.client import Completion, RequestHandle, _job_payload
 from producer.internal_client import InternalClient
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
 from streamq.protocol.names import affinity_free_key, waiting_key
@@ -76,7 +76,7 @@ def other_worker(
 
 
 @pytest.fixture
-async def prio_client(two_slot_worker: WorkerProcess, producer_url: str) -> AsyncIterator[StreamqClient]:
+async def prio_client(two_slot_worker: WorkerProcess, producer_url: str) -> AsyncIterator[InternalClient]:
     async with await InternalClient.connect(producer_url, queue=two_slot_worker.queue) as client:
         yield client
 
@@ -108,13 +108,13 @@ async def enqueue_many(redis: aioredis.Redis, queue: str, requests: list[dict[st
     return [fields["request_id"] for fields in requests]
 
 
-async def until_state(client: StreamqClient, request_id: str, state: str, timeout_s: float = 120) -> None:
+async def until_state(client: InternalClient, request_id: str, state: str, timeout_s: float = 120) -> None:
     async with asyncio.timeout(timeout_s):
         while await client.job_state(request_id) != state:
             await asyncio.sleep(0.02)
 
 
-async def states(client: StreamqClient, request_ids: list[str]) -> list[str]:
+async def states(client: InternalClient, request_ids: list[str]) -> list[str]:
     return [await client.job_state(request_id) for request_id in request_ids]
 
 
@@ -124,7 +124,7 @@ async def first_event(handle: RequestHandle) -> None:
             return
 
 
-async def cancel_all(client: StreamqClient, request_ids: list[str]) -> None:
+async def cancel_all(client: InternalClient, request_ids: list[str]) -> None:
     for request_id in request_ids:
         await client.cancel(request_id, queue=client.queue)
 
@@ -134,7 +134,7 @@ def new_id(prefix: str) -> str:
 
 
 async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
-    prio_client: StreamqClient, raw_redis: aioredis.Redis, queue: str
+    prio_client: InternalClient, raw_redis: aioredis.Redis, queue: str
 ) -> None:
     """Both slots busy, 200 priority-10 jobs waiting: a priority-0 request submitted last
     is the next to start (the backlog is all still queued when it sends its first event),
@@ -173,7 +173,7 @@ async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
 
 
 async def test_a_few_jobs_of_one_tenant_do_not_wait_behind_another_tenants_batch(
-    prio_client: StreamqClient, raw_redis: aioredis.Redis, queue: str
+    prio_client: InternalClient, raw_redis: aioredis.Redis, queue: str
 ) -> None:
     """Tenant A queues 300 jobs, tenant B 10 afterwards: B's all finish while most of
     A's are still waiting (with FIFO they would finish after all 300)."""
@@ -195,7 +195,7 @@ async def test_a_few_jobs_of_one_tenant_do_not_wait_behind_another_tenants_batch
         await cancel_all(prio_client, bulk)
 
 
-async def test_a_job_queued_by_a_bare_zadd_still_runs(prio_client: StreamqClient, raw_redis: aioredis.Redis) -> None:
+async def test_a_job_queued_by_a_bare_zadd_still_runs(prio_client: InternalClient, raw_redis: aioredis.Redis) -> None:
     """PROTOCOL.md's raw enqueue without the index steps (as a raw producer or arq's
     own ``enqueue_job`` queues): found by the claim's scan of arq's queue."""
     request = parse_request({"request_id": new_id("raw"), "prompt": "Raw", "sampling": SHORT})
@@ -209,12 +209,12 @@ async def test_a_job_queued_by_a_bare_zadd_still_runs(prio_client: StreamqClient
 
 
 @pytest.fixture
-async def chat_client(other_worker: WorkerProcess, producer_url: str, queue: str) -> AsyncIterator[StreamqClient]:
+async def chat_client(other_worker: WorkerProcess, producer_url: str, queue: str) -> AsyncIterator[InternalClient]:
     """A client whose requests wait up to 5 s for the worker that served their prefix: on
     this 2-core machine, running two engines, a worker's loop can stall past the default
     200 ms, and these tests are about where requests go, not about the window (the test
     of a SIGKILLed worker is)."""
-    async with await StreamqClient.connect(producer_url, queue=queue, affinity_window_s=5) as client:
+    async with await InternalClient.connect(producer_url, queue=queue, affinity_window_s=5) as client:
         yield client
 
 
@@ -253,7 +253,7 @@ class Conversation:
     """A chat whose every turn sends the earlier turns, replies included, as a chat
     client does."""
 
-    def __init__(self, client: StreamqClient) -> None:
+    def __init__(self, client: InternalClient) -> None:
         self.client = client
         self.topic = uuid.uuid4().hex[:8]
         self.messages: list[dict[str, str]] = [{"role": "system", "content": f"Topic {self.topic}. {INSTRUCTIONS}"}]
@@ -288,7 +288,7 @@ async def held_for(redis: aioredis.Redis, queue: str, request_id: str) -> str | 
 
 
 async def test_a_conversations_follow_ups_go_to_the_worker_of_its_first_turn(
-    other_worker: WorkerProcess, chat_client: StreamqClient
+    other_worker: WorkerProcess, chat_client: InternalClient
 ) -> None:
     """Four conversations of three turns, one turn at a time (every worker has a free
     slot): each follow-up is served by the worker that served its first turn."""
@@ -302,7 +302,7 @@ async def test_a_conversations_follow_ups_go_to_the_worker_of_its_first_turn(
 
 
 async def test_a_follow_up_goes_elsewhere_at_once_when_its_worker_is_full(
-    two_slot_worker: WorkerProcess, other_worker: WorkerProcess, chat_client: StreamqClient, raw_redis: aioredis.Redis
+    two_slot_worker: WorkerProcess, other_worker: WorkerProcess, chat_client: InternalClient, raw_redis: aioredis.Redis
 ) -> None:
     """A conversation served by the two-slot worker, which then runs two long requests:
     its follow-up is not held for it (but queued for all, or held for the other worker as
@@ -327,7 +327,7 @@ async def test_a_follow_up_goes_elsewhere_at_once_when_its_worker_is_full(
 
 
 async def test_an_explicit_key_routes_unrelated_prompts_together_and_an_opt_out_is_never_held(
-    two_slot_worker: WorkerProcess, other_worker: WorkerProcess, chat_client: StreamqClient, raw_redis: aioredis.Redis
+    two_slot_worker: WorkerProcess, other_worker: WorkerProcess, chat_client: InternalClient, raw_redis: aioredis.Redis
 ) -> None:
     """Short prompts (no prefix of their own) with one ``affinity_key`` go to one worker.
     A follow-up that opts out, its worker stalled, is not held for it: the other worker
@@ -353,7 +353,7 @@ async def test_an_explicit_key_routes_unrelated_prompts_together_and_an_opt_out_
 async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
     two_slot_worker: WorkerProcess,
     other_worker: WorkerProcess,
-    prio_client: StreamqClient,
+    prio_client: InternalClient,
     raw_redis: aioredis.Redis,
     queue: str,
 ) -> None:

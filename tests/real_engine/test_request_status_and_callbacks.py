@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import WorkerProcess
 from producer.client import StreamqClient
+from producer.internal_client import InternalClient
 from streamq.broker.api_keys import ApiKeyStore, KeyRecord
 from streamq.protocol import ChunkEvent
 from streamq.protocol.callbacks import CallbackBody, verify
@@ -48,7 +49,7 @@ def receiver() -> Iterator[CallbackReceiver]:
         yield receiver
 
 
-async def until(client: StreamqClient, request_id: str, done: object, timeout_s: float = 90) -> RequestStatus:
+async def until(client: InternalClient, request_id: str, done: object, timeout_s: float = 90) -> RequestStatus:
     """Poll the status until ``done(status)``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -75,7 +76,7 @@ async def test_a_queued_request_has_its_position_and_its_cancel_ends_it(idle_cli
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
-async def test_a_running_request_names_its_worker_and_counts_its_tokens(client: StreamqClient, stream: bool) -> None:
+async def test_a_running_request_names_its_worker_and_counts_its_tokens(client: InternalClient, stream: bool) -> None:
     """Streamed or not: a request that is not streamed counts the tokens of its checkpoints."""
     handle = await client.submit(PROMPT, max_tokens=900, ignore_eos=True, temperature=0, stream=stream)
     live = {w.worker_id for w in (await client.routes()).workers if w.queue == client.queue}
@@ -92,7 +93,7 @@ async def test_a_running_request_names_its_worker_and_counts_its_tokens(client: 
     assert status.completion_tokens is not None and status.completion_tokens > 1
 
 
-async def test_a_finished_request_has_its_reasons_usage_and_time(client: StreamqClient) -> None:
+async def test_a_finished_request_has_its_reasons_usage_and_time(client: InternalClient) -> None:
     before_ms = time.time() * 1000 - 5000
     handle = await client.submit(PROMPT, max_tokens=8, temperature=0)
     completion = await handle.result()
@@ -103,7 +104,7 @@ async def test_a_finished_request_has_its_reasons_usage_and_time(client: Streamq
     assert status.started_ms is not None and before_ms < status.started_ms <= status.ended_ms  # type: ignore[operator]
 
 
-async def test_an_invalid_request_is_failed_with_its_code(client: StreamqClient) -> None:
+async def test_an_invalid_request_is_failed_with_its_code(client: InternalClient) -> None:
     handle = await client.submit(PROMPT, max_tokens=8, temperature=-1.0)  # vLLM refuses it on the worker
     with pytest.raises(Exception, match="invalid_request"):
         await handle.result()
@@ -112,7 +113,7 @@ async def test_an_invalid_request_is_failed_with_its_code(client: StreamqClient)
     assert status.error_message and "temperature" in status.error_message
 
 
-async def test_a_request_nobody_made_is_unknown(client: StreamqClient) -> None:
+async def test_a_request_nobody_made_is_unknown(client: InternalClient) -> None:
     assert (await client.status(f"never-{uuid.uuid4().hex}")).state == "unknown"
 
 
@@ -122,7 +123,7 @@ def run_status(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
 
-async def test_the_command_line_says_the_status(client: StreamqClient, producer_url: str) -> None:
+async def test_the_command_line_says_the_status(client: InternalClient, producer_url: str) -> None:
     handle = await client.submit(PROMPT, max_tokens=8, temperature=0)
     await handle.result()
     await until(client, handle.request_id, lambda s: s.ended_ms is not None)  # arq's result stored too
@@ -135,7 +136,7 @@ async def test_the_command_line_says_the_status(client: StreamqClient, producer_
     assert unknown.returncode == 1 and "unknown" in unknown.stdout
 
 
-async def test_the_gateway_route_says_the_status(client: StreamqClient, gateway_url: str, tmp_path: Path) -> None:
+async def test_the_gateway_route_says_the_status(client: InternalClient, gateway_url: str, tmp_path: Path) -> None:
     handle = await client.submit(PROMPT, max_tokens=8, temperature=0)
     await handle.result()
     expected = msgspec.to_builtins(await until(client, handle.request_id, lambda s: s.ended_ms is not None))
@@ -188,7 +189,7 @@ def checked_body(delivery_headers: dict[str, str], body: bytes) -> CallbackBody:
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not streamed"])
 async def test_a_finished_request_calls_back_signed_with_its_text(
-    client: StreamqClient, receiver: CallbackReceiver, stream: bool
+    client: InternalClient, receiver: CallbackReceiver, stream: bool
 ) -> None:
     path = f"/done-{uuid.uuid4().hex}"
     callback = {"url": receiver.url(path)}
@@ -207,7 +208,7 @@ async def test_a_finished_request_calls_back_signed_with_its_text(
     assert abs(body.ended_ms - time.time() * 1000) < 60_000
 
 
-async def test_a_callback_without_text_leaves_the_text_out(client: StreamqClient, receiver: CallbackReceiver) -> None:
+async def test_a_callback_without_text_leaves_the_text_out(client: InternalClient, receiver: CallbackReceiver) -> None:
     path = f"/no-text-{uuid.uuid4().hex}"
     callback = {"url": receiver.url(path), "include_text": False}
     handle = await client.submit(PROMPT, max_tokens=4, ignore_eos=True, callback=callback)
@@ -219,7 +220,7 @@ async def test_a_callback_without_text_leaves_the_text_out(client: StreamqClient
 
 
 async def test_a_failing_endpoint_is_retried_until_it_answers(
-    client: StreamqClient, receiver: CallbackReceiver
+    client: InternalClient, receiver: CallbackReceiver
 ) -> None:
     path = f"/flaky-{uuid.uuid4().hex}"
     receiver.answer(path, 500, 503)
@@ -233,7 +234,7 @@ async def test_a_failing_endpoint_is_retried_until_it_answers(
 
 
 async def test_an_endpoint_that_always_fails_is_recorded_failed(
-    client: StreamqClient, receiver: CallbackReceiver
+    client: InternalClient, receiver: CallbackReceiver
 ) -> None:
     path = f"/down-{uuid.uuid4().hex}"
     receiver.answer(path, *[500] * 10)
@@ -264,7 +265,7 @@ async def test_a_request_cancelled_while_queued_calls_back(
     assert status.state == "finished"
 
 
-async def test_a_failed_request_calls_back_with_its_error(client: StreamqClient, receiver: CallbackReceiver) -> None:
+async def test_a_failed_request_calls_back_with_its_error(client: InternalClient, receiver: CallbackReceiver) -> None:
     path = f"/failed-{uuid.uuid4().hex}"
     handle = await client.submit(PROMPT, max_tokens=4, temperature=-1.0, callback={"url": receiver.url(path)})
     with pytest.raises(Exception, match="invalid_request"):

@@ -76,7 +76,7 @@ def cluster_worker(
 @pytest.fixture
 async def client(
     cluster_worker: WorkerProcess, cluster: RedisCluster, control: RedisServer
-) -> AsyncIterator[StreamqClient]:
+) -> AsyncIterator[InternalClient]:
     async with await InternalClient.connect(control.url, events_url=cluster.url) as connected:
         yield connected
 
@@ -104,7 +104,9 @@ async def streamed(handle: RequestHandle) -> list[Event]:
     return [event async for event in handle]
 
 
-async def submitted(client: StreamqClient, prompt: str, request_ids: list[str], max_tokens: int) -> list[RequestHandle]:
+async def submitted(
+    client: InternalClient, prompt: str, request_ids: list[str], max_tokens: int
+) -> list[RequestHandle]:
     """One request per id, each running to ``max_tokens``."""
     return [
         await client.submit(prompt, request_id=request_id, max_tokens=max_tokens, ignore_eos=True)
@@ -122,7 +124,7 @@ def assert_whole(events: list[Event], tokens: int) -> None:
 
 
 async def test_requests_on_every_shard_stream_whole_and_their_names_live_on_the_cluster(
-    client: StreamqClient, cluster: RedisCluster, control: RedisServer
+    client: InternalClient, cluster: RedisCluster, control: RedisServer
 ) -> None:
     request_ids = ids_on_every_shard(cluster, 3)
     handles = await submitted(client, "prompt", request_ids, 20)
@@ -153,7 +155,7 @@ async def test_requests_on_every_shard_stream_whole_and_their_names_live_on_the_
     assert_whole(replayed, 20)
 
 
-async def test_a_queued_request_cancelled_ends_on_its_shard(client: StreamqClient) -> None:
+async def test_a_queued_request_cancelled_ends_on_its_shard(client: InternalClient) -> None:
     handle = await client.submit("later", max_tokens=5, defer_s=60)
     assert await client.cancel(handle.request_id) == "queued"
     [final] = await asyncio.wait_for(streamed(handle), timeout=20)
@@ -162,7 +164,7 @@ async def test_a_queued_request_cancelled_ends_on_its_shard(client: StreamqClien
 
 
 async def test_callbacks_of_a_finished_and_of_a_queued_request_cancelled_are_delivered(
-    client: StreamqClient,
+    client: InternalClient,
 ) -> None:
     """Both end paths make the callback due on the control plane from an end written on the
     shard: the worker's (owner key read ahead of ``schedule_callback``), and a producer's
@@ -183,7 +185,7 @@ async def test_callbacks_of_a_finished_and_of_a_queued_request_cancelled_are_del
 
 
 async def test_a_slot_migrated_while_its_requests_stream_loses_and_repeats_nothing(
-    client: StreamqClient, cluster: RedisCluster
+    client: InternalClient, cluster: RedisCluster
 ) -> None:
     bucket = 5
     request_ids = ids_in_bucket(bucket, 4)
@@ -200,7 +202,7 @@ async def test_a_slot_migrated_while_its_requests_stream_loses_and_repeats_nothi
 
 
 async def test_a_primary_killed_mid_stream_fails_over_and_every_request_ends_once(
-    client: StreamqClient, cluster: RedisCluster
+    client: InternalClient, cluster: RedisCluster
 ) -> None:
     bucket = EVENTS_BUCKET_TAGS.index("0")  # a bucket no other test here moves
     request_ids = ids_in_bucket(bucket, 3) + ids_on_every_shard(cluster, 1)
