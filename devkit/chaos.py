@@ -236,7 +236,8 @@ class ShardedEventWitness:
         self._subscriber = ShardedEventSubscriber(self._client)
 
     async def follow(self, request_id: str) -> None:
-        """Record ``request_id``'s events from now until its last."""
+        """Record ``request_id``'s events from now until ``stop()``: past its first end too
+        (a second end is what a soak looks for)."""
         assert self._subscriber is not None, "start() first"
         inbox = await self._subscriber.subscribe(CLUSTER.events(request_id))
         self._tasks.append(asyncio.create_task(self._record(request_id, inbox), name=f"witness {request_id}"))
@@ -248,8 +249,6 @@ class ShardedEventWitness:
             if isinstance(item, bytes):
                 event = json.loads(item)
                 seen.append(WireEvent(time.monotonic(), event))
-                if event.get("type") in ("final", "error"):
-                    return
             elif isinstance(item, BaseException):
                 self.reconnects += 1
                 return

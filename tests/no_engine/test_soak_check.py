@@ -2,13 +2,21 @@
 end, however it shows: a second terminal event on the wire (at another seq, or at the same
 seq with other contents: a request run again after a failover took its first end back), a
 handle that delivered two ends, a log that holds two; it lets an end published again as it
-was pass (a take-over that confirms a logged end publishes it again)."""
+was pass (a take-over that confirms a logged end publishes it again). The cluster soak's
+witness records past a request's first end, so that a second one can be seen."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
 
-from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
+import pytest
+import redis.asyncio as aioredis
+
+from devkit.chaos import ShardedEventWitness
+from devkit.redis_cluster import RedisCluster
+from streamq.broker.data_plane import CLUSTER
+from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent, decode_event, encode_event
 from tests.support.soak_check import Answer, Run, Spec, check
 
 RID = "soak-check"
@@ -70,3 +78,26 @@ def test_a_log_that_holds_two_ends_fails() -> None:
 def test_a_chunk_published_twice_fails() -> None:
     problems, _, duplicated = check(run_of(LOGGED), LOGGED, [LOGGED[0], *LOGGED], EXPECTED)
     assert duplicated and any("events published twice: seqs [0]" in problem for problem in problems), problems
+
+
+async def test_the_sharded_witness_records_past_a_requests_first_end() -> None:
+    """The cluster soak's witness follows each request's sharded channel: it must still be
+    listening when a second end comes, or the check could not see one."""
+    with RedisCluster(primaries=1, replicas_per_primary=0) as cluster:
+        witness = ShardedEventWitness(cluster.url)
+        await witness.start()
+        [port] = cluster.primary_ports()
+        primary = aioredis.Redis(port=port)
+        try:
+            await witness.follow(RID)
+            for event in [*LOGGED, final(2, attempt=2)]:
+                await primary.execute_command("SPUBLISH", CLUSTER.events(RID), encode_event(event))
+            async with asyncio.timeout(5):
+                while len(witness.events.get(RID, [])) < len(LOGGED) + 1:
+                    await asyncio.sleep(0.02)
+        finally:
+            await witness.stop()
+            await primary.aclose()
+        wire = [decode_event(json.dumps(seen.event)) for seen in witness.events[RID]]
+        problems, _, duplicated = check(run_of(LOGGED), LOGGED, wire, EXPECTED)
+        assert duplicated and any("2 ends on the wire" in problem for problem in problems), problems
