@@ -199,8 +199,10 @@ class Waits:
         return sum(1 for kind, _, short in self.seen if kind == what and short)
 
 
-async def detected(client: Any, spec: DurabilitySpec = AUTO, waits: Waits | None = None) -> DetectedDurability:
-    durability = DetectedDurability(client, spec, timeout_ms=BOUND_MS, on_wait=waits)
+async def detected(
+    client: Any, spec: DurabilitySpec = AUTO, waits: Waits | None = None, bound_ms: int = BOUND_MS
+) -> DetectedDurability:
+    durability = DetectedDurability(client, spec, timeout_ms=bound_ms, on_wait=waits)
     await durability.detect()
     return durability
 
@@ -346,8 +348,12 @@ async def test_an_end_is_told_once_its_replica_has_it(pair: Pair, primary_client
 async def test_an_end_waits_for_a_stalled_replica_and_another_requests_tokens_do_not(
     pair: Pair, primary_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The other request's token goes out while the end waits: told by the order things
+    happen in, not by a clock (the bound is long enough that a loaded machine still flushes
+    a token well within it)."""
     waits = Waits()
-    durability = await detected(primary_client, waits=waits)
+    bound_ms = 3000
+    durability = await detected(primary_client, waits=waits, bound_ms=bound_ms)
     publisher = EventPublisher(ReplayLog(primary_client, durability=durability))
     publisher.start()
     ended, streaming = request_id(), request_id()
@@ -363,11 +369,10 @@ async def test_an_end_waits_for_a_stalled_replica_and_another_requests_tokens_do
         publisher.publish(streaming, 0, 1, b"streaming-0")
         end_told = publisher.flushed(ended)
         await publisher.flushed(streaming)
-        assert time.monotonic() - started < BOUND_MS / 2000
-        assert not end_told.done()
+        assert not end_told.done()  # the token is out, the end still waits
         assert await next_message(pubsub) == b"streaming-0"  # the end's events are not out yet
         await end_told
-        assert time.monotonic() - started >= BOUND_MS / 1000
+        assert time.monotonic() - started >= bound_ms / 1000  # told only once the bound passed
         assert [await next_message(pubsub), await next_message(pubsub)] == [b"ended-0", b"ended-final"]
         # told anyway: counted, and logged once for the episode (a second end is not logged again)
         other = request_id()
@@ -381,7 +386,7 @@ async def test_an_end_waits_for_a_stalled_replica_and_another_requests_tokens_do
             await asyncio.sleep(0.05)
         warnings = [r.getMessage() for r in caplog.records if "told before it was durable" in r.getMessage()]
         assert len(warnings) == 1
-        assert "0 of 1 replicas acknowledged it within 0.8s" in warnings[0] and "lag" in warnings[0], warnings[0]
+        assert "0 of 1 replicas acknowledged it within 3s" in warnings[0] and "lag" in warnings[0], warnings[0]
     finally:
         await publisher.close()
         await durability.close()
@@ -436,9 +441,7 @@ async def test_a_confirmation_writes_so_its_wait_covers_an_end_another_connectio
     pubsub = listener.pubsub()
     await pubsub.subscribe(events_channel(rid))
     try:
-        started = time.monotonic()
-        assert await fresh.execute_command("WAIT", 1, BOUND_MS) == 1  # nothing written: "acknowledged"
-        assert time.monotonic() - started < BOUND_MS / 2000
+        assert await fresh.execute_command("WAIT", 1, BOUND_MS) == 1  # nothing written: "acknowledged", stalled
         waits = Waits()
         durability = await detected(fresh, waits=waits)
         log = ReplayLog(fresh, durability=durability)
@@ -546,7 +549,8 @@ async def test_a_running_requests_cancel_returns_once_its_record_is_on_the_repli
     the workers' record gives the control plane. The script's PUBLISH is not held back: the
     worker is told while the caller still waits. The replica is stopped (SIGSTOP) for a
     while shorter than the bound: the cancel returns only once it is back, and has it then."""
-    durability = await detected(primary_client)
+    bound_ms = 5000  # far past the pause: a cancel that returns within it returned on the replica's ack
+    durability = await detected(primary_client, bound_ms=bound_ms)
     await write_record(primary_client, AUTO, durability, durability)
     rid = request_id()
     await primary_client.set(IN_PROGRESS_PREFIX + rid, "w-1-abcdef01", px=60_000)  # a worker holds it
@@ -563,16 +567,16 @@ async def test_a_running_requests_cancel_returns_once_its_record_is_on_the_repli
         try:
             started = time.monotonic()
             cancel = asyncio.create_task(client.cancel(rid))
-            assert await next_message(pubsub) == rid.encode()  # the worker is told at once
-            told = time.monotonic() - started
-            await asyncio.sleep(stopped_s - told)
+            assert await next_message(pubsub) == rid.encode()  # the worker is told while the caller waits
+            assert not cancel.done()
+            await asyncio.sleep(stopped_s - (time.monotonic() - started))
             assert not cancel.done()  # the caller waits for the replica
         finally:
             pair.replica.resume()
         assert await cancel == "running"
         took = time.monotonic() - started
         assert await replica.exists(cancelled_key(rid))  # the replica had it when cancel() returned
-        assert told < stopped_s / 2 and stopped_s <= took < BOUND_MS / 1000, (told, took)
+        assert stopped_s <= took < bound_ms / 1000, took
         assert wait_calls(pair.primary) == before + 1
         # with no worker's record (no replica, or durable ends off), the cancel sends no WAIT
         await primary_client.delete(DURABILITY_KEY)
