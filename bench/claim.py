@@ -38,7 +38,7 @@ import redis
 from bench.config import int_list
 from bench.cpu import cpu_seconds
 from devkit.redis_server import RedisServer
-from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, LEASE_TTL_MS, WAKEUP_CHANNEL
+from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
 from streamq.protocol.names import (
     AFFINITY_FREE_TTL_MS,
     AFFINITY_OWNER_TTL_MS,
@@ -128,17 +128,11 @@ def _fill_waiting(client: redis.Redis, count: int, tenants: int, *, new: bool, n
             job_id = f"waiting-{i}"
             if new:
                 prefixes = [f"{i:012x}-{level}" for level in range(AFFINITY_KEYS - 1)] + ["shared-prefix"]
-                call = Enqueue(
-                    job_key=JOB_KEY_PREFIX + job_id,
-                    queue=QUEUE,
-                    log_key=f"streamq:events:{job_id}",
-                    payload=b"{}",
+                call = Enqueue.of_request(
+                    job_id,
+                    QUEUE,
+                    b"{}",
                     expiry_ms=600_000,
-                    request_id=job_id,
-                    wakeup_channel=WAKEUP_CHANNEL,
-                    queue_name=QUEUE,
-                    limit=-1,
-                    result_key=f"arq:result:{job_id}",
                     tenant=f"t{i % tenants}",
                     affinity_keys=prefixes if keys else (),
                     window_ms=60_000,

@@ -26,7 +26,7 @@ from pathlib import Path
 import redis
 
 from devkit.redis_server import RedisServer
-from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, LEASE_TTL_MS, WAKEUP_CHANNEL
+from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
 from streamq.protocol.names import (
     AFFINITY_FREE_TTL_MS,
     AFFINITY_OWNER_TTL_MS,
@@ -64,17 +64,11 @@ def one_round(client: redis.Redis, enqueue_text: str, claim_text: str, jobs: int
     client.config_resetstat()
     for i in range(jobs):
         job_id = f"job-{i}"
-        call = Enqueue(
-            job_key=JOB_KEY_PREFIX + job_id,
-            queue=QUEUE,
-            log_key=f"streamq:events:{job_id}",
-            payload=JOB,
+        call = Enqueue.of_request(
+            job_id,
+            QUEUE,
+            JOB,
             expiry_ms=600_000,
-            request_id=job_id,
-            wakeup_channel=WAKEUP_CHANNEL,
-            queue_name=QUEUE,
-            limit=-1,
-            result_key=f"arq:result:{job_id}",
             tenant=f"t{i % 4}",
             window_ms=AFFINITY_FREE_TTL_MS,
             balance_slack=4,

@@ -94,7 +94,6 @@ from streamq.protocol import (
     MODELS_KEY,
     RESULT_KEY_PREFIX,
     TERMINAL_EVENTS,
-    WAKEUP_CHANNEL,
     Callback,
     ChatMessage,
     ChatTemplateOptions,
@@ -910,18 +909,13 @@ class StreamqClient:
         # job only some workers may run is held for one of them even with affinity off.
         callback = request.callback
         window_ms = round(self.affinity_window_s * 1000)
-        call = Enqueue(
-            job_key=JOB_KEY_PREFIX + request_id,
-            queue=queue,
+        call = Enqueue.of_request(
+            request_id,
+            queue,
+            job,
             log_key=REQUEST_RESERVATION_PREFIX + request_id if reserving else names.events(request_id),
             cancelled_key=cancelled_key(request_id),  # a stale one goes
-            payload=job,
-            expiry_ms=JOB_EXPIRY_MS,
-            request_id=request_id,
-            wakeup_channel=WAKEUP_CHANNEL,
-            queue_name=queue,
             limit=limit,
-            result_key=RESULT_KEY_PREFIX + request_id,
             priority=request.priority,
             tenant=request.tenant or DEFAULT_TENANT,
             delay_ms=round(defer_s * 1000),

@@ -31,12 +31,14 @@ from streamq.protocol.names import (
     CANCELLED_KEY_PREFIX,
     CLAIM_SCAN_INTERVAL_MS,
     DEFAULT_TENANT,
+    EVENTS_CHANNEL_PREFIX,
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
     JOB_KEY_PREFIX,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     TENANT_WEIGHTS_KEY,
+    WAKEUP_CHANNEL,
     cancelled_key,
     running_key,
 )
@@ -335,6 +337,26 @@ class Enqueue(ScriptCall):
     balance_slack: int = 0
     balance_fraction: float = 0
     eligible: Joined = ()
+
+    @classmethod
+    def of_request(
+        cls, request_id: str, queue: str, payload: bytes, *, log_key: str | None = None, **rest: Any
+    ) -> Enqueue:
+        """The call for ``request_id`` on ``queue``, its keys and channel named from them
+        (``log_key``: its replay log on one Redis unless given; ``rest``: the others)."""
+        return cls(
+            job_key=JOB_KEY_PREFIX + request_id,
+            queue=queue,
+            log_key=EVENTS_CHANNEL_PREFIX + request_id if log_key is None else log_key,
+            payload=payload,
+            expiry_ms=rest.pop("expiry_ms", JOB_EXPIRY_MS),
+            request_id=request_id,
+            wakeup_channel=WAKEUP_CHANNEL,
+            queue_name=queue,
+            limit=rest.pop("limit", -1),
+            result_key=RESULT_KEY_PREFIX + request_id,
+            **rest,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,6 @@ from streamq.protocol import (
     MODELS_KEY,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
-    WAKEUP_CHANNEL,
     owner_key,
 )
 from streamq.protocol.names import cancelled_key
@@ -57,18 +56,12 @@ class Roles:
     async def enqueue(self, request_id: str, *, clear_record: bool = True) -> int:
         """The library's enqueue (which names the id's cancel record), or, without
         ``clear_record``, an enqueue as another implementation may send it (three keys)."""
-        call = Enqueue(
-            job_key=JOB_KEY_PREFIX + request_id,
-            queue=self.queue,
-            log_key=f"streamq:events:{request_id}",
+        call = Enqueue.of_request(
+            request_id,
+            self.queue,
+            b"{}",
             cancelled_key=cancelled_key(request_id) if clear_record else None,
-            payload=b"{}",
             expiry_ms=60_000,
-            request_id=request_id,
-            wakeup_channel=WAKEUP_CHANNEL,
-            queue_name=self.queue,
-            limit=-1,
-            result_key=RESULT_KEY_PREFIX + request_id,
         )
         return int(await self._enqueue(call))
 

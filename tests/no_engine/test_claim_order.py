@@ -80,17 +80,11 @@ class Queue:
 
     def enqueue_call(self, request_id: str, priority: int = 0, tenant: str = "default", delay_ms: int = 0) -> Enqueue:
         """The library's enqueue of a job on this queue, without affinity."""
-        return Enqueue(
-            job_key=JOB_KEY_PREFIX + request_id,
-            queue=self.name,
-            log_key=f"streamq:events:{request_id}",
-            payload=b"{}",
+        return Enqueue.of_request(
+            request_id,
+            self.name,
+            b"{}",
             expiry_ms=60_000,
-            request_id=request_id,
-            wakeup_channel=WAKEUP_CHANNEL,
-            queue_name=self.name,
-            limit=-1,
-            result_key=f"arq:result:{request_id}",
             priority=priority,
             tenant=tenant,
             delay_ms=delay_ms,

@@ -89,17 +89,10 @@ async def enqueue_many(redis: aioredis.Redis, queue: str, requests: list[dict[st
         request = parse_request({"prompt": "Hello there", **fields})
         request_id = request.request_id
         calls.append(
-            Enqueue(
-                job_key=JOB_KEY_PREFIX + request_id,
-                queue=queue,
-                log_key=events_channel(request_id),
-                payload=_job_payload(request),
-                expiry_ms=JOB_EXPIRY_MS,
-                request_id=request_id,
-                wakeup_channel=WAKEUP_CHANNEL,
-                queue_name=queue,
-                limit=-1,
-                result_key=f"arq:result:{request_id}",
+            Enqueue.of_request(
+                request_id,
+                queue,
+                _job_payload(request),
                 priority=request.priority,
                 tenant=request.tenant or "default",
             )
