@@ -84,14 +84,12 @@ from streamq.environment import (
     redis_url_from_env,
 )
 from streamq.protocol import (
-    CANCEL_CHANNEL,
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
     JOB_FUNCTION,
     JOB_KEY_PREFIX,
     LOG_TTL_MS,
     MAX_JOB_BYTES,
-    MODELS_KEY,
     RESULT_KEY_PREFIX,
     TERMINAL_EVENTS,
     Callback,
@@ -1176,16 +1174,8 @@ class StreamqClient:
     ) -> RequestState:
         """The cancel script (``queued_only``: a running request is left alone), and the end
         of a request it took off its queue, with finish reason ``reason``."""
-        call = Cancel(
-            job_key=JOB_KEY_PREFIX + request_id,
-            cancelled_key=cancelled_key(request_id),
-            queues=list(dict.fromkeys(q for q in (queue, self.queue) if q is not None)),
-            request_id=request_id,
-            cancel_channel=CANCEL_CHANNEL,
-            in_progress_key=IN_PROGRESS_PREFIX + request_id,
-            models_key=MODELS_KEY,
-            queued_only="1" if queued_only else "",
-        )
+        queues = list(dict.fromkeys(q for q in (queue, self.queue) if q is not None))
+        call = Cancel.of_request(request_id, queues, queued_only=queued_only)
         reply = await self._cancel(call, durable=not queued_only)
         outcome = cast(RequestState, as_text(reply))
         if outcome == "queued":

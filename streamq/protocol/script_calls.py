@@ -28,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Final, NamedTuple, TypeAlias, Union
 
 from streamq.protocol.names import (
     ABORT_KEY,
+    CANCEL_CHANNEL,
     CANCELLED_KEY_PREFIX,
     CLAIM_SCAN_INTERVAL_MS,
     DEFAULT_TENANT,
@@ -35,6 +36,7 @@ from streamq.protocol.names import (
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
     JOB_KEY_PREFIX,
+    MODELS_KEY,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     TENANT_WEIGHTS_KEY,
@@ -256,6 +258,21 @@ class Cancel(ScriptCall):
     models_key: str
     queued_only: str = ""
     cancelled_ttl_ms: int = JOB_EXPIRY_MS
+
+    @classmethod
+    def of_request(cls, request_id: str, queues: Sequence[str] = (), *, queued_only: bool = False) -> Cancel:
+        """The call for ``request_id``, looked for on ``queues`` (besides every model's), its
+        keys and channel named from its id; ``queued_only``: a running request is left alone."""
+        return cls(
+            job_key=JOB_KEY_PREFIX + request_id,
+            cancelled_key=cancelled_key(request_id),
+            queues=queues,
+            request_id=request_id,
+            cancel_channel=CANCEL_CHANNEL,
+            in_progress_key=IN_PROGRESS_PREFIX + request_id,
+            models_key=MODELS_KEY,
+            queued_only="1" if queued_only else "",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

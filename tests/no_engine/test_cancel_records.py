@@ -22,7 +22,6 @@ from streamq.protocol import (
     IN_PROGRESS_PREFIX,
     JOB_EXPIRY_MS,
     JOB_KEY_PREFIX,
-    MODELS_KEY,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     owner_key,
@@ -66,16 +65,7 @@ class Roles:
         return int(await self._enqueue(call))
 
     async def cancel(self, request_id: str, *, queued_only: bool = False) -> str:
-        call = Cancel(
-            job_key=JOB_KEY_PREFIX + request_id,
-            cancelled_key=cancelled_key(request_id),
-            queues=[self.queue],
-            request_id=request_id,
-            cancel_channel=CANCEL_CHANNEL,
-            in_progress_key=IN_PROGRESS_PREFIX + request_id,
-            models_key=MODELS_KEY,
-            queued_only="1" if queued_only else "",
-        )
+        call = Cancel.of_request(request_id, [self.queue], queued_only=queued_only)
         return str((await self._cancel(call)).decode())
 
     async def claim(self, worker_id: str, wanted: int = 1, lease_ms: int = 3000) -> list[tuple[str, int]]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 import pytest
 import redis.asyncio as aioredis
 
-from streamq.protocol import CANCEL_CHANNEL, IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, MODELS_KEY, WAKEUP_CHANNEL
-from streamq.protocol.names import cancelled_key, running_key, waiting_key
+from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, WAKEUP_CHANNEL
+from streamq.protocol.names import running_key, waiting_key
 from streamq.protocol.script_calls import Cancel, ClaimJobs, Enqueue, ReleaseAffinity
 from streamq.protocol.scripts import Script
 
@@ -151,17 +151,7 @@ class Queue:
         return [job_id for _ in range(count) for job_id in await self.claim()]
 
     async def cancel(self, request_id: str) -> str:
-        outcome = await self._cancel(
-            Cancel(
-                job_key=JOB_KEY_PREFIX + request_id,
-                cancelled_key=cancelled_key(request_id),
-                queues=[self.name],
-                request_id=request_id,
-                cancel_channel=CANCEL_CHANNEL,
-                in_progress_key=IN_PROGRESS_PREFIX + request_id,
-                models_key=MODELS_KEY,
-            )
-        )
+        outcome = await self._cancel(Cancel.of_request(request_id, [self.name]))
         return outcome.decode()
 
     async def keys(self) -> list[str]:

@@ -23,7 +23,6 @@ from streamq.broker.registry import WorkerRegistry
 from streamq.broker.replay_log import LogEvent, ReplayLog, TakeOver
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import (
-    CANCEL_CHANNEL,
     HEALTH_CHECK_SUFFIX,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
@@ -247,14 +246,7 @@ async def test_only_a_canceller_records_a_cancel_and_a_worker_reads_and_deletes_
     request_id = f"test-{uuid.uuid4().hex}"
     record = cancelled_key(request_id)
     await admin.set(IN_PROGRESS_PREFIX + request_id, "worker-1:1", px=60_000)  # running
-    cancel = Cancel(
-        job_key=JOB_KEY_PREFIX + request_id,
-        cancelled_key=record,
-        request_id=request_id,
-        cancel_channel=CANCEL_CHANNEL,
-        in_progress_key=IN_PROGRESS_PREFIX + request_id,
-        models_key=MODELS_KEY,
-    )
+    cancel = Cancel.of_request(request_id)
     try:
         with pytest.raises(NoPermissionError):  # its KEYS must be writable
             await Script(worker, Cancel)(cancel)
