@@ -54,7 +54,8 @@ class ChatDelta(msgspec.Struct, kw_only=True):
 
 class ChatChoice(msgspec.Struct, kw_only=True):
     """A streamed ``/v1/chat/completions`` choice; the last one of a completion names
-    the ``stop_reason``, every one after the role's names ``token_ids``."""
+    the ``stop_reason``, every one after the role's names ``token_ids`` (a list with
+    ``return_token_ids``)."""
 
     index: int
     delta: ChatDelta | msgspec.Raw
@@ -62,7 +63,7 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: None | UnsetType = UNSET
-    token_ids: None | UnsetType = UNSET
+    token_ids: list[int] | None | UnsetType = UNSET
 
 
 class StreamUsage(msgspec.Struct, omit_defaults=True):
@@ -84,6 +85,7 @@ class _Head(msgspec.Struct):
 
 _CLOSE: Final = b"]}"
 _CLOSE_ROLE: Final = b'],"prompt_token_ids":null,"prompt_text":null}'
+_CLOSE_ROLE_IDS: Final = b'],"prompt_token_ids":%b,"prompt_text":null}'
 _FINGERPRINT: Final = b',"system_fingerprint":' + _encode(SYSTEM_FINGERPRINT) + b"}"
 _CLOSE_LAST: Final = b"]" + _FINGERPRINT
 
@@ -134,12 +136,12 @@ class ChunkBuilder:
         if isinstance(event, ErrorEvent):
             self.done = True
             return [_encode(request_failed(event.code, event.message).body())]
-        out = [] if self.role_sent or not self.meta.chat else self._role_chunks()
+        if isinstance(event, ChunkEvent) and event.prompt_token_ids is not UNSET:
+            prompt_lp = None if event.prompt_logprobs is UNSET else event.prompt_logprobs
+            echo = None if event.prompt_echo is UNSET else event.prompt_echo
+            self._prompt[prompt] = ReturnedPrompt(event.prompt_token_ids, prompt_lp, echo)
+        out = [] if self.role_sent or not self.meta.chat else self._role_chunks(prompt)
         if isinstance(event, ChunkEvent):
-            if event.prompt_token_ids is not UNSET:
-                prompt_lp = None if event.prompt_logprobs is UNSET else event.prompt_logprobs
-                echo = None if event.prompt_echo is UNSET else event.prompt_echo
-                self._prompt[prompt] = ReturnedPrompt(event.prompt_token_ids, prompt_lp, echo)
             choice = prompt * self.n + event.index
             if event.token_ids:
                 self._with_tokens.add(choice)
@@ -150,7 +152,7 @@ class ChunkBuilder:
                 if event.parsed is UNSET:
                     ids = self._ids(choice, prompt, event)
                     out.append(self._chunk(choice, event.text, event.finish_reason, logprobs, ids))
-                elif (parsed := self._parsed_chunk(choice, event, logprobs)) is not None:
+                elif (parsed := self._parsed_chunk(choice, prompt, event, logprobs)) is not None:
                     out.append(parsed)
             return out
         for index, reason in enumerate(event.finish_reasons):
@@ -170,13 +172,17 @@ class ChunkBuilder:
             out.append(self._open + b'],"usage":' + _encode(used) + _FINGERPRINT)
         return out
 
-    def _role_chunks(self) -> list[bytes]:
-        """A chat stream's first chunks: each completion's role, then (``echo``) the last
-        message's content, as ``vllm serve`` opens a stream."""
+    def _role_chunks(self, prompt: int) -> list[bytes]:
+        """A chat stream's first chunks: each completion's role (with ``return_token_ids``,
+        the prompt's token ids beside it), then (``echo``) the last message's content, as
+        ``vllm serve`` opens a stream."""
         self.role_sent = True
         role = self.shape.role
+        close = _CLOSE_ROLE
+        if self.shape.token_ids and prompt in self._prompt:
+            close = _CLOSE_ROLE_IDS % _encode(self._prompt[prompt].token_ids)
         chunks = [
-            self._open + _encode(ChatChoice(index=i, delta=ChatDelta(role=role, content=""))) + _CLOSE_ROLE
+            self._open + _encode(ChatChoice(index=i, delta=ChatDelta(role=role, content=""))) + close
             for i in range(self.n)
         ]
         if self.shape.echo_text:
@@ -185,20 +191,20 @@ class ChunkBuilder:
         return chunks
 
     def _parsed_chunk(
-        self, choice: int, event: ChunkEvent, logprobs: ChatLogprobs | CompletionLogprobs | None
+        self, choice: int, prompt: int, event: ChunkEvent, logprobs: ChatLogprobs | CompletionLogprobs | None
     ) -> bytes | None:
         """A chat chunk whose delta the worker's parsers made (``None``: held back, as
         ``vllm serve`` holds a delta its parser returned nothing for, unless it ends the
-        completion or carries logprobs)."""
+        completion, carries logprobs or must name its tokens: ``return_token_ids``)."""
         assert event.parsed is not UNSET
         parsed = event.parsed
         if parsed.reasoning_tokens is not None:
             self._reasoning_tokens = (self._reasoning_tokens or 0) + parsed.reasoning_tokens
         finish_reason = parsed.finish_reason or event.finish_reason
-        if parsed.message is None and finish_reason is None and logprobs is None:
+        if parsed.message is None and finish_reason is None and logprobs is None and not self.shape.token_ids:
             return None
         delta = msgspec.Raw(_encode(parsed.message or {}))
-        return self._chunk(choice, "", finish_reason, logprobs, delta=delta)
+        return self._chunk(choice, "", finish_reason, logprobs, self._ids(choice, prompt, event), delta=delta)
 
     def _echo_chunk(self, choice: int, prompt: int, event: ChunkEvent) -> bytes:
         """A completion's first chunk with its prompt before it (only the prompt, for
@@ -260,7 +266,9 @@ class ChunkBuilder:
                 prompt_token_ids=prompt_token_ids,
             )
         elif finish_reason is None:
-            choice = ChatChoice(index=index, delta=delta or ChatDelta(content=text), logprobs=chat_lp, token_ids=None)
+            choice = ChatChoice(
+                index=index, delta=delta or ChatDelta(content=text), logprobs=chat_lp, token_ids=token_ids
+            )
         else:  # the last chunk of a chat completion names its stop_reason
             choice = ChatChoice(
                 index=index,
@@ -269,7 +277,7 @@ class ChunkBuilder:
                 finish_reason=finish_reason,
                 stop_reason=None,
             )
-            choice.token_ids = None
+            choice.token_ids = token_ids
         if finish_reason is None:
             return self._open + _encode(choice) + _CLOSE
         self._finished.add(index)

@@ -95,7 +95,9 @@ _COMMON: Final[dict[str, Field]] = {
     ),
     "session_id": _honoured("the request's affinity key ([prefix-aware pickup](features/prefix-aware-pickup.md))"),
     "return_tokens_as_token_ids": _honoured("logprobs' tokens as `token_id:<id>`"),
-    "return_token_ids": _honoured("`token_ids` and `prompt_token_ids` in each choice"),
+    "return_token_ids": _honoured(
+        "`token_ids` in each choice, the prompt's `prompt_token_ids` where `vllm serve` puts them"
+    ),
     "routed_experts_prompt_start": _refused("routed experts are not returned"),
     "return_token_offsets": _ignored("read by `vllm serve`'s render endpoints only"),
     "mm_payload": _ignored("read by `vllm serve`'s render endpoints only"),

@@ -172,7 +172,12 @@ def chat_shape(body: Mapping[str, Any]) -> ResponseShape:
     last = _message(body["messages"][-1], len(body["messages"]) - 1)
     role = "assistant" if body.get("add_generation_prompt") in (None, True) else last["role"]
     echo_text = (last["content"] or "") if _flag(body, "echo") and last["role"] == role else ""
-    return ResponseShape(tokens_as_ids=_flag(body, "return_tokens_as_token_ids"), role=role, echo_text=echo_text)
+    return ResponseShape(
+        tokens_as_ids=_flag(body, "return_tokens_as_token_ids"),
+        token_ids=_flag(body, "return_token_ids"),
+        role=role,
+        echo_text=echo_text,
+    )
 
 
 _CHAT_OPTIONS: Final = {
@@ -220,9 +225,11 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     if _flag(body, "echo") and sampling.get("prompt_logprobs") is None:
         sampling["prompt_logprobs"] = body.get("top_logprobs") or 0  # as vLLM asks for them with echo
     special = {"add_special_tokens": True} if _flag(body, "add_special_tokens") else {}
+    prompt_back = {"echo": True} if _flag(body, "return_token_ids") else {}  # the rendered prompt's token ids
     return {
         "messages": chat,
         **special,
+        **prompt_back,
         **_chat_options(body),
         **_tools(body),
         **_sampling(sampling, max_tokens=max_tokens),

@@ -141,10 +141,11 @@ def chat_message_choice(
     logprobs: dict[str, Any] | None = None,
     role: str = "assistant",
     parsed: ParsedOutput | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """A whole ``/v1/chat/completions`` response's choice: ``text`` as its content, or the
     message the worker's parsers read (``parsed``: content, reasoning, tool calls) with
-    ``text`` (an echo) before its content."""
+    ``text`` (an echo) before its content; ``token_ids`` with ``return_token_ids``."""
     message: dict[str, Any] = {
         "role": role,
         "content": text,
@@ -165,7 +166,7 @@ def chat_message_choice(
         "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": None,
-        "token_ids": None,
+        "token_ids": token_ids,
         "routed_experts": None,
     }
 
@@ -206,8 +207,14 @@ def chat_completion_response(
             logprobs = cast(dict[str, Any], msgspec.to_builtins(shaped))
         parsed = completion.parsed[i] if completion.parsed is not None else None
         content = shape.echo_text if parsed is not None and parsed.message is not None else shape.echo_text + text
-        choices.append(chat_message_choice(i, content, reason, logprobs, role=shape.role, parsed=parsed))
-    return _body(completions, choices, model, created, chat=True, response_id=response_id)
+        token_ids = completion.token_ids[i] if shape.token_ids else None
+        choices.append(
+            chat_message_choice(i, content, reason, logprobs, role=shape.role, parsed=parsed, token_ids=token_ids)
+        )
+    body = _body(completions, choices, model, created, chat=True, response_id=response_id)
+    if shape.token_ids:
+        body["prompt_token_ids"] = completion.prompt_token_ids
+    return body
 
 
 def _body(

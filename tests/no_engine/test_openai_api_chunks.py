@@ -290,3 +290,20 @@ def test_a_parsed_chat_stream_sends_the_parsers_deltas_and_holds_back_what_they_
     assert [choice["delta"] for choice in choices] == [{"content": "Hi"}, {"tool_calls": [call]}, {}]
     assert [choice["finish_reason"] for choice in choices] == [None, None, "tool_calls"]
     assert chunks[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 4}
+
+
+def test_a_chat_stream_with_return_token_ids_names_the_prompts_ids_then_each_chunks() -> None:
+    """As ``vllm serve``: the prompt's token ids beside the role, each chunk's own token ids
+    (its last one's too), and with a parser, a chunk for every output, even one it held back."""
+    builder = ChunkBuilder(ResponseMeta(True, "r1", "tiny", 1700), False, shape=ResponseShape(token_ids=True))
+    events: list[Event] = [
+        echoed_first_chunk(),
+        parsed_chunk(1, "<tool_call>", None),
+        parsed_chunk(2, "!", {"content": "!"}, finish_reason="length"),
+    ]
+    chunks = [json.loads(c) for event in events for c in builder.chunks(event)]
+    assert chunks[0]["prompt_token_ids"] == [4, 5] and "token_ids" not in chunks[0]["choices"][0]
+    assert [c["choices"][0]["token_ids"] for c in chunks[1:]] == [[7], [1], [2]]
+    assert [c["choices"][0]["delta"] for c in chunks[2:]] == [{}, {"content": "!"}]
+    for c in chunks:
+        chat_protocol.ChatCompletionStreamResponse.model_validate(c)

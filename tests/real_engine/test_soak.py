@@ -53,7 +53,7 @@ from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import IN_PROGRESS_PREFIX, Event, FinalEvent, decode_event
 from streamq.protocol.names import EVENTS_REDIS_URL_ENV
 from tests.support.session import MAX_MODEL_LEN
-from tests.support.soak_check import NEVER, Answer, Run, Spec, answer_of, check
+from tests.support.soak_check import NEVER, Answer, Run, Spec, answer_of, check, repeated_as_they_were
 
 SOAK_SECONDS = float(os.environ.get("STREAMQ_SOAK_SECONDS", "90"))
 SEED = int(os.environ.get("STREAMQ_SOAK_SEED") or random.SystemRandom().randrange(2**32))
@@ -356,10 +356,14 @@ def summarize(
     worker log lines about it)."""
     fleet = soak.fleet
     failures: list[str] = []
-    lost = duplicated = 0
+    lost = duplicated = republished = 0
+    failovers = "shard_failover" in soak.shape.faults
     for run in soak.runs:
         wire = [decode_event(json.dumps(seen.event)) for seen in witness.events.get(run.request_id, [])]
-        problems, was_lost, was_duplicated = check(run, logged[run.request_id], wire, expected[run.spec.name])
+        problems, was_lost, was_duplicated = check(
+            run, logged[run.request_id], wire, expected[run.spec.name], writes_may_be_lost=failovers
+        )
+        republished += bool(repeated_as_they_were(wire))
         lost += was_lost
         duplicated += was_duplicated
         if problems:
@@ -398,6 +402,7 @@ def summarize(
         },
         "lost": lost,
         "duplicated": duplicated,
+        "republished_as_they_were": republished,
         "failed": len(failures),
         "recovery_s": {
             "all": seconds([t for times in recovery.values() for t in times]),
@@ -433,7 +438,8 @@ def summarize(
         f"faults: {report['faults']['kill']} worker SIGKILLs, {report['faults']['redis_restart']} Redis restarts "
         f"and {report['faults']['redis_crash']} Redis "
         f"SIGKILLs ({REDIS_DOWN_S:.0f}s down), {report['faults']['shard_failover']} shard failovers, "
-        f"{report['faults']['cancel']} cancels; lost {lost}, duplicated {duplicated}, failed {len(failures)}; "
+        f"{report['faults']['cancel']} cancels; lost {lost}, duplicated {duplicated}, failed {len(failures)} "
+        f"({republished} with events published again as they were); "
         f"recovery p50 {rec['all']['p50']}s max {rec['all']['max']}s (SIGKILL p50 {rec['kill']['p50']}s max "
         f"{rec['kill']['max']}s, of the requests it interrupted p50 {rec['kill_taken_over_requests']['p50']}s max "
         f"{rec['kill_taken_over_requests']['max']}s; Redis restart p50 {rec['redis_restart']['p50']}s max "
