@@ -23,8 +23,13 @@ from arq.connections import ArqRedis, RedisSettings
 from arq.constants import default_queue_name, expires_extra_ms
 from arq.jobs import Deserializer, Serializer
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
-from redis.backoff import ExponentialBackoff
+from redis.asyncio.sentinel import (
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -104,6 +109,43 @@ class RetryFor(Retry):
                     await asyncio.sleep(min(self._backoff.compute(failures), left))
         finally:
             _retry_deadline.reset(token)
+
+
+async def _connect_once(connection: SentinelManagedConnection, address: tuple[str, int]) -> None:
+    """Connect ``connection`` to ``address`` in one attempt: the retry around it asks the
+    Sentinels again before the next. redis-py retries the address it was handed inside
+    that retry, under the same budget, so a connection made as the master died went on
+    trying the dead master for the whole ``RETRY_FOR_S`` (20 s) while the Sentinels had
+    promoted its replica within about 2."""
+    retry = connection.retry
+    connection.retry = Retry(NoBackoff(), 0)
+    try:
+        await SentinelManagedConnection.connect_to(connection, address)
+    finally:
+        connection.retry = retry
+
+
+class SentinelFollowingConnection(SentinelManagedConnection):
+    """A connection to the master the Sentinels name, asked again at every attempt."""
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        await _connect_once(self, address)
+
+
+class SentinelFollowingSSLConnection(SentinelManagedSSLConnection):
+    """The same over TLS."""
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        await _connect_once(self, address)
+
+
+class SentinelFollowingPool(SentinelConnectionPool):
+    """redis-py's pool of Sentinel-managed connections, of the classes above."""
+
+    def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
+        tls = kwargs.pop("ssl", False)
+        kwargs["connection_class"] = SentinelFollowingSSLConnection if tls else SentinelFollowingConnection
+        super().__init__(service_name, sentinel_manager, **kwargs)
 
 
 @dataclass(repr=False)
@@ -286,7 +328,9 @@ def redis_client(settings: RedisSettings) -> ArqRedis:
         # the whole search.
         sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_") or k == "health_check_interval"}
         manager = Sentinel(settings.host, sentinel_kwargs=sentinel_options, ssl=settings.ssl, **options)
-        return manager.master_for(settings.sentinel_master, redis_class=ArqRedis)  # type: ignore[no-any-return]
+        return manager.master_for(  # type: ignore[no-any-return]
+            settings.sentinel_master, redis_class=ArqRedis, connection_pool_class=SentinelFollowingPool
+        )
     address = {name: getattr(settings, name) for name in _ADDRESS_SETTINGS}
     client = ArqRedis(**address, **options)
     if settings.unix_socket_path:

@@ -375,6 +375,16 @@ def _strictest(waits: Iterable[EndWait], timeout_ms: int) -> EndWait:
     return EndWait(max((w.replicas for w in listed), default=0), any(w.fsync for w in listed), timeout_ms)
 
 
+def primaries_of(redis: Redis | RedisCluster) -> frozenset[str] | None:
+    """Where the data's primaries are, as far as the client knows without I/O: a cluster's
+    primaries by node name, the master a Sentinel client last connected to; ``None`` for a
+    plain client (one address, for good)."""
+    if isinstance(redis, RedisCluster):
+        return frozenset(node.name for node in redis.get_primaries())
+    address = getattr(redis.connection_pool, "master_address", None)  # a Sentinel-managed pool's
+    return None if address is None else frozenset({f"{address[0]}:{address[1]}"})
+
+
 class DetectedDurability(Durability):
     """A worker's waits on one plane, read from its primaries (``detect``) for ``spec``; again
     every ``recheck_s`` and right after a shortfall (``start``), each time told to
@@ -395,6 +405,8 @@ class DetectedDurability(Durability):
         """What the last detection found, by node name (``""``: one Redis)."""
         self.on_detected: Callable[[], Awaitable[None]] | None = None
         self._redis = redis
+        self._primaries: frozenset[str] | None = None
+        """The primaries the last detection read (``primaries_of``)."""
         self._recheck_s = recheck_s
         self._again = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -412,6 +424,7 @@ class DetectedDurability(Durability):
             self.set_waits(NO_WAIT)
             return
         redis = self._redis
+        self._primaries = primaries_of(redis)
         if isinstance(redis, RedisCluster):
             primaries = redis.get_primaries()
             found = await asyncio.gather(*(detect(node.execute_command) for node in primaries))
@@ -468,6 +481,17 @@ class DetectedDurability(Durability):
                 await self.on_detected()
             except Exception as exc:
                 logger.warning("durable ends: cannot write %s: %s", DURABILITY_KEY, exc)
+
+    async def fresh(self) -> None:
+        """Detect now if the primaries are not those last read: after a failover the new
+        primary's replicas (none, often) are what its ends wait for, not the old one's until
+        the next ``recheck_s``: each end would wait out its bound for a replica not there.
+        No I/O otherwise; once per change of primaries (``detect`` notes them first), and
+        never longer than an end's bound (a primary that does not answer keeps the waits)."""
+        if primaries_of(self._redis) != self._primaries:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.timeout_ms / 1000):
+                    await self.check()
 
     async def _recheck_forever(self) -> None:
         while True:

@@ -132,6 +132,9 @@ async def test_requests_in_flight_complete_exactly_across_a_sentinel_failover(
             # ...and the worker takes new work from the new master.
             after = await (await client.submit("after the failover", max_tokens=5)).result()
             assert after.completion_tokens == 5
+        # The ends after the failover waited for the new master's replicas (none), not the old
+        # one's: none waited out its bound for a replica that is not there.
+        assert "was told before it was durable" not in worker.log_path.read_text(), worker.log_tail()
         print(f"failover: requests complete {recovered_in:.1f}s after the master was killed")
         assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
     finally:
