@@ -209,6 +209,8 @@ class CallbackSender:
         """``script(call)``, followed where writes wait (``durability``) by the wait, in one
         pipeline on one connection (``Script.then``); a short wait is noted (``wrote(reply)``:
         the call wrote something the wait covers), and the reply returned all the same."""
+        if self._durability is not None:
+            await self._durability.fresh()  # after a failover: what the new primary offers
         wait = self._durability.wait() if self._durability is not None else None
         if wait is None or not wait.waits:
             return await script(call)

@@ -346,8 +346,6 @@ class EventPublisher:
         """Confirm ``taken`` once; the confirmations to try again."""
         events = [event for confirmation in taken for event in confirmation.events]
         try:
-            if self._log.durability is not None:
-                await self._log.durability.fresh()  # after a failover: the new primary's replicas
             appended = await self._log.confirm(events)
         except Exception as exc:  # the confirmer must outlive any round
             if is_transient(exc):

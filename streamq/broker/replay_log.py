@@ -226,6 +226,7 @@ class ReplayLog:
         durability = self.durability
         if durability is None:
             return await self.append(events)
+        await durability.fresh()  # after a failover: what the new primaries offer
         if isinstance(self._redis, RedisCluster):
             return await self._confirm_sharded(self._redis, events, durability)
         redis = self._one_redis()
