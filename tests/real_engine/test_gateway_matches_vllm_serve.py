@@ -155,8 +155,12 @@ def merged_at(chunks: list[Any], ends: dict[int, set[int]]) -> dict[str, list[An
 
 
 def merged_chunk(covered: list[dict[str, Any]]) -> dict[str, Any]:
+    """One chunk for the ``covered`` ones: the keys of the last, the prompt's token ids of the
+    first (a completion's first chunk names them), the text, token ids and logprobs of all."""
     chunk = copy.deepcopy(covered[-1])
     choice = chunk["choices"][0]
+    if "prompt_token_ids" in choice:
+        choice["prompt_token_ids"] = covered[0]["choices"][0]["prompt_token_ids"]
     text = "".join(text_of(c["choices"][0]) for c in covered)
     if "text" in choice:
         choice["text"] = text
