@@ -120,35 +120,37 @@ def logged_chunks(servers: Servers, request_id: str) -> list[ChunkEvent]:
     return [event for event in logged if isinstance(event, ChunkEvent)]
 
 
-def chunk_ends(chunks: list[Any]) -> dict[int, set[int]]:
-    """Per choice, where its token chunks end: the count of its tokens sent up to and with
-    each (``return_token_ids`` names them)."""
-    ends: dict[int, set[int]] = {}
+def counted(chunks: list[Any]) -> Iterator[tuple[dict[str, Any], int, int]]:
+    """Each token chunk of ``chunks``, its choice, and how many of that choice's tokens were
+    sent up to and with it (``return_token_ids`` names them)."""
     sent: dict[int, int] = {}
     for chunk in token_chunks(chunks):
         choice = chunk["choices"][0]
         sent[choice["index"]] = sent.get(choice["index"], 0) + len(choice["token_ids"])
-        ends.setdefault(choice["index"], set()).add(sent[choice["index"]])
+        yield chunk, choice["index"], sent[choice["index"]]
+
+
+def chunk_ends(chunks: list[Any]) -> dict[int, set[int]]:
+    """Per choice, where its token chunks end: the count of its tokens sent up to and with each."""
+    ends: dict[int, set[int]] = {}
+    for _, index, sent in counted(chunks):
+        ends.setdefault(index, set()).add(sent)
     return ends
 
 
 def merged_at(chunks: list[Any], ends: dict[int, set[int]]) -> dict[str, list[Any]]:
     """``chunks`` with each choice's token chunks merged up to each of its ``ends``: one
-    chunk per end, with the text, token ids and logprobs of the chunks it covers and the
-    keys of the last (which holds any finish reason). Keyed ``opening`` (a chat stream's
-    role chunks), ``closing`` (the usage chunk), and by choice (their order across choices
-    is timing, not content)."""
+    chunk per end (``merged_chunk``). Keyed ``opening`` (a chat stream's role chunks),
+    ``closing`` (the usage chunk), and by choice (their order across choices is timing, not
+    content)."""
     merged: dict[str, list[Any]] = {
         "opening": [chunk for chunk in chunks if is_role(chunk)],
         "closing": [chunk for chunk in chunks if not chunk["choices"]],
     }
     covered: dict[int, list[dict[str, Any]]] = {}
-    sent: dict[int, int] = {}
-    for chunk in token_chunks(chunks):
-        index = chunk["choices"][0]["index"]
+    for chunk, index, sent in counted(chunks):
         covered.setdefault(index, []).append(chunk)
-        sent[index] = sent.get(index, 0) + len(chunk["choices"][0]["token_ids"])
-        if sent[index] in ends[index]:
+        if sent in ends[index]:
             merged.setdefault(f"choice {index}", []).append(merged_chunk(covered.pop(index)))
     assert not any(covered.values()), "a choice's last chunks end nowhere both streams end"
     return merged

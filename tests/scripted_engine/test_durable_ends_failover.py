@@ -24,7 +24,7 @@ import contextlib
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,6 +267,45 @@ async def submitted(
 
 
 BOUND_S = 2.0
+
+
+@dataclass
+class Stalled:
+    """Requests running on a worker of ``deployment`` whose replication link is now frozen,
+    and what watches them: the primary (``admin``), the wire, the callbacks' receiver."""
+
+    worker: WorkerProcess
+    admin: aioredis.Redis
+    witness: EventWitness
+    receiver: CallbackReceiver
+    followed: list[Followed]
+
+
+@contextlib.asynccontextmanager
+async def stalled_requests(
+    deployment: Deployment, tmp_path: Path, durable_ends: str, bound_s: float, count: int, tokens: int
+) -> AsyncIterator[Stalled]:
+    """A worker (``--durable-ends durable_ends``, bound ``bound_s``), ``count`` requests of
+    ``tokens`` tokens submitted and running, none ended yet; then the link frozen. The worker
+    is stopped on leaving (and must exit cleanly)."""
+    worker = worker_for(deployment, tmp_path, durable_ends, bound_s).start()
+    worker.wait_ready(timeout_s=120)
+    admin = aioredis.Redis.from_url(deployment.primary.url)
+    witness = EventWitness(deployment.url())
+    await witness.start()
+    try:
+        with CallbackReceiver() as receiver:
+            async with await StreamqClient.connect(deployment.url(PRODUCER), queue=worker.queue) as client:
+                followed = await submitted(client, receiver, count, tokens, admin)
+                assert not [r for r in followed if await logged_end(admin, r.request_id)], "ended before the stall"
+                deployment.stall()
+                yield Stalled(worker, admin, witness, receiver, followed)
+    finally:
+        await witness.stop()
+        await admin.aclose()
+        assert worker.stop() == 0, worker.log_tail()
+
+
 """The stalled link's test: how long an end waits for the stalled replica."""
 
 
@@ -276,52 +315,39 @@ async def test_an_end_waits_for_a_stalled_replica_the_bound_then_is_told_once_an
     """The replication link frozen, no failover: each end waits the bound after it is logged,
     then is told, once (the wire, the handle); each callback is POSTed once; the worker logs
     the shortfall once for the episode, naming the replica and its lag."""
-    worker = worker_for(watched, tmp_path, "auto", BOUND_S).start()
-    worker.wait_ready(timeout_s=120)
-    admin = aioredis.Redis.from_url(watched.primary.url)
-    witness = EventWitness(watched.url())
-    await witness.start()
-    try:
-        with CallbackReceiver() as receiver:
-            async with await StreamqClient.connect(watched.url(PRODUCER), queue=worker.queue) as client:
-                followed = await submitted(client, receiver, 2, 100, admin)
-                assert not [r for r in followed if await logged_end(admin, r.request_id)], "ended before the stall"
-                watched.stall()
-                logged_at: dict[str, float] = {}
-                told_when_logged: dict[str, int] = {}
+    async with stalled_requests(watched, tmp_path, "auto", BOUND_S, 2, 100) as run:
+        admin, witness, receiver, followed = run.admin, run.witness, run.receiver, run.followed
+        logged_at: dict[str, float] = {}
+        told_when_logged: dict[str, int] = {}
 
-                async def all_logged() -> bool:  # each end as it is logged: not told yet
-                    for request in followed:
-                        rid = request.request_id
-                        if rid not in logged_at and await logged_end(admin, rid):
-                            logged_at[rid] = time.monotonic()
-                            told_when_logged[rid] = len(wire_ends(witness, rid))
-                    return len(logged_at) == len(followed)
+        async def all_logged() -> bool:  # each end as it is logged: not told yet
+            for request in followed:
+                rid = request.request_id
+                if rid not in logged_at and await logged_end(admin, rid):
+                    logged_at[rid] = time.monotonic()
+                    told_when_logged[rid] = len(wire_ends(witness, rid))
+            return len(logged_at) == len(followed)
 
-                # (one confirmation is in flight at a time: an end that comes while another
-                # waits is logged, and waits, after it)
-                await until(all_logged, 15, "every end logged at the primary")
-                assert told_when_logged == dict.fromkeys(logged_at, 0), told_when_logged
-                async with asyncio.timeout(30):
-                    await asyncio.gather(*(r.task for r in followed if r.task is not None))
-                for request in followed:
-                    [(told_at, _)] = [(at, e) for at, e in request.events if isinstance(e, FinalEvent)]
-                    waited = told_at - logged_at[request.request_id]
-                    assert waited >= BOUND_S - 0.1, f"{request.request_id}: told {waited:.2f}s after it was logged"
-                for request in followed:
-                    await asyncio.to_thread(receiver.wait, request.path, 1, 30)
-                await asyncio.sleep(2)  # a second POST would come within this
-                assert ends_more_than_once(followed, witness, receiver) == []
-                assert all(len(wire_ends(witness, r.request_id)) == 1 for r in followed)
-        log = worker.log_path.read_text()
+        # (one confirmation is in flight at a time: an end that comes while another
+        # waits is logged, and waits, after it)
+        await until(all_logged, 15, "every end logged at the primary")
+        assert told_when_logged == dict.fromkeys(logged_at, 0), told_when_logged
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(r.task for r in followed if r.task is not None))
+        for request in followed:
+            [(told_at, _)] = [(at, e) for at, e in request.events if isinstance(e, FinalEvent)]
+            waited = told_at - logged_at[request.request_id]
+            assert waited >= BOUND_S - 0.1, f"{request.request_id}: told {waited:.2f}s after it was logged"
+        for request in followed:
+            await asyncio.to_thread(receiver.wait, request.path, 1, 30)
+        await asyncio.sleep(2)  # a second POST would come within this
+        assert ends_more_than_once(followed, witness, receiver) == []
+        assert all(len(wire_ends(witness, r.request_id)) == 1 for r in followed)
+        log = run.worker.log_path.read_text()
         shortfalls = [line for line in log.splitlines() if "told before it was durable" in line]
         assert len(shortfalls) == 1, shortfalls  # once for the episode, whatever ends and callbacks fell short
         assert f"0 of 1 replicas acknowledged it within {BOUND_S:g}s" in shortfalls[0], shortfalls[0]
         assert re.search(rf"replicas online: 127\.0\.0\.1:{watched.replica.port} lag \d+s", shortfalls[0]), shortfalls
-    finally:
-        await witness.stop()
-        await admin.aclose()
-        assert worker.stop() == 0, worker.log_tail()
 
 
 FAILOVER_BOUND_S = 6.0
@@ -347,54 +373,43 @@ async def fail_over_while_ends_wait(deployment: Deployment, tmp_path: Path, dura
     SIGKILLed; Sentinel promotes the replica, which lacks everything since the stall; every
     request is then followed to its job's end at the new primary, and its callback's POST."""
     assert deployment.sentinel is not None
-    worker = worker_for(deployment, tmp_path, durable_ends, FAILOVER_BOUND_S).start()
-    worker.wait_ready(timeout_s=120)
-    admin = aioredis.Redis.from_url(deployment.primary.url)
     promoted = aioredis.Redis.from_url(deployment.replica.url)
-    witness = EventWitness(deployment.url())
-    await witness.start()
     try:
-        with CallbackReceiver() as receiver:
-            async with await StreamqClient.connect(deployment.url(PRODUCER), queue=worker.queue) as client:
-                followed = await submitted(client, receiver, REQUESTS, TOKENS, admin)
-                assert not [r for r in followed if await logged_end(admin, r.request_id)], "ended before the stall"
-                deployment.stall()
-                ids = [r.request_id for r in followed]
+        async with stalled_requests(deployment, tmp_path, durable_ends, FAILOVER_BOUND_S, REQUESTS, TOKENS) as run:
+            admin, witness, receiver, followed = run.admin, run.witness, run.receiver, run.followed
+            ids = [r.request_id for r in followed]
 
-                async def one_logged() -> bool:
-                    return any([await logged_end(admin, rid) for rid in ids])
+            async def one_logged() -> bool:
+                return any([await logged_end(admin, rid) for rid in ids])
 
-                await until(one_logged, 15, "an end logged at the primary")
-                # The requests run in step: the others end within this (one confirmation is in
-                # flight at a time: an end that comes while one waits is logged after it), and
-                # without durable ends their callbacks are POSTed; still well within the bound.
-                await asyncio.sleep(1.5)
-                logged = sum([await logged_end(admin, rid) for rid in ids])
-                told_before_kill = {rid: len(wire_ends(witness, rid)) for rid in ids}
-                deployment.primary.kill()
-                print(f"{durable_ends}: {logged} of {len(ids)} ends logged at the primary as it was killed")
-                killed = time.monotonic()
-                await asyncio.to_thread(
-                    deployment.sentinel.wait_until, lambda state: int(state["port"]) == deployment.replica.port, 30
-                )
-                print(f"the replica promoted {time.monotonic() - killed:.1f}s after the kill")
-                async with asyncio.timeout(90):
-                    await asyncio.gather(*(r.task for r in followed if r.task is not None))
+            await until(one_logged, 15, "an end logged at the primary")
+            # The requests run in step: the others end within this (one confirmation is in
+            # flight at a time: an end that comes while one waits is logged after it), and
+            # without durable ends their callbacks are POSTed; still well within the bound.
+            await asyncio.sleep(1.5)
+            logged = sum([await logged_end(admin, rid) for rid in ids])
+            told_before_kill = {rid: len(wire_ends(witness, rid)) for rid in ids}
+            deployment.primary.kill()
+            print(f"{durable_ends}: {logged} of {len(ids)} ends logged at the primary as it was killed")
+            killed = time.monotonic()
+            await asyncio.to_thread(
+                deployment.sentinel.wait_until, lambda state: int(state["port"]) == deployment.replica.port, 30
+            )
+            print(f"the replica promoted {time.monotonic() - killed:.1f}s after the kill")
+            async with asyncio.timeout(90):
+                await asyncio.gather(*(r.task for r in followed if r.task is not None))
 
-                async def all_finished() -> bool:  # at the new primary: the jobs it ran too
-                    return bool(await promoted.exists(*(RESULT_KEY_PREFIX + rid for rid in ids)) == len(ids))
+            async def all_finished() -> bool:  # at the new primary: the jobs it ran too
+                return bool(await promoted.exists(*(RESULT_KEY_PREFIX + rid for rid in ids)) == len(ids))
 
-                await until(all_finished, 90, "every job finished at the new primary")
-                for request in followed:
-                    await asyncio.to_thread(receiver.wait, request.path, 1, 30)
-                await asyncio.sleep(3)  # a second POST would come within this
-                problems = ends_more_than_once(followed, witness, receiver)
-        return FailoverRun(followed, told_before_kill, problems, worker.log_path.read_text())
+            await until(all_finished, 90, "every job finished at the new primary")
+            for request in followed:
+                await asyncio.to_thread(receiver.wait, request.path, 1, 30)
+            await asyncio.sleep(3)  # a second POST would come within this
+            problems = ends_more_than_once(followed, witness, receiver)
+            return FailoverRun(followed, told_before_kill, problems, run.worker.log_path.read_text())
     finally:
-        await witness.stop()
-        await admin.aclose()
         await promoted.aclose()
-        assert worker.stop() == 0, worker.log_tail()
 
 
 async def test_a_failover_while_ends_wait_for_a_stalled_replica_ends_each_request_once(
