@@ -7,8 +7,9 @@ that run them. Each is run with its typed call (``streamq.protocol.script_calls`
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
@@ -20,6 +21,9 @@ from redis.exceptions import NoScriptError, ResponseError
 from streamq.protocol.script_calls import ScriptCall
 
 C = TypeVar("C", bound=ScriptCall)
+LOAD_TRIES = 3
+"""How many times a call loads its script where Redis keeps forgetting it (scripts flushed
+again between the load and the run): a worker must not die of a ``SCRIPT FLUSH``."""
 
 _LUA = resources.files(__package__).joinpath("lua")
 
@@ -52,6 +56,14 @@ class Script(Generic[C]):
 
     async def __call__(self, call: C) -> Any:
         keys, args = call.flat()
+        for _ in range(LOAD_TRIES - 1):
+            with contextlib.suppress(NoScriptError):  # forgotten again between its load and its run
+                return await self._run(keys, args)
+        return await self._run(keys, args)
+
+    async def _run(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """One call, loading the script once where Redis has forgotten it (a restart, a
+        ``SCRIPT FLUSH``); ``NoScriptError`` if it was forgotten again meanwhile."""
         if not self._read_only:
             return await self._script(keys=keys, args=args)
         command = ("EVALSHA_RO", self.sha, len(keys), *keys, *args)

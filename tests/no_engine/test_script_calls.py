@@ -10,13 +10,15 @@ from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any, get_args, get_type_hints
 
 import pytest
+import redis.asyncio as aioredis
 from redis.connection import Connection
 
+from devkit.redis_server import RedisServer
 from streamq.broker.data_plane import CLUSTER, ONE_REDIS, DataNames
 from streamq.broker.replay_log import LogEvent, append_call, pack_append
 from streamq.protocol.names import events_bucket
-from streamq.protocol.script_calls import CALLS, AppendAndPublish, AppendedEvent, ScriptCall
-from streamq.protocol.scripts import script_names, script_text
+from streamq.protocol.script_calls import CALLS, AppendAndPublish, AppendedEvent, ReleaseAffinity, ScriptCall
+from streamq.protocol.scripts import Script, script_names, script_text
 
 ENTRY = re.compile(
     r"-- (?P<array>KEYS|ARGV)\[(?:(?P<position>\d+)(?P<variadic>\.\.)?|n\+(?P<after>\d+))\] "
@@ -227,3 +229,30 @@ def test_the_hot_paths_packed_append_is_the_typed_call_as_redis_py_packs_it(name
     assert (call.publish == "") is defer
     packed = pack_append(sha, 100, 60_000, events, 200, names, defer=defer)
     assert packed == b"".join(Connection().pack_command(*call.command(sha)))
+
+
+async def test_a_call_whose_script_is_flushed_again_while_it_loads_it_runs_once_loaded() -> None:
+    """A worker must not die of a ``SCRIPT FLUSH`` (another client's, a restart): the script
+    flushed again between its load and its run, the call loads it again and runs."""
+    with RedisServer() as server:
+        redis = aioredis.Redis.from_url(server.url)
+        flusher = aioredis.Redis.from_url(server.url)
+        try:
+            script = Script(redis, ReleaseAffinity)
+            real_load = redis.script_load
+
+            async def load_then_forget(text: str) -> Any:
+                sha = await real_load(text)
+                if load_then_forget.calls == 0:
+                    await flusher.script_flush()  # forgotten before the run
+                load_then_forget.calls += 1
+                return sha
+
+            load_then_forget.calls = 0  # type: ignore[attr-defined]
+            redis.script_load = load_then_forget  # type: ignore[method-assign]
+            call = ReleaseAffinity(queue="q", worker_id="w", wakeup_channel="c")
+            await script(call)  # raised NoScriptError before
+            assert load_then_forget.calls == 2  # type: ignore[attr-defined]
+        finally:
+            await redis.aclose()
+            await flusher.aclose()
