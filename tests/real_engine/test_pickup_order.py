@@ -26,7 +26,7 @@ from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import Completion, RequestHandle, _job_payload
 from producer.internal_client import InternalClient
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
-from streamq.protocol.names import MAX_AFFINITY_WINDOW_MS, affinity_free_key, waiting_key
+from streamq.protocol.names import AFFINITY_FREE_TTL_MS, MAX_AFFINITY_WINDOW_MS, affinity_free_key, waiting_key
 from streamq.protocol.script_calls import Enqueue
 from streamq.protocol.scripts import Script
 from tests.support.events import job_result
@@ -235,11 +235,30 @@ async def until_not_claiming(redis: aioredis.Redis, queue: str, worker: WorkerPr
             await asyncio.sleep(0.05)
 
 
+CLAIMED_WITHIN_MS = 1000
+"""How recent a worker's last claim must be for ``until_claiming``: its free slots then
+outlive the enqueue that follows by two seconds at least (``AFFINITY_FREE_TTL_MS``)."""
+
+
+async def free_slots(redis: aioredis.Redis, queue: str, worker_id: str) -> tuple[int, int]:
+    """``worker_id``'s free slots as enqueue reads them (0: none, or lapsed) and the ms
+    left before they lapse (negative: no key)."""
+    key = affinity_free_key(queue, worker_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        free, left_ms = await pipe.get(key).pttl(key).execute()
+    return int(free or 0), int(left_ms)
+
+
 async def until_claiming(redis: aioredis.Redis, queue: str, worker_id: str) -> None:
-    """Wait until ``worker_id`` claims again with a free slot (after a pause): until then
-    enqueue holds nothing for it."""
+    """Wait until ``worker_id`` has just claimed with a free slot (it claims every 50 ms
+    while it has one): until then enqueue holds nothing for it. A key that merely exists
+    may be one the worker set before a stall of its loop, seconds ago, about to lapse
+    before the enqueue that follows reads it."""
     async with asyncio.timeout(30):
-        while not await redis.exists(affinity_free_key(queue, worker_id)):
+        while True:
+            free, left_ms = await free_slots(redis, queue, worker_id)
+            if free > 0 and left_ms >= AFFINITY_FREE_TTL_MS - CLAIMED_WITHIN_MS:
+                return
             await asyncio.sleep(0.01)
 
 
@@ -299,9 +318,11 @@ async def test_a_conversations_follow_ups_go_to_the_worker_of_its_first_turn(
             await until_claiming(raw_redis, chat_client.queue, first)
             follow_up = await conversation.submit()
             held = await held_for(raw_redis, chat_client.queue, follow_up.request_id)
+            free, left_ms = await free_slots(raw_redis, chat_client.queue, first)
             completion = await conversation.took(follow_up)
             assert completion.worker_id == first, (
-                f"a follow-up held for {held} ran on {completion.worker_id}, not {first}"
+                f"a follow-up held for {held} ran on {completion.worker_id}, not {first} "
+                f"(after its enqueue, {first} had {free} free slots for {left_ms} ms)"
             )
 
 
