@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input-len", type=int, default=32, help="prompt tokens (default %(default)s)")
     parser.add_argument("--output-len", type=int, default=256, help="output tokens, ignore_eos (default %(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=128, help="the engine's batch (default %(default)s)")
+    parser.add_argument(
+        "--endpoint",
+        choices=("chat", "completions"),
+        default="chat",
+        help="chat lines against LLM.chat, or completion lines against LLM.generate (no run-batch path)",
+    )
     parser.add_argument("--paths", default=",".join(PATHS), help="which to run (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=1, help="times every path runs, in turn (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random dataset (default %(default)s)")
@@ -171,8 +177,8 @@ def report(config: BatchBenchConfig, rounds: list[dict[str, dict[str, Any]]]) ->
         f"Batch of {config.num_prompts} prompts x {config.output_len} tokens (input {config.input_len}), greedy, "
         f"engine flags: {' '.join(config.engine_flags()[2:])}",
         "",
-        "| round | path | tok/s | ÷ offline | ÷ run-batch | texts equal to offline |",
-        "|---|---|---:|---:|---:|---:|",
+        "| round | path | tok/s | requests/s | ÷ offline | ÷ run-batch | texts equal to offline |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for number, paths in enumerate(rounds, start=1):
         rate = {name: r["tokens"] / r["wall_s"] for name, r in paths.items()}
@@ -182,7 +188,8 @@ def report(config: BatchBenchConfig, rounds: list[dict[str, dict[str, Any]]]) ->
             offline = f"{rate[name] / rate['offline']:.3f}" if "offline" in rate else "-"
             run_batch = f"{rate[name] / rate['run-batch']:.3f}" if "run-batch" in rate else "-"
             lines.append(
-                f"| {number} | {name} | {rate[name]:,.0f} | {offline} | {run_batch} | {equal}/{len(reference)} |"
+                f"| {number} | {name} | {rate[name]:,.0f} | {config.num_prompts / result['wall_s']:,.0f} "
+                f"| {offline} | {run_batch} | {equal}/{len(reference)} |"
             )
     lines += ["", "CPU µs per output token, by process (median over rounds):", ""]
     lines += ["| path | " + " | ".join(("front end / worker", "engine core", "redis", "batch command")) + " |"]
@@ -206,9 +213,11 @@ def report(config: BatchBenchConfig, rounds: list[dict[str, dict[str, Any]]]) ->
                 for p in rounds
                 if "streamq" in p and "final-only" in p
             ]
+            per_request = [b * config.output_len for b in beyond]
             lines += [
                 "",
-                f"Worker CPU per token beyond bare AsyncLLM (FINAL_ONLY): {', '.join(f'{b:.2f}' for b in beyond)} µs",
+                f"Worker CPU per token beyond bare AsyncLLM (FINAL_ONLY): {', '.join(f'{b:.2f}' for b in beyond)} µs; "
+                f"per request: {', '.join(f'{r:.0f}' for r in per_request)} µs",
             ]
         for number, result in enumerate(streamq, start=1):
             commands = result["redis_commands"]
@@ -231,6 +240,8 @@ def main() -> None:
     unknown = sorted(set(paths) - set(PATHS))
     if unknown:
         raise SystemExit(f"unknown paths: {', '.join(unknown)} (choose from {', '.join(PATHS)})")
+    if args.endpoint == "completions" and "run-batch" in paths:
+        raise SystemExit("vllm run-batch reads no /v1/completions lines: leave run-batch out of --paths")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     if not (args.model_dir / "config.json").exists():
         build_tiny_model(args.model_dir)
@@ -243,6 +254,7 @@ def main() -> None:
         seed=args.seed,
         results_dir=str(args.results_dir),
         run_id="batch-" + datetime.now().strftime("%Y%m%d-%H%M%S"),
+        endpoint=args.endpoint,
     )
     config_path = args.results_dir / f"{config.run_id}-config.json"
     config.save(config_path)

@@ -27,6 +27,9 @@ class BatchBenchConfig:
     seed: int
     results_dir: str
     run_id: str
+    endpoint: str = "chat"
+    """``chat``: one user message a line (``/v1/chat/completions``, offline ``LLM.chat``);
+    ``completions``: the prompt as text (``/v1/completions``, offline ``LLM.generate``)."""
 
     def engine_flags(self) -> list[str]:
         """The engine flags of every path, as ``vllm serve`` spells them."""
@@ -47,25 +50,17 @@ class BatchBenchConfig:
         return list(_prompts(self.model_dir, self.num_prompts, self.input_len, self.output_len, self.seed))
 
     def batch_lines(self, prompts: list[str]) -> list[str]:
-        """The batch file: one chat request a prompt (``/v1/chat/completions``, the generation
-        endpoint ``vllm run-batch`` reads; ``streamq batch`` reads it too)."""
-        return [
-            json.dumps(
-                {
-                    "custom_id": self.custom_id(i),
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {
-                        "model": self.model_dir,
-                        "messages": conversation(prompt),
-                        "max_completion_tokens": self.output_len,
-                        "temperature": 0,
-                        "ignore_eos": True,
-                    },
-                }
-            )
-            for i, prompt in enumerate(prompts)
-        ]
+        """The batch file: one request a prompt, a chat (``/v1/chat/completions``, the
+        generation endpoint ``vllm run-batch`` reads) or a completion (``/v1/completions``)."""
+        return [json.dumps(self._line(i, prompt)) for i, prompt in enumerate(prompts)]
+
+    def _line(self, index: int, prompt: str) -> dict[str, Any]:
+        greedy = {"model": self.model_dir, "temperature": 0, "ignore_eos": True}
+        if self.endpoint == "completions":
+            body = {**greedy, "prompt": prompt, "max_tokens": self.output_len}
+            return {"custom_id": self.custom_id(index), "method": "POST", "url": "/v1/completions", "body": body}
+        body = {**greedy, "messages": conversation(prompt), "max_completion_tokens": self.output_len}
+        return {"custom_id": self.custom_id(index), "method": "POST", "url": "/v1/chat/completions", "body": body}
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -93,5 +88,6 @@ def conversation(prompt: str) -> list[dict[str, str]]:
 
 
 def completion_text(body: dict[str, Any]) -> str:
-    """The text of a ``/v1/chat/completions`` response body's first choice."""
-    return str(body["choices"][0]["message"]["content"])
+    """The text of a response body's first choice (a chat's message, or a completion's text)."""
+    choice = body["choices"][0]
+    return str(choice["message"]["content"] if "message" in choice else choice["text"])

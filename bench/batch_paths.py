@@ -2,15 +2,15 @@
 process of its own (one engine at a time): ``python -m bench.batch_paths PATH CONFIG OUT``.
 
 - ``offline``: ``vllm.LLM(...).chat(conversations, params)`` (``generate`` after the chat
-  template), every prompt at once.
+  template), or ``generate(prompts, params)`` for completions, every prompt at once.
 - ``run-batch``: ``vllm run-batch``'s own ``run_batch`` over the batch file, on the engine
   client its ``main`` builds.
-- ``final-only``: a bare ``AsyncLLM`` with every prompt at once (rendered with the chat
-  template in the window, as the worker renders it) and ``RequestOutputKind.FINAL_ONLY``:
+- ``final-only``: a bare ``AsyncLLM`` with every prompt at once (a chat rendered with the
+  chat template in the window, as the worker renders it; a completion's text as given) and ``RequestOutputKind.FINAL_ONLY``:
   what a worker's process adds to the engine's own front end is measured against this process.
 
 Every prompt is one user message of a chat (``vllm run-batch`` has no other generation
-endpoint).
+endpoint), or with ``--endpoint completions`` a completion's prompt (no ``run-batch`` path).
 
 Each is timed from its first request to its last output, after a warm-up batch; the engine's
 start is not counted. CPU: this process (``front_end``) and its children (``engine_core``).
@@ -67,12 +67,17 @@ def offline(config: BatchBenchConfig) -> dict[str, Any]:
         if f.init and getattr(args, f.name) != getattr(defaults, f.name)
     }
     llm = LLM(model=args.model, **{k: v for k, v in given.items() if k != "model"})
-    chats: list[Any] = [conversation(p) for p in config.prompts()]
-    llm.chat(chats[:WARM_UP_PROMPTS], _params(config), use_tqdm=False)
+    if config.endpoint == "completions":
+        prompts: list[Any] = config.prompts()
+        run = llm.generate
+    else:
+        prompts = [conversation(p) for p in config.prompts()]
+        run = llm.chat  # type: ignore[assignment]
+    run(prompts[:WARM_UP_PROMPTS], _params(config), use_tqdm=False)
     cpu = CpuWindow(_roles())
     cpu.start()
     started = time.perf_counter()
-    outputs = llm.chat(chats, _params(config), use_tqdm=False)
+    outputs = run(prompts, _params(config), use_tqdm=False)
     wall_s = time.perf_counter() - started
     window = cpu.stop()
     texts = {config.custom_id(i): output.outputs[0].text for i, output in enumerate(outputs)}
@@ -120,9 +125,11 @@ async def _final_only(config: BatchBenchConfig) -> dict[str, Any]:
     tokenizer: Any = engine.get_tokenizer()
 
     async def one(prompt: str) -> tuple[str, int]:
-        text = tokenizer.apply_chat_template(conversation(prompt), tokenize=False, add_generation_prompt=True)
-        ids = TokensPrompt(prompt_token_ids=tokenizer.encode(text, add_special_tokens=False))
-        async for output in engine.generate(request_id=uuid.uuid4().hex, prompt=ids, sampling_params=params):
+        given: str | TokensPrompt = prompt  # a completion's text, tokenized by vLLM
+        if config.endpoint != "completions":
+            text = tokenizer.apply_chat_template(conversation(prompt), tokenize=False, add_generation_prompt=True)
+            given = TokensPrompt(prompt_token_ids=tokenizer.encode(text, add_special_tokens=False))
+        async for output in engine.generate(request_id=uuid.uuid4().hex, prompt=given, sampling_params=params):
             if output.finished:
                 return output.outputs[0].text, len(output.outputs[0].token_ids)
         raise RuntimeError("the engine ended a request without a finished output")

@@ -91,7 +91,7 @@ def one_round(client: redis.Redis, enqueue_text: str, claim_text: str, jobs: int
     claimed = 0
     for _ in range(jobs):
         reply = client.execute_command(*claim_command)
-        for job_id in reply[4:5]:  # one job at most (a claim of one; before: id, score; now: id, score, cancelled)
+        for job_id in reply[4:5]:  # one job at most (a claim of one: its id first, whatever follows it)
             claimed += 1
             client.zrem(QUEUE, job_id)
             client.delete(IN_PROGRESS_PREFIX + job_id.decode())

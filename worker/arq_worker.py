@@ -2,8 +2,11 @@
 
 Producers publish on ``WAKEUP_CHANNEL`` after each enqueue, so this worker polls at once
 instead of every ``poll_delay``, and one Lua script per poll claims up to the free slots'
-worth of jobs in one round trip. ``max_jobs`` follows the engine's batch; jobs run through
-arq's own ``run_job``, so results, retries and aborts are arq's.
+worth of jobs, with their payloads, in one round trip. ``max_jobs`` follows the engine's
+batch, plus the requests that wait inside the engine for a slot to free
+(``--engine-queue``). A claimed job runs as arq's ``run_job`` would run it, with arq's
+results and retries (``worker/job_runner.py``), and the ends of the jobs of one pass of the
+loop are acknowledged in one round trip (``worker/acknowledger.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import logging
 import signal
 
+from arq.constants import retry_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
@@ -28,25 +32,26 @@ from streamq.protocol import (
     is_valid_request_id,
 )
 from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_OWNER_TTL_MS
-from streamq.protocol.script_calls import ClaimJobs, FinishJob, ReleaseAffinity
+from streamq.protocol.script_calls import ClaimedJob, ClaimJobs, ReleaseAffinity
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
 from worker import metrics
-from worker.engine import max_batch_size
-from worker.lease import lease_holder
-from worker.options import FrontEndSeat
-from worker.state import state_of
+from worker.acknowledger import Acknowledger
+from worker.engine import default_engine_queue, max_batch_size
+from worker.job_runner import JobLimits, JobRunner
+from worker.options import FrontEndSeat, options_of
+from worker.state import WorkerState, state_of
 
 logger = logging.getLogger("streamq.worker")
 
 
 class StreamqWorker(Worker):
-    """An arq ``Worker`` with wake-up driven, one-round-trip job pickup and
-    engine-sized ``max_jobs``.
+    """An arq ``Worker`` with wake-up driven, one-round-trip job pickup, engine-sized
+    ``max_jobs``, and per-job work shared by the jobs of one pass of its loop.
 
     arq's own poll walks every queued id (running jobs stay queued until they finish)
-    with several round trips each, on the event loop that also runs vLLM's output
-    handler; more jobs than the engine schedules at once would only wait here.
+    with several round trips each, and its ``run_job`` pays two more per job, on the
+    event loop that also runs vLLM's output handler.
     """
 
     def __init__(
@@ -58,6 +63,10 @@ class StreamqWorker(Worker):
         """Set in one of several front ends of one engine: it claims only the engine
         slots its siblings leave free."""
         self._wake = asyncio.Event()
+        self._batch = self.max_jobs
+        """The requests the engine runs at once (``max_jobs`` less the engine's queue)."""
+        self._runner: JobRunner | None = None
+        self._acknowledger: Acknowledger | None = None
         self._more_may_wait = False
         self._affinity_released = False
         """This worker gave back what was held for it: it claims no more (a drain, a stop)."""
@@ -143,12 +152,30 @@ class StreamqWorker(Worker):
         logger.info("worker listening on queue %s", self.queue_name)
         self.ctx["redis"] = self.pool
         self._claim = Script(self.pool, ClaimJobs)
-        self._finish_script = Script(self.pool, FinishJob)
         self._release = Script(self.pool, ReleaseAffinity)
         if self.on_startup:
             await self.on_startup(self.ctx)
-        if self._max_jobs_from_engine:
-            self._resize(max_batch_size(state_of(self.ctx).engine))
+        state = state_of(self.ctx)
+        self._acknowledger = Acknowledger(
+            self.pool, queue=self.queue_name, worker_id=state.worker_id, owners=state.replay_log.owners
+        )
+        self._acknowledger.start()
+        self._runner = JobRunner(
+            state,
+            self.pool,
+            queue=self.queue_name,
+            functions=self.functions,
+            worker_ctx=self.ctx,
+            limits=JobLimits(
+                max_tries=self.max_tries,
+                timeout_s=self.job_timeout_s,
+                keep_result_s=None if self.keep_result_forever else self.keep_result_s,
+                retry_jobs=self.retry_jobs,
+            ),
+            acknowledger=self._acknowledger,
+            end_failed_request=self._end_failed_request,
+        )
+        self._resize(state)
         if self._seat is not None:
             self._seat.ready.set()
 
@@ -165,59 +192,60 @@ class StreamqWorker(Worker):
             await self._release_affinity()
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
-        ended_jobs = state_of(self.ctx).ended_jobs
-        for job_id, task in list(self.tasks.items()):
-            if task.done():
-                del self.tasks[job_id]
-                ended_jobs.discard(job_id)
-                if not task.cancelled() and task.exception() is not None:
-                    # arq's own bookkeeping failed (Redis away at the end of the job):
-                    # the job stays queued, its lease lapses and it runs again.
-                    logger.error("job %s: arq could not finish it: %r", job_id, task.exception())
+        if self._runner is not None:  # arq's tallies, for its health-check line
+            counts = self._runner.counts
+            self.jobs_complete, self.jobs_failed, self.jobs_retried = counts.complete, counts.failed, counts.retried
         await self.heart_beat()
 
     async def _claim_and_start(self, free: int, spare: int = 0) -> int:
         """Claim up to ``free`` due jobs in one round trip and start them; how many started.
-        ``spare``: free slots beyond ``free`` that this claim does not take (a front end
-        claims a share of the engine's), told to enqueue with those the claim leaves."""
+        Beyond the engine's free slots, the rest of ``free`` is room in its queue, claimed
+        only for jobs no other worker has room for (``claim_jobs.lua``, 4.). ``spare``: free
+        slots beyond ``free`` that this claim does not take (a front end claims a share of
+        the engine's), told to enqueue with those the claim leaves."""
         state = state_of(self.ctx)
+        wanted = min(free, max(0, self._batch - self.job_counter))
         ttl_ms = state.leases.ttl_ms
         asked_at = timestamp_ms()
         # Slots whose request already ended count as free for enqueue's routing (only).
         spare += sum(1 for job_id in state.ended_jobs if job_id in self.tasks and not self.tasks[job_id].done())
-        redis_now, hits, misses, expired, *reply = await self._claim(
-            ClaimJobs(
-                queue=self.queue_name,
-                wanted=free,
-                lease_ms=ttl_ms,
-                page=self.queue_read_limit,
-                in_progress_prefix=IN_PROGRESS_PREFIX,
-                worker_id=state.worker_id,
-                owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
-                free_ttl_ms=AFFINITY_FREE_TTL_MS,
-                running=self.job_counter,
-                spare=spare,
-                wakeup_channel=WAKEUP_CHANNEL,
+        claimed = ClaimJobs.reply(
+            await self._claim(
+                ClaimJobs(
+                    queue=self.queue_name,
+                    wanted=wanted,
+                    lease_ms=ttl_ms,
+                    page=self.queue_read_limit,
+                    in_progress_prefix=IN_PROGRESS_PREFIX,
+                    worker_id=state.worker_id,
+                    owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
+                    free_ttl_ms=AFFINITY_FREE_TTL_MS,
+                    running=self.job_counter,
+                    spare=spare,
+                    wakeup_channel=WAKEUP_CHANNEL,
+                    ahead=free - wanted,
+                )
             )
         )
-        state.clock.observe(int(redis_now), asked_at, timestamp_ms())
-        if hits or misses or expired:
-            metrics.AFFINITY_HITS.inc(hits)
-            metrics.AFFINITY_MISSES.inc(misses)
-            metrics.AFFINITY_EXPIRED.inc(expired)
+        state.clock.observe(claimed.now_ms, asked_at, timestamp_ms())
+        if claimed.hits or claimed.misses or claimed.expired:
+            metrics.AFFINITY_HITS.inc(claimed.hits)
+            metrics.AFFINITY_MISSES.inc(claimed.misses)
+            metrics.AFFINITY_EXPIRED.inc(claimed.expired)
         started = 0
-        for job_id, score, cancelled in zip(reply[::3], reply[1::3], reply[2::3], strict=True):
-            job_id = job_id.decode()
-            if cancelled:  # while an earlier attempt ran it: it ends `cancelled` at once
-                state.cancels.recorded(job_id)
-            if job_id in self.tasks:
+        for job in claimed.jobs:
+            if job.cancelled:  # while an earlier attempt ran it: it ends `cancelled` at once
+                state.cancels.recorded(job.job_id)
+            if job.job_id in self.tasks:
                 # Its lease lapsed while it runs here (Redis was away, or this loop
-                # stalled): the claim just took it back for the running attempt.
-                logger.warning("job %s: lease had lapsed; kept by its running attempt", job_id)
+                # stalled): the claim just took it back for the running attempt, which
+                # is no new try of the job.
+                logger.warning("job %s: lease had lapsed; kept by its running attempt", job.job_id)
+                await self.pool.incrby(retry_key_prefix + job.job_id, -1)
                 continue
-            await self._start(job_id, int(float(score)))
+            await self._start(job)
             started += 1
-        self._more_may_wait = len(reply) // 3 == free
+        self._more_may_wait = len(claimed.jobs) >= wanted
         return started
 
     async def _claim_and_start_in_shared_slots(self, room: int) -> None:
@@ -238,19 +266,45 @@ class StreamqWorker(Worker):
         elif started == batch < room:
             self._wake.set()  # held back to let the siblings catch up: claim again at once
 
-    async def _start(self, job_id: str, score: int) -> None:
-        """Run a claimed job as arq's ``start_jobs`` would once it has claimed it."""
+    async def _start(self, job: ClaimedJob) -> None:
+        """Run a claimed job in a task of its own, as arq's ``start_jobs`` would once it
+        has claimed it."""
+        assert self._runner is not None, "started up"
         await self.sem.acquire()  # never waits: there was a free slot
         self.job_counter += 1
-        task = self.loop.create_task(self.run_job(job_id, score))
-        task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-        self.tasks[job_id] = task
+        task = self.loop.create_task(self._runner.run(job), name=f"job {job.job_id}")
+        task.add_done_callback(lambda done: self._job_done(job.job_id, done))
+        self.tasks[job.job_id] = task
 
-    def _resize(self, max_jobs: int) -> None:
-        self.max_jobs = max_jobs
-        self.sem = asyncio.BoundedSemaphore(max_jobs + 1)
-        self.queue_read_limit = max(max_jobs * 5, 100)
-        logger.info("max_jobs set to the engine's max_num_seqs: %d", max_jobs)
+    def _job_done(self, job_id: str, task: asyncio.Task[None]) -> None:
+        """A job's task ended: its slot is free."""
+        if self.tasks.get(job_id) is task:
+            del self.tasks[job_id]
+        state_of(self.ctx).ended_jobs.discard(job_id)
+        if not task.cancelled() and task.exception() is not None:
+            # Its acknowledgement failed (Redis away at the end of the job): the job
+            # stays queued, its lease lapses and it runs again.
+            logger.error("job %s: could not acknowledge its end: %r", job_id, task.exception())
+        self._release_sem_dec_counter_on_complete()
+
+    def _resize(self, state: WorkerState) -> None:
+        """Run as many jobs as the engine's batch (``--max-jobs``, else its ``max_num_seqs``)
+        and hold up to ``--engine-queue`` more waiting inside the engine for a slot (by
+        default a batch's worth, with ``--max-jobs`` none; a front end of several holds none:
+        its siblings share the engine's slots)."""
+        given = options_of(self.ctx).engine_queue
+        batch = max_batch_size(state.engine) if self._max_jobs_from_engine else self.max_jobs
+        if self._seat is not None:
+            ahead = 0
+        elif given is not None:
+            ahead = given
+        else:
+            ahead = default_engine_queue(batch) if self._max_jobs_from_engine else 0
+        self._batch = batch
+        self.max_jobs = batch + ahead
+        self.sem = asyncio.BoundedSemaphore(self.max_jobs + 1)
+        self.queue_read_limit = max(self.max_jobs * 5, 100)
+        logger.info("runs %d requests at once, and holds up to %d more waiting in its engine", batch, ahead)
 
     async def _listen(self, wakeups: PubSub) -> None:
         while True:
@@ -262,74 +316,9 @@ class StreamqWorker(Worker):
                 logger.warning("wake-up channel lost (%s); polling every %.2fs", exc, self.poll_delay_s)
                 await asyncio.sleep(1)
 
-    async def finish_job(
-        self,
-        job_id: str,
-        finish: bool,
-        result_data: bytes | None,
-        result_timeout_s: float | None,
-        keep_result_forever: bool,
-        incr_score: int | None,
-        keep_in_progress: float | None,
-    ) -> None:
-        """arq's bookkeeping at the end of an attempt, in one script fenced by the
-        request's owner key (``finish_job.lua``): an attempt that a newer one superseded
-        releases its lease and leaves the job, its result and its end to the owner. A
-        failed job's request first gets its terminal event, if it has none."""
-        state = state_of(self.ctx)
-        attempt = state.attempts.pop(job_id, 0)
-        if job_id in state.superseded_jobs:
-            state.superseded_jobs.discard(job_id)
-            logger.info("job %s: superseded; its keys are the owning attempt's", job_id)
-            await self._finish(job_id, attempt, "release")
-            return
-        if finish:
-            await self._end_failed_request(job_id, result_data, attempt)
-        expiry_s = None if keep_result_forever else result_timeout_s
-        action = "finish" if finish else "retry"
-        if not await self._finish(job_id, attempt, action, result_data, expiry_s, incr_score):
-            logger.info("job %s: attempt %d was superseded; its keys are the owning attempt's", job_id, attempt)
-
-    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
-        """arq gave up on a job without running it (tries exhausted, payload expired or
-        undecodable): end its request with an error event, then arq's bookkeeping (a
-        result already stored, by the attempt that ended the request, is kept)."""
-        await self._end_failed_request(job_id, result_data)
-        expiry_s = None if self.keep_result_forever else self.keep_result_s
-        await self._finish(job_id, 0, "failed", result_data, expiry_s)
-
-    async def _finish(
-        self,
-        job_id: str,
-        attempt: int,
-        action: str,
-        result_data: bytes | None = None,
-        expiry_s: float | None = None,
-        incr_score: int | None = None,
-    ) -> bool:
-        """Run ``finish_job.lua``; False when a newer attempt owns the request."""
-        state = state_of(self.ctx)
-        owners = state.replay_log.owners
-        owner = (await owners.values([job_id]))[0] if owners.ahead else None
-        call = FinishJob.of_job(
-            job_id,
-            self.queue_name,
-            owner_key=None if owners.ahead else owners.names.owner(job_id),
-            worker_id=state.worker_id,
-            holder=lease_holder(state.worker_id, attempt),
-            attempt=attempt,
-            action=action,
-            result=result_data or b"",
-            result_ttl_ms=0 if expiry_s is None else round(expiry_s * 1000),
-            score_increment=incr_score or "",
-            owner=owner,
-        )
-        return bool(await self._finish_script(call))
-
     async def _end_failed_request(self, job_id: str, result_data: bytes | None, attempt: int | None = None) -> None:
         """Publish an error event for a job that failed, unless its request already
-        ended (it usually has: the job function reports its own failures) or, for an
-        ``attempt``, a newer attempt owns it."""
+        ended or, for an ``attempt``, a newer attempt owns it."""
         code, message = failure_of(result_data)
         if code is None or not is_valid_request_id(job_id):
             return
@@ -370,6 +359,8 @@ class StreamqWorker(Worker):
         if not self._pool:
             return
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self._acknowledger is not None:  # every job has ended: their ends are sent
+            await self._acknowledger.close()
         await self.pool.delete(self.health_check_key)
         if self.on_shutdown:
             await self.on_shutdown(self.ctx)

@@ -43,10 +43,19 @@ USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
 """``vllm serve``'s usage context: the one whose defaults the worker's engine gets."""
 
 
+DEFAULT_SCHEDULING_POLICY: Final = "priority"
+"""The worker's ``--scheduling-policy`` when none is given (``vllm serve``'s is ``fcfs``):
+the requests waiting in a worker's engine (``--engine-queue``) were claimed in the queue's
+order, and a more urgent request claimed after them must not wait behind them. Between
+requests of one priority it is first come, first served, as ``fcfs``."""
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add every ``AsyncEngineArgs`` flag, as ``vllm serve`` has them, to ``parser``;
-    ``--structured-outputs-config`` without a backend means the worker's default one."""
+    ``--structured-outputs-config`` without a backend means the worker's default one, and
+    ``--scheduling-policy`` defaults to ``DEFAULT_SCHEDULING_POLICY``."""
     AsyncEngineArgs.add_cli_args(parser)  # type: ignore[arg-type]
+    parser.set_defaults(scheduling_policy=DEFAULT_SCHEDULING_POLICY)
     for action in parser._actions:
         if action.dest == "structured_outputs_config" and callable(action.type):
             action.type = _with_default_backend(action.type)
@@ -184,8 +193,8 @@ def start_engine(engine_args: AsyncEngineArgs, seat: FrontEndSeat | None = None)
     if config.scheduler_config.policy != "priority":
         logger.info(
             "scheduling policy %s: request priorities order the queue only (the engine is passed "
-            "priority 0); start the worker with --scheduling-policy priority to let them order "
-            "running requests too",
+            "priority 0), and a more urgent request waits in the engine behind those claimed before "
+            "it; --scheduling-policy priority (the worker's default) lets it go first",
             config.scheduler_config.policy,
         )
     return engine
@@ -201,3 +210,14 @@ def engine_priority(engine: AsyncLLM, priority: int) -> int:
 def max_batch_size(engine: AsyncLLM) -> int:
     """How many requests the engine schedules at once: the natural arq ``max_jobs``."""
     return int(engine.vllm_config.scheduler_config.max_num_seqs)
+
+
+def default_engine_queue(batch: int) -> int:
+    """How many requests a worker holds waiting inside its engine beyond its ``batch``, by
+    default: a whole batch, so that when a wave of requests ends in one engine step the
+    next wave is already in the engine's queue and starts in that step, as offline
+    ``LLM.generate`` keeps every request there. The claim takes them only where no other
+    worker has room (``claim_jobs.lua``), and the worker schedules by priority
+    (``--scheduling-policy priority``), so a more urgent request arriving later waits
+    behind none of them."""
+    return batch

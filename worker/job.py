@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +41,15 @@ from worker.adapters import Adapters
 from worker.chat_parsing import OutputParsing, RenderedChat
 from worker.delivery import Delivery
 from worker.engine import engine_priority
+from worker.job_context import Generation, JobContext, JobOutcome, RequestSummary, Superseded
 from worker.logprobs import LogprobsReader
 from worker.presence import Presence
-from worker.progress import Continuation, Progress, thread_tokenizer
+from worker.progress import Progress, thread_tokenizer
 from worker.prompt_report import PromptReporter
 from worker.publisher import PublishFailed, Refusal
-from worker.regeneration import Regeneration, RegenerationDiffers, with_take_over_seed
+from worker.regeneration import RegenerationDiffers, with_take_over_seed
 from worker.request_events import RequestEvents
-from worker.state import WorkerState, state_of
+from worker.state import WorkerState
 from worker.stats_report import RunningRequest
 
 logger = logging.getLogger("streamq.worker")
@@ -64,41 +65,46 @@ class OutOfStep(Exception):
     writes): the job is handed back, and the next attempt goes on from what the log holds."""
 
 
-async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """arq job: one request, counted in the worker's metrics while it runs."""
-    metrics.QUEUE_WAIT.observe(max(0.0, state_of(ctx).clock.seconds_since(ctx["score"])))
-    with metrics.REQUESTS_IN_FLIGHT.track_inprogress():
-        return await _generate(ctx, *args, **kwargs)
+async def generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> JobOutcome:
+    """arq job function (``arq worker.WorkerSettings`` runs it; ``python -m worker``'s job
+    runner calls ``run_request`` itself)."""
+    return await run_request(JobContext.of_arq(ctx), args, kwargs)
 
 
-async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Validate the payload, run the generation, return a summary.
+async def run_request(job: JobContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> JobOutcome:
+    """One request, counted in the worker's metrics while it runs: validate the payload,
+    run the generation, return its outcome. Raises ``RequestFailed`` once the request has
+    its error event, ``arq.Retry`` to hand the job back.
 
     Takes any arguments so that a malformed job still reaches this function (arq
     would otherwise fail it with a ``TypeError`` the requester never sees).
     """
-    job_id: str = ctx["job_id"]
+    metrics.QUEUE_WAIT.observe(max(0.0, job.state.clock.seconds_since(job.queued_at_ms)))
+    with metrics.REQUESTS_IN_FLIGHT.track_inprogress():
+        return await _run_request(job, args, kwargs)
+
+
+async def _run_request(job: JobContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> JobOutcome:
+    job_id = job.job_id
     # Errors go to the channel of the job id (which must equal the request id), or
     # to that of the claimed request id when the job id cannot name a channel.
     raw = args[0] if args else None
     claimed_id = raw.get("request_id") if isinstance(raw, dict) else None
     reply_to = next((i for i in (job_id, claimed_id) if is_valid_request_id(i)), None)
-    state = state_of(ctx)
+    state = job.state
     events = (
-        RequestEvents(state.publisher, reply_to, attempt=ctx["job_try"], worker_id=state.worker_id)
+        RequestEvents(state.publisher, reply_to, attempt=job.attempt, worker_id=state.worker_id)
         if reply_to is not None
         else None
     )
-    state_of(ctx).attempts[job_id] = ctx["job_try"]  # arq's bookkeeping is fenced by attempt
-
     request: GenerateRequest | None = None
     try:
-        request = _validate(ctx, args, kwargs)
+        request = _validate(job, args, kwargs)
         assert events is not None, "a valid request always has a channel"
-        result = await _serve(ctx, request, events)
-        if not result.get("superseded"):  # else the attempt that owns it ends it
-            await _schedule_callback(ctx, reply_to, request)
-        return result
+        outcome = await _serve(job, request, events)
+        if isinstance(outcome, RequestSummary):  # else the attempt that owns it ends it
+            await _schedule_callback(state, reply_to, request)
+        return outcome
     except (InvalidRequest, VLLMValidationError) as exc:
         code, message = ErrorCode.INVALID_REQUEST, str(exc)
     except (PublishFailed, OutOfStep) as exc:
@@ -109,7 +115,7 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
     except EngineDeadError:
         # This worker is useless now: hand the job back (another worker takes it over
         # from the replay log) and let the worker exit non-zero.
-        state_of(ctx).engine_died()
+        state.engine_died()
         raise Retry(defer=0) from None
     except RegenerationDiffers as exc:
         code, message = ErrorCode.WORKER_LOST, f"the worker running this request died, and {exc}"
@@ -117,31 +123,30 @@ async def _generate(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str,
         logger.exception("request %s: unexpected error", job_id)
         code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
     try:
-        return await _fail_and_call_back(ctx, events, request, code, message)
+        return await _fail_and_call_back(job, events, request, code, message)
     except OutOfStep as exc:
         logger.warning("request %s: %s; handing the job back", job_id, exc)
         raise Retry(defer=0) from None
 
 
 async def _fail_and_call_back(
-    ctx: dict[str, Any], events: RequestEvents | None, request: GenerateRequest | None, code: str, message: str
-) -> dict[str, Any]:
+    job: JobContext, events: RequestEvents | None, request: GenerateRequest | None, code: str, message: str
+) -> Superseded:
     """``_fail``, with the request's callback made due once its error event is out.
     Returns only when another attempt owns the request (its end is that attempt's)."""
-    job_id: str = ctx["job_id"]
     try:
-        return await _fail(ctx, events, job_id, code, message)
+        return await _fail(job, events, code, message)
     except RequestFailed:
         if events is not None:
-            await _schedule_callback(ctx, events.request_id, request)
+            await _schedule_callback(job.state, events.request_id, request)
         raise
 
 
-async def _schedule_callback(ctx: dict[str, Any], request_id: str | None, request: GenerateRequest | None) -> None:
+async def _schedule_callback(state: WorkerState, request_id: str | None, request: GenerateRequest | None) -> None:
     """Make the ended request's callback due: the one its job carries, else (a request
     refused before it could be read) one stored at enqueue. Never fails the job: a
     delivery that cannot be scheduled is logged."""
-    callbacks = state_of(ctx).callbacks
+    callbacks = state.callbacks
     if callbacks is None or request_id is None or (request is not None and request.callback is None):
         return
     try:
@@ -150,8 +155,8 @@ async def _schedule_callback(ctx: dict[str, Any], request_id: str | None, reques
         logger.error("request %s: cannot schedule its callback: %s", request_id, exc)
 
 
-def _validate(ctx: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> GenerateRequest:
-    job_id: str = ctx["job_id"]
+def _validate(job: JobContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -> GenerateRequest:
+    job_id = job.job_id
     if BAD_PAYLOAD_MARKER in kwargs:
         raise InvalidRequest(kwargs[BAD_PAYLOAD_MARKER])
     if len(args) != 1 or kwargs:
@@ -159,8 +164,7 @@ def _validate(ctx: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     request = parse_request(args[0])
     if request.request_id != job_id:
         raise InvalidRequest(f"request_id {request.request_id!r} must equal the arq job id {job_id!r}")
-    state = state_of(ctx)
-    _check_model(request, state.presence, state.adapters)
+    _check_model(request, job.state.presence, job.state.adapters)
     return request
 
 
@@ -272,24 +276,22 @@ def _render_chat(
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-async def _serve(ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents) -> dict[str, Any]:
+async def _serve(job: JobContext, request: GenerateRequest, events: RequestEvents) -> JobOutcome:
     """Run the request, listed among the worker's running requests (its stats report) meanwhile."""
-    state = state_of(ctx)
+    state = job.state
     events.model = request.model or state.presence.registration.model
     try:
         with state.running.track(request, events.attempt) as running:
-            return await _run(ctx, request, events, running)
+            return await _run(job, request, events, running)
     finally:
-        state.ended_jobs.add(ctx["job_id"])
+        state.ended_jobs.add(job.job_id)
 
 
-async def _run(
-    ctx: dict[str, Any], request: GenerateRequest, events: RequestEvents, running: RunningRequest
-) -> dict[str, Any]:
+async def _run(job: JobContext, request: GenerateRequest, events: RequestEvents, running: RunningRequest) -> JobOutcome:
     """One request's flow, the same steps streamed or not (``worker/delivery.py`` holds the
     difference): take over what an earlier attempt logged, keep the deadlines, run the
     engine while each output is emitted, settle."""
-    state = state_of(ctx)
+    state = job.state
     delivery = Delivery.of(request, state.checkpoint_tokens)
     events.checkpoint_tokens = delivery.checkpoint_tokens
     prompt = await _prompt(state, request)
@@ -302,16 +304,16 @@ async def _run(
         await _confirm_logged_end(state, events, progress)
         return progress.summary(request.request_id)
     if progress.superseded:  # a newer attempt took it over first
-        return _superseded(state, request.request_id, events.attempt)
+        return _superseded(request.request_id, events.attempt)
     running.progress = progress
     if state.cancels.was_cancelled(request.request_id):  # before it started (a take-over of a cancelled request)
-        return await _end(ctx, events, request, progress, FinishReason.CANCELLED)
-    time_left = _time_left(state, ctx["score"], request, events.attempt)
+        return await _end(job, events, request, progress, FinishReason.CANCELLED)
+    time_left = _time_left(state, job.queued_at_ms, request, events.attempt)
     if isinstance(time_left, FinishReason):
-        return await _end(ctx, events, request, progress, time_left)
+        return await _end(job, events, request, progress, time_left)
     generation = await _generation(state.engine, request, progress, prompt_ids, params)
     if generation is None:  # finished (or out of budget) before the final event went out
-        return await _end(ctx, events, request, progress, FinishReason.LENGTH)
+        return await _end(job, events, request, progress, FinishReason.LENGTH)
     # The prompt's logprobs go out with the request's first chunk: an attempt that goes on
     # from tokens already sent does not send them again.
     first_run = isinstance(generation, _FirstRun)
@@ -319,7 +321,7 @@ async def _run(
     reader = LogprobsReader.for_request(params, state.engine)
     parsing = _output_parsing(state, request, prompt, params.n, delivery, progress)
     readers = _Readers(reader, reporter, parsing)
-    return await _run_engine(ctx, request, events, progress, generation, readers, time_left, lora)
+    return await _run_engine(job, request, events, progress, generation, readers, time_left, lora)
 
 
 async def _lora_request(state: WorkerState, request: GenerateRequest) -> LoRARequest | None:
@@ -416,7 +418,7 @@ async def _generation(
     progress: Progress,
     prompt_ids: list[int] | None,
     params: SamplingParams,
-) -> _FirstRun | Continuation | Regeneration | None:
+) -> Generation | None:
     """What generates the request's outputs: from its prompt, or after a take-over the rest
     of the answer (``Progress.continuation``); ``None`` when nothing is left to generate."""
     if progress.completion_tokens:
@@ -428,28 +430,29 @@ async def _generation(
 
 
 async def _run_engine(
-    ctx: dict[str, Any],
+    job: JobContext,
     request: GenerateRequest,
     events: RequestEvents,
     progress: Progress,
-    generation: _FirstRun | Continuation | Regeneration,
+    generation: Generation,
     readers: _Readers,
     time_left: float | None,
     lora: LoRARequest | None = None,
-) -> dict[str, Any]:
+) -> JobOutcome:
     """Run the generation with the request's lease held and its cancel heard, emitting each
     output; then settle. A cancel or the deadline ends it with a final event; the worker's
-    shutdown hands it back (the ``CancelledError`` goes on to arq)."""
-    state = state_of(ctx)
+    shutdown hands it back (the ``CancelledError`` goes on to the job runner)."""
+    state = job.state
     engine: AsyncLLM = state.engine
     cancels = state.cancels
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
     started = time.monotonic()
-    logger.info("request %s started (attempt %d)", request.request_id, events.attempt)
+    this_run = (request.request_id, events.attempt)
+    # One line per request at INFO (its end); a take-over's start is worth one more.
+    logger.log(logging.INFO if events.attempt > 1 else logging.DEBUG, "request %s started (attempt %d)", *this_run)
     try:
-        this_attempt = (request.request_id, events.attempt)
-        with cancels.registered(*this_attempt), state.leases.held(*this_attempt):
+        with cancels.registered(*this_run), state.leases.held(*this_run, renew_now=not job.lease_set):
             async with asyncio.timeout(time_left):
                 priority = engine_priority(engine, request.priority)
                 # A reasoning parser's state, as vllm serve hands it to the engine (none otherwise).
@@ -464,14 +467,14 @@ async def _run_engine(
             raise  # worker shutdown: arq hands the job back, another worker takes it over
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         if stop is None:
-            return await _end(ctx, events, request, progress, FinishReason.CANCELLED)
-        if await _settled(ctx, events, stop) is not None:
-            return _superseded(state, request.request_id, events.attempt)
+            return await _end(job, events, request, progress, FinishReason.CANCELLED)
+        if await _settled(state, events, stop) is not None:
+            return _superseded(request.request_id, events.attempt)
     except TimeoutError:
-        return await _end(ctx, events, request, progress, FinishReason.TIMEOUT)
+        return await _end(job, events, request, progress, FinishReason.TIMEOUT)
     else:
-        if await _settled(ctx, events) is not None:
-            return _superseded(state, request.request_id, events.attempt)
+        if await _settled(state, events) is not None:
+            return _superseded(request.request_id, events.attempt)
     logger.info(
         "request %s finished: %s, %d prompt + %d completion tokens in %.2fs",
         request.request_id,
@@ -517,14 +520,14 @@ def _emit(events: RequestEvents, progress: Progress, output: RequestOutput, read
         events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
 
 
-async def _settled(ctx: dict[str, Any], events: RequestEvents, stop: Refusal | None = None) -> Refusal | None:
+async def _settled(state: WorkerState, events: RequestEvents, stop: Refusal | None = None) -> Refusal | None:
     """Wait until every event of this attempt has reached Redis, then say whether it still
     owns the request: ``None`` if its events were logged (its end too, if it wrote one),
     ``SUPERSEDED`` if another attempt owns the request or ended it. An attempt ``stop``ped
     before it wrote its end leaves that end to the owner. Raises ``OutOfStep`` when the log
     lost events it had written."""
     await events.delivered()
-    refusal = state_of(ctx).publisher.take_refusal(events.request_id, events.attempt)
+    refusal = state.publisher.take_refusal(events.request_id, events.attempt)
     if refusal is None and not events.closed:
         refusal = stop
     if refusal is Refusal.OUT_OF_STEP:
@@ -532,35 +535,32 @@ async def _settled(ctx: dict[str, Any], events: RequestEvents, stop: Refusal | N
     return refusal
 
 
-def _superseded(state: WorkerState, request_id: str, attempt: int) -> dict[str, Any]:
-    """The result of an attempt that stopped because another attempt owns its request
+def _superseded(request_id: str, attempt: int) -> Superseded:
+    """The outcome of an attempt that stopped because another attempt owns its request
     (or ended it): the end, arq's bookkeeping and the callback are that attempt's."""
-    state.superseded_jobs.add(request_id)
     logger.info("request %s: attempt %d stopped; the attempt that owns the request ends it", request_id, attempt)
-    return {"request_id": request_id, "superseded": True}
+    return Superseded(request_id=request_id)
 
 
 async def _end(
-    ctx: dict[str, Any], events: RequestEvents, request: GenerateRequest, progress: Progress, reason: FinishReason
-) -> dict[str, Any]:
+    job: JobContext, events: RequestEvents, request: GenerateRequest, progress: Progress, reason: FinishReason
+) -> JobOutcome:
     """End the request early: unfinished completions get ``reason``."""
     progress.end_unfinished(reason)
     events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
-    if await _settled(ctx, events) is not None:
-        return _superseded(state_of(ctx), request.request_id, events.attempt)
+    if await _settled(job.state, events) is not None:
+        return _superseded(request.request_id, events.attempt)
     logger.info("request %s ended: %s after %d tokens", request.request_id, reason, progress.completion_tokens)
     return progress.summary(request.request_id)
 
 
-async def _fail(
-    ctx: dict[str, Any], events: RequestEvents | None, job_id: str, code: str, message: str
-) -> dict[str, Any]:
+async def _fail(job: JobContext, events: RequestEvents | None, code: str, message: str) -> Superseded:
     """Tell the requester why their request failed, then fail the job; unless another
-    attempt owns the request, whose end it is (then this attempt's result says so)."""
-    logger.warning("request %s failed (%s): %s", job_id, code, message)
+    attempt owns the request, whose end it is (then this attempt's outcome says so)."""
+    logger.warning("request %s failed (%s): %s", job.job_id, code, message)
     metrics.REQUEST_ERRORS.labels(code=code).inc()
     if events is not None and not events.closed:
         events.error(code, message)
-        if await _settled(ctx, events) is not None:
-            return _superseded(state_of(ctx), events.request_id, events.attempt)
+        if await _settled(job.state, events) is not None:
+            return _superseded(events.request_id, events.attempt)
     raise RequestFailed(f"{code}: {message}")

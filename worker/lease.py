@@ -81,11 +81,13 @@ class Leases:
         await stop_task(self._task)
 
     @contextmanager
-    def held(self, job_id: str, attempt: int) -> Iterator[None]:
+    def held(self, job_id: str, attempt: int, *, renew_now: bool = True) -> Iterator[None]:
         """Hold ``job_id``'s lease for ``attempt`` while inside; its first renewal is
-        immediate (arq may have claimed it with its own hour-long expiry)."""
+        immediate unless ``renew_now`` is false: arq's own claim writes an hour-long expiry,
+        where the worker's claim has just set ``ttl_ms`` (the next period renews it)."""
         self._held[job_id] = attempt
-        self._renew_now.set()
+        if renew_now:
+            self._renew_now.set()
         try:
             yield
         finally:

@@ -46,6 +46,9 @@ class WorkerOptions:
     metrics_port: int | None = None
     max_jobs: int | None = None
     """Requests run at once (``--max-jobs``); ``None``: the engine's ``max_num_seqs``."""
+    engine_queue: int | None = None
+    """Requests held waiting inside the engine beyond those (``--engine-queue``); ``None``: a
+    batch's worth (``worker.engine.default_engine_queue``), none with ``--max-jobs``."""
     cpu_nice: int | None = None
     queue_name: str | None = None
     """The queue this worker registers for its model."""

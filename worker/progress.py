@@ -29,6 +29,7 @@ from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, FinishReason, GenerateRequest, decode_event
+from worker.job_context import RequestSummary
 from worker.regeneration import Regeneration, regeneration_reason
 
 logger = logging.getLogger("streamq.worker")
@@ -86,14 +87,14 @@ class Progress:
     def end_unfinished(self, reason: str) -> None:
         self.finish_reasons = [r if r is not None else reason for r in self.finish_reasons]
 
-    def summary(self, request_id: str) -> dict[str, object]:
+    def summary(self, request_id: str) -> RequestSummary:
         """The job's result as arq stores it."""
-        return {
-            "request_id": request_id,
-            "finish_reasons": self.finish_reasons,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
+        return RequestSummary(
+            request_id=request_id,
+            finish_reasons=list(self.finish_reasons),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+        )
 
     @classmethod
     async def take_over(cls, log: ReplayLog, request_id: str, attempt: int, n: int) -> Progress:

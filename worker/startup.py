@@ -61,6 +61,13 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {number}")
+    return number
+
+
 def _durable_ends(value: str) -> str:
     """A ``--durable-ends`` spec, checked (kept as given: the start-up hook parses it)."""
     try:
@@ -89,6 +96,15 @@ def build_parser() -> FlexibleArgumentParser:
     add_connection_options(group)
     group.add_argument(
         "--max-jobs", type=int, default=None, help="requests run at once (default: the engine's max_num_seqs)"
+    )
+    group.add_argument(
+        "--engine-queue",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="requests claimed beyond those, to wait inside the engine and start in the step a slot frees, "
+        "as offline LLM.generate keeps its requests; claimed only where no other worker has room for them "
+        "(default: as many as max_num_seqs; 0 with --max-jobs; 0 turns it off)",
     )
     group.add_argument(
         "--front-ends",
@@ -308,6 +324,7 @@ def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> in
                 engine_factory=args.engine_factory,
                 metrics_port=args.metrics_port,
                 max_jobs=args.max_jobs,
+                engine_queue=args.engine_queue,
                 cpu_nice=args.cpu_nice,
                 queue_name=args.queue,
                 events_redis_url=events_url_from_args(args),

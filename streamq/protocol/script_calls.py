@@ -305,6 +305,43 @@ class ClaimJobs(ScriptCall):
     spare: int = 0
     wakeup_channel: str = ""
     cancelled_prefix: str = CANCELLED_KEY_PREFIX
+    job_prefix: str = JOB_KEY_PREFIX
+    retry_prefix: str = RETRY_KEY_PREFIX
+    ahead: int = 0
+
+    @staticmethod
+    def reply(raw: Sequence[Any]) -> Claimed:
+        """The script's reply, typed."""
+        now_ms, hits, misses, expired, *flat = raw
+        jobs = [
+            ClaimedJob(job_id.decode(), int(float(score)), bool(cancelled), payload or None, int(tries))
+            for job_id, score, cancelled, payload, tries in zip(*(iter(flat),) * 5, strict=True)
+        ]
+        return Claimed(int(now_ms), int(hits), int(misses), int(expired), jobs)
+
+
+class ClaimedJob(NamedTuple):
+    """One job a claim took (``claim_jobs``)."""
+
+    job_id: str
+    score: int
+    """Its score in the queue: when it was enqueued (or became due), Redis's ms."""
+    cancelled: bool
+    """A cancel was recorded while an earlier attempt ran it."""
+    payload: bytes | None
+    """arq's job; ``None`` when its key was gone (it expired)."""
+    tries: int
+    """arq's try count, this one included."""
+
+
+class Claimed(NamedTuple):
+    """What a claim did: Redis's time, the affinity counts, the jobs taken."""
+
+    now_ms: int
+    hits: int
+    misses: int
+    expired: int
+    jobs: list[ClaimedJob]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,17 +78,27 @@ class Script(Generic[C]):
             self._read_only = False
             return await self._script(keys=keys, args=args)
 
-    async def pipelined(self, calls: Iterable[C]) -> list[Any]:
+    async def pipelined(self, calls: Iterable[C], *, raise_on_error: bool = True) -> list[Any]:
         """Every call in one round trip, by ``EVALSHA`` in a plain pipeline (redis-py's own
         script pipelining asks ``SCRIPT EXISTS`` first, which a producer's Redis user may not
-        run); a Redis that forgot the script gets it loaded, and the calls sent again (none
-        ran). The replies, in order; the first error reply raises."""
+        run); a Redis that forgot the script gets it loaded, and the calls it refused sent
+        again (they did not run). The replies, in order; the first error reply raises, or
+        (``raise_on_error`` false) each call's error is its reply."""
         commands = [call.command(self.sha) for call in calls]
-        try:
-            return await self._send(commands)
-        except NoScriptError:  # a restarted Redis has forgotten it
-            await self._redis.script_load(self.text)
-            return await self._send(commands)
+        replies = await self._send(commands, raise_on_error=False)
+        for _ in range(LOAD_TRIES):
+            forgotten = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if not forgotten:
+                break
+            await self._redis.script_load(self.text)  # a restarted Redis, a SCRIPT FLUSH
+            again = await self._send([commands[i] for i in forgotten], raise_on_error=False)
+            for i, reply in zip(forgotten, again, strict=True):
+                replies[i] = reply
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+        return replies
 
     async def then(self, call: C, *commands: tuple[Any, ...]) -> list[Any]:
         """``call`` by ``EVALSHA``, then ``commands`` (a ``WAIT`` that covers its write: the

@@ -78,8 +78,8 @@ class Roles:
             in_progress_prefix=IN_PROGRESS_PREFIX,
             worker_id=worker_id,
         )
-        _, _, _, _, *reply = await self._claim(call)
-        return [(job_id.decode(), cancelled) for job_id, cancelled in zip(reply[::3], reply[2::3], strict=True)]
+        claimed = ClaimJobs.reply(await self._claim(call))
+        return [(job.job_id, int(job.cancelled)) for job in claimed.jobs]
 
     async def renew(self, worker_id: str, jobs: list[str], *, owners_ahead: bool = False) -> list[int]:
         """``renew_leases`` for attempt 1 of each job, the owner keys in KEYS (one Redis) or

@@ -106,9 +106,9 @@ class Queue:
         call = self.claim_call(
             worker, wanted, lease_ms=lease_ms, scan_ms=scan_ms, running=running, free_ttl_ms=free_ttl_ms, wakeup=wakeup
         )
-        _, hits, misses, expired, *reply = await self._claim(call)
-        self.affinity += AffinityCounts(hits, misses, expired)
-        return [job_id.decode() for job_id in reply[::3]]
+        claimed = ClaimJobs.reply(await self._claim(call))
+        self.affinity += AffinityCounts(claimed.hits, claimed.misses, claimed.expired)
+        return [job.job_id for job in claimed.jobs]
 
     def claim_call(
         self,

@@ -205,8 +205,8 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
         owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
         free_ttl_ms=AFFINITY_FREE_TTL_MS,
     )
-    *_, claimed, _, cancelled = await Script(worker, ClaimJobs)(claim)
-    assert claimed == request_id.encode() and cancelled == 0
+    (claimed,) = ClaimJobs.reply(await Script(worker, ClaimJobs)(claim)).jobs
+    assert claimed.job_id == request_id and not claimed.cancelled
     assert await admin.get(affinity_free_key(queue, name)) == b"0"  # what enqueue reads to route here
     release = ReleaseAffinity(queue=queue, worker_id=name, wakeup_channel=WAKEUP_CHANNEL)
     assert await Script(worker, ReleaseAffinity)(release) == 0

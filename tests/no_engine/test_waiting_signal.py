@@ -42,8 +42,7 @@ class Worker:
             worker_id=self.worker_id,
             wakeup_channel=WAKEUP_CHANNEL,
         )
-        _, _, _, _, *reply = await self._claim(call)
-        return [job_id.decode() for job_id in reply[::3]]
+        return [job.job_id for job in ClaimJobs.reply(await self._claim(call)).jobs]
 
     async def finish(self, job_id: str, action: str = "finish") -> None:
         """arq's bookkeeping at the end of an attempt: ``finish``, or ``retry`` (handed back)."""

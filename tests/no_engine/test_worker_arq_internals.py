@@ -27,15 +27,17 @@ RECORDED: dict[str, str] = {
     "Worker.__init__": "d6a9394abdb57cc4",
     "Worker.main": "0ecb21ce3368eccd",
     "Worker._release_sem_dec_counter_on_complete": "4a26f100774efecc",
-    "Worker.finish_job": "93bb5bdcf65892e5",
-    "Worker.finish_failed_job": "103418320f3ae56c",
     "Worker.close": "d14f94e939753f5e",
     "Worker.handle_sig": "c2b96e67b9157b33",
     "Worker._wait_for_tasks_to_complete": "e507e061554955c0",
-    # Mirrored: StreamqWorker._start and its claim script do what start_jobs does.
+    # Mirrored: StreamqWorker._start and its claim script do what start_jobs does; the
+    # claim, worker/job_runner.py and worker/acknowledger.py what run_job, finish_job and
+    # finish_failed_job do (each outcome of run_job: docs/internals.md, "A job's run").
     "Worker.start_jobs": "a38f54558b8cd0e0",
-    # Called: run_job builds the ctx jobs get and calls finish_job / finish_failed_job.
     "Worker.run_job": "3ba41d10a68f7bcc",
+    "Worker.finish_job": "93bb5bdcf65892e5",
+    "Worker.finish_failed_job": "103418320f3ae56c",
+    # Called.
     "Worker._cancel_aborted_jobs": "5bd03e72e1ad5c85",
     "Worker._jobs_started": "b9cdaffd67067786",
     "arq.utils.timestamp_ms": "fb714827206ab4ab",

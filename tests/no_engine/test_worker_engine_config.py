@@ -63,10 +63,14 @@ def fields(config: VllmConfig) -> dict[str, Any]:
 
 @pytest.mark.parametrize("extra", FLAG_SETS.values(), ids=FLAG_SETS.keys())
 def test_the_worker_schedules_as_vllm_serve_does_for_the_same_flags(tiny_model: Path, extra: list[str]) -> None:
+    """The same limits; the policy is priority unless given (the worker's one default of its own)."""
     flags = [*tiny_engine_flags(tiny_model), *extra]
     worker, serve = worker_config(flags), serve_config(flags)
-    assert fields(worker) == fields(serve)
-    assert scheduler_limits(worker) == scheduler_limits(serve)
+    assert (worker.scheduler_config.policy, serve.scheduler_config.policy) == ("priority", "fcfs")
+    assert {**fields(worker), "policy": "fcfs"} == fields(serve)
+    given = [*flags, "--scheduling-policy", "fcfs"]
+    assert fields(worker_config(given)) == fields(serve_config(given))
+    assert scheduler_limits(worker_config(given)) == scheduler_limits(serve_config(given))
 
 
 def test_an_engine_built_from_bare_engine_arguments_would_schedule_differently(tiny_model: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from streamq.broker.replay_log import TakeOver
@@ -88,7 +89,7 @@ def test_a_tally_counts_every_completions_tokens_and_keeps_their_reasons() -> No
     progress.set_prompt_tokens(3)  # a continuation's longer prompt: the original's length stays
     progress.end_unfinished("cancelled")
     assert progress.token_ids == [[1, 2, 4], [3]]
-    assert progress.summary("r1") == {
+    assert msgspec.to_builtins(progress.summary("r1")) == {  # the result arq stores
         "request_id": "r1",
         "finish_reasons": ["cancelled", "stop"],
         "prompt_tokens": 7,

@@ -16,10 +16,17 @@
 --   for one of them or left jobs it moved into the index untaken (a held job's window
 --   passed, a deferred job came due), so that no job waits for their next poll ('' for none)
 -- ARGV[13] cancelled_prefix = 'streamq:cancelled:': the cancel records' prefix (only read)
+-- ARGV[14] job_prefix = 'arq:job:': arq's job keys' prefix (each claimed job's payload is read)
+-- ARGV[15] retry_prefix = 'arq:retry:': arq's try counts' prefix (each claimed job's is counted
+--   up, as arq's run_job does when it starts a job)
+-- ARGV[16] ahead = 0: jobs to claim beyond `wanted`, to wait inside this worker's engine for a
+--   slot to free (see 4. below)
 -- Returns Redis's time (ms), the affinity hits, misses and expired windows of this claim,
--- then id, score, cancelled, id, score, cancelled, ... of the jobs claimed (score: the job's
--- score in the queue; cancelled: 1 if a cancel was recorded while an earlier attempt ran it,
--- see cancel: the worker ends it `cancelled` at once, with what the earlier attempts logged).
+-- then id, score, cancelled, payload, try for each job claimed (score: the job's score in
+-- the queue; cancelled: 1 if a cancel was recorded while an earlier attempt ran it, see
+-- cancel: the worker ends it `cancelled` at once, with what the earlier attempts logged;
+-- payload: arq's job, false when its key is gone; try: arq's try count, this one
+-- included), so that a worker starts what it claimed without reading each job again.
 -- Jobs are due by Redis's clock, never a worker's.
 --
 -- arq's queue stays the source of truth (a job is queued or running while it is in it);
@@ -38,7 +45,9 @@
 --    (<queue>:owner:<key>); a claim of a job with keys not held for this worker is a
 --    miss; the worker's free slots and load are set for enqueue to read;
 -- 3. at most once per scan interval (all workers together), arq's queue itself, in score
---    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script.
+--    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script;
+-- 4. with `wanted` taken, up to `ahead` more from the index, for the worker's engine to
+--    start as slots free, as far as the waiting jobs exceed the other workers' free slots.
 -- A job only some workers may run (<queue>:eligible:<id>: a LoRA adapter not every worker
 -- serves, see enqueue) never joins the shared index: when its window passes it is held
 -- again for one of them, and a lapsed lease of one is taken over only by one of them.
@@ -55,6 +64,8 @@ local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or 
 local spare = tonumber(ARGV[11] or '0')
 local wakeup = ARGV[12] or ''
 local cancelled = ARGV[13] or 'streamq:cancelled:'
+local job_prefix, retry_prefix = ARGV[14] or 'arq:job:', ARGV[15] or 'arq:retry:'
+local ahead = tonumber(ARGV[16] or '0')
 local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
 local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
@@ -145,6 +156,9 @@ local function take(id, score)
     claimed[#claimed + 1] = id
     claimed[#claimed + 1] = score
     claimed[#claimed + 1] = redis.call('EXISTS', cancelled .. id)
+    claimed[#claimed + 1] = redis.call('GET', job_prefix .. id)
+    claimed[#claimed + 1] = redis.call('INCR', retry_prefix .. id)
+    redis.call('EXPIRE', retry_prefix .. id, 88400) -- as arq's run_job
     n = n + 1
     return true
   end
@@ -222,74 +236,77 @@ local function charge(band, tenant, pass)
 end
 
 -- The index: the most urgent band; in it, the jobs held for this worker, then the tenant
--- of lowest pass, that tenant's oldest job.
-while n < wanted do
-  local band = redis.call('ZRANGE', bands, 0, 0)[1]
-  local mine = redis.call('ZRANGE', my_bands, 0, 0)[1]
-  if mine and (not band or tonumber(mine) <= tonumber(band)) then
-    local head = redis.call('ZPOPMIN', q .. ':affine:' .. me .. ':' .. mine)
-    if #head == 0 then
-      redis.call('ZREM', my_bands, mine)
-    else
-      local id = head[1]
-      redis.call('ZREM', q .. ':deferred', id)
-      redis.call('HDEL', held, id)
-      redis.call('ZREM', q .. ':waiting:' .. mine, id)
-      redis.call('ZREM', q .. ':waiting', id)
-      local meta = redis.call('HGET', indexed, id)
-      redis.call('HDEL', indexed, id)
-      if meta then
-        local tenant = string.match(meta, '^%S+ (%S+)')
-        local pass = redis.call('ZSCORE', q .. ':tenants:' .. mine, tenant)
-        if pass then
-          charge(mine, tenant, math.max(tonumber(pass), tonumber(redis.call('HGET', vtimes, mine) or 0)))
-        end
-      end
-      local score = redis.call('ZSCORE', q, id)
-      if score and take(id, score) then
-        own_prefixes(meta)
-        if meta and string.match(meta, ' steered$') then -- held for balance: a miss
-          claimed[3] = claimed[3] + 1
-        else
-          claimed[2] = claimed[2] + 1
-        end
-      end
-    end
-  elseif not band then
-    break
-  else
-    local tenants = q .. ':tenants:' .. band
-    local top = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
-    if #top == 0 then
-      redis.call('ZREM', bands, band)
-      redis.call('HDEL', vtimes, band)
-    else
-      local tenant = top[1]
-      local fifo = q .. ':fifo:' .. band .. ':' .. tenant
-      local head = redis.call('ZPOPMIN', fifo)
+-- of lowest pass, that tenant's oldest job; until the claim has `limit` jobs.
+local function from_index(limit)
+  while n < limit do
+    local band = redis.call('ZRANGE', bands, 0, 0)[1]
+    local mine = redis.call('ZRANGE', my_bands, 0, 0)[1]
+    if mine and (not band or tonumber(mine) <= tonumber(band)) then
+      local head = redis.call('ZPOPMIN', q .. ':affine:' .. me .. ':' .. mine)
       if #head == 0 then
-        redis.call('ZREM', tenants, tenant)
+        redis.call('ZREM', my_bands, mine)
       else
         local id = head[1]
-        local pass = math.max(tonumber(top[2]), tonumber(redis.call('HGET', vtimes, band) or 0))
-        redis.call('ZREM', q .. ':waiting:' .. band, id)
+        redis.call('ZREM', q .. ':deferred', id)
+        redis.call('HDEL', held, id)
+        redis.call('ZREM', q .. ':waiting:' .. mine, id)
         redis.call('ZREM', q .. ':waiting', id)
         local meta = redis.call('HGET', indexed, id)
         redis.call('HDEL', indexed, id)
-        if redis.call('EXISTS', fifo) == 1 then
-          charge(band, tenant, pass)
-        else
-          redis.call('ZREM', tenants, tenant)
+        if meta then
+          local tenant = string.match(meta, '^%S+ (%S+)')
+          local pass = redis.call('ZSCORE', q .. ':tenants:' .. mine, tenant)
+          if pass then
+            charge(mine, tenant, math.max(tonumber(pass), tonumber(redis.call('HGET', vtimes, mine) or 0)))
+          end
         end
-        redis.call('HSET', vtimes, band, pass)
         local score = redis.call('ZSCORE', q, id)
-        if score and take(id, score) and own_prefixes(meta) then -- gone: cancelled or expired outside the scripts
-          claimed[3] = claimed[3] + 1
+        if score and take(id, score) then
+          own_prefixes(meta)
+          if meta and string.match(meta, ' steered$') then -- held for balance: a miss
+            claimed[3] = claimed[3] + 1
+          else
+            claimed[2] = claimed[2] + 1
+          end
+        end
+      end
+    elseif not band then
+      break
+    else
+      local tenants = q .. ':tenants:' .. band
+      local top = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
+      if #top == 0 then
+        redis.call('ZREM', bands, band)
+        redis.call('HDEL', vtimes, band)
+      else
+        local tenant = top[1]
+        local fifo = q .. ':fifo:' .. band .. ':' .. tenant
+        local head = redis.call('ZPOPMIN', fifo)
+        if #head == 0 then
+          redis.call('ZREM', tenants, tenant)
+        else
+          local id = head[1]
+          local pass = math.max(tonumber(top[2]), tonumber(redis.call('HGET', vtimes, band) or 0))
+          redis.call('ZREM', q .. ':waiting:' .. band, id)
+          redis.call('ZREM', q .. ':waiting', id)
+          local meta = redis.call('HGET', indexed, id)
+          redis.call('HDEL', indexed, id)
+          if redis.call('EXISTS', fifo) == 1 then
+            charge(band, tenant, pass)
+          else
+            redis.call('ZREM', tenants, tenant)
+          end
+          redis.call('HSET', vtimes, band, pass)
+          local score = redis.call('ZSCORE', q, id)
+          if score and take(id, score) and own_prefixes(meta) then -- gone: cancelled or expired outside the scripts
+            claimed[3] = claimed[3] + 1
+          end
         end
       end
     end
   end
 end
+from_index(wanted)
 
 -- 3. arq's queue, as before the index, when slots remain and nobody scanned lately.
 if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
@@ -306,6 +323,29 @@ if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
     offset = offset + page
   end
 end
+-- 4. With its slots filled, up to `ahead` more jobs from the index, to wait in this worker's
+-- engine and start in the step a slot frees: only as many as the waiting jobs exceed the
+-- free slots of the other live workers (a worker whose free slots lapsed is dropped), so
+-- that no job waits in one engine while another worker has room for it.
+if ahead > 0 and n >= wanted then
+  local waiting = redis.call('ZCARD', q .. ':waiting')
+  if waiting > 0 then
+    local room = 0
+    for _, worker in ipairs(redis.call('ZRANGE', q .. ':load', 0, -1)) do
+      if worker ~= me then
+        local free = redis.call('GET', q .. ':free:' .. worker)
+        if free then
+          room = room + math.max(0, tonumber(free))
+        else
+          redis.call('ZREM', q .. ':load', worker)
+        end
+      end
+    end
+    if waiting > room then
+      from_index(n + math.min(ahead, waiting - room))
+    end
+  end
+end
 -- Jobs held for another worker, or moved into the index and maybe left there (this claim
 -- filled its slots): the others claim now rather than at their next poll.
 if wakeup ~= '' and (held_for_others or (promoted and n >= wanted)) then
@@ -314,7 +354,7 @@ end
 -- What enqueue reads to route a job here: this worker's free slots (lapsing unless it
 -- claims again) and how many jobs it runs.
 if free_ttl > 0 then
-  redis.call('SET', q .. ':free:' .. me, wanted - n + spare, 'PX', free_ttl)
+  redis.call('SET', q .. ':free:' .. me, math.max(0, wanted - n) + spare, 'PX', free_ttl)
   redis.call('ZADD', q .. ':load', busy + n, me)
 end
 return claimed
