@@ -7,6 +7,7 @@ on the CPU are sampled, so the counts are where CPU time goes, not where the pro
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -42,6 +43,7 @@ class PySpyRecording:
             str(self.pid),
             "--subprocesses",
             "--nonblocking",
+            *(["--gil"] if os.environ.get("PYSPY_GIL") else []),
             "--rate",
             str(self.rate),
             "--format",

@@ -20,6 +20,8 @@ from arq.constants import retry_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
+from vllm.envs import enable_envs_cache
+from vllm.utils.gc_utils import freeze_gc_heap
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -176,6 +178,12 @@ class StreamqWorker(Worker):
             end_failed_request=self._end_failed_request,
         )
         self._resize(state)
+        # As vllm serve's front end once it is up: the start-up heap (the engine client,
+        # the tokenizer, the parsers) is left out of the collector's passes, which would
+        # otherwise stall the loop for milliseconds at a time; and as vLLM's engine
+        # processes, its environment read once.
+        freeze_gc_heap()
+        enable_envs_cache()
         if self._seat is not None:
             self._seat.ready.set()
 
