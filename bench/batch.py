@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR, help="tiny model, built if absent")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--worker-args", default="", help="more arguments for the worker, e.g. '--max-jobs 256'")
-    parser.add_argument("--profile", action="store_true", help="record the worker with py-spy (perturbs it)")
+    parser.add_argument(
+        "--profile", action="store_true", help="record the worker with py-spy, the thread holding the GIL (perturbs it)"
+    )
     parser.add_argument("--batch-args", default="", help="more arguments for streamq batch, e.g. '--max-in-flight 128'")
     return parser
 
@@ -87,15 +89,19 @@ def _commands(client: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
 
 
-def _events_of_whole_requests(port: int) -> float:
-    """The worker's ``streamq_request_events`` sum over requests that are not streamed."""
+def _worker_counts(port: int) -> dict[str, float]:
+    """From the worker's metrics: ``events``, the ``streamq_request_events`` sum over requests
+    that are not streamed, and its Redis round trips on the request path by purpose."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
+    counts: dict[str, float] = {"events": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "streamq_request_events_sum" and sample.labels == {"streamed": "false"}:
-                return float(sample.value)
-    return 0.0
+                counts["events"] = float(sample.value)
+            elif sample.name == "streamq_redis_round_trips_total":
+                counts[f"round_trips_{sample.labels['purpose']}"] = float(sample.value)
+    return counts
 
 
 def _run_batch_command(
@@ -130,7 +136,7 @@ def run_streamq(
             _run_batch_command(config, server.url, worker.queue, warm_up, warm_out, batch_args)
             client = redis.Redis.from_url(server.url)
             commands_before = _commands(client)
-            events_before = _events_of_whole_requests(metrics_port)
+            counts_before = _worker_counts(metrics_port)
             roles = {
                 "worker": [worker.process.pid],
                 "engine_core": descendants(worker.process.pid),
@@ -142,13 +148,15 @@ def run_streamq(
             cpu.start()
             with contextlib.ExitStack() as stack:
                 if profile:
-                    stack.enter_context(PySpyRecording(worker.process.pid, results / f"{config.run_id}-worker.pyspy"))
+                    stack.enter_context(
+                        PySpyRecording(worker.process.pid, results / f"{config.run_id}-worker.pyspy", gil=True)
+                    )
                 batch_run = _run_batch_command(
                     config, server.url, worker.queue, results / f"{config.run_id}-batch.jsonl", out, batch_args
                 )
                 window = cpu.stop()
             commands = {k: v - commands_before.get(k, 0) for k, v in _commands(client).items()}
-            events_sum = _events_of_whole_requests(metrics_port) - events_before
+            counts = {k: v - counts_before.get(k, 0.0) for k, v in _worker_counts(metrics_port).items()}
             client.close()
         finally:
             worker.stop()
@@ -167,7 +175,10 @@ def run_streamq(
         "cpu_s": {**window.seconds, "batch_command": batch_run.cpu_s},
         "batch_peak_kib": batch_run.peak_kib,
         "redis_commands": {k: v for k, v in commands.items() if v},
-        "events_per_request": events_sum / config.num_prompts,
+        "events_per_request": counts.pop("events") / config.num_prompts,
+        "round_trips_per_request": {
+            k.removeprefix("round_trips_"): v / config.num_prompts for k, v in counts.items() if v
+        },
     }
 
 
@@ -227,7 +238,9 @@ def report(config: BatchBenchConfig, rounds: list[dict[str, dict[str, Any]]]) ->
                 "",
                 f"streamq, round {number}: {per_request:.1f} Redis commands per request "
                 f"({', '.join(f'{k} {v / config.num_prompts:.2f}' for k, v in top)}), "
-                f"{result['events_per_request']:.2f} events per request, "
+                f"{result['events_per_request']:.2f} events per request, worker round trips to Redis per "
+                f"request {sum(result['round_trips_per_request'].values()):.3f} "
+                f"({', '.join(f'{k} {v:.3f}' for k, v in result['round_trips_per_request'].items())}), "
                 f"streamq batch peak RSS {result['batch_peak_kib'] / 1024:.0f} MiB",
             ]
     return "\n".join(lines)

@@ -6,8 +6,9 @@ process of its own (one engine at a time): ``python -m bench.batch_paths PATH CO
 - ``run-batch``: ``vllm run-batch``'s own ``run_batch`` over the batch file, on the engine
   client its ``main`` builds.
 - ``final-only``: a bare ``AsyncLLM`` with every prompt at once (a chat rendered with the
-  chat template in the window, as the worker renders it; a completion's text as given) and ``RequestOutputKind.FINAL_ONLY``:
-  what a worker's process adds to the engine's own front end is measured against this process.
+  chat template in the window, as the worker renders it; a completion's text as given) and
+  ``RequestOutputKind.FINAL_ONLY``: what a worker's process adds to the engine's own front
+  end is measured against this process.
 
 Every prompt is one user message of a chat (``vllm run-batch`` has no other generation
 endpoint), or with ``--endpoint completions`` a completion's prompt (no ``run-batch`` path).

@@ -7,7 +7,6 @@ on the CPU are sampled, so the counts are where CPU time goes, not where the pro
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -31,8 +30,11 @@ class PySpyRecording:
     """Records ``pid`` (and its children) while the ``with`` block runs; on exit
     writes the collapsed stacks to ``out`` and a summary beside it."""
 
-    def __init__(self, pid: int, out: Path, *, rate: int = 100) -> None:
+    def __init__(self, pid: int, out: Path, *, rate: int = 100, gil: bool = False) -> None:
         self.pid, self.out, self.rate = pid, out, rate
+        self.gil = gil
+        """Sample only the thread holding the GIL: what the Python code itself costs, without
+        the time a thread spends waiting for the GIL (vLLM tokenizes in a thread pool)."""
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> PySpyRecording:
@@ -43,7 +45,7 @@ class PySpyRecording:
             str(self.pid),
             "--subprocesses",
             "--nonblocking",
-            *(["--gil"] if os.environ.get("PYSPY_GIL") else []),
+            *(["--gil"] if self.gil else []),
             "--rate",
             str(self.rate),
             "--format",

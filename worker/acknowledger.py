@@ -22,6 +22,7 @@ from streamq.broker.data_plane import OwnerRead
 from streamq.protocol.script_calls import FinishJob
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
+from worker import metrics
 from worker.lease import lease_holder
 
 logger = logging.getLogger("streamq.worker")
@@ -58,8 +59,6 @@ class Acknowledger:
         self._pending: list[tuple[Acknowledgement, asyncio.Future[bool]]] = []
         self._has_pending = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.round_trips = 0
-        """Pipelines sent so far (``bench/`` divides the ends by it)."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._send_forever(), name="acknowledger")
@@ -126,5 +125,5 @@ class Acknowledger:
             )
             for end, owner in zip(ends, owners, strict=True)
         ]
-        self.round_trips += 1
+        metrics.ROUND_TRIPS["acknowledge"].inc()
         return await self._script.pipelined(calls, raise_on_error=False)

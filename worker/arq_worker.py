@@ -20,10 +20,10 @@ from arq.constants import retry_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
-from vllm.envs import enable_envs_cache
-from vllm.utils.gc_utils import freeze_gc_heap
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from vllm.envs import enable_envs_cache
+from vllm.utils.gc_utils import freeze_gc_heap
 
 from streamq.broker.job_result import failure_of
 from streamq.broker.pubsub import live_messages
@@ -215,6 +215,7 @@ class StreamqWorker(Worker):
         wanted = min(free, max(0, self._batch - self.job_counter))
         ttl_ms = state.leases.ttl_ms
         asked_at = timestamp_ms()
+        metrics.ROUND_TRIPS["claim"].inc()
         # Slots whose request already ended count as free for enqueue's routing (only).
         spare += sum(1 for job_id in state.ended_jobs if job_id in self.tasks and not self.tasks[job_id].done())
         claimed = ClaimJobs.reply(

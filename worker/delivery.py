@@ -53,6 +53,14 @@ class Delivery:
     def streamed(self) -> bool:
         return self.checkpoint_tokens is None
 
+    def whole(self, max_tokens: int | None) -> bool:
+        """Whether a request of at most ``max_tokens`` tokens per completion asks the engine
+        for its end only (``FINAL_ONLY``: one output, where an interval sends the first token
+        at once and then the rest): not streamed, and within one checkpoint, so that no
+        checkpoint could come before its end and a take-over generates at most a
+        checkpoint's worth again, as for any request."""
+        return self.checkpoint_tokens is not None and max_tokens is not None and max_tokens <= self.checkpoint_tokens
+
     def stream_interval(self, requested: int | None) -> int | None:
         """The ``stream_interval`` to ask the engine for, given the request's own: a
         checkpoint's worth of tokens when not streamed (the engine sends the first token

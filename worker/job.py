@@ -311,7 +311,7 @@ async def _run(job: JobContext, request: GenerateRequest, events: RequestEvents,
     time_left = _time_left(state, job.queued_at_ms, request, events.attempt)
     if isinstance(time_left, FinishReason):
         return await _end(job, events, request, progress, time_left)
-    generation = await _generation(state.engine, request, progress, prompt_ids, params)
+    generation = await _generation(state.engine, request, progress, prompt_ids, params, delivery)
     if generation is None:  # finished (or out of budget) before the final event went out
         return await _end(job, events, request, progress, FinishReason.LENGTH)
     # The prompt's logprobs go out with the request's first chunk: an attempt that goes on
@@ -418,11 +418,16 @@ async def _generation(
     progress: Progress,
     prompt_ids: list[int] | None,
     params: SamplingParams,
+    delivery: Delivery,
 ) -> Generation | None:
-    """What generates the request's outputs: from its prompt, or after a take-over the rest
-    of the answer (``Progress.continuation``); ``None`` when nothing is left to generate."""
+    """What generates the request's outputs: from its prompt (its end only, where it fits in
+    a checkpoint: ``Delivery.whole``), or after a take-over the rest of the answer
+    (``Progress.continuation``); ``None`` when nothing is left to generate."""
     if progress.completion_tokens:
         return await progress.continuation(engine, request, prompt_ids, params)
+    if delivery.whole(params.max_tokens):
+        params = params.clone()
+        params.output_kind = RequestOutputKind.FINAL_ONLY
     if prompt_ids is not None:
         return _FirstRun(TokensPrompt(prompt_token_ids=prompt_ids), params)
     assert request.prompt is not None, "validated: a request has a prompt or messages"

@@ -31,6 +31,7 @@ from typing import Any
 
 from arq import Retry
 from arq.constants import retry_key_prefix
+from arq.cron import CronJob
 from arq.jobs import serialize_result
 from arq.utils import timestamp_ms
 from arq.worker import Function, JobExecutionFailed, RetryJob
@@ -88,7 +89,7 @@ class JobRunner:
         redis: Redis,
         *,
         queue: str,
-        functions: Mapping[str, Function],
+        functions: Mapping[str, Function | CronJob],
         worker_ctx: dict[str, Any],
         limits: JobLimits,
         acknowledger: Acknowledger,

@@ -115,6 +115,7 @@ class Leases:
             )
             for (job_id, attempt), owner in zip(held, owners, strict=True)
         ]
+        metrics.ROUND_TRIPS["lease"].inc()
         replies = await self._renew(RenewLeases(ttl_ms=self.ttl_ms, jobs=jobs))
         for (job_id, attempt), kept in zip(held, replies, strict=True):
             if self._held.get(job_id) != attempt:

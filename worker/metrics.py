@@ -110,6 +110,17 @@ AFFINITY_EXPIRED = Counter(
 LEASES_LOST = Counter(
     "streamq_leases_lost", "Running jobs whose lease another worker holds now: this worker's attempt stops"
 )
+ROUND_TRIP_PURPOSES: Final = ("claim", "publish", "confirm", "acknowledge", "lease")
+"""What a worker's round trips on the request path carry, each shared by every request of it:
+a claim (the jobs with their payloads), a flush of events, a confirmation of ends that wait
+for their replicas, the ends of the jobs of one pass, a renewal of every lease."""
+REDIS_ROUND_TRIPS = Counter(
+    "streamq_redis_round_trips",
+    "Round trips to Redis on the request path, by what they carried (claim, publish, confirm, acknowledge, "
+    "lease); each serves every request that was ready for it, so a loaded worker makes fewer per request",
+    ["purpose"],
+)
+ROUND_TRIPS: Final = {purpose: REDIS_ROUND_TRIPS.labels(purpose=purpose) for purpose in ROUND_TRIP_PURPOSES}
 DURABLE_END_WAITS: Final = ("end", "end_request", "callback")
 """What waits for its replicas (``--durable-ends``): an end the publisher confirms (a job's
 own, or one a take-over found logged), an end written outside a running attempt (a job arq

@@ -345,6 +345,7 @@ class EventPublisher:
     async def _confirm_round(self, taken: list[_Confirmation]) -> list[_Confirmation]:
         """Confirm ``taken`` once; the confirmations to try again."""
         events = [event for confirmation in taken for event in confirmation.events]
+        metrics.ROUND_TRIPS["confirm"].inc()
         try:
             appended = await self._log.confirm(events)
         except Exception as exc:  # the confirmer must outlive any round
@@ -427,6 +428,7 @@ class EventPublisher:
         attempt = 0
         while True:
             attempt += 1
+            metrics.ROUND_TRIPS["publish"].inc()
             try:
                 appended = await self._log.append(batch)
             except Exception as exc:
