@@ -70,7 +70,7 @@ async def measure(
             if config.profile and path == "b":  # (e)'s parent only watches its front ends
                 assert worker.process is not None
                 out = Path(config.results_dir) / f"{config.run_id}-b-worker.pyspy.txt"
-                stack.enter_context(PySpyRecording(worker.process.pid, out))
+                stack.enter_context(PySpyRecording(worker.process.pid, out, gil=True))
             results = await measure_levels(path, stream, prompts_for, config.concurrencies, roles)
             if with_interval and config.stream_interval > 1:
                 interval["stream_interval"] = config.stream_interval

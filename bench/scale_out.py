@@ -26,11 +26,12 @@ from devkit.worker_process import (
     SCRIPTED_ENGINE,
     SCRIPTED_MAX_NUM_SEQS_ENV,
     SCRIPTED_TOKENS_PER_S_ENV,
+    SIZED_LINE,
     WorkerProcess,
     worker_env,
 )
 
-READY_LINE = "max_jobs set"
+READY_LINE = SIZED_LINE
 """Each worker logs this once its engine is up; with several workers on one queue
 the shared arq health-check key cannot tell them apart."""
 

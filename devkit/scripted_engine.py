@@ -31,6 +31,7 @@ from typing import Any
 
 from vllm import SamplingParams
 from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
 from devkit.worker_process import SCRIPTED_MAX_NUM_SEQS_ENV, SCRIPTED_MODEL, SCRIPTED_TOKENS_PER_S_ENV
@@ -106,12 +107,14 @@ class _FixedPromptTokenizer:
 class _Running:
     """One request being stepped: its outputs waiting for its generator."""
 
-    def __init__(self, request_id: str, max_tokens: int, n: int, stream_interval: int) -> None:
+    def __init__(self, request_id: str, max_tokens: int, n: int, stream_interval: int, *, final_only: bool) -> None:
         self.request_id = request_id
         self.remaining = max_tokens
         self.n = n
         self.stream_interval = stream_interval
         """An output every this many tokens (the first and the last at once), as vLLM sends them."""
+        self.final_only = final_only
+        """One output, the last (``RequestOutputKind.FINAL_ONLY``)."""
         self.generated = 0
         self.unsent = 0
         self.outputs: deque[RequestOutput] = deque()
@@ -119,9 +122,11 @@ class _Running:
 
 
 class ClockedEngine(ScriptedEngine):
-    """Tokens on a clock: like ``AsyncLLM`` it advances every running request one token
-    per step and yields DELTA ``RequestOutput``s; a late step is not made up for, as with a
-    real engine whose output handler lags."""
+    """Tokens on a clock: like ``AsyncLLM`` it advances up to ``max_num_seqs`` requests one
+    token per step, first come first served (the others wait in its queue, and one starts
+    in the step a slot frees), and yields DELTA ``RequestOutput``s (or, asked for
+    ``FINAL_ONLY``, the last alone); a late step is not made up for, as with a real engine
+    whose output handler lags."""
 
     def __init__(self, tokens_per_s: float, max_num_seqs: int) -> None:
         super().__init__(_FixedPromptTokenizer(), max_num_seqs=max_num_seqs, max_model_len=1 << 20)
@@ -136,7 +141,11 @@ class ClockedEngine(ScriptedEngine):
         if self._stepper is None:
             self._stepper = asyncio.get_running_loop().create_task(self._step_forever(), name="scripted-steps")
         running = _Running(
-            request_id, sampling_params.max_tokens or 16, sampling_params.n, sampling_params.stream_interval or 1
+            request_id,
+            sampling_params.max_tokens or 16,
+            sampling_params.n,
+            sampling_params.stream_interval or 1,
+            final_only=sampling_params.output_kind == RequestOutputKind.FINAL_ONLY,
         )
         self._running[request_id] = running
         self._has_work.set()
@@ -164,16 +173,17 @@ class ClockedEngine(ScriptedEngine):
             await asyncio.sleep(next_step - time.monotonic())
 
     def _step(self) -> None:
-        """One engine step: one token for every running request, an output for those whose
-        stream interval is up."""
-        for running in list(self._running.values()):
-            if running.remaining <= 0:
-                continue
+        """One engine step: one token for each of the first ``max_num_seqs`` unfinished
+        requests, an output for those whose stream interval is up."""
+        scheduled = [running for running in self._running.values() if running.remaining > 0]
+        for running in scheduled[: self.vllm_config.scheduler_config.max_num_seqs]:
             running.remaining -= 1
             running.generated += 1
             running.unsent += 1
             finish = "length" if running.remaining == 0 else None
-            if finish is None and running.generated > 1 and running.unsent < running.stream_interval:
+            if finish is None and (
+                running.final_only or (running.generated > 1 and running.unsent < running.stream_interval)
+            ):
                 continue
             tokens, running.unsent = running.unsent, 0
             running.outputs.append(

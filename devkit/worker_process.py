@@ -151,6 +151,10 @@ def tail(log_path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+SIZED_LINE = "requests at once, and holds up to"
+"""What a worker logs once its engine is up and its slots are sized (``StreamqWorker``): it
+claims from then on. The queue's health check is not a worker's own."""
+
 SCRIPTED_ENGINE = "devkit.scripted_engine:create"
 """The scripted engine (``devkit/scripted_engine.py``'s ``ClockedEngine``): the queue layer
 without a model."""

@@ -166,8 +166,6 @@ class StreamqWorker(Worker):
             state,
             self.pool,
             queue=self.queue_name,
-            functions=self.functions,
-            worker_ctx=self.ctx,
             limits=JobLimits(
                 max_tries=self.max_tries,
                 timeout_s=self.job_timeout_s,
@@ -177,13 +175,13 @@ class StreamqWorker(Worker):
             acknowledger=self._acknowledger,
             end_failed_request=self._end_failed_request,
         )
-        self._resize(state)
         # As vllm serve's front end once it is up: the start-up heap (the engine client,
         # the tokenizer, the parsers) is left out of the collector's passes, which would
         # otherwise stall the loop for milliseconds at a time; and as vLLM's engine
         # processes, its environment read once.
         freeze_gc_heap()
         enable_envs_cache()
+        self._resize(state)  # its log line says the worker claims from now on
         if self._seat is not None:
             self._seat.ready.set()
 

@@ -10,7 +10,8 @@ the same pass of the loop in one round trip (``worker/acknowledger.py``). Each o
 keeps arq's meaning (docs/internals.md, "A job's run"):
 
 - the payload is gone (the job expired): failed, ``job expired``;
-- the function is not one of the worker's: failed, ``function ... not found``;
+- the payload is not a job the worker runs (``streamq.protocol.deserialize_job``: another
+  function, a field of the wrong type): the job function reports it (``invalid_request``);
 - the try count is past ``max_tries``: failed, ``max N retries exceeded``;
 - ``arq.Retry``, or a cancellation (the worker stops): handed back, to run again;
 - past ``job_timeout``: failed with ``TimeoutError``;
@@ -25,22 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from arq import Retry
 from arq.constants import retry_key_prefix
-from arq.cron import CronJob
 from arq.jobs import serialize_result
 from arq.utils import timestamp_ms
-from arq.worker import Function, JobExecutionFailed, RetryJob
+from arq.worker import JobExecutionFailed, RetryJob
 from redis.asyncio import Redis
 
 from streamq.protocol import deserialize_job, serialize_job
 from streamq.protocol.script_calls import ClaimedJob
 from worker.acknowledger import Acknowledgement, Acknowledger
-from worker.job import RequestFailed, generate, run_request
+from worker.job import RequestFailed, run_request
 from worker.job_context import JobContext, Superseded
 from worker.state import WorkerState
 
@@ -78,8 +78,6 @@ class JobRunner:
     """Runs the jobs a worker's claim took.
 
     :param redis: the control plane (arq's keys).
-    :param functions: arq's functions by name (the worker's own is ``generate``).
-    :param worker_ctx: arq's ``ctx``, for a function that is not the worker's own.
     :param end_failed_request: publishes a failed job's error event.
     """
 
@@ -89,8 +87,6 @@ class JobRunner:
         redis: Redis,
         *,
         queue: str,
-        functions: Mapping[str, Function | CronJob],
-        worker_ctx: dict[str, Any],
         limits: JobLimits,
         acknowledger: Acknowledger,
         end_failed_request: EndFailedRequest,
@@ -98,8 +94,6 @@ class JobRunner:
         self._state = state
         self._redis = redis
         self._queue = queue
-        self._functions = functions
-        self._worker_ctx = worker_ctx
         self._limits = limits
         self._acknowledger = acknowledger
         self._end_failed_request = end_failed_request
@@ -112,29 +106,20 @@ class JobRunner:
         if claimed.payload is None:
             logger.warning("job %s expired", job_id)
             return await self._give_up(_Job(job_id, "<unknown>", [], {}, 0), tries, JobExecutionFailed("job expired"))
-        decoded = deserialize_job(claimed.payload)  # never raises: a bad payload reaches the function
+        # Never raises: a payload that is not a valid job becomes one the job function reports.
+        decoded = deserialize_job(claimed.payload)
         job = _Job(job_id, decoded["f"], decoded["a"], decoded["k"], decoded["et"])
-        function = self._functions.get(job.function)
-        if function is None:
-            logger.warning("job %s, function %r not found", job_id, job.function)
-            return await self._give_up(job, tries, JobExecutionFailed(f"function {job.function!r} not found"))
         if (decoded.get("t") or 0) > tries:  # enqueued to start at a later try, as arq allows
             tries = decoded["t"]
             await self._redis.setex(retry_key_prefix + job_id, RETRY_KEY_TTL_S, str(tries))
-        max_tries = self._limits.max_tries if function.max_tries is None else function.max_tries
-        if tries > max_tries:
-            logger.warning("job %s: max retries %d exceeded", job_id, max_tries)
-            return await self._give_up(job, tries, JobExecutionFailed(f"max {max_tries} retries exceeded"))
+        if tries > self._limits.max_tries:
+            logger.warning("job %s: max retries %d exceeded", job_id, self._limits.max_tries)
+            return await self._give_up(job, tries, JobExecutionFailed(f"max {self._limits.max_tries} retries exceeded"))
         started_ms = timestamp_ms()
         context = JobContext(job_id, tries, claimed.score, self._state, lease_set=True)
-        timeout_s = self._limits.timeout_s if function.timeout_s is None else function.timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                if function.coroutine is generate:
-                    outcome: Any = await run_request(context, job.args, job.kwargs)
-                else:  # another arq function: called as arq calls it
-                    ctx = {**self._worker_ctx, "job_id": job_id, "job_try": tries, "score": claimed.score}
-                    outcome = await function.coroutine(ctx, *job.args, **job.kwargs)
+            async with asyncio.timeout(self._limits.timeout_s):
+                outcome = await run_request(context, job.args, job.kwargs)
         except (Exception, asyncio.CancelledError) as exc:
             if self._limits.retry_jobs and isinstance(exc, (Retry, RetryJob, asyncio.CancelledError)):
                 if not isinstance(exc, Retry):

@@ -1,9 +1,10 @@
 """Keep prompts out of the worker's log.
 
-arq logs every job it starts at INFO as ``→ generate(<repr of the arguments>)``,
-the first 80 characters of the request: its prompt or messages. Prompts are user
-data, so the worker's job deserializer hands the job function a request whose
-``repr`` names only its id and size; everything else sees an ordinary dict.
+arq's own ``run_job`` (``arq worker.WorkerSettings``; ``python -m worker`` runs its jobs
+without it, ``worker/job_runner.py``) logs every job it starts at INFO as ``→
+generate(<repr of the arguments>)``, the first 80 characters of the request: its prompt or
+messages. Prompts are user data, so the worker's job deserializer hands the job function a
+request whose ``repr`` names only its id and size; everything else sees an ordinary dict.
 """
 
 from __future__ import annotations

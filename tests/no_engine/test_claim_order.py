@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import pytest
 import redis.asyncio as aioredis
 
-from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, WAKEUP_CHANNEL
+from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, RETRY_KEY_PREFIX, WAKEUP_CHANNEL
 from streamq.protocol.names import running_key, waiting_key
 from streamq.protocol.script_calls import Cancel, ClaimJobs, Enqueue, ReleaseAffinity
 from streamq.protocol.scripts import Script
@@ -100,12 +100,15 @@ class Queue:
         running: int = 0,
         free_ttl_ms: int = 60_000,
         wakeup: str = "",
+        ahead: int = 0,
     ) -> list[str]:
         """A claim by ``worker``, which runs ``running`` jobs; it takes part in affinity and
-        tells the other workers on ``wakeup`` (if given) of jobs it leaves for them."""
+        tells the other workers on ``wakeup`` (if given) of jobs it leaves for them; with
+        ``ahead``, it takes that many more for its engine's queue where nobody has room."""
         call = self.claim_call(
             worker, wanted, lease_ms=lease_ms, scan_ms=scan_ms, running=running, free_ttl_ms=free_ttl_ms, wakeup=wakeup
         )
+        call = replace(call, ahead=ahead)
         claimed = ClaimJobs.reply(await self._claim(call))
         self.affinity += AffinityCounts(claimed.hits, claimed.misses, claimed.expired)
         return [job.job_id for job in claimed.jobs]
@@ -601,3 +604,44 @@ async def test_a_claim_that_leaves_expired_holds_in_the_index_wakes_the_workers(
     assert await woken(pubsub) == [queue.name.encode()]
     assert await queue.claim(8, worker="w3", wakeup=channel) == ["held-1"]
     assert await woken(pubsub) == []
+
+
+async def test_a_claim_takes_jobs_for_its_engines_queue_only_beyond_the_other_workers_free_slots(
+    queue: Queue,
+) -> None:
+    """A worker whose engine is full keeps the next jobs waiting inside its engine, so that a
+    freed slot is refilled in the same step; but never a job another worker could start."""
+    for i in range(6):
+        await queue.enqueue(f"job-{i}")
+    assert await queue.claim(2, worker="w1", ahead=3) == ["job-0", "job-1", "job-2", "job-3", "job-4"]
+    assert await queue.claim(2, worker="w2") == ["job-5"]  # live, a slot still free
+    assert await queue.claim(0, worker="w1", ahead=3) == []
+    for i in range(6, 9):
+        await queue.enqueue(f"job-{i}")
+    assert await queue.claim(0, worker="w1", ahead=3) == ["job-6", "job-7"]  # 3 waiting, 1 free at w2
+    assert await queue.claim(1, worker="w2") == ["job-8"]
+
+
+async def test_a_worker_whose_free_slots_lapsed_leaves_no_room_to_count(queue: Queue) -> None:
+    await queue.claim(4, worker="gone", free_ttl_ms=50)
+    await asyncio.sleep(0.1)
+    await queue.enqueue("job")
+    assert await queue.claim(0, worker="w1", ahead=1) == ["job"]
+    assert await queue.redis.zscore(f"{queue.name}:load", "gone") is None  # dropped on sight
+
+
+async def test_a_claim_returns_each_jobs_payload_and_counts_its_try_as_arqs_run_job(queue: Queue) -> None:
+    job_id = f"job-{uuid.uuid4().hex}"
+    await queue.enqueue(job_id)
+    claim = Script(queue.redis, ClaimJobs)
+    call = queue.claim_call("w1", 1, lease_ms=50)
+    (first,) = ClaimJobs.reply(await claim(call)).jobs
+    assert (first.job_id, first.payload, first.tries, first.cancelled) == (job_id, b"{}", 1, False)
+    await asyncio.sleep(0.1)  # its lease lapses: the next claim takes it over, as its second try
+    (again,) = ClaimJobs.reply(await claim(call)).jobs
+    assert (again.job_id, again.tries) == (job_id, 2)
+    assert 0 < await queue.redis.ttl(RETRY_KEY_PREFIX + job_id) <= 88400
+    await queue.redis.delete(JOB_KEY_PREFIX + job_id)
+    await asyncio.sleep(0.1)
+    (expired,) = ClaimJobs.reply(await claim(call)).jobs
+    assert (expired.payload, expired.tries) == (None, 3)  # the runner ends it as expired

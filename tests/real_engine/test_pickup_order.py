@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+from devkit.worker_process import SIZED_LINE, WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import Completion, RequestHandle, _job_payload
 from producer.internal_client import InternalClient
 from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, events_channel, parse_request
@@ -67,7 +67,7 @@ def other_worker(
     env = worker_env(VLLM_CPU_OMP_THREADS_BIND=str(min(1, (os.cpu_count() or 1) - 1)))
     process = WorkerProcess(two_slot_worker.redis_url, flags, queue=queue, log_path=log_path, env=env).start()
     deadline = time.monotonic() + 300
-    while "max_jobs set" not in process.log_tail(200):  # its engine is up (the queue's health check is not its own)
+    while SIZED_LINE not in process.log_tail(200):  # its engine is up (the queue's health check is not its own)
         assert process.process is not None and process.process.poll() is None, process.log_tail()
         assert time.monotonic() < deadline, process.log_tail()
         time.sleep(0.2)

@@ -185,3 +185,36 @@ async def test_a_request_that_is_not_streamed_ends_at_its_deadline_with_every_to
     assert completion.finish_reasons == ["timeout"]
     assert 0 < completion.completion_tokens == len(completion.token_ids[0]) < 10_000
     assert completion.text == " tok" * completion.completion_tokens
+
+
+def _round_trips(worker: WorkerProcess) -> dict[str, float]:
+    """The worker's ``streamq_redis_round_trips_total``, by purpose."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=10).read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("streamq_redis_round_trips_total{"):
+            found[line.split('purpose="')[1].split('"')[0]] = float(line.split()[-1])
+    return found
+
+
+async def test_waves_that_end_in_one_step_are_answered_once_each_and_acknowledged_together(
+    client: StreamqClient, worker: WorkerProcess, own_redis: RedisServer
+) -> None:
+    """The engine runs SLOTS requests at once and the worker keeps SLOTS more waiting in it:
+    requests of one length end together, a wave in one engine step, so their jobs end in
+    one pass of the worker's loop and share their round trips, and the next wave starts."""
+    before = _round_trips(worker)
+    requests = [{"prompt": f"wave {i}", "request_id": f"wave-{uuid.uuid4().hex}"} for i in range(4 * SLOTS)]
+    done = [c async for c in client.generate_many(requests, max_tokens=CHECKPOINT_TOKENS, max_in_flight=4 * SLOTS)]
+    assert sorted(c.request_id for c in done) == sorted(r["request_id"] for r in requests), "each once"
+    async with aioredis.Redis.from_url(own_redis.url) as raw:
+        log = ReplayLog(raw)
+        for completion in done:
+            events = [decode_event(e) for e in await log.read(completion.request_id)]
+            assert [type(e) for e in events] == [ChunkEvent, FinalEvent], "its tokens, then one end"
+            assert [e.seq for e in events] == [0, 1] and completion.completion_tokens == CHECKPOINT_TOKENS
+    after = _round_trips(worker)
+    acknowledged = after["acknowledge"] - before.get("acknowledge", 0)
+    claimed = after["claim"] - before.get("claim", 0)
+    assert 1 <= acknowledged <= len(requests) / 4, f"{acknowledged:.0f} acknowledgements for {len(requests)} ends"
+    assert 1 <= claimed <= len(requests) / 4, f"{claimed:.0f} claims for {len(requests)} requests"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from devkit.worker_process import WorkerProcess, tiny_engine_flags
+from devkit.worker_process import SIZED_LINE, WorkerProcess, tiny_engine_flags
 from tests.support.session import MAX_MODEL_LEN
 
 
@@ -37,7 +37,7 @@ def second_worker(worker: WorkerProcess, tiny_model: Path, tmp_path: Path, *extr
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN) + list(extra)
     process = WorkerProcess(worker.redis_url, flags, log_path=tmp_path / "second-worker.log").start()
     deadline = time.monotonic() + 300
-    while "max_jobs set" not in process.log_tail(200):
+    while SIZED_LINE not in process.log_tail(200):
         assert process.process is not None and process.process.poll() is None, process.log_tail()
         assert time.monotonic() < deadline, process.log_tail()
         time.sleep(0.2)
