@@ -277,11 +277,16 @@ def _render_chat(
 
 
 async def _serve(job: JobContext, request: GenerateRequest, events: RequestEvents) -> JobOutcome:
-    """Run the request, listed among the worker's running requests (its stats report) meanwhile."""
+    """Run the request with its lease held, until its end is settled (an end that waits for
+    its replicas may wait long), listed among the worker's running requests (its stats
+    report) meanwhile."""
     state = job.state
     events.model = request.model or state.presence.registration.model
     try:
-        with state.running.track(request, events.attempt) as running:
+        with (
+            state.leases.held(job.job_id, job.attempt, renew_now=not job.lease_set),
+            state.running.track(request, events.attempt) as running,
+        ):
             return await _run(job, request, events, running)
     finally:
         state.ended_jobs.add(job.job_id)
@@ -444,9 +449,9 @@ async def _run_engine(
     time_left: float | None,
     lora: LoRARequest | None = None,
 ) -> JobOutcome:
-    """Run the generation with the request's lease held and its cancel heard, emitting each
-    output; then settle. A cancel or the deadline ends it with a final event; the worker's
-    shutdown hands it back (the ``CancelledError`` goes on to the job runner)."""
+    """Run the generation with the request's cancel heard, emitting each output; then
+    settle. A cancel or the deadline ends it with a final event; the worker's shutdown hands
+    it back (the ``CancelledError`` goes on to the job runner)."""
     state = job.state
     engine: AsyncLLM = state.engine
     cancels = state.cancels
@@ -457,7 +462,7 @@ async def _run_engine(
     # One line per request at INFO (its end); a take-over's start is worth one more.
     logger.log(logging.INFO if events.attempt > 1 else logging.DEBUG, "request %s started (attempt %d)", *this_run)
     try:
-        with cancels.registered(*this_run), state.leases.held(*this_run, renew_now=not job.lease_set):
+        with cancels.registered(*this_run):
             async with asyncio.timeout(time_left):
                 priority = engine_priority(engine, request.priority)
                 # A reasoning parser's state, as vllm serve hands it to the engine (none otherwise).

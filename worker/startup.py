@@ -200,8 +200,11 @@ def build_parser() -> FlexibleArgumentParser:
         type=_wait_bound,
         default=DEFAULT_DURABLE_ENDS_TIMEOUT_S,
         metavar="S",
-        help="the longest an end waits for its replicas; past it, the end is told anyway, and the shortfall "
-        "logged and counted (default: %(default)g)",
+        help="how long one wait for an end's replicas blocks; an end they have not acknowledged by then is held "
+        "and confirmed again (on whichever primary then holds its request) until they do, the primary drops a "
+        "replica it cannot reach (its repl-timeout) or another primary takes over; the shortfall is logged and "
+        "counted. A callback's claim, a cancel and an end written outside a job are told after one wait "
+        "(default: %(default)g)",
     )
     group.add_argument(
         "--keep-result-s",

@@ -10,8 +10,11 @@ published only once they answer. ``WAIT`` covers the connection's own last write
 connection whose script wrote nothing is told "acknowledged" at once even while its replica
 is stalled), so every confirmation writes something on that connection first; replication
 is ordered, so a replica that has that write has everything written before it. Tokens never
-wait. An end that is still short when the bound passes is told anyway (it is logged and
-fenced: a re-run would do the same), logged once per episode and counted.
+wait. A worker's own end that is still short when the bound passes is held
+(``NotYetDurable``) and confirmed again, after its primary is read again, until it is
+durable or nothing is left to wait for (the primary dropped the replica, or another primary
+took over); any other end (a callback's claim, a cancel, an end written outside an attempt)
+is told anyway. A shortfall is logged once per episode and counted.
 
 - ``DurabilitySpec``: the policy asked for (a worker's ``--durable-ends``): ``auto``, ``off``,
   or ``replicas=N|all,fsync=none|local``.
@@ -58,6 +61,12 @@ REPLICA_REPLY: Final = "cannot be used with replica instances"
 """What ``WAIT`` and ``WAITAOF`` answer on a replica: a primary demoted under a connection,
 which passes once the client reaches the new primary (a transient reply)."""
 RECORD_VERSION: Final = 1
+
+
+class NotYetDurable(Exception):
+    """A worker's end that its replicas did not acknowledge within the bound: not told, and
+    confirmed again (``ReplayLog.confirm`` returns its events as unsent with this error)."""
+
 
 WaitHook = Callable[[str, float, bool], None]
 """Told of each confirmation: what waited (``end``, ``end_request``, ``callback``,
@@ -306,6 +315,10 @@ class Durability:
     logged once per episode (until an end on that primary is acknowledged again) and told
     to ``on_wait``, as every wait is. Nothing to wait for until told otherwise."""
 
+    holds_ends: bool = False
+    """A worker's own end (``what`` ``end``) that falls short is held and confirmed again
+    (``NotYetDurable``), rather than told."""
+
     def __init__(self, *, timeout_ms: int, on_wait: WaitHook | None = None) -> None:
         self.timeout_ms = timeout_ms
         self.on_wait = on_wait
@@ -339,34 +352,52 @@ class Durability:
         self, wait: EndWait, replies: Sequence[Any], *, seconds: float, what: str, node: str = ""
     ) -> Shortfall | None:
         """Check ``replies`` to ``wait``'s commands (``EndWait.check``, which raises a
-        replica's reply), note a shortfall, and tell ``on_wait``. The end is told anyway."""
+        replica's reply), note a shortfall, and tell ``on_wait``. A short end is told anyway,
+        but where this returns a shortfall that ``held`` says is held."""
         shortfall = wait.check(replies)
         if self.on_wait is not None:
             self.on_wait(what, seconds, shortfall is not None)
         if shortfall is None:
             if node in self._short:
                 self._short.discard(node)
-                logger.info("durable ends: %s acknowledges ends again", _where(node))
+                logger.info("durable ends: %s confirms ends again", _where(node))
             return None
+        if self.held(what):
+            self.holding(node)
         if node not in self._short:
             self._short.add(node)
             self.shortfall_began(shortfall, what, node)
         return shortfall
 
+    def held(self, what: str) -> bool:
+        """Whether a short end of this kind is held (confirmed again), rather than told."""
+        return self.holds_ends and what == "end"
+
+    def holding(self, node: str) -> None:
+        """An end on ``node`` fell short and is held (every time it does)."""
+
     def shortfall_began(self, shortfall: Shortfall, what: str, node: str) -> None:
         """The first shortfall of an episode on ``node``: logged."""
-        logger.warning(
-            "durable ends: an end (%s) on %s was told before it was durable: %s; told anyway, "
-            "and so is every end until %s acknowledges them again",
-            what,
-            _where(node),
-            shortfall,
-            _where(node),
-        )
+        logger.warning("durable ends: %s", _shortfall_text(shortfall, what, node, held=self.held(what)))
 
 
 def _where(node: str) -> str:
     return f"primary {node}" if node else "the primary"
+
+
+def _shortfall_text(shortfall: Shortfall, what: str, node: str, *, held: bool, lags: str | None = None) -> str:
+    where = _where(node)
+    replicas = "" if lags is None else f" (replicas online: {lags})"
+    if held:
+        return (
+            f"an end ({what}) on {where} is not durable yet: {shortfall}{replicas}; held, and confirmed again "
+            f"until its replicas acknowledge it, {where} drops a replica it cannot reach (repl-timeout) or "
+            "another primary takes over"
+        )
+    return (
+        f"an end ({what}) on {where} was told before it was durable: {shortfall}{replicas}; told anyway, "
+        f"and so is every end until {where} acknowledges them again"
+    )
 
 
 def _strictest(waits: Iterable[EndWait], timeout_ms: int) -> EndWait:
@@ -398,8 +429,10 @@ class DetectedDurability(Durability):
         timeout_ms: int,
         on_wait: WaitHook | None = None,
         recheck_s: float = DURABILITY_RECHECK_S,
+        hold_ends: bool = True,
     ) -> None:
         super().__init__(timeout_ms=timeout_ms, on_wait=on_wait)
+        self.holds_ends = hold_ends
         self.spec = spec
         self.states: dict[str, ServerState] = {}
         """What the last detection found, by node name (``""``: one Redis)."""
@@ -470,12 +503,16 @@ class DetectedDurability(Durability):
             await stop_task(task)
 
     async def check(self) -> None:
-        """Detect, then tell ``on_detected``; a failure is logged (the waits known stay)."""
+        """Detect, then tell ``on_detected``; a failure is logged (the waits known stay), and
+        so is a change of what ends wait for."""
+        before = (self._default, self._nodes)
         try:
             await self.detect()
         except Exception as exc:  # Redis away, a shard failing over: the waits known stay
             logger.warning("durable ends: cannot read what the primary offers (%s); keeping the last", exc)
             return
+        if (self._default, self._nodes) != before:
+            logger.info("durable ends (%s) now: %s", self.spec, self.describe())
         if self.on_detected is not None:
             try:
                 await self.on_detected()
@@ -500,6 +537,11 @@ class DetectedDurability(Durability):
             self._again.clear()
             await self.check()
 
+    def holding(self, node: str) -> None:
+        """Read the primary again before the held end's next confirmation: a replica it
+        dropped is waited for no more."""
+        self.recheck()
+
     def shortfall_began(self, shortfall: Shortfall, what: str, node: str) -> None:
         """Read the primary again at once (a replica gone is waited for no more), and log the
         shortfall with its replicas' lag."""
@@ -510,16 +552,8 @@ class DetectedDurability(Durability):
     async def _report(self, shortfall: Shortfall, what: str, node: str) -> None:
         await self.check()
         state = self.states.get(node)
-        logger.warning(
-            "durable ends: an end (%s) on %s was told before it was durable: %s (replicas online: %s; "
-            "now waiting for %s); told anyway, and so is every end until %s acknowledges them again",
-            what,
-            _where(node),
-            shortfall,
-            "?" if state is None else state.lags(),
-            self.wait(node),
-            _where(node),
-        )
+        lags = f"{'?' if state is None else state.lags()}; now waiting for {self.wait(node)}"
+        logger.warning("durable ends: %s", _shortfall_text(shortfall, what, node, held=self.held(what), lags=lags))
 
 
 # --- the record workers write and producers read ------------------------------------------

@@ -51,7 +51,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.cluster import refresh_slot_map
 from streamq.broker.data_plane import ONE_REDIS, DataNames, DataRedis, OwnerRead, names_of
-from streamq.broker.durability import Durability, EndWait, pack_command
+from streamq.broker.durability import Durability, EndWait, NotYetDurable, pack_command
 from streamq.protocol import (
     CALLBACKS_KEY,
     EVENTS_CHANNEL_PREFIX,
@@ -219,10 +219,11 @@ class ReplayLog:
         ``durability`` asks, then publish them, then return: ``append_and_publish`` deferred
         and the wait in one pipeline on one connection (per primary on a cluster), then the
         events it logged (and those it found logged already, with the same payload: a
-        retry's) published. A wait that falls short is noted (``Durability.confirmed``) and
-        the events published all the same. On a cluster, a call that failed, or whose events
-        could not be published, comes back ``unsent`` (all of its requests' events): confirm
-        them again (their events are duplicates then, published again)."""
+        retry's) published. A wait that falls short is noted (``Durability.confirmed``); a
+        worker's ends are then held: they come back ``unsent``, not published, with a
+        ``NotYetDurable`` error, to be confirmed again (their events are duplicates then).
+        On a cluster, a call that failed, or whose events could not be published, comes back
+        ``unsent`` (all of its requests' events) too: confirm them again."""
         durability = self.durability
         if durability is None:
             return await self.append(events)
@@ -238,9 +239,14 @@ class ReplayLog:
         else:
             command = self._pack(events, defer=True) + wait.packed()
             reply, *waited = await _script_then(redis, self._append_script, command, 1 + wait.reply_count)
-        durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="end")
+        shortfall = durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="end")
+        appended = self._appended(reply)
+        if shortfall is not None and durability.held("end"):
+            refused = appended.superseded | appended.out_of_step  # nothing more to wait for
+            held = tuple(event for event in events if event.request_id not in refused)
+            return replace(appended, unsent=held, error=NotYetDurable(str(shortfall)) if held else None)
         await self._publish([events[int(position) - 1] for position in reply[3]])
-        return self._appended(reply)
+        return appended
 
     async def _confirm_sharded(
         self, cluster: RedisCluster, events: Sequence[LogEvent], durability: Durability
@@ -351,9 +357,12 @@ class ReplayLog:
                 if durability is not None and node is not None and sent.wait is not None and sent.waited:
                     seconds = time.perf_counter() - started
                     try:
-                        durability.confirmed(sent.wait, sent.waited, seconds=seconds, what=what, node=node.name)
+                        short = durability.confirmed(sent.wait, sent.waited, seconds=seconds, what=what, node=node.name)
                     except ResponseError:  # a primary demoted under the connection: its calls again
                         again += [replace(call, asking=None) for call in sent.calls]
+                        continue
+                    if short is not None and durability.held(what):  # held: confirmed again later
+                        errors += [(call, NotYetDurable(str(short))) for call in sent.calls]
                         continue
                 for call, reply in zip(sent.calls, replies, strict=True):
                     if not isinstance(reply, BaseException):

@@ -270,8 +270,9 @@ DURABLE_ENDS_ENV: Final = "STREAMQ_DURABLE_ENDS"
 ``auto`` (every replica online), ``off``, or ``replicas=N|all,fsync=none|local``."""
 DEFAULT_DURABLE_ENDS: Final = "auto"
 DEFAULT_DURABLE_ENDS_TIMEOUT_S: Final = 5.0
-"""The longest an end waits for its replicas (``--durable-ends-timeout-s``): below a
-connection's reply timeout (10 s), since the wait blocks its connection."""
+"""How long one wait for an end's replicas blocks (``--durable-ends-timeout-s``): below a
+connection's reply timeout (10 s), since the wait blocks its connection. A worker's end not
+acknowledged by then is held and confirmed again; other ends are told after one wait."""
 
 
 def events_channel(request_id: str) -> str:
