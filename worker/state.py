@@ -91,15 +91,10 @@ class WorkerState:
     engine_dead: bool = False
     running: RunningRequests = field(default_factory=RunningRequests)
     """The requests running here now, with their progress, for the stats report."""
-    attempts: dict[str, int] = field(default_factory=dict)
-    """Job id -> the attempt that runs it here: arq's bookkeeping at its end is fenced by it."""
     ended_jobs: set[str] = field(default_factory=set)
     """Jobs whose request is done here (its events delivered) while arq's bookkeeping of
     them runs: their slots count as free for the routing of prefix-aware pickup, since a
     conversation's next turn arrives as soon as its client has the final event."""
-    superseded_jobs: set[str] = field(default_factory=set)
-    """Jobs stopped because another attempt owns their request (or ended it): their arq
-    keys and result belong to that attempt, so ``StreamqWorker`` only releases the lease."""
 
     def engine_died(self) -> None:
         """Hand every running job back and stop this worker (``ENGINE_DEAD_EXIT_CODE``): it can
