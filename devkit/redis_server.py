@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import functools
 import os
+import random
 import re
 import secrets
 import selectors
@@ -69,16 +70,38 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+LOWEST_CHOSEN_PORT = 10_000
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` different TCP ports on loopback that nothing listens on right now (all
-    held open while chosen: one at a time, the kernel may hand out the same port twice)."""
+    """``count`` different TCP ports on loopback that nothing uses right now (all held open
+    while chosen), drawn below the kernel's ephemeral range (``ip_local_port_range``): a
+    port the kernel hands out (to a client's connection, to a ``bind`` to port 0: vLLM's
+    engine binds a few as it starts) can be taken between a port's choice and the bind of
+    the process it was chosen for, seconds later; one of these cannot."""
+    below = max(_ephemeral_ports()[0], LOWEST_CHOSEN_PORT + 1000)  # an odd range: overlap it
+    rng = random.SystemRandom()
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        while len(ports) < count:
+            port = rng.randrange(LOWEST_CHOSEN_PORT, below)
             sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use: draw again
+                continue
+            ports.append(port)
         return ports
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections and binds to port 0 (Linux's
+    default where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 class RedisServer:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.gateway_process import GatewayProcess
-from devkit.redis_server import RedisServer
+from devkit.redis_server import RedisServer, free_port
 from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.internal_client import InternalClient
@@ -88,10 +87,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _free_port() -> int:
-    """A TCP port nothing listens on now (the OS picks it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port nothing uses now, from outside the range the kernel hands out
+    (``devkit.redis_server.free_port``): the worker binds it only once its engine is up."""
+    return free_port()
 
 
 @pytest.fixture(scope="session")

@@ -200,11 +200,19 @@ def start_engine(engine_args: AsyncEngineArgs, seat: FrontEndSeat | None = None)
     return engine
 
 
-def engine_priority(engine: AsyncLLM, priority: int) -> int:
+TAKE_OVER_PRIORITY: Final = -(2**31)
+"""The engine priority of a taken-over request: ahead of any the engine has waiting."""
+
+
+def engine_priority(engine: AsyncLLM, priority: int, *, taken_over: bool = False) -> int:
     """The priority to pass ``engine.generate``: the request's under vLLM's ``priority``
-    scheduling policy; 0 under ``fcfs``, which refuses any other (the queue has already
-    ordered the request by its priority either way)."""
-    return priority if getattr(engine.vllm_config.scheduler_config, "policy", "fcfs") == "priority" else 0
+    scheduling policy, or for a request ``taken_over`` from another attempt (its subscriber
+    waits mid-stream, and the claim took it ahead of every queued job) one ahead of every
+    request waiting in the engine; 0 under ``fcfs``, which refuses any other (the queue has
+    already ordered the request by its priority either way)."""
+    if getattr(engine.vllm_config.scheduler_config, "policy", "fcfs") != "priority":
+        return 0
+    return TAKE_OVER_PRIORITY if taken_over else priority
 
 
 def max_batch_size(engine: AsyncLLM) -> int:

@@ -464,7 +464,7 @@ async def _run_engine(
     try:
         with cancels.registered(*this_run):
             async with asyncio.timeout(time_left):
-                priority = engine_priority(engine, request.priority)
+                priority = engine_priority(engine, request.priority, taken_over=events.attempt > 1)
                 # A reasoning parser's state, as vllm serve hands it to the engine (none otherwise).
                 extra = readers.parsing.engine_kwargs() if readers.parsing is not None else {}
                 if lora is not None:

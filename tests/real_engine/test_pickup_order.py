@@ -1,8 +1,8 @@
 """Who takes which job, on real workers: priorities, fair share between tenants, and
 prefix-aware pickup (docs/features/prefix-aware-pickup.md).
 
-One module-scoped worker (``--max-num-seqs 2 --scheduling-policy priority``) serves a
-queue of its own; the tests after the priority tests add a second real worker on it
+One module-scoped worker (``--max-num-seqs 2 --engine-queue 3``, the worker's default
+priority scheduling) serves a queue of its own; the tests after the priority tests add a second real worker on it
 (``other_worker``, started once, SIGKILLed by the last test). Backlogs are queued with
 the library's enqueue script in one pipeline, so they are in place before a slot frees;
 what a user observes is read with the library: a job's state (``job_state``), its
@@ -29,7 +29,6 @@ from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, even
 from streamq.protocol.names import AFFINITY_FREE_TTL_MS, MAX_AFFINITY_WINDOW_MS, affinity_free_key, waiting_key
 from streamq.protocol.script_calls import Enqueue
 from streamq.protocol.scripts import Script
-from tests.support.events import job_result
 from tests.support.session import MAX_MODEL_LEN
 from tests.support.worker_faults import paused, pid_of
 
@@ -48,7 +47,7 @@ def two_slot_worker(
     worker_url: str, tiny_model: Path, queue: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
-    flags += ["--max-num-seqs", "2", "--scheduling-policy", "priority"]
+    flags += ["--max-num-seqs", "2", "--engine-queue", "3"]
     log_path = tmp_path_factory.mktemp("prio-worker") / "worker.log"
     process = WorkerProcess(worker_url, flags, queue=queue, log_path=log_path).start().wait_ready()
     yield process
@@ -117,6 +116,12 @@ async def first_event(handle: RequestHandle) -> None:
             return
 
 
+async def first_logged_ms(redis: aioredis.Redis, request_id: str) -> int:
+    """When the request's first event was logged: its entry id's ms (Redis's clock)."""
+    [(entry_id, _)] = await redis.xrange(events_channel(request_id), count=1)
+    return int(entry_id.split(b"-")[0])
+
+
 async def cancel_all(client: InternalClient, request_ids: list[str]) -> None:
     for request_id in request_ids:
         await client.cancel(request_id, queue=client.queue)
@@ -129,31 +134,47 @@ def new_id(prefix: str) -> str:
 async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
     prio_client: InternalClient, raw_redis: aioredis.Redis, queue: str
 ) -> None:
-    """Both slots busy, 200 priority-10 jobs waiting: a priority-0 request submitted last
-    is the next to start (the backlog is all still queued when it sends its first event),
-    then the backlog in its order (FIFO); cancelled, the backlog
-    leaves nothing in the claim's index."""
+    """Both slots busy, two priority-10 jobs waiting in the worker's engine (its queue of
+    requests to start as slots free) and 198 more in the queue: a priority-0 request
+    submitted last is the next to start, ahead of those waiting in the engine too (no job
+    of the backlog has generated a token when it sends its first event), then the backlog
+    in its order (FIFO); cancelled, the backlog leaves nothing in the claim's index."""
     holders = [await prio_client.submit("Hold on", priority=5, **LONG) for _ in range(2)]
     for holder in holders:
         await until_state(prio_client, holder.request_id, "running")
     low = await enqueue_many(
-        raw_redis, queue, [{"request_id": new_id("low"), "priority": 10, "sampling": SHORT} for _ in range(200)]
+        raw_redis, queue, [{"request_id": new_id("low"), "priority": 10, "sampling": SHORT} for _ in range(2)]
     )
-    urgent = await prio_client.submit("Me first", priority=0, **SHORT)
+    for request_id in low:  # claimed into the engine's queue: two of its three places
+        await until_state(prio_client, request_id, "running")
+    # The urgent request first, in the same round trip as the rest of the backlog: the
+    # claim the first enqueue wakes takes the urgent one whenever it runs (its band first).
+    urgent_id, *rest = await enqueue_many(
+        raw_redis,
+        queue,
+        [
+            {"request_id": new_id("urgent"), "priority": 0, "sampling": SHORT},
+            *({"request_id": new_id("low"), "priority": 10, "sampling": SHORT} for _ in range(198)),
+        ],
+    )
+    low += rest
+    urgent = await prio_client.follow(urgent_id)
+    await until_state(prio_client, urgent_id, "running")  # the engine's third place
     assert await states(prio_client, [h.request_id for h in holders]) == ["running", "running"], (
         "the holders ended before the backlog was queued: the test proves nothing"
     )
     try:
         await holders[0].cancel()
         await first_event(urgent)
-        assert set(await states(prio_client, low)) == {"queued"}
+        assert [await raw_redis.xlen(events_channel(request_id)) for request_id in low] == [0] * len(low)
         await holders[1].cancel()
         assert (await urgent.result()).finish_reasons == ["length"]
         await until_state(prio_client, low[9], "finished")
-        # arq's result of each job records when it started ("st", the worker's clock, in
-        # ms). Two jobs claimed at once (both slots freed together) start in either order
-        # within a ms or so; a job two places later was claimed later.
-        started = [(await job_result(raw_redis, request_id))["st"] for request_id in [urgent.request_id, *low[:10]]]
+        # Each job's first event is logged with Redis's time (its entry id, in ms) as its
+        # first token comes. Two jobs that start in one engine step (both slots freed
+        # together) log theirs in either order within a ms or so; a job two places later
+        # started later.
+        started = [await first_logged_ms(raw_redis, request_id) for request_id in [urgent_id, *low[:10]]]
         assert started[0] <= min(started[1:]), "the urgent request did not start first"
         assert all(a <= b for a, b in zip(started, started[2:], strict=False)), f"out of order: {started}"
     finally:
@@ -388,8 +409,9 @@ async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
     SIGKILLed; the conversation's follow-up, submitted at once, is held for the dead
     worker (its free slots have not lapsed yet). With its lease lapsed and 20 more urgent
     jobs queued meanwhile, the two-slot worker takes the request over first (its
-    subscriber waits mid-stream) and finishes it before the backlog; the follow-up
-    (more urgent still) is served by the two-slot worker once its window passed."""
+    subscriber waits mid-stream) and finishes it before the backlog, the jobs waiting in
+    its engine too; the follow-up (more urgent still) is served by the two-slot worker once
+    its window passed."""
     doomed = other_worker
     assert doomed.process is not None
     target = new_id("target")
@@ -417,9 +439,9 @@ async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
         async with asyncio.timeout(120):
             completion = await handle.result()
         assert completion.finish_reasons == ["length"] and completion.completion_tokens == 120
-        assert runs_on(await conversation.took(follow_up), two_slot_worker)
         finished = (await states(prio_client, backlog)).count("finished")
         assert finished == 0, f"{finished} of 20 backlog jobs finished before the taken-over request"
+        assert runs_on(await conversation.took(follow_up), two_slot_worker)
     finally:
         doomed.kill()
         await cancel_all(prio_client, backlog)

@@ -73,7 +73,12 @@ async def test_worker_and_producer_find_redis_through_sentinel(
             completion = await (await client.submit("Hello", max_tokens=5, ignore_eos=True)).result()
         gc.collect()  # a connection the client failed to close fails this test, not a later one
         assert completion.completion_tokens == 5 and completion.finish_reasons == ["length"]
-        assert redis.Redis.from_url(master.url).exists(RESULT_KEY_PREFIX + completion.request_id)
+        master_client = redis.Redis.from_url(master.url)
+        deadline = time.monotonic() + 10  # arq's result is stored as the job is acknowledged, after its end
+        while not master_client.exists(RESULT_KEY_PREFIX + completion.request_id):
+            assert time.monotonic() < deadline, "the job's result never reached the master"
+            time.sleep(0.02)
+        master_client.close()
     finally:
         assert worker.stop() == 0, worker.log_tail()
 
