@@ -70,6 +70,14 @@ async def test_each_live_model_is_listed_with_its_queue(
     await sdk.close()
 
 
+async def logged(worker: WorkerProcess, request_id: str) -> None:
+    """Wait until ``worker`` logs ``request_id`` (its line as the request ends, written once
+    its end is settled: after its client has it)."""
+    async with asyncio.timeout(10):
+        while request_id not in worker.log_path.read_text():
+            await asyncio.sleep(0.05)
+
+
 async def test_requests_reach_the_worker_of_their_model(
     worker: WorkerProcess, worker_b: WorkerProcess, client: InternalClient, tiny_model: Path, gateway: GatewayProcess
 ) -> None:
@@ -84,8 +92,9 @@ async def test_requests_reach_the_worker_of_their_model(
     ).result()
     assert through_gateway.model == MODEL_B and through_gateway.usage is not None
     assert direct.completion_tokens == 4
-    assert for_b in worker_b.log_path.read_text() and for_b not in worker.log_path.read_text()
-    assert for_a in worker.log_path.read_text() and for_a not in worker_b.log_path.read_text()
+    await logged(worker_b, for_b)
+    await logged(worker, for_a)
+    assert for_b not in worker.log_path.read_text() and for_a not in worker_b.log_path.read_text()
 
 
 def test_cli_routes_by_model(worker_b: WorkerProcess, producer_url: str) -> None:
@@ -94,7 +103,7 @@ def test_cli_routes_by_model(worker_b: WorkerProcess, producer_url: str) -> None
         producer_url, "--model", MODEL_B, "--max-tokens", "4", "--request-id", request_id, "--json", "Hello"
     )
     assert result.returncode == 0, result.stderr
-    assert request_id in worker_b.log_path.read_text()
+    asyncio.run(logged(worker_b, request_id))
 
 
 def test_cli_names_an_unknown_model(worker: WorkerProcess, producer_url: str) -> None:

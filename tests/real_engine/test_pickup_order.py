@@ -283,6 +283,17 @@ async def until_claiming(redis: aioredis.Redis, queue: str, worker_id: str) -> N
             await asyncio.sleep(0.01)
 
 
+async def claiming_worker_id(redis: aioredis.Redis, queue: str, worker: WorkerProcess) -> str:
+    """The id of ``worker`` (a process) as its claims write it, once it has claimed."""
+    async with asyncio.timeout(30):
+        while True:
+            for key in await redis.keys(affinity_free_key(queue, "*")):
+                worker_id = key.decode().rsplit(":", 1)[1]
+                if pid_of(worker_id) == pid_of_process(worker):
+                    return worker_id
+            await asyncio.sleep(0.02)
+
+
 class Conversation:
     """A chat whose every turn sends the earlier turns, replies included, as a chat
     client does."""
@@ -352,7 +363,8 @@ async def test_a_follow_up_goes_elsewhere_at_once_when_its_worker_is_full(
 ) -> None:
     """A conversation served by the two-slot worker, which then runs two long requests:
     its follow-up is not held for it (but queued for all, or held for the other worker as
-    the least busy), and the other worker serves it."""
+    the least busy), the two-slot worker does not take it into its engine's queue while the
+    other has room, and the other worker serves it."""
     conversation = Conversation(chat_client)
     with paused(other_worker):
         await until_not_claiming(raw_redis, chat_client.queue, other_worker)
@@ -360,6 +372,8 @@ async def test_a_follow_up_goes_elsewhere_at_once_when_its_worker_is_full(
         holders = [await chat_client.submit("Hold on", **LONG) for _ in range(2)]
         for holder in holders:
             await until_state(chat_client, holder.request_id, "running")
+    other_id = await claiming_worker_id(raw_redis, chat_client.queue, other_worker)
+    await until_claiming(raw_redis, chat_client.queue, other_id)  # back, with room: no engine's queue takes it
     try:
         follow_up = await conversation.submit()
         held = await held_for(raw_redis, chat_client.queue, follow_up.request_id)

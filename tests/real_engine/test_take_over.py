@@ -320,8 +320,11 @@ async def test_the_worker_log_holds_no_prompt(worker: WorkerProcess, client: Str
     )
     await plain.result()
     await chat.result()
-    log = worker.log_path.read_text(errors="replace")
-    assert f"request {plain.request_id} finished" in log and f"request {chat.request_id} finished" in log
+    finished = [f"request {plain.request_id} finished", f"request {chat.request_id} finished"]
+    deadline = time.monotonic() + 10  # each logged once its end is settled, after its client has it
+    while not all(line in (log := worker.log_path.read_text(errors="replace")) for line in finished):
+        assert time.monotonic() < deadline, f"the worker logged no line for {finished}"
+        await asyncio.sleep(0.05)
     assert secret not in log
 
 
