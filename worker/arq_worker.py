@@ -279,7 +279,7 @@ class StreamqWorker(Worker):
         assert self._runner is not None, "started up"
         await self.sem.acquire()  # never waits: there was a free slot
         self.job_counter += 1
-        task = self.loop.create_task(self._runner.run(job), name=f"job {job.job_id}")
+        task = self.loop.create_task(self._runner.run(job, self._runner.ticket(job)), name=f"job {job.job_id}")
         task.add_done_callback(lambda done: self._job_done(job.job_id, done))
         self.tasks[job.job_id] = task
 

@@ -469,7 +469,9 @@ async def _run_engine(
                 extra = readers.parsing.engine_kwargs() if readers.parsing is not None else {}
                 if lora is not None:
                     extra["lora_request"] = lora
+                await job.admission.wait()  # behind the take-overs started before it
                 async for output in generation.generate(engine, request.request_id, priority, **extra):
+                    job.admission.entered()
                     _emit(events, progress, output, readers)
     except asyncio.CancelledError:
         stop = cancels.take_stop(request.request_id, events.attempt)

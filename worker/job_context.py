@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import msgspec
 from vllm.outputs import RequestOutput
 
+from worker.admission import UNORDERED, AdmissionTicket
 from worker.state import WorkerState, state_of
 
 
@@ -32,6 +33,9 @@ class JobContext:
     lease_set: bool = False
     """The claim that took the job set its lease (``StreamqWorker``'s): nothing to renew at
     once. arq's own claim writes an hour-long lease that the first renewal must shorten."""
+    admission: AdmissionTicket = UNORDERED
+    """Its place on the way into the engine (``worker/admission.py``): behind the take-overs
+    the worker started before it."""
 
     @classmethod
     def of_arq(cls, ctx: Mapping[str, Any]) -> JobContext:

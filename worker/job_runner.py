@@ -40,6 +40,7 @@ from redis.asyncio import Redis
 from streamq.protocol import deserialize_job, serialize_job
 from streamq.protocol.script_calls import ClaimedJob
 from worker.acknowledger import Acknowledgement, Acknowledger
+from worker.admission import UNORDERED, AdmissionTicket, EngineAdmission
 from worker.job import RequestFailed, run_request
 from worker.job_context import JobContext, Superseded
 from worker.state import WorkerState
@@ -98,10 +99,23 @@ class JobRunner:
         self._acknowledger = acknowledger
         self._end_failed_request = end_failed_request
         self.counts = JobCounts()
+        self.admission = EngineAdmission()
 
-    async def run(self, claimed: ClaimedJob) -> None:
+    def ticket(self, claimed: ClaimedJob) -> AdmissionTicket:
+        """The place of ``claimed`` on the way into the engine; take it as the job starts,
+        in the order of the claim."""
+        return self.admission.ticket(taken_over=claimed.tries > 1)
+
+    async def run(self, claimed: ClaimedJob, admission: AdmissionTicket = UNORDERED) -> None:
         """Run ``claimed`` to its end and acknowledge it; raises only what the
-        acknowledgement raised (the job then stays queued, its lease lapses, it runs again)."""
+        acknowledgement raised (the job then stays queued, its lease lapses, it runs again).
+        ``admission``: its ticket (``ticket``), given up when the run ends, however it ends."""
+        try:
+            await self._run(claimed, admission)
+        finally:
+            admission.entered()
+
+    async def _run(self, claimed: ClaimedJob, admission: AdmissionTicket) -> None:
         job_id, tries = claimed.job_id, claimed.tries
         if claimed.payload is None:
             logger.warning("job %s expired", job_id)
@@ -116,7 +130,7 @@ class JobRunner:
             logger.warning("job %s: max retries %d exceeded", job_id, self._limits.max_tries)
             return await self._give_up(job, tries, JobExecutionFailed(f"max {self._limits.max_tries} retries exceeded"))
         started_ms = timestamp_ms()
-        context = JobContext(job_id, tries, claimed.score, self._state, lease_set=True)
+        context = JobContext(job_id, tries, claimed.score, self._state, lease_set=True, admission=admission)
         try:
             async with asyncio.timeout(self._limits.timeout_s):
                 outcome = await run_request(context, job.args, job.kwargs)

@@ -2,7 +2,8 @@
 prefix-aware pickup (docs/features/prefix-aware-pickup.md).
 
 One module-scoped worker (``--max-num-seqs 2 --engine-queue 3``, the worker's default
-priority scheduling) serves a queue of its own; the tests after the priority tests add a second real worker on it
+priority scheduling, its metrics served: vLLM's count of the requests waiting in its
+engine) serves a queue of its own; the tests after the priority tests add a second real worker on it
 (``other_worker``, started once, SIGKILLed by the last test). Backlogs are queued with
 the library's enqueue script in one pipeline, so they are in place before a slot frees;
 what a user observes is read with the library: a job's state (``job_state``), its
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from devkit.redis_server import free_port
 from devkit.worker_process import SIZED_LINE, WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import Completion, RequestHandle, _job_payload
 from producer.internal_client import InternalClient
@@ -29,6 +31,7 @@ from streamq.protocol import JOB_EXPIRY_MS, JOB_KEY_PREFIX, WAKEUP_CHANNEL, even
 from streamq.protocol.names import AFFINITY_FREE_TTL_MS, MAX_AFFINITY_WINDOW_MS, affinity_free_key, waiting_key
 from streamq.protocol.script_calls import Enqueue
 from streamq.protocol.scripts import Script
+from tests.support.metrics import scrape
 from tests.support.session import MAX_MODEL_LEN
 from tests.support.worker_faults import paused, pid_of
 
@@ -49,7 +52,8 @@ def two_slot_worker(
     flags = tiny_engine_flags(tiny_model, max_model_len=MAX_MODEL_LEN)
     flags += ["--max-num-seqs", "2", "--engine-queue", "3"]
     log_path = tmp_path_factory.mktemp("prio-worker") / "worker.log"
-    process = WorkerProcess(worker_url, flags, queue=queue, log_path=log_path).start().wait_ready()
+    process = WorkerProcess(worker_url, flags, queue=queue, log_path=log_path, metrics_port=free_port())
+    process.start().wait_ready()
     yield process
     process.kill()
 
@@ -101,9 +105,27 @@ async def enqueue_many(redis: aioredis.Redis, queue: str, requests: list[dict[st
 
 
 async def until_state(client: InternalClient, request_id: str, state: str, timeout_s: float = 120) -> None:
+    """Until the job is in ``state``; fails at once if it went past it (a ``finished`` job
+    waited for as ``running`` ran while nobody looked)."""
+    later = {"queued": ("running", "finished"), "running": ("finished",)}.get(state, ())
     async with asyncio.timeout(timeout_s):
-        while await client.job_state(request_id) != state:
+        while (now := await client.job_state(request_id)) != state:
+            assert now not in later, f"{request_id} is {now}, waited for as {state}"
             await asyncio.sleep(0.02)
+
+
+async def until_waiting_in_engine(worker: WorkerProcess, count: int, timeout_s: float = 120) -> None:
+    """Until the worker's engine holds ``count`` requests waiting for a slot (vLLM's
+    ``vllm:num_requests_waiting``, as its scheduler last counted them): a claimed job is on
+    its way there, through a thread of vLLM's, for a while after the claim."""
+    async with asyncio.timeout(timeout_s):
+        while (waiting := await asyncio.to_thread(engine_waiting, worker)) != count:
+            assert waiting < count, f"{waiting} requests wait in the engine, more than the {count} expected"
+            await asyncio.sleep(0.02)
+
+
+def engine_waiting(worker: WorkerProcess) -> float:
+    return sum(value for (name, _), value in scrape(worker).items() if name == "vllm:num_requests_waiting")
 
 
 async def states(client: InternalClient, request_ids: list[str]) -> list[str]:
@@ -132,7 +154,7 @@ def new_id(prefix: str) -> str:
 
 
 async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
-    prio_client: InternalClient, raw_redis: aioredis.Redis, queue: str
+    two_slot_worker: WorkerProcess, prio_client: InternalClient, raw_redis: aioredis.Redis, queue: str
 ) -> None:
     """Both slots busy, two priority-10 jobs waiting in the worker's engine (its queue of
     requests to start as slots free) and 198 more in the queue: a priority-0 request
@@ -140,13 +162,14 @@ async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
     of the backlog has generated a token when it sends its first event), then the backlog
     in its order (FIFO); cancelled, the backlog leaves nothing in the claim's index."""
     holders = [await prio_client.submit("Hold on", priority=5, **LONG) for _ in range(2)]
-    for holder in holders:
-        await until_state(prio_client, holder.request_id, "running")
+    for holder in holders:  # generating: both slots held (a claimed job is not in the engine yet)
+        await first_event(holder)
     low = await enqueue_many(
         raw_redis, queue, [{"request_id": new_id("low"), "priority": 10, "sampling": SHORT} for _ in range(2)]
     )
     for request_id in low:  # claimed into the engine's queue: two of its three places
         await until_state(prio_client, request_id, "running")
+    await until_waiting_in_engine(two_slot_worker, 2)
     # The urgent request first, in the same round trip as the rest of the backlog: the
     # claim the first enqueue wakes takes the urgent one whenever it runs (its band first).
     urgent_id, *rest = await enqueue_many(
@@ -160,6 +183,7 @@ async def test_an_urgent_request_starts_next_ahead_of_a_backlog(
     low += rest
     urgent = await prio_client.follow(urgent_id)
     await until_state(prio_client, urgent_id, "running")  # the engine's third place
+    await until_waiting_in_engine(two_slot_worker, 3)
     assert await states(prio_client, [h.request_id for h in holders]) == ["running", "running"], (
         "the holders ended before the backlog was queued: the test proves nothing"
     )
