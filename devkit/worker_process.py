@@ -173,11 +173,15 @@ def scripted_worker(
     tokens_per_s: int = 100,
     ready_url: str | None = None,
     queue: str = DEFAULT_QUEUE,
+    metrics_port: int = 0,
 ) -> WorkerProcess:
     """A real ``python -m worker`` on the scripted engine, for tests of the queue layer
     (Redis faults, connections): no model start-up, little CPU. ``ready_url`` is where
-    its health check is awaited, when ``redis_url`` is not a plain URL (Sentinels, a proxy)."""
-    command = [sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue, "--metrics-port", "0"]
-    command += ["--engine-factory", SCRIPTED_ENGINE, *extra_flags]
+    its health check is awaited, when ``redis_url`` is not a plain URL (Sentinels, a proxy);
+    ``metrics_port``: where it serves ``/metrics`` and ``/ready`` (0: nowhere)."""
+    command = [sys.executable, "-m", "worker", "--redis-url", redis_url, "--queue", queue]
+    command += ["--metrics-port", str(metrics_port), "--engine-factory", SCRIPTED_ENGINE, *extra_flags]
     env = worker_env(**{SCRIPTED_TOKENS_PER_S_ENV: str(tokens_per_s)})
-    return WorkerProcess(ready_url or redis_url, [], queue=queue, log_path=log_path, command=command, env=env)
+    return WorkerProcess(
+        ready_url or redis_url, [], queue=queue, log_path=log_path, command=command, env=env, metrics_port=metrics_port
+    )

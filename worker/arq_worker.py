@@ -15,12 +15,15 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
+from dataclasses import dataclass
 
 from arq.constants import retry_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from vllm.envs import enable_envs_cache
 from vllm.utils.gc_utils import freeze_gc_heap
@@ -47,6 +50,21 @@ from worker.state import WorkerState, state_of
 logger = logging.getLogger("streamq.worker")
 
 
+def redis_reply(exc: ResponseError) -> str:
+    """Redis's error reply as it sent it (redis-py drops the first word of the ones it has a
+    class for, such as ``OOM``), without the script's name and line."""
+    reply = str(exc).split(" script: ", 1)[0]
+    return f"OOM {reply}" if isinstance(exc, OutOfMemoryError) else reply
+
+
+@dataclass(frozen=True)
+class RedisRefusal:
+    """Redis's reply to the loop's last write, and since when it has refused them."""
+
+    reply: str
+    since: float
+
+
 class StreamqWorker(Worker):
     """An arq ``Worker`` with wake-up driven, one-round-trip job pickup, engine-sized
     ``max_jobs``, and per-job work shared by the jobs of one pass of its loop.
@@ -71,6 +89,8 @@ class StreamqWorker(Worker):
         self._acknowledger: Acknowledger | None = None
         self._more_may_wait = False
         self._affinity_released = False
+        self._refusal: RedisRefusal | None = None
+        """Set while Redis refuses the loop's writes (full, loading, read-only): no claims."""
         """This worker gave back what was held for it: it claims no more (a drain, a stop)."""
         self._stopping = False
         """arq asked the loop to end. It does so by cancelling the main task once, and on
@@ -78,7 +98,9 @@ class StreamqWorker(Worker):
         completes is dropped (redis-py sends every command through one): the loop also
         ends when it sees this."""
         # /ready answers 503 from the moment the worker stops claiming (a drain, a stop).
-        metrics.probes_of(self.ctx).claiming = lambda: self.allow_pick_jobs and not self._stopping
+        probes = metrics.probes_of(self.ctx)
+        probes.claiming = lambda: self.allow_pick_jobs and not self._stopping
+        probes.redis_refusal = lambda: None if self._refusal is None else self._refusal.reply
 
     async def main(self) -> None:
         """arq's ``Worker.main`` with the fixed-interval poll replaced by wake-ups."""
@@ -97,6 +119,13 @@ class StreamqWorker(Worker):
                     logger.warning("cannot reach Redis (%s); retrying in 1s", exc)
                     await asyncio.sleep(1)
                     continue
+                except ResponseError as exc:
+                    # A reply, not a lost connection: Redis full (OOM at its maxmemory), loading,
+                    # a demoted primary. The loop lives: it claims nothing until a claim goes
+                    # through, and its running requests go on (their events are retried).
+                    self._refused(exc)
+                    await asyncio.sleep(1)
+                    continue
                 if self.burst and await self._burst_done():
                     return
                 with contextlib.suppress(TimeoutError):
@@ -105,6 +134,28 @@ class StreamqWorker(Worker):
             await stop_task(listener)
             await wakeups.aclose()
             await self._release_affinity()
+
+    def _refused(self, exc: ResponseError) -> None:
+        """Redis refused a write of the loop: said once an episode, in the log, on
+        ``/metrics`` and in ``/ready``."""
+        if self._refusal is None:
+            self._refusal = RedisRefusal(redis_reply(exc), time.monotonic())
+            metrics.REDIS_REFUSING_WRITES.set(1)
+            logger.warning(
+                "Redis refuses the worker's writes (%s): it claims no job until they go through again; "
+                "its %d running requests go on, their events retried",
+                self._refusal.reply,
+                len(self.tasks),
+            )
+
+    def _accepted(self) -> None:
+        """A claim went through: Redis takes writes again."""
+        if self._refusal is not None:
+            logger.warning(
+                "Redis takes the worker's writes again after %.1fs: claiming", time.monotonic() - self._refusal.since
+            )
+            self._refusal = None
+            metrics.REDIS_REFUSING_WRITES.set(0)
 
     async def _release_affinity(self) -> None:
         """Stop attracting jobs by prefix and give back those held for this worker, so a
@@ -239,6 +290,7 @@ class StreamqWorker(Worker):
             metrics.AFFINITY_HITS.inc(claimed.hits)
             metrics.AFFINITY_MISSES.inc(claimed.misses)
             metrics.AFFINITY_EXPIRED.inc(claimed.expired)
+        self._accepted()
         started = 0
         for job in claimed.jobs:
             if job.cancelled:  # while an earlier attempt ran it: it ends `cancelled` at once

@@ -34,6 +34,11 @@ _BATCH_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 QUEUE_DEPTH = Gauge("streamq_queue_depth", "Jobs waiting or running in the queue (ZCARD), sampled", ["queue"])
 REQUESTS_IN_FLIGHT = Gauge("streamq_requests_in_flight", "Jobs this worker is running now")
+REDIS_REFUSING_WRITES = Gauge(
+    "streamq_redis_refusing_writes",
+    "1 while Redis refuses the worker's claims with an error reply (OOM: full at its maxmemory; "
+    "loading; read-only): it claims nothing meanwhile",
+)
 QUEUE_WAIT = Histogram(
     "streamq_queue_wait_seconds", "From enqueue to the start of the job on this worker", buckets=_QUEUE_WAIT_BUCKETS
 )
@@ -179,6 +184,8 @@ class Probes:
         """The worker still takes jobs: false once it drains to stop (arq's ``allow_pick_jobs``)."""
         self.engine_alive: Callable[[], bool] = lambda: True
         """False once the engine died (``WorkerState.engine_dead``)."""
+        self.redis_refusal: Callable[[], str | None] = lambda: None
+        """Redis's reply while it refuses the worker's claims (full at its maxmemory), else ``None``."""
 
     def unready_reason(self) -> str | None:
         """Why ``/ready`` answers 503; ``None`` when it answers 200."""
@@ -186,6 +193,8 @@ class Probes:
             return "the engine died"
         if not self.claiming():
             return "stopping: takes no more jobs"
+        if (refusal := self.redis_refusal()) is not None:
+            return f"Redis refuses writes ({refusal}): claims no job until it takes them again"
         if not self.registered:
             return "not registered yet"
         return None
