@@ -32,7 +32,7 @@ from producer import tenants_cli
 from producer.affinity_args import add_affinity_arguments, affinity_kwargs
 from producer.client import MIN_IN_FLIGHT, Completion, StreamqClient
 from producer.connection_args import connect_from_args
-from producer.errors import InvalidParameter, RequestError, StreamqError
+from producer.errors import InvalidParameter, RedisFull, RequestError, StreamqError
 from producer.openai_api.endpoints import ENDPOINTS, Endpoint
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option
@@ -194,6 +194,10 @@ class _Running:
     shape: ResponseShape
 
 
+STALL_CHECK_S = 5.0
+"""How long a batch waits without a line answered before it says why."""
+
+
 class BatchRun:
     """Runs the lines of one batch through ``generate_many``, writing each output line as
     its request ends."""
@@ -227,6 +231,8 @@ class BatchRun:
         self.tokens = 0
         self._running: dict[str, _Running] = {}
         """Request id -> its line, while the request is in flight."""
+        self.refused: RedisFull | None = None
+        """Set when Redis refused an enqueue for want of memory: no more lines are read."""
 
     def write(self, line: dict[str, Any], *, ok: bool, tokens: int = 0) -> None:
         self.out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -240,19 +246,68 @@ class BatchRun:
 
     async def run(self, lines: Iterable[BatchLine]) -> None:
         """Run ``lines``: each valid one a request, at most ``max_in_flight`` at once; a line
-        that cannot run gets its error line at once. Returns once every line is answered."""
+        that cannot run gets its error line at once. Returns once every line is answered.
+
+        Raises ``RedisFull`` once the requests in flight have ended, when Redis refused an
+        enqueue for want of memory: the lines after it are neither read nor answered (every
+        one would be refused alike), so that a rerun, once memory is freed, does them."""
         results = self.client.generate_many(
             self._requests(lines), max_in_flight=self.max_in_flight, return_exceptions=True
         )
+        watch = asyncio.create_task(self._say_why_it_waits(), name="batch-stall-watch")
+        try:
+            await self._collect(results)
+        finally:
+            watch.cancel()
+        if self.refused is not None:
+            raise self.refused
+
+    async def _collect(self, results: AsyncIterator[Completion | StreamqError]) -> None:
         async for result in results:
-            if isinstance(result, StreamqError):  # InvalidRequest too: this request only
+            if isinstance(result, RedisFull):  # not enqueued: left to the rerun
+                assert result.request_id is not None, "generate_many names the request of every error"
+                self._running.pop(result.request_id)
+                if self.refused is None:
+                    self.refused = result
+                    self.progress.console.print(
+                        f"{result}. No more lines are sent; the {len(self._running)} requests in flight "
+                        "finish, then the batch stops",
+                        soft_wrap=True,
+                    )
+            elif isinstance(result, StreamqError):  # InvalidRequest too: this request only
                 self._write_failure(result)
             else:
                 self._write_completion(result)
 
+    async def _say_why_it_waits(self) -> None:
+        """While no line is answered for ``STALL_CHECK_S``, say why, once a reason: Redis
+        full (the requests in flight cannot log their events, nor new ones be queued), or
+        no worker alive to take them."""
+        answered, said = -1, None
+        while True:
+            await asyncio.sleep(STALL_CHECK_S)
+            if self.succeeded + self.failed != answered or not self._running:
+                answered, said = self.succeeded + self.failed, None
+                continue
+            try:
+                reason = await self.client.redis_full()
+                if reason is not None:
+                    reason += f"; the {len(self._running)} requests in flight wait until it takes writes again"
+                elif not await self.client.live_models():
+                    reason = (
+                        f"no worker is alive; the {len(self._running)} requests in flight wait in the queue for one"
+                    )
+            except StreamqError:  # Redis away: the requests' own watchdogs say so
+                continue
+            if reason is not None and reason != said:
+                self.progress.console.print(f"waiting: {reason}", soft_wrap=True)
+            said = reason
+
     async def _requests(self, lines: Iterable[BatchLine]) -> AsyncIterator[dict[str, Any]]:
         """``generate_many``'s items: the arguments of each line that can run."""
         for line in lines:
+            if self.refused is not None:
+                return
             request_id = uuid.uuid4().hex
             try:
                 kwargs = self._generate_kwargs(line)
@@ -383,6 +438,12 @@ def main(args: argparse.Namespace) -> int:
     """Run the batch the parsed arguments name; its own exit statuses and Ctrl-C message."""
     try:
         return asyncio.run(run_batch(args))
+    except RedisFull:
+        print(
+            "error: stopped, Redis being full: the output holds every line answered; run again to do the rest",
+            file=sys.stderr,
+        )
+        return 1
     except (StreamqError, RedisError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -43,7 +43,7 @@ from arq.connections import ArqRedis
 from msgspec import UNSET
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.connecting import Connecting
@@ -54,6 +54,7 @@ from producer.errors import (
     MissingEvents,
     NoLiveWorker,
     QueueFull,
+    RedisFull,
     RedisUnavailable,
     RequestError,
     RequestLost,
@@ -163,7 +164,8 @@ R = TypeVar("R")
 def redis_errors_as_streamq_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     """The error family of the client: a Redis error that reaches a caller (the client's
     own retries spent) is a ``StreamqError``, its cause chained: ``RedisUnavailable``
-    for Redis away, ``StreamqError`` for a command Redis refused (a permission, say)."""
+    for Redis away, ``RedisFull`` for a write refused at its ``maxmemory``, ``StreamqError``
+    for a command Redis refused otherwise (a permission, say)."""
 
     @functools.wraps(method)
     async def calling(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -171,6 +173,12 @@ def redis_errors_as_streamq_errors(method: Callable[P, Awaitable[R]]) -> Callabl
             return await method(*args, **kwargs)
         except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+        except OutOfMemoryError as exc:
+            raise RedisFull(
+                "Redis is full: its memory reached maxmemory (maxmemory-policy noeviction) and it "
+                "refuses writes; nothing was written. Retry once memory is freed (finished requests "
+                "expire) or maxmemory is raised"
+            ) from exc
         except RedisError as exc:
             raise StreamqError(f"Redis refused a command: {exc}") from exc
 
@@ -1150,6 +1158,19 @@ class StreamqClient:
     async def live_models(self) -> dict[str, str]:
         """Model name -> queue, for each model that has a live worker."""
         return (await self._routes()).live_models()
+
+    async def redis_full(self) -> str | None:
+        """Whether Redis is full: its memory used against its ``maxmemory`` (``INFO memory``)
+        in words when it has reached it, else ``None``; ``None`` too where this client may not
+        ask (a role without ``INFO``, a cluster). Writes then fail with ``RedisFull``."""
+        try:
+            memory = await self._redis.info("memory")
+        except RedisError:
+            return None
+        used, limit = memory.get("used_memory"), memory.get("maxmemory")
+        if not isinstance(used, int) or not isinstance(limit, int) or not 0 < limit <= used:
+            return None
+        return f"Redis is full: {used:,} bytes used of its maxmemory {limit:,}"
 
     @redis_errors_as_streamq_errors
     async def cancel(self, request_id: str, *, queue: str | None = None) -> RequestState:

@@ -17,6 +17,7 @@ __all__ = [
     "MissingEvents",
     "NoLiveWorker",
     "QueueFull",
+    "RedisFull",
     "RedisUnavailable",
     "RequestError",
     "RequestLost",
@@ -105,6 +106,13 @@ class ConnectionFailed(StreamqError, ConnectionError):
 class RedisUnavailable(StreamqError, ConnectionError):
     """Redis could not be reached for a call, once the client's retries (20 s, what a
     restart or a failover takes) ran out; the redis-py error is chained."""
+
+
+class RedisFull(StreamqError):
+    """Redis refused a write because it is full: its memory reached ``maxmemory`` under
+    ``maxmemory-policy noeviction`` (an ``OOM`` reply). Nothing was written: a request
+    refused so was not enqueued. Retry once memory is freed (finished requests expire,
+    ``maxmemory`` raised); the redis-py error is chained."""
 
 
 class RequestTimeout(StreamqError, TimeoutError):

@@ -13,7 +13,15 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from producer.errors import DuplicateRequest, NoLiveWorker, QueueFull, RequestError, StreamqError, UnknownModel
+from producer.errors import (
+    DuplicateRequest,
+    NoLiveWorker,
+    QueueFull,
+    RedisFull,
+    RequestError,
+    StreamqError,
+    UnknownModel,
+)
 from streamq.protocol import ErrorCode, InvalidRequest
 
 
@@ -37,6 +45,7 @@ class ApiErrorCode(enum.StrEnum):
     DUPLICATE_REQUEST = "duplicate_request"
     MISSING_EVENTS = "missing_events"
     QUEUE_FULL = "queue_full"
+    REDIS_FULL = "redis_full"
     INVALID_API_KEY = "invalid_api_key"
     DASHBOARD_FORBIDDEN = "dashboard_forbidden"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
@@ -94,6 +103,11 @@ def waited_too_long(model: str | None, bound_s: float | None) -> ApiError:
     return ApiError(503, message, type=ApiErrorType.SERVICE_UNAVAILABLE, code=ApiErrorCode.QUEUE_TIMEOUT, headers=retry)
 
 
+REDIS_FULL_RETRY_AFTER_S = 5
+"""``Retry-After`` when Redis is full: finished requests expire and running ones end
+within seconds, freeing memory, if the deployment is sized for its load at all."""
+
+
 def api_error_for(exc: BaseException) -> ApiError:
     """The error response for an exception from the producer library or Redis."""
     if isinstance(exc, ApiError):
@@ -110,6 +124,10 @@ def api_error_for(exc: BaseException) -> ApiError:
     if isinstance(exc, QueueFull):
         retry = {"Retry-After": "1"}
         return ApiError(429, str(exc), type=ApiErrorType.RATE_LIMIT, code=ApiErrorCode.QUEUE_FULL, headers=retry)
+    if isinstance(exc, RedisFull):
+        retry = {"Retry-After": str(REDIS_FULL_RETRY_AFTER_S)}
+        unavailable = ApiErrorType.SERVICE_UNAVAILABLE
+        return ApiError(503, str(exc), type=unavailable, code=ApiErrorCode.REDIS_FULL, headers=retry)
     if isinstance(exc, DuplicateRequest):
         return ApiError(409, str(exc), code=ApiErrorCode.DUPLICATE_REQUEST)
     if isinstance(exc, RequestError):

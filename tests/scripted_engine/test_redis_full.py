@@ -9,20 +9,27 @@ calls, not the model); the library's client as a user runs it.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError
 
+from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer, free_port
-from devkit.worker_process import WorkerProcess, scripted_worker
+from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
 from producer.client import StreamqClient
+from producer.errors import RedisFull
 from streamq.protocol import ChunkEvent, FinalEvent
 from tests.support.metrics import scrape, value
+from tests.support.worker_faults import paused
 
 TOKENS_PER_S = 100
 REFUSED_LINE = "Redis refuses the worker's writes"
@@ -119,3 +126,115 @@ async def test_a_worker_lives_through_a_full_redis_and_its_stream_ends_once_with
         assert "Redis takes the worker's writes again" in log
     finally:
         assert worker.stop() == 0, worker.log_tail()
+
+
+async def test_the_front_door_refuses_clearly_and_a_batch_says_why_it_waits_and_resumes(
+    redis_server: RedisServer, admin: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Redis fills mid-batch while its requests are in flight: ``streamq batch`` says it
+    waits because Redis is full (its ``maxmemory``); an enqueue through the library raises
+    ``RedisFull`` and the gateway answers 503 with ``Retry-After`` in OpenAI's error shape.
+    Memory freed, the batch goes on and answers every line once. Started on a full Redis,
+    a batch stops at once with one line naming it, and a rerun does it all."""
+    worker = scripted_worker(redis_server.url, tmp_path / "worker.log", tokens_per_s=1000)
+    worker.start().wait_ready(timeout_s=120)
+    gateway = GatewayProcess(redis_server.url, tmp_path / "gateway.log").wait_ready()
+    lines = 300
+    in_path, out_path, err_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "batch.err"
+    body = {"model": SCRIPTED_MODEL, "max_tokens": 2}
+    rows = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {**body, "prompt": f"p{i}"}}
+        for i in range(lines)
+    ]
+    in_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
+    command += ["--redis-url", redis_server.url, "--max-in-flight", "8"]
+
+    def answered() -> list[str]:
+        return [json.loads(line)["custom_id"] for line in out_path.read_text().splitlines()]
+
+    try:
+        with err_path.open("w") as err:
+            batch = subprocess.Popen(command, stdout=err, stderr=subprocess.STDOUT, text=True)
+        async with asyncio.timeout(60):
+            while not out_path.exists() or len(answered()) < 50:
+                assert batch.poll() is None, err_path.read_text()
+                await asyncio.sleep(0.02)
+        with paused(worker):  # its 8 requests in flight: nothing ends, nothing new is sent
+            await asyncio.sleep(0.5)
+            await fill(admin)
+            async with asyncio.timeout(30):
+                while "waiting: Redis is full" not in err_path.read_text():
+                    assert batch.poll() is None, err_path.read_text()
+                    await asyncio.sleep(0.05)
+            assert "maxmemory" in err_path.read_text()
+
+            async with await StreamqClient.connect(redis_server.url) as client:
+                with pytest.raises(RedisFull, match="maxmemory"):
+                    await client.submit("refused", max_tokens=2)
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+                response = await http.post("/v1/completions", json={**body, "prompt": "refused"})
+            assert response.status_code == 503, response.text
+            assert int(response.headers["Retry-After"]) > 0
+            error = response.json()["error"]
+            assert (error["code"], error["type"]) == ("redis_full", "service_unavailable_error")
+            assert "maxmemory" in error["message"]
+            await free(admin)
+        assert await asyncio.to_thread(batch.wait, 120) == 0, err_path.read_text()
+        assert sorted(answered()) == sorted(row["custom_id"] for row in rows), "each line once"
+
+        out_path.unlink()
+        await fill(admin)
+        stopped = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 1, stopped.stderr
+        assert "Redis is full" in stopped.stderr and "maxmemory" in stopped.stderr and "run again" in stopped.stderr
+        assert not out_path.exists() or answered() == []
+        await free(admin)
+        rerun = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr
+        assert sorted(answered()) == sorted(row["custom_id"] for row in rows), "each line once"
+        assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
+    finally:
+        gateway.stop()
+        assert worker.stop() == 0, worker.log_tail()
+
+
+async def test_a_batch_whose_worker_died_says_it_waits_for_one_and_goes_on_with_the_next(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The only worker is SIGKILLed mid-batch: ``streamq batch`` says that no worker is
+    alive (instead of waiting in silence), and finishes once a new worker takes the queue:
+    every line once."""
+    worker = scripted_worker(redis_server.url, tmp_path / "worker.log", tokens_per_s=1000)
+    worker.start().wait_ready(timeout_s=120)
+    lines = 200
+    in_path, out_path, err_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "batch.err"
+    body = {"model": SCRIPTED_MODEL, "max_tokens": 2}
+    rows = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {**body, "prompt": f"p{i}"}}
+        for i in range(lines)
+    ]
+    in_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
+    command += ["--redis-url", redis_server.url, "--max-in-flight", "8"]
+    successor = scripted_worker(redis_server.url, tmp_path / "successor.log", tokens_per_s=1000)
+    try:
+        with err_path.open("w") as err:
+            batch = subprocess.Popen(command, stdout=err, stderr=subprocess.STDOUT, text=True)
+        async with asyncio.timeout(60):
+            while not out_path.exists() or len(out_path.read_text().splitlines()) < 20:
+                assert batch.poll() is None, err_path.read_text()
+                await asyncio.sleep(0.02)
+        worker.kill()
+        async with asyncio.timeout(60):  # its registration lapses (10 s), then a stall check
+            while "waiting: no worker is alive" not in err_path.read_text():
+                assert batch.poll() is None, err_path.read_text()
+                await asyncio.sleep(0.1)
+        successor.start().wait_ready(timeout_s=120)
+        assert await asyncio.to_thread(batch.wait, 120) == 0, err_path.read_text()
+        written = [json.loads(line) for line in out_path.read_text().splitlines()]
+        assert sorted(row["custom_id"] for row in written) == sorted(row["custom_id"] for row in rows), "each once"
+        assert all(row["response"]["status_code"] == 200 for row in written)
+    finally:
+        worker.kill()
+        successor.kill()

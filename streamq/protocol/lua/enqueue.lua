@@ -56,14 +56,17 @@ local limit = tonumber(ARGV[6])
 if limit >= 0 and redis.call('ZCARD', KEYS[2]) >= limit then
   return -1
 end
-if KEYS[4] then
-  redis.call('DEL', KEYS[4])
-end
 local q, id = KEYS[2], ARGV[3]
 local prio, tenant, delay = ARGV[8] or '0', ARGV[9] or 'default', tonumber(ARGV[10] or '0')
 local t = redis.call('TIME')
 local at = t[1] * 1000 + math.floor(t[2] / 1000) + delay
+-- The job first: a Redis full at its maxmemory (noeviction) refuses a script's first write
+-- that takes memory, but lets every write through once the script has written anything
+-- (the DEL below would), so this must be the first write for a full Redis to refuse it all.
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if KEYS[4] then
+  redis.call('DEL', KEYS[4])
+end
 redis.call('ZADD', q, at, id)
 local keys = ARGV[15] or ''
 local indexed = keys == '' and (prio .. ' ' .. tenant) or (prio .. ' ' .. tenant .. ' ' .. keys)
