@@ -56,6 +56,7 @@ from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.requests import OpenAIRequest, parse_openai_body
 from producer.openai_api.responses import ResponseMeta, model_list
 from streamq.broker.connection import DEFAULT_REDIS_URL
+from streamq.broker.memory_policy import read_memory_policy
 from streamq.broker.waiting import WaitingRequests
 from streamq.protocol import (
     REQUEST_ID_PATTERN,
@@ -71,6 +72,15 @@ from streamq.protocol.affinity import check_affinity_key
 from streamq.protocol.names import TENANT_PATTERN
 
 logger = logging.getLogger("streamq.gateway")
+
+
+async def _say_memory_policy(redis: Any) -> None:
+    """Warn at start-up under a Redis ``maxmemory-policy`` that evicts (the workers refuse
+    an ``allkeys-*`` one unless allowed; the gateway only says so: it holds no work)."""
+    policy = await read_memory_policy(redis)
+    if policy is not None and (warning := policy.warning()) is not None:
+        logger.warning(warning)
+
 
 REQUEST_ID_HEADER = "x-streamq-request-id"
 """Names a request (and makes it resumable); the response always carries ``x-request-id``."""
@@ -127,6 +137,7 @@ def create_app(
             declared_models=declared_models,
             connect_timeout_s=None,  # a service may start before its Redis: keep trying a while
         )
+        await _say_memory_policy(client.redis)
         app.state.auth = auth
         app.state.limiter = limiter = KeyLimiter(client.redis)
         app.state.dashboard = dashboard = DashboardSampler(client)

@@ -13,6 +13,12 @@ from arq.utils import import_string
 
 from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
 from streamq.broker.durability import DetectedDurability, DurabilitySpec, durable_ends_from_env, write_record
+from streamq.broker.memory_policy import (
+    EvictingRedis,
+    allow_evicting_from_env,
+    check_memory_policy,
+    read_memory_policy,
+)
 from streamq.broker.replay_log import ReplayLog
 from streamq.environment import events_url_from_env, queue_from_env
 from streamq.protocol.names import DEFAULT_DURABLE_ENDS_TIMEOUT_S
@@ -70,6 +76,25 @@ def _build_engine(options: WorkerOptions) -> Any:
 def _shut_down_engine(engine: Any) -> None:
     engine.shutdown()
     logger.info("engine shut down")
+
+
+async def _check_memory_policy(redis: Any, options: WorkerOptions) -> None:
+    """Read what Redis does when full, before the engine loads: say it, warn under an
+    evicting policy, refuse to start under one that evicts any key unless allowed
+    (``streamq/broker/memory_policy.py``)."""
+    policy = await read_memory_policy(redis)
+    if policy is None:
+        logger.info("Redis's maxmemory-policy cannot be read (INFO memory refused): it must be noeviction")
+        return
+    allow = options.allow_evicting_redis if options.allow_evicting_redis is not None else allow_evicting_from_env()
+    try:
+        warning = check_memory_policy(policy, allow_evicting=allow)
+    except EvictingRedis as exc:
+        raise SystemExit(f"python -m worker: {exc}") from None
+    if warning is None:
+        logger.info("Redis: %s", policy.describe())
+    else:
+        logger.warning(warning)
 
 
 def _callback_policy(options: WorkerOptions) -> CallbackPolicy:
@@ -141,6 +166,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     if options.front_end is None:  # a front end inherits the weight its parent lowered
         # Before the engine starts: its processes inherit the lower weight.
         lower_worker_cpu_weight(options.cpu_nice if options.cpu_nice is not None else cpu_nice_from_env())
+    if options.front_end is None or options.front_end.index == 0:  # one line a worker, not a front end
+        await _check_memory_policy(redis, options)
     async with AsyncExitStack() as closing:
         # Before the engine: a data plane that is not a whole cluster fails the start in seconds.
         events_url = options.events_redis_url if options.events_redis_url is not None else events_url_from_env()

@@ -50,6 +50,9 @@ class WorkerOptions:
     """Requests held waiting inside the engine beyond those (``--engine-queue``); ``None``: a
     batch's worth (``worker.engine.default_engine_queue``), none with ``--max-jobs``."""
     cpu_nice: int | None = None
+    allow_evicting_redis: bool | None = None
+    """Start under a Redis ``maxmemory-policy`` that evicts any key (``--allow-evicting-redis``);
+    ``None``: ``$STREAMQ_ALLOW_EVICTING_REDIS``."""
     queue_name: str | None = None
     """The queue this worker registers for its model."""
     events_redis_url: str | None = None

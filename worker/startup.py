@@ -98,6 +98,13 @@ def build_parser() -> FlexibleArgumentParser:
         "--max-jobs", type=int, default=None, help="requests run at once (default: the engine's max_num_seqs)"
     )
     group.add_argument(
+        "--allow-evicting-redis",
+        action="store_true",
+        help="start even where Redis's maxmemory-policy is allkeys-* (a full Redis then deletes any key: "
+        "queued jobs, leases, replay logs, registrations); a volatile-* policy is warned of only "
+        "(default: $STREAMQ_ALLOW_EVICTING_REDIS, else refuse)",
+    )
+    group.add_argument(
         "--engine-queue",
         type=_non_negative_int,
         default=None,
@@ -329,6 +336,7 @@ def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> in
                 max_jobs=args.max_jobs,
                 engine_queue=args.engine_queue,
                 cpu_nice=args.cpu_nice,
+                allow_evicting_redis=args.allow_evicting_redis or None,
                 queue_name=args.queue,
                 events_redis_url=events_url_from_args(args),
                 log_ttl_ms=round(args.log_ttl_s * 1000),

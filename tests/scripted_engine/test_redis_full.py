@@ -238,3 +238,40 @@ async def test_a_batch_whose_worker_died_says_it_waits_for_one_and_goes_on_with_
     finally:
         worker.kill()
         successor.kill()
+
+
+@pytest.mark.parametrize(
+    ("policy", "flags", "starts", "said"),
+    [
+        ("allkeys-lru", (), False, "Refusing to start"),
+        ("allkeys-lru", ("--allow-evicting-redis",), True, "maxmemory-policy is allkeys-lru"),
+        ("volatile-lru", (), True, "maxmemory-policy is volatile-lru"),
+        ("noeviction", (), True, "Redis: maxmemory-policy noeviction"),
+    ],
+)
+async def test_a_worker_reads_what_redis_does_when_full_before_it_starts(
+    redis_server: RedisServer,
+    admin: aioredis.Redis,
+    tmp_path: Path,
+    policy: str,
+    flags: tuple[str, ...],
+    starts: bool,
+    said: str,
+) -> None:
+    """As Sidekiq and BullMQ: under an evicting policy the worker warns that a full Redis
+    deletes its keys, and under one that deletes any key it refuses to start unless told."""
+    await admin.config_set("maxmemory-policy", policy)
+    worker = scripted_worker(redis_server.url, tmp_path / "worker.log", *flags)
+    try:
+        if starts:
+            worker.start().wait_ready(timeout_s=120)
+        else:
+            worker.start()
+            assert worker.process is not None
+            assert await asyncio.to_thread(worker.process.wait, 120) == 1, worker.log_tail()
+        log = worker.log_path.read_text()
+        assert said in log, worker.log_tail()
+        if policy != "noeviction":
+            assert "Set maxmemory-policy noeviction" in log
+    finally:
+        worker.kill()
