@@ -28,6 +28,7 @@ from streamq.protocol.script_calls import LeaseRenewal, RenewLeases
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
 from worker import metrics
+from worker.failure_log import RepeatedFailure
 
 logger = logging.getLogger("streamq.worker")
 
@@ -69,6 +70,7 @@ class Leases:
         self._on_lost = on_lost
         self._on_cancelled = on_cancelled
         self._held: dict[str, int] = {}
+        self._failures = RepeatedFailure(logger, "renewing leases")
         """job id -> the attempt holding its lease here."""
         self._renew_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -133,7 +135,9 @@ class Leases:
             self._renew_now.clear()  # before renewing: a job held meanwhile asks again
             try:
                 await self.renew()
-            except Exception as exc:  # Redis unreachable for a moment: try again next period
-                logger.warning("could not renew %d leases: %s", len(self._held), exc)
+            except Exception as exc:  # Redis unreachable (or full) for a moment: try again next period
+                self._failures.failed("could not renew %d leases: %s", len(self._held), exc)
+            else:
+                self._failures.passed()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._renew_now.wait(), self.ttl_ms / 3000)

@@ -48,6 +48,7 @@ from streamq.tasks import stop_task
 from worker import metrics
 from worker.end_confirmer import EndConfirmer, Waiter, settle
 from worker.end_confirmer import PublishFailed as PublishFailed  # raised to its callers, and named by them here
+from worker.failure_log import RepeatedFailure
 from worker.retry_budget import RetryBudgets
 
 logger = logging.getLogger("streamq.worker")
@@ -153,6 +154,7 @@ class EventPublisher:
         self._retry_delay_s = retry_delay_s
         self._failures = 0
         """Flushes in a row that left events unsent: the pause before the next grows with it."""
+        self._send_failures = RepeatedFailure(logger, "logging events")
         self._task: asyncio.Task[None] | None = None
         self._confirmer = EndConfirmer(
             log,
@@ -265,6 +267,7 @@ class EventPublisher:
         self._budgets.reached({event.request_id for event in batch} - failing)
         if not unsent:
             self._failures = 0
+            self._send_failures.passed()
             self._settle_after_ends(waiters)
             return False
         self._failures += 1
@@ -282,7 +285,9 @@ class EventPublisher:
             unsent = tuple(event for event in unsent if event.request_id not in spent)
             failing -= spent
         if unsent:
-            logger.warning("%d events of %d requests not logged, sent again: %s", len(unsent), len(failing), error)
+            self._send_failures.failed(
+                "%d events of %d requests not logged, sent again: %s", len(unsent), len(failing), error
+            )
             self._pending[:0] = unsent  # ahead of anything published since: each request's order holds
             self._has_pending.set()
         carried = [waiter for waiter in waiters if waiter.request_id is None or waiter.request_id in failing]

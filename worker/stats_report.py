@@ -31,6 +31,7 @@ from streamq.protocol.names import WORKER_STATS_INTERVAL_S
 from streamq.protocol.worker_stats import InFlightRequest, WorkerStats
 from streamq.tasks import stop_task
 from worker import metrics
+from worker.failure_log import RepeatedFailure
 
 logger = logging.getLogger("streamq.worker")
 
@@ -177,6 +178,7 @@ class StatsReporter:
         self._pid = os.getpid()
         self._started_ms = _now_ms()
         self._task: asyncio.Task[None] | None = None
+        self._failures = RepeatedFailure(logger, "writing the stats report")
 
     def stats(self) -> WorkerStats:
         """The report as of now."""
@@ -212,8 +214,10 @@ class StatsReporter:
     async def _report(self, stats: WorkerStats) -> None:
         try:
             await self._store.report(stats)
-        except Exception as exc:  # Redis away: the next interval tries again
-            logger.warning("could not write the worker's stats report: %s", exc)
+        except Exception as exc:  # Redis away (or full): the next interval tries again
+            self._failures.failed("could not write the worker's stats report: %s", exc)
+        else:
+            self._failures.passed()
 
     async def _run(self) -> None:
         while True:

@@ -85,7 +85,8 @@ async def test_a_worker_lives_through_a_full_redis_and_its_stream_ends_once_with
 ) -> None:
     """A request streams (300 tokens at 100/s) when Redis fills up: the worker stays up, stops
     claiming, says so once (log, ``streamq_redis_refusing_writes``, ``/ready`` 503 with
-    Redis's reply) for as long as writes are refused; memory freed, the stream goes on and
+    Redis's reply; its loops that retry each second log their failure once too) for as long
+    as writes are refused; memory freed, the stream goes on and
     ends once with every token, and the worker takes new requests."""
     worker = scripted_worker(
         redis_server.url, tmp_path / "worker.log", tokens_per_s=TOKENS_PER_S, metrics_port=free_port()
@@ -124,6 +125,8 @@ async def test_a_worker_lives_through_a_full_redis_and_its_stream_ends_once_with
         log = worker.log_path.read_text()
         assert log.count(REFUSED_LINE) == 1, worker.log_tail(60)
         assert "Redis takes the worker's writes again" in log
+        for loop in ("could not renew", "not logged, sent again", "could not write the worker's stats report"):
+            assert log.count(loop) <= 1, f"{loop!r} said more than once an episode:\n{worker.log_tail(60)}"
     finally:
         assert worker.stop() == 0, worker.log_tail()
 
