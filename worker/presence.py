@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from streamq.broker.registry import WorkerRegistry
 from streamq.protocol import WORKER_RENEW_S, AdapterCard, WorkerRegistration
 from streamq.tasks import stop_task
+from worker.failure_log import RepeatedFailure
 
 logger = logging.getLogger("streamq.worker")
 
@@ -59,6 +60,7 @@ class Presence:
         )
         self._registry = WorkerRegistry(redis)
         self._task: asyncio.Task[None] | None = None
+        self._failures = RepeatedFailure(logger, "renewing the worker registration")
 
     async def start(self) -> None:
         """Register before returning, so the worker is routable once start-up is done."""
@@ -82,8 +84,10 @@ class Presence:
             await asyncio.sleep(WORKER_RENEW_S)
             try:
                 await self._registry.register(self.registration)
-            except Exception as exc:  # Redis away for longer than the retries: try again next round
-                logger.warning("could not renew the worker registration: %s", exc)
+            except Exception as exc:  # Redis away (or full) for longer than the retries: try again next round
+                self._failures.failed("could not renew the worker registration: %s", exc)
+            else:
+                self._failures.passed()
 
     async def close(self) -> None:
         """Stop renewing and withdraw the registration (best effort: it lapses anyway)."""
