@@ -80,6 +80,26 @@ async def until_ready_is(worker: WorkerProcess, status: int, timeout_s: float = 
     return answer[1]
 
 
+class BatchFile:
+    """A batch of 2-token completions for ``streamq batch``, 8 in flight: its command, its
+    output and the command's stderr."""
+
+    def __init__(self, tmp_path: Path, redis_url: str, *, lines: int) -> None:
+        in_path, self.out_path, self.err_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "batch.err"
+        body = {"model": SCRIPTED_MODEL, "max_tokens": 2}
+        self.rows = [
+            {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {**body, "prompt": f"p{i}"}}
+            for i in range(lines)
+        ]
+        in_path.write_text("".join(json.dumps(row) + "\n" for row in self.rows))
+        self.command = [sys.executable, "-m", "producer", "batch", str(in_path), str(self.out_path), "--no-progress"]
+        self.command += ["--redis-url", redis_url, "--max-in-flight", "8"]
+
+    def answered(self) -> list[str]:
+        """The ``custom_id`` of each line in the output, in its order."""
+        return [json.loads(line)["custom_id"] for line in self.out_path.read_text().splitlines()]
+
+
 async def test_a_worker_lives_through_a_full_redis_and_its_stream_ends_once_with_every_token(
     redis_server: RedisServer, admin: aioredis.Redis, tmp_path: Path
 ) -> None:
@@ -142,19 +162,9 @@ async def test_the_front_door_refuses_clearly_and_a_batch_says_why_it_waits_and_
     worker = scripted_worker(redis_server.url, tmp_path / "worker.log", tokens_per_s=1000)
     worker.start().wait_ready(timeout_s=120)
     gateway = GatewayProcess(redis_server.url, tmp_path / "gateway.log").wait_ready()
-    lines = 300
-    in_path, out_path, err_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "batch.err"
-    body = {"model": SCRIPTED_MODEL, "max_tokens": 2}
-    rows = [
-        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {**body, "prompt": f"p{i}"}}
-        for i in range(lines)
-    ]
-    in_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
-    command += ["--redis-url", redis_server.url, "--max-in-flight", "8"]
-
-    def answered() -> list[str]:
-        return [json.loads(line)["custom_id"] for line in out_path.read_text().splitlines()]
+    batch_file = BatchFile(tmp_path, redis_server.url, lines=300)
+    command, out_path, err_path, rows = batch_file.command, batch_file.out_path, batch_file.err_path, batch_file.rows
+    answered = batch_file.answered
 
     try:
         with err_path.open("w") as err:
@@ -176,7 +186,9 @@ async def test_the_front_door_refuses_clearly_and_a_batch_says_why_it_waits_and_
                 with pytest.raises(RedisFull, match="maxmemory"):
                     await client.submit("refused", max_tokens=2)
             async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
-                response = await http.post("/v1/completions", json={**body, "prompt": "refused"})
+                response = await http.post(
+                    "/v1/completions", json={"model": SCRIPTED_MODEL, "prompt": "refused", "max_tokens": 2}
+                )
             assert response.status_code == 503, response.text
             assert int(response.headers["Retry-After"]) > 0
             error = response.json()["error"]
@@ -210,16 +222,8 @@ async def test_a_batch_whose_worker_died_says_it_waits_for_one_and_goes_on_with_
     every line once."""
     worker = scripted_worker(redis_server.url, tmp_path / "worker.log", tokens_per_s=1000)
     worker.start().wait_ready(timeout_s=120)
-    lines = 200
-    in_path, out_path, err_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "batch.err"
-    body = {"model": SCRIPTED_MODEL, "max_tokens": 2}
-    rows = [
-        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {**body, "prompt": f"p{i}"}}
-        for i in range(lines)
-    ]
-    in_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
-    command += ["--redis-url", redis_server.url, "--max-in-flight", "8"]
+    batch_file = BatchFile(tmp_path, redis_server.url, lines=200)
+    command, out_path, err_path, rows = batch_file.command, batch_file.out_path, batch_file.err_path, batch_file.rows
     successor = scripted_worker(redis_server.url, tmp_path / "successor.log", tokens_per_s=1000)
     try:
         with err_path.open("w") as err:
