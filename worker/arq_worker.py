@@ -89,9 +89,9 @@ class StreamqWorker(Worker):
         self._acknowledger: Acknowledger | None = None
         self._more_may_wait = False
         self._affinity_released = False
+        """This worker gave back what was held for it: it claims no more (a drain, a stop)."""
         self._refusal: RedisRefusal | None = None
         """Set while Redis refuses the loop's writes (full, loading, read-only): no claims."""
-        """This worker gave back what was held for it: it claims no more (a drain, a stop)."""
         self._stopping = False
         """arq asked the loop to end. It does so by cancelling the main task once, and on
         Python 3.11 a cancellation that lands as an ``asyncio.wait_for`` inside the loop
