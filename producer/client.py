@@ -72,6 +72,7 @@ from streamq.broker.connection import (
 )
 from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
 from streamq.broker.durability import PublishedDurability
+from streamq.broker.memory_policy import read_memory_policy
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
@@ -1163,14 +1164,10 @@ class StreamqClient:
         """Whether Redis is full: its memory used against its ``maxmemory`` (``INFO memory``)
         in words when it has reached it, else ``None``; ``None`` too where this client may not
         ask (a role without ``INFO``, a cluster). Writes then fail with ``RedisFull``."""
-        try:
-            memory = await self._redis.info("memory")
-        except RedisError:
+        memory = await read_memory_policy(self._redis)
+        if memory is None or not memory.full:
             return None
-        used, limit = memory.get("used_memory"), memory.get("maxmemory")
-        if not isinstance(used, int) or not isinstance(limit, int) or not 0 < limit <= used:
-            return None
-        return f"Redis is full: {used:,} bytes used of its maxmemory {limit:,}"
+        return f"Redis is full: {memory.used:,} bytes used of its maxmemory {memory.maxmemory:,}"
 
     @redis_errors_as_streamq_errors
     async def cancel(self, request_id: str, *, queue: str | None = None) -> RequestState:

@@ -470,8 +470,12 @@ async def _run_engine(
                 if lora is not None:
                     extra["lora_request"] = lora
                 await job.admission.wait()  # behind the take-overs started before it
-                async for output in generation.generate(engine, request.request_id, priority, **extra):
+                outputs = generation.generate(engine, request.request_id, priority, **extra)
+                async for output in outputs:  # its first output: in the engine, the jobs behind may follow
                     job.admission.entered()
+                    _emit(events, progress, output, readers)
+                    break
+                async for output in outputs:  # the rest, off the admission's books
                     _emit(events, progress, output, readers)
     except asyncio.CancelledError:
         stop = cancels.take_stop(request.request_id, events.attempt)

@@ -53,6 +53,11 @@ class MemoryPolicy:
     def evicts(self) -> bool:
         return self.policy != "noeviction"
 
+    @property
+    def full(self) -> bool:
+        """Its memory has reached its limit: writes are refused (``noeviction``) or evict."""
+        return 0 < self.maxmemory <= self.used
+
     def describe(self) -> str:
         limit = f"maxmemory {self.maxmemory:,} bytes" if self.maxmemory else "no maxmemory"
         return f"maxmemory-policy {self.policy}, {limit}, {self.used:,} bytes used"
