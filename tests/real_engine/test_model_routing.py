@@ -136,7 +136,7 @@ async def test_a_worker_refuses_a_request_for_a_model_it_does_not_serve(
     assert expected in through_gateway.value.message
 
 
-def test_batch_routes_each_line_by_its_model(
+async def test_batch_routes_each_line_by_its_model(
     worker: WorkerProcess, worker_b: WorkerProcess, tiny_model: Path, tmp_path: Path, producer_url: str
 ) -> None:
     lines = [
@@ -159,14 +159,15 @@ def test_batch_routes_each_line_by_its_model(
             for line in lines
         )
     )
-    result = run_producer(producer_url, "batch", str(in_path), str(out_path), "--no-progress")
+    result = await asyncio.to_thread(run_producer, producer_url, "batch", str(in_path), str(out_path), "--no-progress")
     assert result.returncode == 1, result.stderr  # the unknown model's line failed
     out = {line["custom_id"]: line for line in map(json.loads, out_path.read_text().splitlines())}
     a, b = out["a"]["response"], out["b"]["response"]
     assert a["status_code"] == b["status_code"] == 200
     assert a["body"]["model"] == str(tiny_model) and b["body"]["model"] == MODEL_B
-    assert a["request_id"] in worker.log_path.read_text() and a["request_id"] not in worker_b.log_path.read_text()
-    assert b["request_id"] in worker_b.log_path.read_text() and b["request_id"] not in worker.log_path.read_text()
+    await logged(worker, a["request_id"])
+    await logged(worker_b, b["request_id"])
+    assert a["request_id"] not in worker_b.log_path.read_text() and b["request_id"] not in worker.log_path.read_text()
     assert out["nobody"]["response"]["status_code"] == 404
     assert "no worker serves model 'no-such-model'" in out["nobody"]["error"]
 

@@ -40,6 +40,8 @@ KEEPALIVE_S = 1.0
 LONG_TOKENS = 700
 """Each request of the scale-down: long enough that a worker stopped once they all stream
 is stopped mid-stream."""
+MAX_JOBS = 4
+"""Requests each of the next workers runs at once."""
 
 
 def start_worker(worker_url: str, tiny_model: Path, log_path: Path, *extra: str) -> WorkerProcess:
@@ -66,7 +68,9 @@ def served_then_stopped(worker_url: str, tiny_model: Path, tmp_path_factory: pyt
 class NextWorkers:
     """The workers that start once requests wait, one after the other (an engine's start
     takes both cores here): the first stops at once on SIGTERM (no drain), as a
-    scale-down under load does to a pod."""
+    scale-down under load does to a pod. Each runs at most ``MAX_JOBS`` requests (and holds
+    none waiting in its engine), so twice that many are split between two of them: one
+    worker's claim takes a whole free batch's worth in one pass."""
 
     def __init__(self, worker_url: str, tiny_model: Path, folder: Path) -> None:
         self._worker_url, self._tiny_model, self._folder = worker_url, tiny_model, folder
@@ -75,7 +79,7 @@ class NextWorkers:
     def start(self, count: int) -> list[WorkerProcess]:
         """The first ``count`` of them, started (and ready: its own /ready) as needed."""
         while len(self.started) < count:
-            extra = ["--drain-seconds", "0"] if not self.started else []
+            extra = ["--max-jobs", str(MAX_JOBS), *(["--drain-seconds", "0"] if not self.started else [])]
             log_path = self._folder / f"worker-{len(self.started)}.log"
             self.started.append(start_worker(self._worker_url, self._tiny_model, log_path, *extra).wait_ready())
         return self.started
@@ -152,8 +156,9 @@ async def test_a_worker_stopped_under_load_while_another_runs_hands_each_request
     stopping, staying = await asyncio.to_thread(next_workers.start, 2)
     async with await StreamqClient.connect(producer_url) as client:
         request = {"model": MODEL, "max_tokens": LONG_TOKENS, "ignore_eos": True, "temperature": 0}
-        ids = [f"down-{i}-{uuid.uuid4().hex[:6]}" for i in range(8)]
-        handles = [await client.submit(prompt=PROMPTS[i % 3], request_id=ids[i], **request) for i in range(8)]
+        count = 2 * MAX_JOBS
+        ids = [f"down-{i}-{uuid.uuid4().hex[:6]}" for i in range(count)]
+        handles = [await client.submit(prompt=PROMPTS[i % 3], request_id=ids[i], **request) for i in range(count)]
         events: dict[str, list[Any]] = {request_id: [] for request_id in ids}
 
         async def read(handle: Any) -> None:
@@ -161,14 +166,14 @@ async def test_a_worker_stopped_under_load_while_another_runs_hands_each_request
                 events[handle.request_id].append(event)
 
         readers = [asyncio.ensure_future(read(handle)) for handle in handles]
-        async with asyncio.timeout(60):  # every request streams: both workers hold some
+        async with asyncio.timeout(60):  # every request streams: each worker holds MAX_JOBS
             while not all(events.values()):
                 await asyncio.sleep(0.02)
         assert await asyncio.to_thread(stopping.stop) == 0, stopping.log_tail()
         async with asyncio.timeout(180):
             await asyncio.gather(*readers)
         handed = [request_id for request_id in ids if request_id in Path(stopping.log_path).read_text()]
-        assert handed, "the stopped worker ran none of them"
+        assert len(handed) == MAX_JOBS, f"the stopped worker ran {handed}"
         calm = {
             prompt: await client.generate(prompt=prompt, request_id=f"calm-{uuid.uuid4().hex}", **request)
             for prompt in PROMPTS
