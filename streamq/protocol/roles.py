@@ -130,6 +130,9 @@ WORKER = Role(
         "zadd",
         "hset",
         "xadd",
+        # an ended log rewritten at its size (append_and_publish, end_request)
+        "dump",
+        "restore",
         # the claim's index: bands, tenants' passes, FIFOs, tenant weights, lapsed leases
         "zrange",
         "zpopmin",
@@ -229,6 +232,8 @@ PRODUCER = Role(
         "zrank",
         "zrange",
         "hexists",  # end_request: a callback stored at enqueue?
+        "xlen",  # end_request: a log short enough to rewrite at its size (DUMP, RESTORE)
+        "dump",
         # enqueue: the adapters each worker owns, for an adapter no live worker owns
         "zcount",
         "pttl",
@@ -297,7 +302,7 @@ PRODUCER = Role(
         # a request for an adapter not every worker serves: which workers may run it
         Writes(("set",), tuple(f"{DEFAULT_QUEUE}{infix}:eligible:*" for infix in ("", ":*"))),
         # kept power: ending a queued request it cancels (end_request) writes its log
-        Writes(("xadd", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
+        Writes(("xadd", "restore", "pexpire"), (EVENTS_CHANNEL_PREFIX + "*",)),
         Writes(("set",), (OWNER_KEY_PREFIX + "*",)),
         # a request's callback, stored at enqueue; made due when it cancels a queued one
         Writes(("hset", "pexpire"), (CALLBACK_KEY_PREFIX + "*",)),

@@ -181,6 +181,39 @@ async def test_a_final_written_from_outside_counts_the_tokens_already_sent(redis
     assert isinstance(logged, FinalEvent) and logged.seq == 3 and logged.completion_tokens == 6
 
 
+@pytest.mark.parametrize("ended_by", ["its attempt", "end_request"])
+async def test_an_ended_log_keeps_its_bytes_not_a_streams_node_and_its_reader_gets_the_end(
+    redis: aioredis.Redis, redis_url: str, ended_by: str
+) -> None:
+    """Redis allocates a Stream's newest node at 4 KB for the entries to come: a short log,
+    once ended, is rewritten at its size, and a reader blocked on the log still gets the end."""
+    request_id, open_id = f"pub-{uuid.uuid4().hex}", f"pub-{uuid.uuid4().hex}"
+    log = ReplayLog(redis, ttl_ms=60_000)
+    chunk = encode_event(ChunkEvent(request_id=request_id, seq=0, text="ab", token_ids=[1, 2]))
+    for one in (request_id, open_id):
+        await log.append([LogEvent(one, 0, 1, chunk)])
+    reader = aioredis.Redis.from_url(redis_url)
+    try:
+        waiting = asyncio.ensure_future(reader.xread({events_channel(request_id): "0-1"}, block=10_000))
+        await asyncio.sleep(0.1)
+        final = FinalEvent(
+            request_id=request_id, seq=1, finish_reasons=["length"], prompt_tokens=3, completion_tokens=2
+        )
+        if ended_by == "end_request":
+            assert await log.end(request_id, final) == 1
+        else:
+            await log.append([LogEvent(request_id, 1, 1, encode_event(final), terminal=True)])
+        [[_, [(entry_id, fields)]]] = await asyncio.wait_for(waiting, 10)
+    finally:
+        await reader.aclose()
+    assert entry_id == b"0-2" and isinstance(decode_event(fields[b"event"]), FinalEvent)
+    ended_bytes = await redis.memory_usage(events_channel(request_id), samples=0)
+    open_bytes = await redis.memory_usage(events_channel(open_id), samples=0)
+    assert open_bytes > 4096 > 4 * ended_bytes, (open_bytes, ended_bytes)
+    assert 0 < await redis.pttl(events_channel(request_id)) <= 60_000
+    assert [decode_event(e).seq for e in await log.read(request_id)] == [0, 1]
+
+
 async def test_an_event_redis_refuses_fails_its_batch_loudly_and_the_publisher_goes_on(redis: aioredis.Redis) -> None:
     """A write error that is not a duplicate (here WRONGTYPE) is never counted as
     delivered: the waiters of that batch fail, and later batches still go out."""

@@ -26,13 +26,17 @@
 -- events to publish}: those logged now and duplicates (their entry holds this very payload).
 -- Any other error fails the whole call: the caller retries or fails loudly, nothing is
 -- dropped in silence (events already written are duplicates on retry).
+-- A log that ends here, of at most compact_max entries, is rewritten at its size (DUMP,
+-- RESTORE): Redis allocates a stream's newest node at 4 KB (stream-node-max-bytes) for the
+-- entries to come, and an ended log gets none; a short one would keep ten times its bytes.
 local maxlen, ttl = ARGV[1], ARGV[2]
+local compact_max = 1000
 local skipped, touched, owners, lasts, superseded, out_of_step = 0, {}, {}, {}, {}, {}
 local tail = 2 + 2 * #KEYS
 local recent_key, recent_max, prefix = ARGV[tail + 1], tonumber(ARGV[tail + 2]), ARGV[tail + 3]
 local publish = ARGV[tail + 4] or 'PUBLISH'
 local defer = publish == ''
-local named, existed, publishable = {}, {}, {}
+local named, existed, publishable, ended = {}, {}, {}, {}
 local ended_ms, pushed = nil, false
 for i = 1, #KEYS, 2 do
   local key, owner_key = KEYS[i], KEYS[i + 1]
@@ -78,6 +82,7 @@ for i = 1, #KEYS, 2 do
     touched[key] = owner_key
     if terminal == '1' then
       owners[key] = 'ended'
+      ended[key] = true
       if recent_key then
         if ended_ms == nil then
           local t = redis.call('TIME')
@@ -92,6 +97,9 @@ for i = 1, #KEYS, 2 do
   end
 end
 for key, owner_key in pairs(touched) do
+  if ended[key] and redis.call('XLEN', key) <= compact_max then
+    redis.call('RESTORE', key, 0, redis.call('DUMP', key), 'REPLACE')
+  end
   redis.call('PEXPIRE', key, ttl)
   redis.call('SET', owner_key, owners[key], 'PX', ttl)
 end

@@ -20,6 +20,8 @@
 -- own job that arq failed), nothing is written while a newer attempt owns the request.
 -- Returns the seq given (deferred: {seq, payload}), -1 when it had already ended, -2 when a
 -- newer attempt owns it.
+-- The ended log, of at most 1,000 entries, is rewritten at its size (as append_and_publish
+-- does: Redis allocates a stream's newest node at 4 KB for entries an ended log never gets).
 local owner = redis.call('GET', KEYS[2])
 if owner == 'ended' then
   return -1
@@ -49,6 +51,9 @@ local payload = cjson.encode(event)
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '0-' .. (seq + 1), 'event', payload)
 if ARGV[10] ~= '' then
   redis.call(ARGV[10], KEYS[1], payload)
+end
+if redis.call('XLEN', KEYS[1]) <= 1000 then
+  redis.call('RESTORE', KEYS[1], 0, redis.call('DUMP', KEYS[1]), 'REPLACE')
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], 'ended', 'PX', ARGV[3])
