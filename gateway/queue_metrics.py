@@ -1,5 +1,6 @@
-"""The requests waiting on each queue, on ``/metrics`` (the gateway's, and the exporter's):
-what an autoscaler scales workers on, with every worker gone too.
+"""The requests waiting on each queue, and Redis's memory, on ``/metrics`` (the gateway's,
+and the exporter's): what an autoscaler scales workers on, with every worker gone too, and
+how near Redis is to refusing writes (docs/operations/redis.md).
 
 Read from Redis at each scrape (``streamq.broker.waiting``), so each replica reports the same
 deployment-wide figures: scrape one replica for them, or take ``max`` across replicas, not
@@ -17,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from producer.internal_client import InternalClient
+from streamq.broker.memory_policy import MemoryPolicy, read_memory_policy
 from streamq.broker.waiting import QueueWaiting, WaitingRequests, queues_of
 from streamq.tasks import stop_task
 
@@ -28,8 +30,9 @@ that came due, a dead worker's lapsed lease): within this, the signal counts the
 
 
 class _Snapshot(Collector):
-    def __init__(self, queues: list[QueueWaiting]) -> None:
+    def __init__(self, queues: list[QueueWaiting], memory: MemoryPolicy | None) -> None:
         self.queues = queues
+        self.memory = memory
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         waiting = GaugeMetricFamily(
@@ -45,7 +48,17 @@ class _Snapshot(Collector):
         for queue in self.queues:
             waiting.add_metric([queue.queue, queue.model], queue.waiting)
             oldest.add_metric([queue.queue, queue.model], queue.oldest_wait_s)
-        return [waiting, oldest]
+        if self.memory is None:  # INFO refused to this Redis user, or not answered by a proxy
+            return [waiting, oldest]
+        used = GaugeMetricFamily("streamq_redis_memory_used_bytes", "Redis's used_memory (INFO memory)")
+        used.add_metric([], self.memory.used)
+        limit = GaugeMetricFamily(
+            "streamq_redis_memory_max_bytes",
+            "Redis's maxmemory, where it refuses writes under noeviction (0: no limit)",
+            labels=["policy"],
+        )
+        limit.add_metric([self.memory.policy], self.memory.maxmemory)
+        return [waiting, oldest, used, limit]
 
 
 async def waiting_now(client: InternalClient, waiting: WaitingRequests) -> list[QueueWaiting]:
@@ -56,9 +69,11 @@ async def waiting_now(client: InternalClient, waiting: WaitingRequests) -> list[
 
 
 async def waiting_exposition(client: InternalClient, waiting: WaitingRequests) -> bytes:
-    """``streamq_requests_waiting`` and ``streamq_oldest_waiting_seconds`` in Prometheus's text format."""
+    """``streamq_requests_waiting``, ``streamq_oldest_waiting_seconds`` and Redis's memory
+    (``streamq_redis_memory_used_bytes``, ``streamq_redis_memory_max_bytes``) in Prometheus's
+    text format."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(await waiting_now(client, waiting)))
+    registry.register(_Snapshot(await waiting_now(client, waiting), await read_memory_policy(client.redis)))
     return generate_latest(registry)
 
 

@@ -18,6 +18,7 @@ from gateway.dashboard.history import WINDOW_S
 from gateway.dashboard.snapshot import RECENT_ROWS, Reading, SnapshotBuilder, encode_snapshot, queues_to_count
 from producer.internal_client import InternalClient
 from streamq.broker.job_result import request_model_and_queue
+from streamq.broker.memory_policy import read_memory_policy
 from streamq.broker.worker_stats import WorkerStatsStore
 from streamq.protocol import RESULT_KEY_PREFIX
 
@@ -99,8 +100,8 @@ class DashboardSampler:
         logger.info("dashboard: nobody watching for %.0f s; sampling stopped", self._idle_stop_s)
 
     async def read(self) -> Reading:
-        """One look at Redis: registry, reports, recent ends, queue depths and Redis's time,
-        then the models of ends not seen running."""
+        """One look at Redis: registry, reports, recent ends, queue depths, Redis's time and
+        memory, then the models of ends not seen running."""
         redis = self._client.redis
         routes = await self._client.routes()
         reports = await self._stats.read()
@@ -113,7 +114,8 @@ class DashboardSampler:
             replies = await pipe.execute()
         seconds, micros = replies[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        reading = Reading(now_ms, routes, reports, dict(zip(queues, map(int, replies[1:]), strict=True)), ends)
+        depths = dict(zip(queues, map(int, replies[1:]), strict=True))
+        reading = Reading(now_ms, routes, reports, depths, ends, await read_memory_policy(redis))
         await self._look_up_models(reading)
         return reading
 

@@ -17,6 +17,7 @@ import msgspec
 
 from gateway.dashboard.history import WINDOW_S, ModelPoints, Point, WindowTotals, WorkerHistory
 from gateway.dashboard.percentiles import summary_ms
+from streamq.broker.memory_policy import MemoryPolicy
 from streamq.broker.registry import Routes
 from streamq.protocol.messages import ErrorEvent
 from streamq.protocol.names import DEFAULT_TENANT
@@ -135,6 +136,15 @@ class RecentRow(msgspec.Struct):
     ended_ms: int
 
 
+class RedisMemoryRow(msgspec.Struct):
+    used_bytes: int
+    max_bytes: int
+    """``maxmemory``; 0: no limit."""
+    policy: str
+    """``maxmemory-policy``: at ``max_bytes``, ``noeviction`` refuses writes (streamq says
+    so, and waits); any other policy deletes keys."""
+
+
 class Snapshot(msgspec.Struct):
     now_ms: int
     """Redis's clock when it was read."""
@@ -146,6 +156,8 @@ class Snapshot(msgspec.Struct):
     workers: list[WorkerRow]
     running: list[RunningRow]
     recent: list[RecentRow]
+    redis_memory: RedisMemoryRow | None = None
+    """Redis's memory and its limit; ``None`` where ``INFO`` is refused to the gateway's user."""
 
 
 _encoder = msgspec.json.Encoder()
@@ -167,6 +179,8 @@ class Reading:
     """Queue -> ``ZCARD``."""
     ends: list[RecentEnd]
     """Newest first."""
+    memory: MemoryPolicy | None = None
+    """``INFO memory``; ``None`` where it cannot be read."""
 
 
 def queues_to_count(routes: Routes) -> list[str]:
@@ -212,7 +226,9 @@ class SnapshotBuilder:
         running = self._running_rows(reading, live_ids)
         models = self._model_rows(reading, live_ids)
         recent = [self._recent_row(end) for end in reading.ends[:RECENT_ROWS]]
-        return Snapshot(now_ms, self.window_s, models, workers, running, recent)
+        memory = reading.memory
+        redis_memory = None if memory is None else RedisMemoryRow(memory.used, memory.maxmemory, memory.policy)
+        return Snapshot(now_ms, self.window_s, models, workers, running, recent, redis_memory)
 
     def _worker_rows(self, reading: Reading, live_ids: set[str]) -> list[WorkerRow]:
         rows = []

@@ -234,6 +234,9 @@ PRODUCER = Role(
         "hexists",  # end_request: a callback stored at enqueue?
         "xlen",  # end_request: a log short enough to rewrite at its size (DUMP, RESTORE)
         "dump",
+        # Redis's memory and its policy (INFO memory): the start-up check, a stalled batch's
+        # reason, the gateway's /metrics and dashboard
+        "info",
         # enqueue: the adapters each worker owns, for an adapter no live worker owns
         "zcount",
         "pttl",

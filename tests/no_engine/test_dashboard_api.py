@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -103,7 +104,7 @@ async def test_live_sends_a_snapshot_at_once_and_then_every_second_the_same_to_e
 
     first, second = await asyncio.gather(watch(), watch())
     for snapshots in (first, second):
-        assert set(snapshots[0]) == {"now_ms", "window_s", "models", "workers", "running", "recent"}
+        assert set(snapshots[0]) == {"now_ms", "window_s", "models", "workers", "running", "recent", "redis_memory"}
         stamps = [s["now_ms"] for s in snapshots]
         assert stamps == sorted(stamps) and len(set(stamps)) >= 2
     # both watchers were sent the same readings (Redis's clock of each): one read of Redis
@@ -154,6 +155,28 @@ async def test_live_snapshots_carry_the_overviews_affinity_and_prefix_cache_figu
 
 
 # --- one request ------------------------------------------------------------------
+async def test_redis_memory_and_its_limit_are_on_metrics_and_the_overview_as_the_gateways_user_reads_them(
+    http: httpx.AsyncClient, redis_server: RedisServer
+) -> None:
+    admin = aioredis.Redis.from_url(redis_server.url)
+    limit = 1 << 30
+    await admin.config_set("maxmemory", limit)
+    try:
+        metrics = (await http.get("/metrics")).text
+        snapshot = (await http.get("/dashboard/api/snapshot")).json()
+        used = int((await admin.info("memory"))["used_memory"])
+    finally:
+        await admin.config_set("maxmemory", 0)
+        await admin.aclose()
+    (scraped_limit,) = re.findall(r'^streamq_redis_memory_max_bytes\{policy="noeviction"\} (\S+)$', metrics, re.M)
+    assert float(scraped_limit) == limit
+    (scraped,) = re.findall(r"^streamq_redis_memory_used_bytes (\S+)$", metrics, re.M)
+    assert 0.5 * used < float(scraped) < 2 * used
+    memory = snapshot["redis_memory"]
+    assert memory["max_bytes"] == limit and memory["policy"] == "noeviction"
+    assert 0.5 * used < memory["used_bytes"] < 2 * used
+
+
 async def test_events_replay_the_log_and_end_at_the_terminal_event(
     http: httpx.AsyncClient, admin: aioredis.Redis, request_id: str
 ) -> None:

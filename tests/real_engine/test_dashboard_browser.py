@@ -338,6 +338,11 @@ def test_the_overview_shows_the_worker_busy_and_the_queue_filling(
         )
         rate = f"{card(model)} {tid('model-tokens-per-s')}"
         wait_until(page, "tokens per second above 0", lambda: decimal(text_of(page, rate)) > 0)
+        wait_until(
+            page,
+            "Redis's memory beside the queue",
+            lambda: "maxmemory-policy noeviction" in text_of(page, tid("redis-memory")),
+        )
         # The charts' newest points show the same: the queue filled, the worker busy.
         wait_until(
             page,

@@ -102,6 +102,31 @@ function fmtDuration(seconds) {
   return `${Math.floor(sec / 86400)} d`;
 }
 
+/** Bytes for a person: "512 B", "12.3 MB", "1.0 GB" (powers of 1024, as Redis's maxmemory). */
+function fmtBytes(bytes) {
+  if (bytes === null || bytes === undefined || !Number.isFinite(bytes)) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${value} B` : `${value.toFixed(1)} ${units[unit]}`;
+}
+
+/** Redis's memory, its limit and policy; "bad" once it is full (writes refused) or its policy evicts. */
+function redisMemoryText(memory) {
+  if (!memory) return { text: "Redis memory: not readable (INFO refused to the gateway's Redis user)", bad: false };
+  const evicts = memory.policy !== "noeviction";
+  const full = memory.max_bytes > 0 && memory.used_bytes >= memory.max_bytes;
+  const limit = memory.max_bytes > 0 ? ` of ${fmtBytes(memory.max_bytes)} (${fmtPercent(memory.used_bytes / memory.max_bytes)})` : ", no maxmemory";
+  let text = `Redis memory: ${fmtBytes(memory.used_bytes)}${limit}, maxmemory-policy ${memory.policy}`;
+  if (full) text += evicts ? " · full: Redis is deleting keys" : " · full: Redis refuses writes, workers wait";
+  else if (evicts) text += " · evicting policy: a full Redis deletes streamq's keys (set noeviction)";
+  return { text, bad: full || evicts };
+}
+
 function fmtAgo(ms, nowMs) {
   if (!ms) return "–";
   return `${fmtDuration((nowMs - ms) / 1000)} ago`;
@@ -612,11 +637,15 @@ function modelCard(model, snap) {
 
 function overviewView() {
   const summary = h("p", { class: "muted", testid: "overview-summary" }, "Waiting for the first snapshot…");
+  const memory = h("p", { class: "muted", testid: "redis-memory" }, "");
   const cards = h("div", { class: "cards", testid: "model-cards" });
   return {
     title: "Overview",
-    el: h("section", {}, h("h1", {}, "Overview"), summary, cards),
+    el: h("section", {}, h("h1", {}, "Overview"), summary, memory, cards),
     update(snap) {
+      const redis = redisMemoryText(snap.redis_memory);
+      setText(memory, redis.text);
+      memory.className = redis.bad ? "bad" : "muted";
       const liveWorkers = snap.workers.filter((w) => w.state === "live").length;
       const waiting = snap.models.reduce((sum, m) => sum + m.waiting, 0);
       setText(
