@@ -1163,7 +1163,7 @@ class StreamqClient:
     async def redis_full(self) -> str | None:
         """Whether Redis is full: its memory used against its ``maxmemory`` (``INFO memory``)
         in words when it has reached it, else ``None``; ``None`` too where this client may not
-        ask (a role without ``INFO``, a cluster). Writes then fail with ``RedisFull``."""
+        ask (a Redis user without ``INFO``, a cluster). Writes then fail with ``RedisFull``."""
         memory = await read_memory_policy(self._redis)
         if memory is None or not memory.full:
             return None

@@ -14,8 +14,10 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,7 +89,7 @@ class BatchFile:
     def __init__(self, tmp_path: Path, redis_url: str, *, lines: int) -> None:
         in_path, self.out_path, self.err_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "batch.err"
         body = {"model": SCRIPTED_MODEL, "max_tokens": 2}
-        self.rows = [
+        self.rows: list[dict[str, Any]] = [
             {"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {**body, "prompt": f"p{i}"}}
             for i in range(lines)
         ]
@@ -210,6 +212,128 @@ async def test_the_front_door_refuses_clearly_and_a_batch_says_why_it_waits_and_
         assert sorted(answered()) == sorted(row["custom_id"] for row in rows), "each line once"
         assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
     finally:
+        gateway.stop()
+        assert worker.stop() == 0, worker.log_tail()
+
+
+FILL_LINES = 1000
+FILL_BUDGET = 400_000
+"""Bytes of Redis a batch may add before Redis is full: about 250 finished lines' keys
+(docs/operations/redis.md sizes one at 1.4 KB), so Redis fills a quarter of the way in."""
+
+
+async def fill_for_real(admin: aioredis.Redis) -> None:
+    """``noeviction``, with a limit ``FILL_BUDGET`` above what Redis holds: the requests
+    fill it themselves."""
+    await admin.config_set("maxmemory-policy", "noeviction")
+    used = int((await admin.info("memory"))["used_memory"])
+    await admin.config_set("maxmemory", used + FILL_BUDGET)
+
+
+async def until_said(batch: subprocess.Popen[str], err_path: Path, words: str, timeout_s: float = 120) -> None:
+    """Until the batch's output says ``words`` (or the batch ended: its output then says all)."""
+    async with asyncio.timeout(timeout_s):
+        while words not in err_path.read_text() and batch.poll() is None:
+            await asyncio.sleep(0.05)
+
+
+async def test_a_batch_that_fills_redis_says_so_and_a_rerun_answers_every_line_once(
+    redis_server: RedisServer, admin: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Redis fills for real, from the batch's own requests, a quarter of the way in: the
+    batch says Redis is full (it stops sending, or waits on the requests in flight) naming
+    its maxmemory; the worker stays up. Memory freed, the batch ends (status 1 when an
+    enqueue was refused: the rest is left to a rerun), and a rerun answers the rest: every
+    line once, each with its completion."""
+    worker = scripted_worker(redis_server.url, tmp_path / "worker.log", tokens_per_s=1000, metrics_port=free_port())
+    worker.start().wait_ready(timeout_s=120)
+    batch_file = BatchFile(tmp_path, redis_server.url, lines=FILL_LINES)
+    command, out_path, err_path = batch_file.command, batch_file.out_path, batch_file.err_path
+    try:
+        await fill_for_real(admin)
+        with err_path.open("w") as err:
+            batch = subprocess.Popen(command, stdout=err, stderr=subprocess.STDOUT, text=True)
+        await until_said(batch, err_path, "Redis is full")
+        said = err_path.read_text()
+        assert "Redis is full" in said and "maxmemory" in said, said
+        answered_when_full = len(batch_file.answered()) if out_path.exists() else 0
+        assert answered_when_full < FILL_LINES, "Redis never filled"
+        assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
+
+        await free(admin)
+        status = await asyncio.to_thread(batch.wait, 120)
+        said = err_path.read_text()
+        if status == 1:  # an enqueue was refused: the lines after it are left to the rerun
+            assert "run again" in said, said
+        else:
+            assert status == 0, said
+        first_run = batch_file.answered()
+        assert len(first_run) == len(set(first_run)), "a line answered twice"
+        rerun = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stderr
+        written = [json.loads(line) for line in out_path.read_text().splitlines()]
+        assert sorted(row["custom_id"] for row in written) == sorted(row["custom_id"] for row in batch_file.rows)
+        assert all(row["response"]["status_code"] == 200 for row in written), "each line with its completion"
+        assert worker.process.poll() is None, worker.log_tail()
+        await until_ready_is(worker, 200)
+    finally:
+        await free(admin)
+        assert worker.stop() == 0, worker.log_tail()
+
+
+async def test_requests_that_fill_redis_through_the_gateway_are_answered_or_refused_with_nothing_queued(
+    redis_server: RedisServer, admin: aioredis.Redis, tmp_path: Path
+) -> None:
+    """The same through the gateway, 8 clients at once: each request is answered (200) or
+    refused (503 ``redis_full``, ``Retry-After``) while Redis is full from the requests'
+    own keys, and a refused one left nothing in Redis to run later. Memory freed, every
+    refused one sent again is answered: each prompt once."""
+    worker = scripted_worker(redis_server.url, tmp_path / "worker.log", tokens_per_s=1000)
+    worker.start().wait_ready(timeout_s=120)
+    gateway = GatewayProcess(redis_server.url, tmp_path / "gateway.log").wait_ready()
+    ids = [f"fill-{i}-{uuid.uuid4().hex[:8]}" for i in range(FILL_LINES)]
+    answered: dict[str, int] = {}
+    refused: list[str] = []
+    try:
+        await fill_for_real(admin)
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
+
+            async def send(request_id: str) -> None:
+                body = {"model": SCRIPTED_MODEL, "prompt": request_id, "max_tokens": 2}
+                response = await http.post("/v1/completions", json=body, headers={"x-streamq-request-id": request_id})
+                if response.status_code == 503:
+                    error = response.json()["error"]
+                    assert error["code"] == "redis_full" and "maxmemory" in error["message"], error
+                    assert int(response.headers["Retry-After"]) > 0
+                    refused.append(request_id)
+                else:
+                    assert response.status_code == 200, response.text
+                    answered[request_id] = answered.get(request_id, 0) + 1
+
+            async def client(mine: list[str]) -> None:
+                for request_id in mine:
+                    await send(request_id)
+                    if len(refused) >= 20 and refused[-1] == request_id:  # full: let memory be freed
+                        await asyncio.sleep(0.01)
+
+            async def free_once_refused() -> None:
+                while len(refused) < 20:
+                    await asyncio.sleep(0.05)
+                assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
+                for request_id in refused:  # nothing of it was stored, nothing to run later
+                    assert not await admin.exists(f"arq:job:{request_id}", f"streamq:events:{request_id}")
+                await free(admin)
+
+            freeing = asyncio.ensure_future(free_once_refused())
+            await asyncio.gather(*(client(ids[i::8]) for i in range(8)))
+            await asyncio.wait_for(freeing, 60)
+            assert refused, "Redis never filled"
+            for request_id in list(refused):
+                await send(request_id)
+        assert sorted(answered) == sorted(ids) and set(answered.values()) == {1}, "each prompt answered once"
+        assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
+    finally:
+        await free(admin)
         gateway.stop()
         assert worker.stop() == 0, worker.log_tail()
 
