@@ -72,7 +72,7 @@ from streamq.broker.connection import (
 )
 from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
 from streamq.broker.durability import PublishedDurability
-from streamq.broker.memory_policy import read_memory_policy
+from streamq.broker.memory_policy import eviction_cause, read_memory_policy
 from streamq.broker.registry import Routes, WorkerRegistry
 from streamq.broker.replay_log import ReplayLog
 from streamq.broker.replies import as_text
@@ -94,6 +94,7 @@ from streamq.protocol import (
     MAX_JOB_BYTES,
     RESULT_KEY_PREFIX,
     TERMINAL_EVENTS,
+    WORKER_RENEW_S,
     Callback,
     ChatMessage,
     ChatTemplateOptions,
@@ -176,9 +177,9 @@ def redis_errors_as_streamq_errors(method: Callable[P, Awaitable[R]]) -> Callabl
             raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
         except OutOfMemoryError as exc:
             raise RedisFull(
-                "Redis is full: its memory reached maxmemory (maxmemory-policy noeviction) and it "
-                "refuses writes; nothing was written. Retry once memory is freed (finished requests "
-                "expire) or maxmemory is raised"
+                "Redis is full: its memory reached maxmemory and it refuses writes (under "
+                "maxmemory-policy noeviction, or a policy that found nothing to evict); nothing was "
+                "written. Retry once memory is freed (finished requests expire) or maxmemory is raised"
             ) from exc
         except RedisError as exc:
             raise StreamqError(f"Redis refused a command: {exc}") from exc
@@ -427,10 +428,12 @@ class RequestHandle:
             return  # a shard away too: its subscription says when it is gone for good
         if state in ("queued", "running") or await self._replay():  # the log again: an end may have raced
             return
+        evicted = await self._client._lost_writes_cause("")
         raise RequestLost(
             self.request_id,
             "lost",
-            f"the request is no longer queued or running ({state}) and its stream ended without a final event",
+            f"the request is no longer queued or running ({state}) and its stream ended without a final event"
+            + (f"; {evicted}" if evicted else ""),
         )
 
     async def _end_if_still_queued(self) -> None:
@@ -475,9 +478,10 @@ class RequestHandle:
         first = decode_event(logged[0]) if logged else None
         if first is None or first.seq != seq or event_digest(logged[0]) != digest:
             held = "no longer holds it" if first is None or first.seq != seq else "holds another event in its place"
+            cause = await self._client._lost_writes_cause("Redis lost writes it had acknowledged, or the log expired")
             raise MissingEvents(
-                f"request {self.request_id}: event {seq} is not the one the caller had: the log {held} (Redis "
-                "lost writes it had acknowledged, or the log expired), so what it holds does not continue it"
+                f"request {self.request_id}: event {seq} is not the one the caller had: the log {held} ({cause}), "
+                "so what it holds does not continue it"
             )
         self._first_seq, self._delivered = seq, [digest]
         self._backlog.extend(logged[1:])
@@ -485,14 +489,16 @@ class RequestHandle:
             self._done = True
             self._parts.add(first)
 
-    def _check_delivered(self, event: Event, raw: bytes) -> None:
+    async def _check_delivered(self, event: Event, raw: bytes) -> None:
         """``event`` repeats one already delivered: it must be that very event."""
         index = event.seq - self._first_seq
         if 0 <= index < len(self._delivered) and self._delivered[index] != event_digest(raw):
+            cause = await self._client._lost_writes_cause(
+                "a crash without fsync, or a failover to a replica that lagged"
+            )
             raise MissingEvents(
                 f"request {self.request_id}: event {event.seq} is no longer the one delivered: Redis lost writes "
-                "it had acknowledged (a crash without fsync, or a failover to a replica that lagged) and the "
-                "request went on from what it kept"
+                f"it had acknowledged ({cause}) and the request went on from what it kept"
             )
 
     @redis_errors_as_streamq_errors
@@ -504,7 +510,7 @@ class RequestHandle:
             raw = await self._next_raw()
             event = decode_event(raw)
             if event.seq < self._next_seq:
-                self._check_delivered(event, raw)
+                await self._check_delivered(event, raw)
                 continue
             if event.seq > self._next_seq:
                 if not await self._fill_gap():
@@ -853,7 +859,16 @@ class StreamqClient:
         eligible: list[str] = []
         if model is not None:
             routes = await self._routes_serving(model)
-            queue = _queue_of(routes, model, memory_s=self.model_memory_s, declared=self.declared_models)
+            try:
+                queue = _queue_of(routes, model, memory_s=self.model_memory_s, declared=self.declared_models)
+            except (UnknownModel, NoLiveWorker) as exc:  # or Redis evicted the registrations
+                if evicted := await self._lost_writes_cause(""):
+                    raise type(exc)(
+                        f"{exc}, or Redis evicted its workers' registrations (each registers again within "
+                        f"{WORKER_RENEW_S:g} s): {evicted}",
+                        model=model,
+                    ) from exc
+                raise
             if _cap_max_tokens(request, routes.context_length(model)):
                 job = _job_payload(request)
             if not routes.is_base_model(model):  # a LoRA adapter: only workers that serve it, its own first
@@ -1159,6 +1174,14 @@ class StreamqClient:
     async def live_models(self) -> dict[str, str]:
         """Model name -> queue, for each model that has a live worker."""
         return (await self._routes()).live_models()
+
+    async def _lost_writes_cause(self, otherwise: str) -> str:
+        """Why keys this client relies on may be gone: Redis's evictions where it made any
+        (``eviction_cause``), else ``otherwise``."""
+        try:
+            return await eviction_cause(self._redis) or otherwise
+        except Exception:  # only a message is at stake
+            return otherwise
 
     async def redis_full(self) -> str | None:
         """Whether Redis is full: its memory used against its ``maxmemory`` (``INFO memory``)

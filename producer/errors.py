@@ -60,8 +60,8 @@ class DuplicateRequest(StreamqError):
 class MissingEvents(StreamqError):
     """Events went missing and the replay log no longer holds them, or holds others in
     their place: Redis lost writes it had acknowledged (a crash without fsync, a failover
-    to a replica that lagged) and the request went on from what it kept. The events this
-    handle delivered can no longer be continued exactly."""
+    to a replica that lagged, an evicting ``maxmemory-policy``) and the request went on from
+    what it kept. The events this handle delivered can no longer be continued exactly."""
 
 
 class QueueFull(StreamqError):

@@ -29,10 +29,12 @@ from vllm.envs import enable_envs_cache
 from vllm.utils.gc_utils import freeze_gc_heap
 
 from streamq.broker.job_result import failure_of
+from streamq.broker.memory_policy import eviction_cause
 from streamq.broker.pubsub import live_messages
 from streamq.protocol import (
     IN_PROGRESS_PREFIX,
     WAKEUP_CHANNEL,
+    ErrorCode,
     ErrorEvent,
     is_valid_request_id,
 )
@@ -381,6 +383,8 @@ class StreamqWorker(Worker):
         code, message = failure_of(result_data)
         if code is None or not is_valid_request_id(job_id):
             return
+        if code == ErrorCode.EXPIRED and (cause := await eviction_cause(self.pool)) is not None:
+            message = f"{message}; {cause}"
         state = state_of(self.ctx)
         event = ErrorEvent(request_id=job_id, seq=0, code=code, message=message)
         try:

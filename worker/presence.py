@@ -83,11 +83,16 @@ class Presence:
         while True:
             await asyncio.sleep(WORKER_RENEW_S)
             try:
-                await self._registry.register(self.registration)
+                restored = await self._registry.register(self.registration)
             except Exception as exc:  # Redis away (or full) for longer than the retries: try again next round
                 self._failures.failed("could not renew the worker registration: %s", exc)
             else:
                 self._failures.passed()
+                if restored:  # producers refused its model meanwhile ("no worker serves model")
+                    logger.warning(
+                        "the worker's registration was gone from Redis (it lapsed while the worker could not "
+                        "renew it, or Redis evicted it): registered again"
+                    )
 
     async def close(self) -> None:
         """Stop renewing and withdraw the registration (best effort: it lapses anyway)."""

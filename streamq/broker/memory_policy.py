@@ -84,6 +84,25 @@ async def read_memory_policy(redis: Any) -> MemoryPolicy | None:
     return MemoryPolicy.of_info(info) if isinstance(info, Mapping) else None
 
 
+async def eviction_cause(redis: Any) -> str | None:
+    """Why a key streamq wrote may be gone, where Redis says it evicted keys: its policy and
+    how many it evicted since it started, in words for an error message; ``None`` where it
+    evicted none or cannot tell (``INFO`` refused, a proxy)."""
+    policy = await read_memory_policy(redis)
+    if policy is None or not policy.evicts:
+        return None
+    try:
+        evicted = (await redis.info("stats")).get("evicted_keys", 0)
+    except Exception:
+        return None
+    if not isinstance(evicted, int) or evicted == 0:
+        return None
+    return (
+        f"under maxmemory-policy {policy.policy} a full Redis evicts keys, {evicted:,} since it started: "
+        "set noeviction, as docs/operations/redis.md says"
+    )
+
+
 def allow_evicting_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(ALLOW_EVICTING_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 

@@ -95,9 +95,11 @@ class WorkerRegistry:
         self._read = Script(redis, ReadRegistry)
         self._redis = redis
 
-    async def register(self, registration: WorkerRegistration, ttl_ms: int = WORKER_TTL_MS) -> None:
-        """Announce (or renew) ``registration`` as live for ``ttl_ms`` from now."""
-        await self._register(
+    async def register(self, registration: WorkerRegistration, ttl_ms: int = WORKER_TTL_MS) -> bool:
+        """Announce (or renew) ``registration`` as live for ``ttl_ms`` from now. Returns
+        whether it (or its models' queue) was missing: a first registration, or one that
+        lapsed or that Redis evicted, restored."""
+        _, restored = await self._register(
             RegisterWorker(
                 workers_key=WORKERS_KEY,
                 models_key=MODELS_KEY,
@@ -109,6 +111,7 @@ class WorkerRegistry:
                 models=registration.models(),
             )
         )
+        return bool(restored)
 
     async def unregister(self, registration: WorkerRegistration) -> None:
         """Withdraw ``registration`` at once (a clean shutdown), instead of letting it lapse."""

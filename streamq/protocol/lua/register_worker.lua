@@ -9,14 +9,16 @@
 -- Renews one worker's registration to ttl_ms from now (Redis's clock), drops registrations
 -- that lapsed, remembers each model's queue for good and when a worker last served it (so
 -- that a model whose workers all stopped keeps its requests waiting for the next one), and
--- the queue's base model. Returns Redis's time (ms).
+-- the queue's base model. Returns {Redis's time (ms), restored}: restored is 1 when the
+-- registration, or its models' queue, was not there to renew (a first registration; else
+-- it lapsed while the worker could not renew it, or Redis evicted it), else 0.
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local restored = redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 for i = 4, #ARGV do
-  redis.call('HSET', KEYS[2], ARGV[i], ARGV[3])
+  restored = restored + redis.call('HSET', KEYS[2], ARGV[i], ARGV[3])
   redis.call('ZADD', KEYS[3], now, ARGV[i])
 end
 redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
-return now
+return {now, math.min(restored, 1)}
