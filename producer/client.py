@@ -347,6 +347,9 @@ class RequestHandle:
         self.request_id = request_id
         self.job_queue = job_queue or client.queue
         """The arq queue the request was put on (the client's, or its model's)."""
+        self._queue_known = job_queue is not None
+        """Whether ``job_queue`` is the request's for sure (it was submitted here, or named),
+        not the client's own taken for it (a request followed by id)."""
         self._queue_deadline = None if queue_timeout_s is None else time.monotonic() + queue_timeout_s
         """When the request's wait for a worker passes its ``queue_timeout_s``: a request still
         queued then is ended here (no worker may be alive to end it)."""
@@ -423,7 +426,7 @@ class RequestHandle:
         try:
             if await self._replay():
                 return
-            state = await self._client._job_state(self.request_id)
+            state = await self._client._job_state(self.request_id, self.job_queue if self._queue_known else None)
         except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException):
             return  # a shard away too: its subscription says when it is gone for good
         if state in ("queued", "running") or await self._replay():  # the log again: an end may have raced
@@ -1258,16 +1261,21 @@ class StreamqClient:
         return await self._status.read(request_id, queues=[self.queue])
 
     @redis_errors_as_streamq_errors
-    async def _job_state(self, request_id: str) -> RequestState:
+    async def _job_state(self, request_id: str, queue: str | None = None) -> RequestState:
         """Where the request's job is, cheaper than ``status`` (the handle's watchdog only
         asks whether anything will still happen): ``running`` (a worker holds its lease),
         ``queued`` (waiting for a worker, or for its lapsed lease to be taken over), ``finished``
-        (a result is stored) or ``unknown``."""
+        (a result is stored) or ``unknown``. With the ``queue`` it was put on, a job is queued
+        only while that queue still lists it: one whose entry an evicting Redis deleted would
+        be claimed by nobody, ever."""
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.exists(IN_PROGRESS_PREFIX + request_id)
             pipe.exists(JOB_KEY_PREFIX + request_id)
             pipe.exists(RESULT_KEY_PREFIX + request_id)
-            running, queued, finished = await pipe.execute()
+            if queue is not None:
+                pipe.zscore(queue, request_id)
+            running, stored, finished, *listed = await pipe.execute()
+        queued = stored and (queue is None or listed[0] is not None)
         return "running" if running else "queued" if queued else "finished" if finished else "unknown"
 
 

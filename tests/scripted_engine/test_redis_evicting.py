@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from devkit.redis_server import RedisServer
 from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
 from producer.client import StreamqClient
-from producer.errors import MissingEvents, RedisFull, RequestError, StreamqError, UnknownModel
+from producer.errors import MissingEvents, RedisFull, RequestError, RequestLost, StreamqError, UnknownModel
 from streamq.protocol import ChunkEvent, FinalEvent
 from streamq.protocol.names import MODELS_KEY, WORKERS_KEY
 from tests.support.worker_faults import paused
@@ -95,6 +95,22 @@ async def test_a_queued_job_whose_payload_was_evicted_fails_naming_eviction(
     assert "payload was gone" in failed.value.message and EVICTION_WORDS in failed.value.message
     assert "maxmemory-policy allkeys-lru" in failed.value.message
     assert worker.process is not None and worker.process.poll() is None, worker.log_tail()
+
+
+async def test_a_request_whose_queue_was_evicted_is_lost_naming_eviction_not_waited_for(
+    worker: WorkerProcess, admin: aioredis.Redis, redis_server: RedisServer
+) -> None:
+    """Its job is still stored, but no queue lists it: nobody will ever claim it, and the
+    handle's watchdog says so (``RequestLost``) instead of waiting for it forever."""
+    async with await StreamqClient.connect(redis_server.url, silence_check_s=1) as client:
+        with paused(worker):
+            handle = await client.submit("queue evicted", max_tokens=8)
+            queue_keys = [key async for key in admin.scan_iter(match=f"{client.queue}*")]
+            await admin.delete(*queue_keys)
+            assert await admin.exists(f"arq:job:{handle.request_id}")
+        with pytest.raises(RequestLost) as lost:
+            await asyncio.wait_for(handle.result(), 30)
+    assert EVICTION_WORDS in str(lost.value), lost.value
 
 
 async def test_a_running_request_whose_lease_was_evicted_ends_once_with_every_token(
