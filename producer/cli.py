@@ -40,6 +40,8 @@ from streamq.protocol import (
 
 SUBCOMMANDS = ("submit", "follow", "cancel", "status", "batch", "keys", "tenants")
 DEFAULT_SUBCOMMAND = "submit"
+RENAMED_SUBCOMMANDS = {"tail": "follow"}
+"""Old name -> new: an old name still runs its successor, with a warning, for a release."""
 
 _EPILOG = """\
 examples:
@@ -351,7 +353,14 @@ def cancel_command(args: argparse.Namespace) -> int:
 
 
 def with_default_subcommand(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``submit`` in front unless it starts with a subcommand or asks for the overall help."""
+    """``argv`` with ``submit`` in front unless it starts with a subcommand or asks for the
+    overall help; a renamed subcommand's old name becomes its new one, with a warning."""
+    if argv and (successor := RENAMED_SUBCOMMANDS.get(argv[0])) is not None:
+        print(
+            f"warning: '{argv[0]}' is now '{successor}'; the old name goes in a later release",
+            file=sys.stderr,
+        )
+        return [successor, *argv[1:]]
     if argv and argv[0] in (*SUBCOMMANDS, "-h", "--help"):
         return list(argv)
     return [DEFAULT_SUBCOMMAND, *argv]

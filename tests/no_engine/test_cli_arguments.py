@@ -40,6 +40,11 @@ def test_a_prompt_spelled_like_a_subcommand_can_be_submitted(name: str, spelling
     assert parse(*spelling, name)["prompts"] == [name]
 
 
+def test_a_renamed_subcommand_runs_its_successor_and_says_its_new_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse("tail", "req-1")["run"] is cli.follow_command
+    assert "'tail' is now 'follow'" in capsys.readouterr().err
+
+
 def test_subcommands_take_their_own_arguments() -> None:
     follow = parse("follow", "req-1", "--from-seq", "3")
     assert (follow["request_id"], follow["from_seq"]) == ("req-1", 3)
