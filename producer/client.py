@@ -1247,7 +1247,7 @@ class StreamqClient:
             return await self._cancel_script(call)
         started = time.perf_counter()
         reply, *waited = await self._cancel_script.then(call, *wait.commands())
-        durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="cancel")
+        durability.check_wait(wait, waited, seconds=time.perf_counter() - started, what="cancel")
         return reply
 
     @redis_errors_as_streamq_errors

@@ -217,7 +217,7 @@ class CallbackSender:
         started = time.perf_counter()
         reply, *waited = await script.then(call, *wait.commands())
         if self._durability is not None and wrote(reply):
-            self._durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="callback")
+            self._durability.check_wait(wait, waited, seconds=time.perf_counter() - started, what="callback")
         return reply
 
     def headers(self, body: bytes) -> dict[str, str]:

@@ -181,7 +181,7 @@ class EndConfirmer:
         done = [confirmation for confirmation in taken if confirmation.request_id not in unsent]
         self._budgets.reached(confirmation.request_id for confirmation in done)
         for confirmation in done:
-            self._confirmed(confirmation)
+            self._resolve(confirmation)
         if not again:
             return []
         error = appended.error
@@ -209,9 +209,9 @@ class EndConfirmer:
         logger.error("%d events of %d requests NOT published: %s", events, len(confirmations), failure)
         metrics.PUBLISH_FAILURES.inc(events)
         for confirmation in confirmations:
-            self._confirmed(confirmation, failure)
+            self._resolve(confirmation, failure)
 
-    def _confirmed(self, confirmation: _Confirmation, failure: PublishFailed | None = None) -> None:
+    def _resolve(self, confirmation: _Confirmation, failure: PublishFailed | None = None) -> None:
         """``confirmation`` is done: its waiters resolved (failed with ``failure``)."""
         with contextlib.suppress(ValueError):
             self._confirming.remove(confirmation)

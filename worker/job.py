@@ -309,7 +309,7 @@ async def _run(job: JobContext, request: GenerateRequest, events: RequestEvents,
         await _confirm_logged_end(state, events, progress)
         return progress.summary(request.request_id)
     if progress.superseded:  # a newer attempt took it over first
-        return _superseded(request.request_id, events.attempt)
+        return _yield_to_owner(request.request_id, events.attempt)
     running.progress = progress
     if state.cancels.was_cancelled(request.request_id):  # before it started (a take-over of a cancelled request)
         return await _end(job, events, request, progress, FinishReason.CANCELLED)
@@ -484,13 +484,13 @@ async def _run_engine(
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         if stop is None:
             return await _end(job, events, request, progress, FinishReason.CANCELLED)
-        if await _settled(state, events, stop) is not None:
-            return _superseded(request.request_id, events.attempt)
+        if await _settle(state, events, stop) is not None:
+            return _yield_to_owner(request.request_id, events.attempt)
     except TimeoutError:
         return await _end(job, events, request, progress, FinishReason.TIMEOUT)
     else:
-        if await _settled(state, events) is not None:
-            return _superseded(request.request_id, events.attempt)
+        if await _settle(state, events) is not None:
+            return _yield_to_owner(request.request_id, events.attempt)
     logger.info(
         "request %s finished: %s, %d prompt + %d completion tokens in %.2fs",
         request.request_id,
@@ -536,7 +536,7 @@ def _emit(events: RequestEvents, progress: Progress, output: RequestOutput, read
         events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
 
 
-async def _settled(state: WorkerState, events: RequestEvents, stop: Refusal | None = None) -> Refusal | None:
+async def _settle(state: WorkerState, events: RequestEvents, stop: Refusal | None = None) -> Refusal | None:
     """Wait until every event of this attempt has reached Redis, then say whether it still
     owns the request: ``None`` if its events were logged (its end too, if it wrote one),
     ``SUPERSEDED`` if another attempt owns the request or ended it. An attempt ``stop``ped
@@ -551,7 +551,7 @@ async def _settled(state: WorkerState, events: RequestEvents, stop: Refusal | No
     return refusal
 
 
-def _superseded(request_id: str, attempt: int) -> Superseded:
+def _yield_to_owner(request_id: str, attempt: int) -> Superseded:
     """The outcome of an attempt that stopped because another attempt owns its request
     (or ended it): the end, arq's bookkeeping and the callback are that attempt's."""
     logger.info("request %s: attempt %d stopped; the attempt that owns the request ends it", request_id, attempt)
@@ -564,8 +564,8 @@ async def _end(
     """End the request early: unfinished completions get ``reason``."""
     progress.end_unfinished(reason)
     events.final(progress.finish_reasons, progress.prompt_tokens, progress.completion_tokens)
-    if await _settled(job.state, events) is not None:
-        return _superseded(request.request_id, events.attempt)
+    if await _settle(job.state, events) is not None:
+        return _yield_to_owner(request.request_id, events.attempt)
     logger.info("request %s ended: %s after %d tokens", request.request_id, reason, progress.completion_tokens)
     return progress.summary(request.request_id)
 
@@ -577,6 +577,6 @@ async def _fail(job: JobContext, events: RequestEvents | None, code: str, messag
     metrics.REQUEST_ERRORS.labels(code=code).inc()
     if events is not None and not events.closed:
         events.error(code, message)
-        if await _settled(job.state, events) is not None:
-            return _superseded(events.request_id, events.attempt)
+        if await _settle(job.state, events) is not None:
+            return _yield_to_owner(events.request_id, events.attempt)
     raise RequestFailed(f"{code}: {message}")

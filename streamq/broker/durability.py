@@ -348,7 +348,7 @@ class Durability:
         """Bring the waits up to date if they may be stale (a producer's read of the record);
         a no-op where they are kept fresh in the background (a worker's)."""
 
-    def confirmed(
+    def check_wait(
         self, wait: EndWait, replies: Sequence[Any], *, seconds: float, what: str, node: str = ""
     ) -> Shortfall | None:
         """Check ``replies`` to ``wait``'s commands (``EndWait.check``, which raises a

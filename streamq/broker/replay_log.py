@@ -239,7 +239,7 @@ class ReplayLog:
         else:
             command = self._pack(events, defer=True) + wait.packed()
             reply, *waited = await _script_then(redis, self._append_script, command, 1 + wait.reply_count)
-        shortfall = durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="end")
+        shortfall = durability.check_wait(wait, waited, seconds=time.perf_counter() - started, what="end")
         appended = self._appended(reply)
         if shortfall is not None and durability.held("end"):
             refused = appended.superseded | appended.out_of_step  # nothing more to wait for
@@ -357,7 +357,9 @@ class ReplayLog:
                 if durability is not None and node is not None and sent.wait is not None and sent.waited:
                     seconds = time.perf_counter() - started
                     try:
-                        short = durability.confirmed(sent.wait, sent.waited, seconds=seconds, what=what, node=node.name)
+                        short = durability.check_wait(
+                            sent.wait, sent.waited, seconds=seconds, what=what, node=node.name
+                        )
                     except ResponseError:  # a primary demoted under the connection: its calls again
                         again += [replace(call, asking=None) for call in sent.calls]
                         continue
@@ -462,7 +464,7 @@ class ReplayLog:
                 command = pack_command(*deferred.command(self._end_script.sha)) + wait.packed()
                 reply, *waited = await _script_then(one, self._end_script, command, 1 + wait.reply_count)
             if isinstance(reply, list):  # else it wrote nothing: the wait covered nothing of it
-                durability.confirmed(wait, waited, seconds=time.perf_counter() - started, what="end_request")
+                durability.check_wait(wait, waited, seconds=time.perf_counter() - started, what="end_request")
         if not isinstance(reply, list):
             return None  # -1: it had ended; -2: a newer attempt owns it
         seq, payload = int(reply[0]), reply[1]
