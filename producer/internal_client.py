@@ -70,8 +70,3 @@ class InternalClient(StreamqClient):
         """Where the request's job is, cheaper than ``status``: ``running``, ``queued``,
         ``finished`` (a result is stored) or ``unknown``."""
         return await self._job_state(request_id)
-
-    @redis_errors_as_streamq_errors
-    async def queue_depth(self) -> int:
-        """Jobs waiting or running on this client's queue (what ``max_queue_depth`` bounds)."""
-        return int(await self._redis.zcard(self.queue))

@@ -253,7 +253,7 @@ async def test_async_with_connect_opens_the_client_and_closes_it_on_exit(
         await (await client.submit("Hi")).close()  # its pub/sub connection too
         assert await connections() > before
     assert await connections() == before  # every connection closed on exit
-    async with await StreamqClient.connect(producer_url, queue=queue) as client:  # awaited first, as before
+    async with await StreamqClient.connect(producer_url, queue=queue) as client:  # awaited first, also a form
         assert await raw_redis.zcard(queue) == 1
         await client.cancel((await raw_redis.zrange(queue, 0, 0))[0].decode())
 

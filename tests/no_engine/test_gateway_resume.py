@@ -2,7 +2,7 @@
 SSE event carries ``id: <seq>.<digest>`` (the digest of the event as logged), and a resume is
 followed only if the replay log still holds that very event; else a 409 ``missing_events``,
 never a continuation of another version (a Redis that lost writes) nor a second end. A bare
-``<seq>`` and ``-1`` are taken on trust, as before. A gateway served in-process; the test plays
+``<seq>`` and ``-1`` are taken on trust. A gateway served in-process; the test plays
 the worker, writing the request's log. The same over a real worker: tests/real_engine/test_gateway.py."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.app import _last_event_id
+from gateway.routes.completions import _last_event_id
 from producer.client import event_digest
 from producer.openai_api.errors import ApiError
 from streamq.protocol import events_channel

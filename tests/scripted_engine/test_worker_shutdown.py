@@ -155,7 +155,7 @@ async def test_ready_once_registered_and_until_the_drain_health_until_the_engine
                     await asyncio.sleep(0.05)
             assert ready.text == "ready\n"
             assert (await http.get("/health")).status_code == 200
-            for path in ("/metrics", "/"):  # every other path: the exposition, as before
+            for path in ("/metrics", "/"):  # every other path: the exposition
                 scrape = await http.get(path)
                 assert scrape.status_code == 200 and "streamq_requests_in_flight" in scrape.text
 

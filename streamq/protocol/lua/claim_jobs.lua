@@ -308,7 +308,8 @@ local function from_index(limit)
 end
 from_index(wanted)
 
--- 3. arq's queue, as before the index, when slots remain and nobody scanned lately.
+-- 3. arq's queue itself (due jobs nobody indexed: a bare ZADD), when slots remain and nobody
+--    scanned lately.
 if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
   local offset = 0
   while n < wanted do
