@@ -4,6 +4,7 @@ Needs FastAPI, uvicorn and prometheus-client (the ``gateway`` extra); the client
 library in ``producer`` works without them.
 """
 
-from gateway.app import REQUEST_ID_HEADER, create_app
+from gateway.app import create_app
+from gateway.routes.completions import REQUEST_ID_HEADER
 
 __all__ = ["REQUEST_ID_HEADER", "create_app"]

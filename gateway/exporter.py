@@ -12,23 +12,21 @@ worker claims. Any number may run; each reports the same figures.
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from gateway import http_metrics
 from gateway.queue_metrics import QueueTender, waiting_exposition
 from gateway.request_status import error_response
+from gateway.routes.service import health_response
 from producer.internal_client import InternalClient
 from streamq.broker.connection import add_redis_url_option, redis_url_from_args
 from streamq.broker.waiting import WaitingRequests
 from streamq.environment import parse_declared_models
-
-HEALTH_TIMEOUT_S = 2.0
 
 
 def create_exporter(redis_url: str, *, declared_models: dict[str, str | None] | None = None) -> FastAPI:
@@ -61,11 +59,7 @@ def create_exporter(redis_url: str, *, declared_models: dict[str, str | None] | 
 
     @app.get("/health")
     async def health() -> Response:
-        try:
-            await asyncio.wait_for(app.state.client.redis.ping(), HEALTH_TIMEOUT_S)
-        except Exception as exc:
-            return error_response(ConnectionError(str(exc) or type(exc).__name__))
-        return JSONResponse({"status": "ok"})
+        return await health_response(app.state.client.redis)
 
     return app
 

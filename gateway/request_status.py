@@ -7,8 +7,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.auth import TENANT_STATE, Tenant
-from gateway.key_limits import KeyLimiter
-from producer.internal_client import InternalClient
+from gateway.state import services_of
 from producer.openai_api.errors import ApiError, ApiErrorCode, api_error_for, bad_request
 from streamq.protocol import REQUEST_ID_PATTERN, is_valid_request_id
 from streamq.protocol.status import encode_status
@@ -27,14 +26,12 @@ def request_not_found(request_id: str) -> ApiError:
 async def status_response(request: Request, request_id: str) -> Response:
     """The request's ``RequestStatus`` JSON; 404 when unknown. A key stored in Redis sees
     only the requests it created. Raises ``ApiError`` (and Redis's errors)."""
-    client: InternalClient = request.app.state.client
+    services = services_of(request.app)
     check_request_id(request_id)
     tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
-    if tenant is not None and tenant.record is not None:
-        limiter: KeyLimiter = request.app.state.limiter
-        if not await limiter.created(request_id, tenant):
-            raise request_not_found(request_id)  # another key's requests are as unknown as those never made
-    status = await client.status(request_id)
+    if tenant is not None and tenant.record is not None and not await services.limiter.created(request_id, tenant):
+        raise request_not_found(request_id)  # another key's requests are as unknown as those never made
+    status = await services.client.status(request_id)
     if status.state == "unknown":
         raise request_not_found(request_id)
     return Response(encode_status(status), media_type="application/json")

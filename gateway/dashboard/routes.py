@@ -31,9 +31,9 @@ from starlette.types import Receive, Scope, Send
 from gateway.dashboard.sampler import DashboardSampler
 from gateway.request_status import check_request_id, error_response, request_not_found, status_response
 from gateway.sse import SseResponse
+from gateway.state import services_of
 from producer.client import RequestHandle
 from producer.errors import StreamqError
-from producer.internal_client import InternalClient
 from streamq.protocol import ErrorCode, ErrorEvent, Event, encode_event
 
 logger = logging.getLogger("streamq.gateway.dashboard")
@@ -41,8 +41,6 @@ logger = logging.getLogger("streamq.gateway.dashboard")
 STATIC_DIR = Path(__file__).parent / "static"
 """The page's files (``index.html`` and what it loads), read when asked for: a gateway
 installed without them still starts, and answers 404 for the page."""
-SAMPLER_STATE = "dashboard"
-"""The ``DashboardSampler`` in ``app.state``."""
 
 router = APIRouter(prefix="/dashboard")
 
@@ -59,14 +57,13 @@ class _StaticFiles(StaticFiles):
 
 def install(app: FastAPI) -> None:
     """Add the dashboard's routes and static files to the gateway ``app``; its lifespan
-    must set ``app.state.dashboard`` (``DashboardSampler``) and stop it."""
+    starts the services they use (``gateway.state``: the ``DashboardSampler``) and stops them."""
     app.include_router(router)
     app.mount("/dashboard/static", _StaticFiles(directory=STATIC_DIR, check_dir=False), name="dashboard-static")
 
 
 def _sampler(request: Request) -> DashboardSampler:
-    sampler: DashboardSampler = getattr(request.app.state, SAMPLER_STATE)
-    return sampler
+    return services_of(request.app).dashboard
 
 
 @router.get("", include_in_schema=False)
@@ -123,7 +120,7 @@ async def request_status(request: Request, request_id: str) -> Response:
 async def request_events(request: Request, request_id: str) -> Response:
     """The request's protocol events from its first (replay log, then live), each as
     ``event: <type>``; the stream ends after the terminal event."""
-    client: InternalClient = request.app.state.client
+    client = services_of(request.app).client
     try:
         check_request_id(request_id)
         if not await client.exists(request_id):
@@ -155,7 +152,7 @@ async def _request_events(handle: RequestHandle) -> AsyncGenerator[bytes, None]:
 @router.post("/api/requests/{request_id}/cancel")
 async def cancel(request: Request, request_id: str) -> Response:
     """``cancelled`` is false when the request had ended already, or is unknown."""
-    client: InternalClient = request.app.state.client
+    client = services_of(request.app).client
     try:
         check_request_id(request_id)
         outcome = await client.cancel(request_id)

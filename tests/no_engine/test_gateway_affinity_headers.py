@@ -13,7 +13,8 @@ import pytest
 from starlette.requests import Request
 
 from devkit.redis_server import RedisServer
-from gateway.app import AFFINITY_HEADER, AFFINITY_KEY_HEADER, _affinity
+from gateway.routes.completions import AFFINITY_HEADER, AFFINITY_KEY_HEADER, _affinity
+from gateway.state import services_of
 from producer.errors import QueueFull
 from producer.openai_api.errors import ApiError
 from streamq.protocol.roles import GATEWAY
@@ -66,7 +67,7 @@ async def gateway(redis_server: RedisServer) -> AsyncIterator[tuple[httpx.AsyncC
         raise QueueFull("recorded, not queued")
 
     async with gateway_client(redis_server.url_for(GATEWAY)) as (app, http):
-        app.state.client.submit = submit
+        services_of(app).client.submit = submit  # type: ignore[method-assign]
         yield http, submitted
 
 

@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 
 from devkit.gateway_process import GatewayProcess
 from gateway.__main__ import DEFAULT_MAX_QUEUE_DEPTH
-from gateway.app import REQUEST_ID_HEADER
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES
+from gateway.routes.completions import REQUEST_ID_HEADER
 from producer.client import StreamqClient
 from producer.openai_api.limits import DEFAULT_MAX_N
 from streamq.broker.registry import WorkerRegistry

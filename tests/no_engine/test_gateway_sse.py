@@ -83,7 +83,7 @@ def test_an_error_ends_the_stream_with_an_error_event_then_done() -> None:
 async def test_a_stream_releases_its_key_admission_before_its_client_reads_done() -> None:
     """A client that sends its next request the moment it reads ``[DONE]`` must find its key's
     place (``max_streams``) free: the stream's account closes before those bytes go out."""
-    from gateway.app import _sse_text
+    from gateway.routes.completions import _sse_text
     from producer.openai_api.errors import waited_too_long
 
     closed_when: list[int] = []

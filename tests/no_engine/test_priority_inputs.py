@@ -107,8 +107,8 @@ def test_openai_bodies_take_vllms_priority() -> None:
 def test_the_gateway_takes_the_tenant_from_a_stored_key_else_the_header() -> None:
     from starlette.requests import Request
 
-    from gateway.app import _queue_tenant
     from gateway.auth import Tenant
+    from gateway.routes.completions import _queue_tenant
     from producer.openai_api.errors import ApiError
     from streamq.broker.api_keys import KeyRecord
 

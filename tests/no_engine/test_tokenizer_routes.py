@@ -1,4 +1,4 @@
-"""Which model a tokenizer route answers for (``gateway/tokenizer_routes.py``): the one it
+"""Which model a tokenizer route answers for (``gateway/routes/tokenizer.py``): the one it
 names, else the gateway's ``--tokenizer-model``, else the one model live workers serve; with
 several and none named, a 400 that lists them."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.tokenizer_routes import _model
+from gateway.routes.tokenizer import _model
 from producer.openai_api.errors import ApiError
 from streamq.broker.registry import Routes
 from streamq.protocol import WorkerRegistration
@@ -21,7 +21,10 @@ def request(models: list[str], default: str | None = None) -> Any:
     async def routes() -> Routes:
         return Routes(workers=workers, known_models={m: f"q:{m}" for m in models})
 
-    state = SimpleNamespace(client=SimpleNamespace(routes=routes), tokenizer_model=default)
+    state = SimpleNamespace(
+        services=SimpleNamespace(client=SimpleNamespace(routes=routes)),
+        config=SimpleNamespace(tokenizer_model=default),
+    )
     return SimpleNamespace(app=SimpleNamespace(state=state), state=SimpleNamespace())
 
 

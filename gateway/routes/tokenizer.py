@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.auth import TENANT_STATE, Tenant
 from gateway.disconnect import until_disconnected
 from gateway.request_status import error_response
+from gateway.state import config_of, services_of
 from producer.errors import InvalidParameter, UnknownModel
-from producer.internal_client import InternalClient
 from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request
 from producer.openai_api.requests import chat_request_to_submit_kwargs
 from streamq.protocol import TOKENIZER_INFO_PREFIX
@@ -40,53 +40,51 @@ _TOKENIZE_FIELDS = frozenset(
 )
 
 
-def install(app: FastAPI, *, default_model: str | None = None) -> None:
-    """Add the routes to ``app`` (whose state holds the ``StreamqClient``); ``default_model``
-    answers requests that name none."""
-    app.state.tokenizer_model = default_model
+router = APIRouter()
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> Response:
-        try:
-            body = await _body(request, _TOKENIZE_FIELDS)
-            model = await _model(request, body.get("model"))
-            kwargs = _tokenize_kwargs(body)
-            completion = await _echo(request, model, kwargs)
-            assert completion.prompt_token_ids is not None, "echo brings the prompt's token ids back"
-            client: InternalClient = request.app.state.client
-            context = (await client.routes()).context_length(model)
-            tokens = completion.prompt_token_ids
-            return JSONResponse({"count": len(tokens), "max_model_len": context, "tokens": tokens, "token_strs": None})
-        except Exception as exc:
-            return error_response(exc)
 
-    @app.post("/detokenize")
-    async def detokenize(request: Request) -> Response:
-        try:
-            body = await _body(request, frozenset({"model", "tokens"}))
-            model = await _model(request, body.get("model"))
-            tokens = body.get("tokens")
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens) or not tokens:
-                raise InvalidParameter("tokens must be a non-empty list of token ids", param="tokens")
-            completion = await _echo(request, model, {"prompt": tokens})
-            assert completion.prompt_echo is not None, "echo brings the prompt's text back"
-            return JSONResponse({"prompt": completion.prompt_echo.text})
-        except Exception as exc:
-            return error_response(exc)
+@router.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    try:
+        body = await _body(request, _TOKENIZE_FIELDS)
+        model = await _model(request, body.get("model"))
+        kwargs = _tokenize_kwargs(body)
+        completion = await _echo(request, model, kwargs)
+        assert completion.prompt_token_ids is not None, "echo brings the prompt's token ids back"
+        context = (await services_of(request.app).client.routes()).context_length(model)
+        tokens = completion.prompt_token_ids
+        return JSONResponse({"count": len(tokens), "max_model_len": context, "tokens": tokens, "token_strs": None})
+    except Exception as exc:
+        return error_response(exc)
 
-    @app.get("/tokenizer_info")
-    async def tokenizer_info(request: Request, model: str | None = None) -> Response:
-        try:
-            name = await _model(request, model)
-            client: InternalClient = request.app.state.client
-            info = await client.redis.get(TOKENIZER_INFO_PREFIX + name)
-            if info is None:
-                raise ApiError(
-                    404, f"no worker of model {name!r} has described its tokenizer", code=ApiErrorCode.MODEL_NOT_FOUND
-                )
-            return Response(info, media_type="application/json")
-        except Exception as exc:
-            return error_response(exc)
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> Response:
+    try:
+        body = await _body(request, frozenset({"model", "tokens"}))
+        model = await _model(request, body.get("model"))
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens) or not tokens:
+            raise InvalidParameter("tokens must be a non-empty list of token ids", param="tokens")
+        completion = await _echo(request, model, {"prompt": tokens})
+        assert completion.prompt_echo is not None, "echo brings the prompt's text back"
+        return JSONResponse({"prompt": completion.prompt_echo.text})
+    except Exception as exc:
+        return error_response(exc)
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request, model: str | None = None) -> Response:
+    try:
+        name = await _model(request, model)
+        info = await services_of(request.app).client.redis.get(TOKENIZER_INFO_PREFIX + name)
+        if info is None:
+            raise ApiError(
+                404, f"no worker of model {name!r} has described its tokenizer", code=ApiErrorCode.MODEL_NOT_FOUND
+            )
+        return Response(info, media_type="application/json")
+    except Exception as exc:
+        return error_response(exc)
 
 
 async def _body(request: Request, known: frozenset[str]) -> dict[str, Any]:
@@ -104,9 +102,9 @@ async def _body(request: Request, known: frozenset[str]) -> dict[str, Any]:
 async def _model(request: Request, model: object) -> str:
     """The model the request names, else the gateway's default, else the one live model;
     one the key may use."""
-    client: InternalClient = request.app.state.client
+    client = services_of(request.app).client
     if model is None:
-        model = request.app.state.tokenizer_model
+        model = config_of(request.app).tokenizer_model
     if model is None:
         live = sorted((await client.routes()).live_models())
         if len(live) != 1:
@@ -143,7 +141,7 @@ def _tokenize_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _echo(request: Request, model: str, kwargs: dict[str, Any]) -> Any:
     """Run ``kwargs``' prompt through one of ``model``'s workers for one token, echoed."""
-    client: InternalClient = request.app.state.client
+    client = services_of(request.app).client
     tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
     name = tenant.name if tenant is not None and tenant.record is not None else None
     work = client.generate(model=model, tenant=name, echo=True, max_tokens=1, affinity=False, **kwargs)
