@@ -2,8 +2,7 @@
 
 Paths (a) bare ``AsyncLLM``, (b) streamq, (c) ``vllm serve`` and (d) streamq's gateway (both
 driven by ``vllm bench serve``) on the same model, flags and prompts, one path at a time, each
-in its own process; then the scale-out run, the Redis capacity run and the claim run
-(``bench.claim``). Writes
+in its own process; then the scale-out run and the Redis capacity run. Writes
 ``<results>/<run>.json``, ``.md`` and ``.png``.
 """
 
@@ -16,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-from bench import claim as bench_claim
 from bench.config import BenchConfig, int_list
 from bench.path_run import read_results
 from bench.redis_capacity import CapacityConfig, CapacityResult, describe, run_redis_capacity
@@ -109,13 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULTS['capacity_rounds']})",
     )
     parser.add_argument(
-        "--claims",
-        type=int,
-        default=None,
-        help="claims per depth of the claim run (bench.claim: the claim script's Redis time per job, against "
-        "the claim it replaced); 0 skips it (default 1000; --quick 100)",
-    )
-    parser.add_argument(
         "--quick",
         action="store_true",
         help="a short smoke run: " + ", ".join(f"{k.replace('_', '-')}={v}" for k, v in QUICK.items()),
@@ -201,12 +192,6 @@ def main() -> None:
     if args.capacity_rounds:
         print("--- Redis capacity", flush=True)
         capacity = run_redis_capacity(capacity_config)
-    claim_table = ""
-    claims = args.claims if args.claims is not None else (100 if args.quick else 1000)
-    if claims:
-        print("--- claim", flush=True)
-        claim_rows = bench_claim.run([64, 256], [0, 1000, 10000], [1, 10], claims)
-        claim_table = "\n\n## Claim: Redis time per claimed job, new claim vs old\n\n" + bench_claim.table(claim_rows)
     header = (
         f"# streamq benchmark {run_id}\n\nTiny random Llama ({model_dir}), input {config.input_len} tokens, "
         f"output {config.output_len} tokens (ignore_eos, temperature 0), engine flags "
@@ -214,7 +199,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs; "
         f"{time.monotonic() - started:.0f} s in all."
     )
-    table = markdown(results, scale_out, header, capacity, describe(capacity_config)) + claim_table
+    table = markdown(results, scale_out, header, capacity, describe(capacity_config))
     base = args.results_dir / run_id
     base.with_suffix(".md").write_text(table)
     settings = vars(args) | {"results_dir": str(args.results_dir), "model_dir": str(model_dir)}

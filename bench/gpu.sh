@@ -140,7 +140,7 @@ timeout "${BENCH_TIMEOUT_S:-480}" "$PY" -m bench --results-dir "$RESULTS" "${BEN
 for n in ${FRONT_ENDS-2 4}; do
     say "python -m bench --paths c,d --concurrency $TOP --front-ends $n"
     timeout "${FRONT_ENDS_TIMEOUT_S:-240}" "$PY" -m bench --results-dir "$RESULTS" "${BENCH_ARGS[@]}" \
-        --paths c,d --concurrency "$TOP" --front-ends "$n" --claims 0 || { status=$?; say "front ends $n: failed or ran out of time ($status)"; }
+        --paths c,d --concurrency "$TOP" --front-ends "$n" || { status=$?; say "front ends $n: failed or ran out of time ($status)"; }
 done
 
 # --- pack: the device returns at most 8 files, two folders deep ------------------------------
