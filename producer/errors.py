@@ -7,6 +7,14 @@ by the same parsing on every side); the rest are what a client meets.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from streamq.protocol import InvalidRequest, StreamqError
 
 __all__ = [
@@ -118,3 +126,31 @@ class RedisFull(StreamqError):
 class RequestTimeout(StreamqError, TimeoutError):
     """The caller's ``timeout`` passed before the request ended (``result``, ``generate``).
     A builtin ``TimeoutError`` too, so ``except TimeoutError`` catches it."""
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def redis_errors_as_streamq_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """The error family of the client: a Redis error that reaches a caller (the client's
+    own retries spent) is a ``StreamqError``, its cause chained: ``RedisUnavailable``
+    for Redis away, ``RedisFull`` for a write refused at its ``maxmemory``, ``StreamqError``
+    for a command Redis refused otherwise (a permission, say)."""
+
+    @functools.wraps(method)
+    async def calling(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
+            raise RedisUnavailable(f"cannot reach Redis: {exc}") from exc
+        except OutOfMemoryError as exc:
+            raise RedisFull(
+                "Redis is full: its memory reached maxmemory and it refuses writes (under "
+                "maxmemory-policy noeviction, or a policy that found nothing to evict); nothing was "
+                "written. Retry once memory is freed (finished requests expire) or maxmemory is raised"
+            ) from exc
+        except RedisError as exc:
+            raise StreamqError(f"Redis refused a command: {exc}") from exc
+
+    return calling

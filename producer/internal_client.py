@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from arq.connections import ArqRedis
 
-from producer.client import StreamqClient, redis_errors_as_streamq_errors
+from producer.client import StreamqClient
+from producer.errors import redis_errors_as_streamq_errors
 from streamq.broker.data_plane import DataRedis
 from streamq.broker.registry import Routes
 from streamq.protocol import JOB_KEY_PREFIX, Event, decode_event

@@ -32,8 +32,9 @@ from gateway.request_group import RequestGroup
 from gateway.request_status import error_response
 from gateway.sse import DONE, KEEPALIVE, EventIds, SseEncoder, SseResponse, sse_event, with_keepalives
 from gateway.state import config_of, services_of
-from producer.client import DIGEST_PATTERN, RequestHandle
+from producer.client import RequestHandle
 from producer.errors import MissingEvents, RequestError
+from producer.handle import DIGEST_PATTERN
 from producer.internal_client import InternalClient
 from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, Endpoint
