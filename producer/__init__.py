@@ -10,7 +10,15 @@ loop (a Flask view, a Celery task, a script). Every error it raises is a ``Strea
 Imports neither vllm nor torch, so any service can use it.
 """
 
-from producer.client import Completion, Connecting, RequestHandle, SamplingOptions, StreamqClient, Usage
+from producer.client import (
+    Completion,
+    Connecting,
+    RequestHandle,
+    RequestOptions,
+    SamplingOptions,
+    StreamqClient,
+    Usage,
+)
 from producer.errors import (
     ConnectionFailed,
     DuplicateRequest,
@@ -70,6 +78,7 @@ __all__ = [
     "RequestError",
     "RequestHandle",
     "RequestLost",
+    "RequestOptions",
     "RequestState",
     "RequestStatus",
     "RequestTimeout",

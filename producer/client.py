@@ -29,7 +29,7 @@ from collections.abc import (
     Sequence,
 )
 from types import TracebackType
-from typing import Any, Literal, Self, TypedDict, Unpack, cast, overload
+from typing import Any, Final, Literal, Self, TypedDict, Unpack, cast, overload
 
 import msgspec
 from arq.connections import ArqRedis
@@ -114,6 +114,7 @@ __all__ = [
     "Completion",
     "Connecting",
     "RequestHandle",
+    "RequestOptions",
     "SamplingOptions",
     "StreamqClient",
     "Usage",
@@ -136,6 +137,31 @@ class ConnectOptions(TypedDict, total=False):
     declared_models: Mapping[str, str | None] | Iterable[str] | None
     connect_timeout_s: float | None
 
+
+class RequestOptions(SamplingOptions, total=False):
+    """``submit``'s and ``generate``'s keyword arguments beside the prompt, spelled once:
+    the request's own (``submit`` says what each does) and ``SamplingOptions``, so that an
+    editor completes them and a type checker catches a typo."""
+
+    messages: Sequence[ChatMessage | dict[str, Any]] | None
+    request_id: str | None
+    model: str | None
+    deadline_s: float | None
+    queue_timeout_s: float | None
+    callback: Callback | dict[str, Any] | None
+    priority: int
+    tenant: str | None
+    defer_s: float
+    affinity_key: str | None
+    affinity: bool
+    echo: bool
+    chat_options: ChatTemplateOptions | dict[str, Any] | None
+    add_special_tokens: bool | None
+    tools: ToolOptions | dict[str, Any] | None
+
+
+REQUEST_OPTION_NAMES: Final = RequestOptions.__optional_keys__ - SamplingOptions.__optional_keys__
+"""The request's own options: every other keyword of ``submit`` is a sampling option."""
 
 DEFAULT_SILENCE_CHECK_S = 15.0
 ROUTES_FRESH_S = 1.0
@@ -333,24 +359,9 @@ class StreamqClient:
         self,
         prompt: str | Sequence[int] | None = None,
         *,
-        messages: Sequence[ChatMessage | dict[str, Any]] | None = None,
-        request_id: str | None = None,
-        model: str | None = None,
-        deadline_s: float | None = None,
-        queue_timeout_s: float | None = None,
-        callback: Callback | dict[str, Any] | None = None,
-        priority: int = 0,
-        tenant: str | None = None,
-        defer_s: float = 0,
-        affinity_key: str | None = None,
-        affinity: bool = True,
         cancel_on_close: bool = False,
         stream: bool = True,
-        echo: bool = False,
-        chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
-        add_special_tokens: bool | None = None,
-        tools: ToolOptions | dict[str, Any] | None = None,
-        **sampling: Unpack[SamplingOptions],
+        **options: Unpack[RequestOptions],
     ) -> RequestHandle:
         """Enqueue a prompt (or chat ``messages``) and return the handle of its events
         (``RequestHandle``: iterate it, or ``await handle.result()``); ``generate`` does
@@ -411,6 +422,11 @@ class StreamqClient:
         them: each completion's last chunk carries the calls
         the worker's tool parser read (``Completion.parsed``; docs/client.md, "Tools").
         """
+        sampling = {name: value for name, value in options.items() if name not in REQUEST_OPTION_NAMES}
+        messages, request_id, model = options.get("messages"), options.get("request_id"), options.get("model")
+        chat_options, tools, callback = options.get("chat_options"), options.get("tools"), options.get("callback")
+        priority, tenant, defer_s = options.get("priority", 0), options.get("tenant"), options.get("defer_s", 0)
+        affinity_key, affinity = options.get("affinity_key"), options.get("affinity", True)
         _check_sampling_names(sampling)
         try:
             check_affinity_key(affinity_key)
@@ -429,14 +445,14 @@ class StreamqClient:
                 "tools": msgspec.to_builtins(tools) if tools is not None else None,
                 "model": model,
                 "sampling": sampling,
-                "deadline_s": deadline_s,
-                "queue_timeout_s": queue_timeout_s,
+                "deadline_s": options.get("deadline_s"),
+                "queue_timeout_s": options.get("queue_timeout_s"),
                 "callback": msgspec.to_builtins(callback) if callback is not None else None,
                 "priority": priority,
                 "tenant": tenant,
                 "stream": stream,
-                "echo": echo,
-                "add_special_tokens": add_special_tokens,
+                "echo": options.get("echo", False),
+                "add_special_tokens": options.get("add_special_tokens"),
             }
         )
         job = _job_payload(request)
@@ -543,23 +559,8 @@ class StreamqClient:
         self,
         prompt: str | Sequence[int] | None = None,
         *,
-        messages: Sequence[ChatMessage | dict[str, Any]] | None = None,
-        request_id: str | None = None,
-        model: str | None = None,
-        deadline_s: float | None = None,
-        queue_timeout_s: float | None = None,
-        callback: Callback | dict[str, Any] | None = None,
-        priority: int = 0,
-        tenant: str | None = None,
-        defer_s: float = 0,
-        affinity_key: str | None = None,
-        affinity: bool = True,
         timeout: float | None = None,
-        echo: bool = False,
-        chat_options: ChatTemplateOptions | dict[str, Any] | None = None,
-        add_special_tokens: bool | None = None,
-        tools: ToolOptions | dict[str, Any] | None = None,
-        **sampling: Unpack[SamplingOptions],
+        **options: Unpack[RequestOptions],
     ) -> Completion:
         """Submit a prompt (or chat ``messages``) and wait for its whole output: ``submit``
         and ``RequestHandle.result`` in one call, with ``submit``'s parameters and errors.
@@ -570,27 +571,7 @@ class StreamqClient:
         task is cancelled). ``deadline_s`` is the request's own, kept by the workers: it ends the
         request with finish reason ``timeout``, which ``result`` returns.
         """
-        handle = await self.submit(
-            prompt,
-            messages=messages,
-            request_id=request_id,
-            model=model,
-            deadline_s=deadline_s,
-            queue_timeout_s=queue_timeout_s,
-            callback=callback,
-            priority=priority,
-            tenant=tenant,
-            defer_s=defer_s,
-            affinity_key=affinity_key,
-            affinity=affinity,
-            cancel_on_close=True,
-            stream=False,
-            echo=echo,
-            chat_options=chat_options,
-            add_special_tokens=add_special_tokens,
-            tools=tools,
-            **sampling,
-        )
+        handle = await self.submit(prompt, cancel_on_close=True, stream=False, **options)
         async with handle:
             return await handle.result(timeout)
 

@@ -86,6 +86,16 @@ async def still_queued(raw_redis: aioredis.Redis, queue: str, request_id: str) -
     return await raw_redis.zscore(queue, request_id) is not None
 
 
+def test_request_options_are_the_requests_fields_and_the_clients_own_pickup_and_deferral() -> None:
+    """What ``submit`` and ``generate`` take beside the prompt and sampling, spelled once."""
+    from producer.client import REQUEST_OPTION_NAMES
+    from streamq.protocol import GenerateRequest
+
+    client_side = {"affinity", "affinity_key", "defer_s"}
+    carried = set(GenerateRequest.__struct_fields__) - {"prompt", "prompt_token_ids", "sampling", "stream"}
+    assert carried | client_side == REQUEST_OPTION_NAMES
+
+
 def test_sampling_options_name_every_field_of_the_requests_sampling_and_nothing_else() -> None:
     """The TypedDict is spelled out for editors and type checkers; the wire's struct is the truth."""
     on_the_wire: dict[str, Any] = {field.name: field.type for field in msgspec.structs.fields(Sampling)}
