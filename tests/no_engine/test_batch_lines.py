@@ -242,9 +242,10 @@ async def test_a_body_takes_an_affinity_key_and_opts_out_of_affinity() -> None:
     await run_one(client, read_one(line("b", {"prompt": "Hi", "affinity": False})))
     await run_one(client, read_one(line("c", {"prompt": "Hi"})))
     keyed, off, plain = client.submitted
-    assert (keyed["affinity_key"], keyed["prompt"], keyed["affinity"]) == ("doc-7", "Hi", True)
-    assert (off["affinity"], off["affinity_key"]) == (False, None)
-    assert (plain["affinity"], plain["affinity_key"]) == (True, None)  # the library's defaults
+    # An option a body leaves out is not sent: submit's default holds (pickup on, no key).
+    assert (keyed["affinity_key"], keyed["prompt"], keyed.get("affinity", True)) == ("doc-7", "Hi", True)
+    assert (off["affinity"], off.get("affinity_key")) == (False, None)
+    assert "affinity" not in plain and "affinity_key" not in plain
 
 
 async def test_the_command_lines_affinity_applies_to_bodies_that_set_none() -> None:
@@ -253,7 +254,7 @@ async def test_the_command_lines_affinity_applies_to_bodies_that_set_none() -> N
     await run_one(client, read_one(line("a", {"prompt": "Hi"})), command_line)
     await run_one(client, read_one(line("b", {"prompt": "Hi", "affinity_key": "doc-7"})), command_line)
     assert client.submitted[0]["affinity"] is False
-    assert client.submitted[1]["affinity_key"] == "doc-7" and client.submitted[1]["affinity"] is True
+    assert client.submitted[1]["affinity_key"] == "doc-7" and client.submitted[1].get("affinity", True) is True
 
 
 BAD_AFFINITY: list[tuple[dict[str, Any], str]] = [
