@@ -190,8 +190,8 @@ class _HandleSource:
     async def end_queued(self, request_id: str, queue: str, reason: FinishReason) -> RequestState:
         return await self._client._end_queued(request_id, queue, reason)
 
-    async def lost_writes_cause(self, otherwise: str) -> str:
-        return await self._client._lost_writes_cause(otherwise)
+    async def eviction_cause(self) -> str | None:
+        return await eviction_cause(self._client._redis)
 
     async def unfollow(self, request_id: str, inbox: Inbox) -> None:
         await self._client._subscriber.unsubscribe(self._client._log.names.events(request_id), inbox)
@@ -464,7 +464,7 @@ class StreamqClient:
             try:
                 queue = _queue_of(routes, model, memory_s=self.model_memory_s, declared=self.declared_models)
             except (UnknownModel, NoLiveWorker) as exc:  # or Redis evicted the registrations
-                if evicted := await self._lost_writes_cause(""):
+                if evicted := await eviction_cause(self._redis):
                     raise type(exc)(
                         f"{exc}, or Redis evicted its workers' registrations (each registers again within "
                         f"{WORKER_RENEW_S:g} s): {evicted}",
@@ -742,14 +742,6 @@ class StreamqClient:
     async def live_models(self) -> dict[str, str]:
         """Model name -> queue, for each model that has a live worker."""
         return (await self._routes()).live_models()
-
-    async def _lost_writes_cause(self, otherwise: str) -> str:
-        """Why keys this client relies on may be gone: Redis's evictions where it made any
-        (``eviction_cause``), else ``otherwise``."""
-        try:
-            return await eviction_cause(self._redis) or otherwise
-        except Exception:  # only a message is at stake
-            return otherwise
 
     async def redis_full(self) -> str | None:
         """Whether Redis is full: its memory used against its ``maxmemory`` (``INFO memory``)

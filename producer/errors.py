@@ -117,8 +117,9 @@ class RedisUnavailable(StreamqError, ConnectionError):
 
 
 class RedisFull(StreamqError):
-    """Redis refused a write because it is full: its memory reached ``maxmemory`` under
-    ``maxmemory-policy noeviction`` (an ``OOM`` reply). Nothing was written: a request
+    """Redis refused a write because it is full: its memory reached ``maxmemory`` (an ``OOM``
+    reply: under ``maxmemory-policy noeviction``, or a policy that found nothing to evict).
+    Nothing was written: a request
     refused so was not enqueued. Retry once memory is freed (finished requests expire,
     ``maxmemory`` raised); the redis-py error is chained."""
 

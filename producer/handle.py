@@ -180,8 +180,8 @@ class RequestSource(Protocol):
     async def end_queued(self, request_id: str, queue: str, reason: FinishReason) -> RequestState:
         """Take the request off ``queue`` if it is still there, and end it with ``reason``."""
 
-    async def lost_writes_cause(self, otherwise: str) -> str:
-        """Why events may be gone: Redis's evictions where it made any, else ``otherwise``."""
+    async def eviction_cause(self) -> str | None:
+        """Why events may be gone, where Redis evicted keys (``memory_policy.eviction_cause``)."""
 
     async def unfollow(self, request_id: str, inbox: Inbox) -> None:
         """Stop delivering the request's events to ``inbox``."""
@@ -304,7 +304,7 @@ class RequestHandle:
             return  # a shard away too: its subscription says when it is gone for good
         if state in ("queued", "running") or await self._replay():  # the log again: an end may have raced
             return
-        evicted = await self._source.lost_writes_cause("")
+        evicted = await self._source.eviction_cause()
         raise RequestLost(
             self.request_id,
             "lost",
@@ -354,7 +354,7 @@ class RequestHandle:
         first = decode_event(logged[0]) if logged else None
         if first is None or first.seq != seq or event_digest(logged[0]) != digest:
             held = "no longer holds it" if first is None or first.seq != seq else "holds another event in its place"
-            cause = await self._source.lost_writes_cause("Redis lost writes it had acknowledged, or the log expired")
+            cause = await self._source.eviction_cause() or "Redis lost writes it had acknowledged, or the log expired"
             raise MissingEvents(
                 f"request {self.request_id}: event {seq} is not the one the caller had: the log {held} ({cause}), "
                 "so what it holds does not continue it"
@@ -369,8 +369,8 @@ class RequestHandle:
         """``event`` repeats one already delivered: it must be that very event."""
         index = event.seq - self._first_seq
         if 0 <= index < len(self._delivered) and self._delivered[index] != event_digest(raw):
-            cause = await self._source.lost_writes_cause(
-                "a crash without fsync, or a failover to a replica that lagged"
+            cause = (
+                await self._source.eviction_cause() or "a crash without fsync, or a failover to a replica that lagged"
             )
             raise MissingEvents(
                 f"request {self.request_id}: event {event.seq} is no longer the one delivered: Redis lost writes "

@@ -70,8 +70,8 @@ class Leases:
         self._on_lost = on_lost
         self._on_cancelled = on_cancelled
         self._held: dict[str, int] = {}
-        self._failures = RepeatedFailure(logger, "renewing leases")
         """job id -> the attempt holding its lease here."""
+        self._failures = RepeatedFailure(logger, "renewing leases")
         self._renew_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._renew = Script(redis, RenewLeases)

@@ -88,13 +88,14 @@ async def eviction_cause(redis: Any) -> str | None:
     """Why a key streamq wrote may be gone, where Redis says it evicted keys: its policy and
     how many it evicted since it started, in words for an error message; ``None`` where it
     evicted none or cannot tell (``INFO`` refused, a proxy)."""
-    policy = await read_memory_policy(redis)
-    if policy is None or not policy.evicts:
-        return None
     try:
-        evicted = (await redis.info("stats")).get("evicted_keys", 0)
+        info = await redis.info("memory", "stats")
     except Exception:
         return None
+    policy = MemoryPolicy.of_info(info) if isinstance(info, Mapping) else None
+    if policy is None or not policy.evicts:
+        return None
+    evicted = info.get("evicted_keys")
     if not isinstance(evicted, int) or evicted == 0:
         return None
     return (
