@@ -77,12 +77,21 @@ def _events_of_whole_requests(worker: WorkerProcess) -> tuple[float, float]:
     return values.get("sum", 0.0), values.get("count", 0.0)
 
 
+async def _earlier_requests_acknowledged(raw: aioredis.Redis, queue: str) -> None:
+    """Wait until the queue holds no job of an earlier test: a worker takes a job off its
+    queue when it acknowledges its end, a moment after its client has the end."""
+    async with asyncio.timeout(20):
+        while await raw.zcard(queue):
+            await asyncio.sleep(0.01)
+
+
 async def test_generate_many_keeps_twice_the_live_slots_in_flight_and_yields_each_as_it_ends(
     client: StreamqClient, worker: WorkerProcess, raw: aioredis.Redis
 ) -> None:
     count = 3 * SLOTS * 2
     prompts = [{"prompt": f"prompt {i}", "request_id": f"many-{uuid.uuid4().hex}"} for i in range(count)]
     results = client.generate_many(prompts, max_tokens=3)
+    await _earlier_requests_acknowledged(raw, worker.queue)
     with paused(worker):  # nothing ends: generate_many fills its window and waits
         first = asyncio.ensure_future(anext(results))
         async with asyncio.timeout(20):
@@ -162,14 +171,21 @@ async def test_a_batch_file_is_answered_once_a_line_with_twice_the_slots_in_flig
     in_path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     command = [sys.executable, "-m", "producer", "batch", str(in_path), str(out_path), "--no-progress"]
     command += ["--redis-url", own_redis.url]
-    with paused(worker):  # nothing ends: the command fills its window and waits
-        batch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        async with asyncio.timeout(30):
-            while await raw.zcard(worker.queue) < 2 * SLOTS:
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)
-        assert await raw.zcard(worker.queue) == 2 * SLOTS, "twice the live worker's slots in flight"
-    output, _ = await asyncio.to_thread(batch.communicate, timeout=120)
+    await _earlier_requests_acknowledged(raw, worker.queue)
+    batch: subprocess.Popen[str] | None = None
+    try:
+        with paused(worker):  # nothing ends: the command fills its window and waits
+            batch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            async with asyncio.timeout(30):
+                while await raw.zcard(worker.queue) < 2 * SLOTS:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            assert await raw.zcard(worker.queue) == 2 * SLOTS, "twice the live worker's slots in flight"
+        output, _ = await asyncio.to_thread(batch.communicate, timeout=120)
+    finally:
+        if batch is not None and batch.poll() is None:  # a failed check: the command is not left running
+            batch.kill()
+            batch.communicate()
     assert batch.returncode == 0, output
     written = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert sorted(row["custom_id"] for row in written) == sorted(row["custom_id"] for row in rows), "each once"
