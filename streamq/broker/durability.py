@@ -46,6 +46,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from streamq.broker.replies import as_text
+from streamq.broker.transport import pack_command
 from streamq.protocol.names import (
     DEFAULT_DURABLE_ENDS,
     DURABILITY_KEY,
@@ -230,12 +231,6 @@ class Shortfall:
         if self.fsynced is False:
             parts.append("the primary had not fsynced it")
         return f"{'; '.join(parts)} within {self.wait.timeout_ms / 1000:g}s"
-
-
-def pack_command(*args: str | bytes | int | float) -> bytes:
-    """One command as RESP (an array of bulk strings)."""
-    encoded = [arg if isinstance(arg, bytes) else str(arg).encode() for arg in args]
-    return b"*%d\r\n" % len(encoded) + b"".join(b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in encoded)
 
 
 # --- what one primary offers --------------------------------------------------------------

@@ -8,13 +8,11 @@ already logged or from a superseded attempt. Both scripts that write a terminal 
 same call, for the dashboard.
 
 A batch's command is packed here in one pass (``pack_append``, held to the typed call
-``AppendAndPublish`` by a test): redis-py's asyncio packer copies its buffer again for every
-argument, which made packing the worker's largest cost per event.
-
-On a Redis Cluster (``streamq.broker.data_plane``) a script call covers one slot, so a batch
-is split by bucket (the hash tag of its requests' names), the calls pipelined per shard
-primary, ``MOVED``, ``ASK`` and ``NOSCRIPT`` handled per call, and the replies merged as one
-call's would be.
+``AppendAndPublish`` by a test) and sent by ``streamq.broker.transport``: on one Redis in one
+write, on a Redis Cluster (``streamq.broker.data_plane``), where a script call covers one
+slot, split by bucket (the hash tag of its requests' names), the calls sent to their shards'
+primaries and the replies merged as one call's would be. This module says what the commands
+mean; the transport, how they reach Redis.
 
 An end waits for its replicas before anyone is told (``streamq.broker.durability``): where
 the log's ``durability`` has something to wait for, ``confirm`` (a worker's ends) and ``end``
@@ -27,31 +25,30 @@ reader (``XRANGE``) may see such an end before it is durable, for as long as the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.exceptions import (
-    AskError,
-    MovedError,
-    NoScriptError,
-    RedisClusterException,
-    ResponseError,
-    SlotNotCoveredError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
-from streamq.broker.cluster import refresh_slot_map
 from streamq.broker.data_plane import ONE_REDIS, DataNames, DataRedis, OwnerRead, names_of
-from streamq.broker.durability import Durability, EndWait, NotYetDurable, pack_command
+from streamq.broker.durability import Durability, EndWait, NotYetDurable
+from streamq.broker.transport import (
+    CLUSTER_GLITCHES,
+    CLUSTER_ROUNDS,
+    ClusterCall,
+    ClusterSender,
+    NodeReplies,
+    OneRedisSender,
+    SendAgain,
+    Tail,
+    pack_command,
+    raise_first_error,
+)
 from streamq.protocol import (
     CALLBACKS_KEY,
     EVENTS_CHANNEL_PREFIX,
@@ -70,16 +67,6 @@ from streamq.protocol.names import RECENT_ENDS_KEY, RECENT_ENDS_MAX, events_buck
 from streamq.protocol.scripts import Script
 
 T = TypeVar("T")
-
-CLUSTER_GLITCHES = (RedisConnectionError, RedisTimeoutError, RedisClusterException, OSError, AttributeError)
-"""What a cluster command may fail with while redis-py reads the slot map again (AttributeError:
-a connection closed under a command being sent), or while a shard is away."""
-CLUSTER_ROUNDS = 4
-"""How many times a cluster append sends the calls a shard redirected (``MOVED``, ``ASK``),
-had no script for, or asked to try again (``TRYAGAIN``: a slot moving) before it gives up
-with the error, which the publisher retries as transient."""
-MAP_REFRESH_S = 0.5
-"""A cluster append that met a node away reads the slot map again at most this often."""
 
 
 def log_limits_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
@@ -166,7 +153,13 @@ class ReplayLog:
         self.names: DataNames = names_of(redis)
         self.owners = OwnerRead(redis)
         """The owner keys, for the control plane's scripts that fence by them."""
-        self._refreshed_at = float("-inf")
+        self._cluster: ClusterSender | None = None
+        """The sender of a Redis Cluster's data plane; ``None`` on one Redis (``_sender``)."""
+        self._sender: OneRedisSender | None = None
+        if isinstance(redis, RedisCluster):
+            self._cluster = ClusterSender(redis)
+        else:
+            self._sender = OneRedisSender(cast(Redis, redis))  # mypy does not narrow the union
         self._maxlen = maxlen if maxlen is not None else env_maxlen
         self._ttl_ms = ttl_ms if ttl_ms is not None else env_ttl_ms
         if recent_ends_max < 1:
@@ -179,13 +172,13 @@ class ReplayLog:
 
     async def append(self, events: Sequence[LogEvent]) -> Appended:
         """Log and publish ``events``, in order: in one command on one Redis, in one per
-        bucket of requests, pipelined per shard, on a cluster."""
-        if isinstance(self._redis, RedisCluster):
-            return await self._append_sharded(self._redis, events)
-        if self._one_redis().connection is not None:  # a single-connection client: its own lock and path
-            reply = await self._append_script(self._append_call(events))
-        else:
-            [reply] = await self._send_appends(self._pack(events), 1)
+        bucket of requests, pipelined per shard, on a cluster (a call that fails there, its
+        shard away say, fails alone: its events come back ``unsent``, with the error, and the
+        rest are logged, so one shard's outage holds up only its own requests)."""
+        if self._cluster is not None:
+            appended, _ = await self._append_sharded(self._cluster, events)
+            return appended
+        [reply] = await self._send_appends(self._pack(events), 1)
         return self._appended(reply)
 
     def _appended(self, reply: Any) -> Appended:
@@ -206,10 +199,8 @@ class ReplayLog:
         groups = [group for group in groups if group]
         if not groups:
             return Appended(0)
-        if isinstance(self._redis, RedisCluster) or self._one_redis().connection is not None:
-            # a cluster splits by bucket anyway; a single-connection client has no pipelining of its own
-            results = [await self.append(group) for group in groups]
-            return _merged(results)
+        if self._cluster is not None:  # a cluster splits by bucket anyway
+            return _merged([await self.append(group) for group in groups])
         command = b"".join(self._pack(group) for group in groups)
         replies = await self._send_appends(command, len(groups))
         return _merged(map(self._appended, replies))
@@ -228,17 +219,11 @@ class ReplayLog:
         if durability is None:
             return await self.append(events)
         await durability.fresh()  # after a failover: what the new primaries offer
-        if isinstance(self._redis, RedisCluster):
-            return await self._confirm_sharded(self._redis, events, durability)
-        redis = self._one_redis()
+        if self._cluster is not None:
+            return await self._confirm_sharded(self._cluster, events, durability)
         wait = durability.wait()
         started = time.perf_counter()
-        if redis.connection is not None:  # a single-connection client: each command on its one connection
-            reply = await self._append_script(self._append_call(events, defer=True))
-            waited = [await _answer(redis.execute_command(*command)) for command in wait.commands()]
-        else:
-            command = self._pack(events, defer=True) + wait.packed()
-            reply, *waited = await _script_then(redis, self._append_script, command, 1 + wait.reply_count)
+        reply, waited = await self._then_wait(self._append_script, self._pack(events, defer=True), wait)
         shortfall = durability.check_wait(wait, waited, seconds=time.perf_counter() - started, what="end")
         appended = self._appended(reply)
         if shortfall is not None and durability.held("end"):
@@ -249,23 +234,23 @@ class ReplayLog:
         return appended
 
     async def _confirm_sharded(
-        self, cluster: RedisCluster, events: Sequence[LogEvent], durability: Durability
+        self, cluster: ClusterSender, events: Sequence[LogEvent], durability: Durability
     ) -> Appended:
-        """``confirm`` on a cluster: ``_sharded`` deferred, then each event to publish by
-        ``SPUBLISH`` on its slot's primary."""
-        appended, publishable = await self._sharded(cluster, events, durability)
+        """``confirm`` on a cluster: ``_append_sharded`` deferred, then each event to publish
+        by ``SPUBLISH`` on its slot's primary."""
+        appended, publishable = await self._append_sharded(cluster, events, durability)
         calls = [
-            _ClusterCall(key, pack_command("SPUBLISH", key, event.payload), (event,))
+            ClusterCall(key, pack_command("SPUBLISH", key, event.payload), (event,))
             for event in publishable
             for key in (self.names.events(event.request_id),)
         ]
         if not calls:
             return appended
-        _, errors = await self._send_sharded(cluster, calls)
+        _, errors = await cluster.send(calls)
         if not errors:
             return appended
         # logged, not published: their requests are confirmed again (duplicates, published then)
-        failed = {event.request_id for call, _ in errors for event in call.events}
+        failed = {event.request_id for call, _ in errors for event in call.of}
         unsent = {*appended.unsent, *(event for event in events if event.request_id in failed)}
         in_order = tuple(event for event in events if event in unsent)
         return replace(appended, unsent=in_order, error=appended.error or errors[0][1])
@@ -274,132 +259,49 @@ class ReplayLog:
         """Publish ``events`` on their channels, in one round trip (one Redis)."""
         if not events:
             return
-        redis = self._one_redis()
         publish = self.names.publish_command
-        if redis.connection is not None:
-            for event in events:
-                await redis.execute_command(publish, self.names.events(event.request_id), event.payload)
-            return
         command = b"".join(pack_command(publish, self.names.events(e.request_id), e.payload) for e in events)
-        await _execute_pipelined(redis.connection_pool, command, len(events))
+        raise_first_error(await self._one_redis().send(command, len(events)))
 
     async def _send_appends(self, command: bytes, count: int) -> list[Any]:
-        """Send ``count`` packed ``append_and_publish`` calls in one write and read their
-        replies; a restarted Redis that has forgotten the script (every call refused) gets
-        it loaded, and the calls again."""
-        redis = self._one_redis()
-        pool = redis.connection_pool
-        try:
-            return await _execute_pipelined(pool, command, count)
-        except NoScriptError:
-            await redis.script_load(self._append_script.text)
-            return await _execute_pipelined(pool, command, count)
+        """The replies to ``count`` packed ``append_and_publish`` calls, the first error raised."""
+        return raise_first_error(await self._one_redis().send_script(self._append_script.text, command, count))
 
-    def _one_redis(self) -> Redis:
-        """The data plane's client, known to be one Redis."""
-        assert not isinstance(self._redis, RedisCluster)
-        return cast(Redis, self._redis)
+    async def _then_wait(self, script: Script[Any], command: bytes, wait: EndWait) -> tuple[Any, list[Any]]:
+        """On one Redis, ``command`` (a packed call of ``script``) and ``wait``'s commands in one
+        write: the call's reply (its error raised) and the replies to the wait's."""
+        replies = await self._one_redis().send_script(script.text, command + wait.packed(), 1 + wait.reply_count)
+        [reply] = raise_first_error(replies[:1])
+        return reply, replies[1:]
 
-    async def _append_sharded(self, cluster: RedisCluster, events: Sequence[LogEvent]) -> Appended:
-        """``append`` on a cluster: one call per bucket present in ``events`` (a bucket's
-        names share one slot), sent to the slot's primary, the calls of one primary in one
-        write (``_send_sharded``). A call that fails (its shard away, say) fails alone: its
-        events come back as ``unsent``, with the error, and the rest of the batch is logged,
-        so one shard's outage holds up only its own requests."""
-        appended, _ = await self._sharded(cluster, events)
-        return appended
+    def _one_redis(self) -> OneRedisSender:
+        """The data plane's sender, known to be one Redis's."""
+        assert self._sender is not None
+        return self._sender
 
-    async def _sharded(
-        self, cluster: RedisCluster, events: Sequence[LogEvent], durability: Durability | None = None
+    async def _append_sharded(
+        self, cluster: ClusterSender, events: Sequence[LogEvent], durability: Durability | None = None
     ) -> tuple[Appended, list[LogEvent]]:
-        """``_append_sharded``; with ``durability`` deferred, each primary's calls followed by
-        its wait: then also the events to publish (logged now, or already: a retry's)."""
+        """``append`` on a cluster: one call per bucket present in ``events`` (a bucket's
+        names share one slot), sent to the slot's primary. With ``durability`` deferred,
+        each primary's calls followed by its wait: then also the events to publish (logged
+        now, or already: a retry's)."""
         buckets: dict[int, list[LogEvent]] = {}
         for event in events:
             buckets.setdefault(events_bucket(event.request_id), []).append(event)
         defer = durability is not None
         calls = [
-            _ClusterCall(self.names.events(group[0].request_id), self._pack(group, defer=defer), tuple(group))
+            ClusterCall(self.names.events(group[0].request_id), self._pack(group, defer=defer), tuple(group))
             for group in buckets.values()
         ]
-        answered, errors = await self._send_sharded(cluster, calls, self._append_script.text, durability, "end")
-        publishable = [call.events[int(p) - 1] for call, reply in answered if defer for p in reply[3]]
+        tail = None if durability is None else _end_wait(durability, "end")
+        answered, errors = await cluster.send(calls, self._append_script.text, tail)
+        publishable = [call.of[int(p) - 1] for call, reply in answered if defer for p in reply[3]]
         merged = _merged(self._appended(reply) for _, reply in answered)
         if not errors:
             return merged, publishable
-        unsent = tuple(event for call, _ in errors for event in call.events)
+        unsent = tuple(event for call, _ in errors for event in call.of)
         return replace(merged, unsent=unsent, error=errors[0][1]), publishable
-
-    async def _send_sharded(
-        self,
-        cluster: RedisCluster,
-        calls: Sequence[_ClusterCall],
-        script_text: str | None = None,
-        durability: Durability | None = None,
-        what: str = "end",
-    ) -> tuple[list[tuple[_ClusterCall, Any]], list[tuple[_ClusterCall, BaseException]]]:
-        """Each call to its slot's primary, the calls of one primary in one write, all
-        primaries at once; each call's redirect or missing script (``script_text`` loaded)
-        dealt with and that call sent again, up to ``CLUSTER_ROUNDS`` times. With
-        ``durability``, each primary's write ends with its wait, whose replies are checked
-        (``Durability.confirmed``: a replica's reply fails that primary's calls). Returns the
-        calls answered, with their replies, and those that failed, with their errors."""
-        answered: list[tuple[_ClusterCall, Any]] = []
-        errors: list[tuple[_ClusterCall, BaseException]] = []
-        with contextlib.suppress(*CLUSTER_GLITCHES):  # a no-op once connected; failing, the map it has
-            await cluster.initialize()
-        tail = None if durability is None else (lambda node: durability.wait(node.name))
-        for round_ in range(CLUSTER_ROUNDS):
-            again: list[_ClusterCall] = []
-            started = time.perf_counter()
-            for sent in await _send_by_node(cluster, calls, tail):
-                node, replies = sent.node, sent.replies
-                if durability is not None and node is not None and sent.wait is not None and sent.waited:
-                    seconds = time.perf_counter() - started
-                    try:
-                        short = durability.check_wait(
-                            sent.wait, sent.waited, seconds=seconds, what=what, node=node.name
-                        )
-                    except ResponseError:  # a primary demoted under the connection: its calls again
-                        again += [replace(call, asking=None) for call in sent.calls]
-                        continue
-                    if short is not None and durability.held(what):  # held: confirmed again later
-                        errors += [(call, NotYetDurable(str(short))) for call in sent.calls]
-                        continue
-                for call, reply in zip(sent.calls, replies, strict=True):
-                    if not isinstance(reply, BaseException):
-                        answered.append((call, reply))
-                    elif isinstance(reply, AskError):
-                        again.append(replace(call, asking=(reply.host, reply.port)))
-                    elif isinstance(reply, (MovedError, NoScriptError, TryAgainError)):
-                        again.append(replace(call, asking=None))
-                    else:
-                        errors.append((call, reply))
-                if script_text and node is not None and any(isinstance(r, NoScriptError) for r in replies):
-                    await node.execute_command("SCRIPT", "LOAD", script_text)
-            if not again:
-                break
-            if any(not call.asking for call in again):
-                await refresh_slot_map(cluster)  # a slot moved: read the map again
-            calls = again
-            if round_ + 1 == CLUSTER_ROUNDS:
-                error = TryAgainError(f"still redirected after {CLUSTER_ROUNDS} tries")
-                errors += [(call, error) for call in again]
-            else:
-                await asyncio.sleep(0.05 * round_)
-        if any(not isinstance(error, ResponseError) for _, error in errors) and self._may_refresh():
-            with contextlib.suppress(Exception):  # a node away (failing over?): read the map again
-                await refresh_slot_map(cluster)
-        return answered, errors
-
-    def _may_refresh(self) -> bool:
-        """True at most once per ``MAP_REFRESH_S``: reading the slot map closes every
-        connection, so a shard that stays away must not have it read at every flush."""
-        now = time.monotonic()
-        if now - self._refreshed_at < MAP_REFRESH_S:
-            return False
-        self._refreshed_at = now
-        return True
 
     def _append_call(self, events: Sequence[LogEvent], *, defer: bool = False) -> script_calls.AppendAndPublish:
         return append_call(self._maxlen, self._ttl_ms, events, self._recent_ends_max, self.names, defer=defer)
@@ -443,38 +345,30 @@ class ReplayLog:
         """``end`` where it waits: ``end_request`` deferred (it logs the end and returns it,
         published by nobody) and the wait in one pipeline on one connection (on a cluster,
         the log's primary's); then the end published, a shortfall noted."""
-        deferred = replace(call, publish="")
-        started = time.perf_counter()
-        redis = self._redis
-        if isinstance(redis, RedisCluster):
-            command = pack_command(*deferred.command(self._end_script.sha))
-            answered, errors = await self._send_sharded(
-                redis, [_ClusterCall(call.log_key, command, ())], self._end_script.text, durability, "end_request"
-            )
+        command = pack_command(*replace(call, publish="").command(self._end_script.sha))
+        if self._cluster is not None:
+            end_call = ClusterCall(call.log_key, command, ())
+            tail = _end_wait(durability, "end_request")
+            answered, errors = await self._cluster.send([end_call], self._end_script.text, tail)
             if errors:
                 raise errors[0][1]
             [(_, reply)] = answered
         else:
-            one = self._one_redis()
             wait = durability.wait()
-            if one.connection is not None:  # a single-connection client: each command on its one connection
-                reply = await self._end_script(deferred)
-                waited = [await _answer(one.execute_command(*command)) for command in wait.commands()]
-            else:
-                command = pack_command(*deferred.command(self._end_script.sha)) + wait.packed()
-                reply, *waited = await _script_then(one, self._end_script, command, 1 + wait.reply_count)
+            started = time.perf_counter()
+            reply, waited = await self._then_wait(self._end_script, command, wait)
             if isinstance(reply, list):  # else it wrote nothing: the wait covered nothing of it
                 durability.check_wait(wait, waited, seconds=time.perf_counter() - started, what="end_request")
         if not isinstance(reply, list):
             return None  # -1: it had ended; -2: a newer attempt owns it
         seq, payload = int(reply[0]), reply[1]
         publish = pack_command(self.names.publish_command, call.log_key, payload)
-        if isinstance(redis, RedisCluster):
-            _, errors = await self._send_sharded(redis, [_ClusterCall(call.log_key, publish, ())])
+        if self._cluster is not None:
+            _, errors = await self._cluster.send([ClusterCall(call.log_key, publish, ())])
             if errors:
                 raise errors[0][1]
         else:
-            await redis.execute_command(self.names.publish_command, call.log_key, payload)
+            raise_first_error(await self._one_redis().send(publish, 1))
         return seq
 
     async def take_over(self, request_id: str, attempt: int) -> TakeOver:
@@ -627,158 +521,27 @@ def _pack_args(*args: bytes) -> bytes:
     return b"".join(b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in args)
 
 
-@dataclass(frozen=True)
-class _ClusterCall:
-    """One packed ``append_and_publish`` of a cluster append: its first log key (its slot),
-    and, after an ``ASK``, the node to ask."""
+def _end_wait(durability: Durability, what: str) -> Tail:
+    """A cluster send's tail for ends: each primary's wait after its calls, its replies checked
+    (``Durability.check_wait``); a wait that falls short fails the primary's calls with
+    ``NotYetDurable`` where such ends are held (confirmed again later)."""
 
-    key: str
-    command: bytes
-    events: tuple[LogEvent, ...]
-    asking: tuple[str, int] | None = None
+    def packed(node: ClusterNode) -> tuple[bytes, int]:
+        wait = durability.wait(node.name)
+        return wait.packed(), wait.reply_count
 
-
-_ASKING = b"*1\r\n$6\r\nASKING\r\n"
-
-
-@dataclass(frozen=True)
-class _NodeReplies:
-    """What one node answered to its calls of ``_send_by_node``: per call its reply (an error
-    reply, or the node's connection error, as an exception), and its wait's replies."""
-
-    node: ClusterNode | None
-    """``None``: the calls whose slot no node serves."""
-    calls: list[_ClusterCall]
-    replies: list[Any]
-    wait: EndWait | None = None
-    waited: list[Any] = field(default_factory=list)
-    """The replies to ``wait``'s commands (none when the node could not be reached)."""
-
-
-async def _send_by_node(
-    cluster: RedisCluster,
-    calls: Sequence[_ClusterCall],
-    tail: Callable[[ClusterNode], EndWait] | None = None,
-) -> list[_NodeReplies]:
-    """Each node's calls sent in one write (an ``ASK``ed call after ``ASKING``), all nodes at
-    once, and after them, on the same connection, the commands of the node's wait (``tail``),
-    if any; per node its calls, their replies and the wait's."""
-    by_node: dict[str, tuple[ClusterNode, list[_ClusterCall]]] = {}
-    uncovered: list[_ClusterCall] = []
-    for call in calls:
-        if call.asking is None:
-            try:
-                owner = cluster.get_node_from_key(call.key)
-            except SlotNotCoveredError:
-                owner = None
-            if owner is None:
-                uncovered.append(call)
-                continue
-            node = owner
-        else:
-            host, port = call.asking
-            node = cluster.get_node(host, port) or ClusterNode(host, port, **cluster.nodes_manager.connection_kwargs)
-        by_node.setdefault(node.name, (node, []))[1].append(call)
-
-    async def send(node: ClusterNode, node_calls: list[_ClusterCall]) -> _NodeReplies:
-        wait = tail(node) if tail is not None else None
-        command = b"".join(_ASKING + call.command if call.asking else call.command for call in node_calls)
-        count = sum(2 if call.asking else 1 for call in node_calls)
-        waits = 0 if wait is None else wait.reply_count
-        connection = node.acquire_connection()
+    def check(sent: NodeReplies[Any]) -> BaseException | None:
+        assert sent.node is not None
+        node = sent.node.name
         try:
-            replies = await _exchange(connection, command + (b"" if wait is None else wait.packed()), count + waits)
-        except Exception as error:  # the node is away: every call of it failed so
-            return _NodeReplies(node, node_calls, [error] * len(node_calls), wait)
-        finally:
-            node._free.append(connection)  # ClusterNode's own release (it has no public one)
-        answers, out = iter(replies[:count]), []
-        for call in node_calls:
-            if call.asking:
-                next(answers)  # ASKING's own OK, just before the call's reply
-            out.append(next(answers))
-        return _NodeReplies(node, node_calls, out, wait, replies[count:])
+            short = durability.check_wait(
+                durability.wait(node), sent.tail_replies, seconds=sent.seconds, what=what, node=node
+            )
+        except ResponseError as error:  # a primary demoted under the connection: its calls again
+            raise SendAgain from error
+        return NotYetDurable(str(short)) if short is not None and durability.held(what) else None
 
-    sent = list(by_node.values())
-    # an ASK's importing node that the map does not name yet is this flush's own: closed after
-    passing = [node for node, _ in sent if cluster.get_node(node_name=node.name) is not node]
-    try:
-        answered = list(await asyncio.gather(*(send(node, node_calls) for node, node_calls in sent)))
-    finally:
-        await asyncio.gather(*(node.disconnect() for node in passing), return_exceptions=True)
-    if uncovered:
-        error = SlotNotCoveredError("no primary serves the slot (a shard down?)")
-        answered.append(_NodeReplies(None, uncovered, [error] * len(uncovered)))
-    return answered
-
-
-async def _pooled_connection(pool: ConnectionPool) -> AbstractConnection:
-    connection: AbstractConnection
-    try:
-        connection = await pool.get_connection()
-    except TypeError:  # redis-py before 5.3 wants the command's name
-        connection = await pool.get_connection("EVALSHA")
-    return connection
-
-
-async def _execute_pipelined(pool: ConnectionPool, commands: bytes, count: int) -> list[Any]:
-    """Send ``count`` commands (RESP bytes, back to back) in one write on a connection of
-    ``pool`` and read their ``count`` replies, as ``execute_command`` would one: the first
-    error reply raises once every reply was read, so the connection goes back to the pool
-    in step."""
-    replies = await _exchange_pooled(pool, commands, count)
-    for reply in replies:
-        if isinstance(reply, ResponseError):
-            raise reply
-    return replies
-
-
-async def _exchange_pooled(pool: ConnectionPool, commands: bytes, count: int) -> list[Any]:
-    """``_exchange`` on a connection of ``pool``: every reply, an error reply as its exception."""
-    connection = await _pooled_connection(pool)
-    try:
-        return await _exchange(connection, commands, count)
-    finally:
-        await pool.release(connection)
-
-
-async def _script_then(redis: Redis, script: Script[Any], commands: bytes, count: int) -> list[Any]:
-    """``commands``, a packed ``EVALSHA`` of ``script`` and what follows it (a wait), in one
-    write on one connection: every reply, the script's error reply raised; a Redis that
-    forgot the script gets it loaded, and all of it again."""
-    replies = await _exchange_pooled(redis.connection_pool, commands, count)
-    if isinstance(replies[0], NoScriptError):
-        await redis.script_load(script.text)
-        replies = await _exchange_pooled(redis.connection_pool, commands, count)
-    if isinstance(replies[0], BaseException):
-        raise replies[0]
-    return replies
-
-
-async def _answer(command: Awaitable[Any]) -> Any:
-    """``command``'s reply, an error reply as its exception (as a pipeline's)."""
-    try:
-        return await command
-    except ResponseError as error:
-        return error
-
-
-async def _exchange(connection: AbstractConnection, commands: bytes, count: int) -> list[Any]:
-    """Send ``commands`` in one write and read ``count`` replies, an error reply as its
-    ``ResponseError``; a connection cut off mid-way is disconnected (not reusable) and
-    the error raised."""
-    try:
-        await connection.send_packed_command(commands)
-        replies: list[Any] = []
-        for _ in range(count):
-            try:
-                replies.append(await connection.read_response())
-            except ResponseError as error:
-                replies.append(error)
-    except BaseException:
-        await connection.disconnect()
-        raise
-    return replies
+    return Tail(packed, check)
 
 
 def _merged(results: Iterable[Appended]) -> Appended:

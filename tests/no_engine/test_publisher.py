@@ -241,14 +241,11 @@ async def test_a_redis_that_forgot_its_scripts_still_takes_the_batch(redis: aior
     assert await log.read(request_id) == [b"before", payload]
 
 
-async def test_a_single_connection_client_logs_the_same(redis_url: str) -> None:
-    request_id = f"pub-{uuid.uuid4().hex}"
+async def test_a_single_connection_client_is_refused_by_name(redis_url: str) -> None:
+    """The log sends many commands to a write on connections of the client's pool."""
     client = aioredis.Redis.from_url(redis_url, single_connection_client=True)
-    log = ReplayLog(client)
-    events = [LogEvent(request_id, 0, 1, b"a"), LogEvent(request_id, 1, 1, b"b", terminal=True)]
-    assert await log.append(events) == Appended(0)
-    assert await log.append([LogEvent(request_id, 2, 1, b"late")]) == Appended(1, frozenset({request_id}))
-    assert await log.read(request_id) == [b"a", b"b"]
+    with pytest.raises(ValueError, match="pooled client"):
+        ReplayLog(client)
     await client.aclose()
 
 
@@ -291,14 +288,11 @@ async def test_end_request_is_fenced_by_attempt(redis: aioredis.Redis) -> None:
     assert await log.end(other, cancelled) == 0
 
 
-@pytest.mark.parametrize("single_connection", [False, True], ids=["pooled", "single connection"])
-async def test_a_flush_split_into_pipelined_calls_logs_and_reports_as_one_call(
-    redis_url: str, single_connection: bool
-) -> None:
+async def test_a_flush_split_into_pipelined_calls_logs_and_reports_as_one_call(redis_url: str) -> None:
     """The shape a Redis Cluster needs (one script call per slot, pipelined): the same
     logs, and duplicates, refusals and gaps reported together as one call reports them,
     also on a Redis that forgot its scripts."""
-    client = aioredis.Redis.from_url(redis_url, single_connection_client=single_connection)
+    client = aioredis.Redis.from_url(redis_url)
     log = ReplayLog(client)
     fresh, taken, gapped = (f"pub-{uuid.uuid4().hex}" for _ in range(3))
     await log.append([LogEvent(taken, 0, 1, b"t0"), *(LogEvent(gapped, seq, 1, b"g%d" % seq) for seq in range(3))])

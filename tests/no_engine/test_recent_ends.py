@@ -25,14 +25,6 @@ async def worker_redis(redis_server: RedisServer) -> AsyncIterator[aioredis.Redi
     await client.aclose()
 
 
-@pytest.fixture
-async def single_connection(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    """A single-connection client: ``ReplayLog.append`` takes redis-py's own path then."""
-    client = aioredis.Redis.from_url(redis_server.url_for(WORKER), single_connection_client=True)
-    yield client
-    await client.aclose()
-
-
 def _id() -> str:
     return f"test-{uuid.uuid4().hex}"
 
@@ -59,11 +51,8 @@ async def _redis_ms(redis: aioredis.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "redis-py"])
-async def test_a_worker_s_terminal_event_is_pushed_once(
-    packed: bool, worker_redis: aioredis.Redis, single_connection: aioredis.Redis, admin: aioredis.Redis
-) -> None:
-    log = ReplayLog(worker_redis if packed else single_connection, maxlen=100, ttl_ms=60_000)
+async def test_a_worker_s_terminal_event_is_pushed_once(worker_redis: aioredis.Redis, admin: aioredis.Redis) -> None:
+    log = ReplayLog(worker_redis, maxlen=100, ttl_ms=60_000)
     first, second = _id(), _id()
     await log.append([_chunk(first, 0), _chunk(second, 0)])
     assert await _entries(admin, {first, second}) == [], "chunks end nothing"
