@@ -16,7 +16,6 @@ from producer.errors import redis_errors_as_streamq_errors
 from streamq.broker.data_plane import DataRedis
 from streamq.broker.registry import Routes
 from streamq.protocol import JOB_KEY_PREFIX, Event, decode_event
-from streamq.protocol.status import RequestState
 
 __all__ = ["InternalClient"]
 
@@ -66,8 +65,3 @@ class InternalClient(StreamqClient):
         if await self._redis.exists(JOB_KEY_PREFIX + request_id):
             return True
         return await self._log.exists(request_id)
-
-    async def job_state(self, request_id: str) -> RequestState:
-        """Where the request's job is, cheaper than ``status``: ``running``, ``queued``,
-        ``finished`` (a result is stored) or ``unknown``."""
-        return await self._job_state(request_id)

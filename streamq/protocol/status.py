@@ -61,7 +61,3 @@ class RequestStatus(msgspec.Struct, omit_defaults=True):
 
 def encode_status(status: RequestStatus) -> bytes:
     return msgspec.json.encode(status)
-
-
-def decode_status(data: bytes | str) -> RequestStatus:
-    return msgspec.json.decode(data, type=RequestStatus)

@@ -6,7 +6,7 @@ priority scheduling, its metrics served: vLLM's count of the requests waiting in
 engine) serves a queue of its own; the tests after the priority tests add a second real worker on it
 (``other_worker``, started once, SIGKILLed by the last test). Backlogs are queued with
 the library's enqueue script in one pipeline, so they are in place before a slot frees;
-what a user observes is read with the library: a job's state (``job_state``), its
+what a user observes is read with the library: a request's state (``status``), its
 events, its result and the worker its final event names.
 """
 
@@ -105,11 +105,11 @@ async def enqueue_many(redis: aioredis.Redis, queue: str, requests: list[dict[st
 
 
 async def until_state(client: InternalClient, request_id: str, state: str, timeout_s: float = 120) -> None:
-    """Until the job is in ``state``; fails at once if it went past it (a ``finished`` job
+    """Until the request is in ``state``; fails at once if it went past it (a ``finished`` one
     waited for as ``running`` ran while nobody looked)."""
     later = {"queued": ("running", "finished"), "running": ("finished",)}.get(state, ())
     async with asyncio.timeout(timeout_s):
-        while (now := await client.job_state(request_id)) != state:
+        while (now := (await client.status(request_id)).state) != state:
             assert now not in later, f"{request_id} is {now}, waited for as {state}"
             await asyncio.sleep(0.02)
 
@@ -129,7 +129,7 @@ def engine_waiting(worker: WorkerProcess) -> float:
 
 
 async def states(client: InternalClient, request_ids: list[str]) -> list[str]:
-    return [await client.job_state(request_id) for request_id in request_ids]
+    return [(await client.status(request_id)).state for request_id in request_ids]
 
 
 async def first_event(handle: RequestHandle) -> None:
@@ -466,7 +466,7 @@ async def test_a_dead_workers_request_is_taken_over_ahead_of_the_backlog(
             follow_up = await conversation.submit(priority=-10)
             assert pid_of(await held_for(raw_redis, queue, follow_up.request_id)) == doomed.process.pid
             deadline = time.monotonic() + 30
-            while await prio_client.job_state(target) == "running":  # the lease lapses
+            while (await prio_client.status(target)).state == "running":  # the lease lapses
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
             backlog = await enqueue_many(

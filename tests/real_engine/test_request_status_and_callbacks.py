@@ -30,7 +30,7 @@ from streamq.broker.api_keys import ApiKeyStore, KeyRecord
 from streamq.protocol import ChunkEvent
 from streamq.protocol.callbacks import CallbackBody, verify
 from streamq.protocol.names import CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP_HEADER
-from streamq.protocol.status import RequestStatus, decode_status
+from streamq.protocol.status import RequestStatus
 from tests.support.callback_receiver import CALLBACK_SECRET, CallbackReceiver
 
 PROMPT = "The key to happiness is"
@@ -129,7 +129,7 @@ async def test_the_command_line_says_the_status(client: InternalClient, producer
     await until(client, handle.request_id, lambda s: s.ended_ms is not None)  # arq's result stored too
     shown = run_status(producer_url, handle.request_id, "--json")
     assert shown.returncode == 0, shown.stderr
-    assert decode_status(shown.stdout) == await client.status(handle.request_id)
+    assert msgspec.json.decode(shown.stdout, type=RequestStatus) == await client.status(handle.request_id)
     text = run_status(producer_url, handle.request_id)
     assert text.returncode == 0 and f"{handle.request_id}: finished" in text.stdout
     unknown = run_status(producer_url, "no-such-request")
