@@ -153,7 +153,7 @@ class EndWait:
 
     @property
     def waits(self) -> bool:
-        """False: nothing to wait for, ends go out as they did before (no extra command)."""
+        """False: nothing to wait for, ends go out at once (no extra command)."""
         return self.replicas > 0 or self.fsync
 
     def commands(self) -> list[tuple[str | int, ...]]:
