@@ -15,7 +15,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
 PAGES = sorted(
-    [ROOT / "README.md", ROOT / "PROTOCOL.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "README.md"]
+    [
+        ROOT / "README.md",
+        ROOT / "PROTOCOL.md",
+        ROOT / "CHANGELOG.md",
+        ROOT / "bench" / "README.md",
+        ROOT / "tests" / "README.md",
+    ]
     + list((ROOT / "docs").rglob("*.md"))
 )
 README_MAX_BYTES = 12 * 1024
