@@ -284,7 +284,7 @@ async def _serve(job: JobContext, request: GenerateRequest, events: RequestEvent
     events.model = request.model or state.presence.registration.model
     try:
         with (
-            state.leases.held(job.job_id, job.attempt, renew_now=not job.lease_set),
+            state.leases.held(request.request_id, job.attempt, renew_now=not job.lease_set),
             state.running.track(request, events.attempt) as running,
         ):
             return await _run(job, request, events, running)

@@ -24,7 +24,9 @@ class JobContext:
     """One attempt of one job."""
 
     job_id: str
-    """arq's job id, which is the request id."""
+    """arq's job id, as the queue holds it: any string a bare ``ZADD`` put there. Once the
+    job's request is read and checked (``parse_request``), it is the request's id; the code
+    then says ``request_id``."""
     attempt: int
     """arq's try count: 1, then one more each time a worker claims the job again."""
     queued_at_ms: int

@@ -43,12 +43,13 @@ HELD, HELD_CANCELLED = 1, 2
 
 
 class Leases:
-    """Keeps the in-progress keys of this worker's running jobs alive.
+    """Keeps the in-progress keys of this worker's running requests alive (a job's keys are
+    named by its id, which is its request's).
 
     :param worker_id: this worker's id, the value its claims write.
-    :param on_lost: called with ``(job_id, attempt)`` when a newer attempt owns the request
+    :param on_lost: called with ``(request_id, attempt)`` when a newer attempt owns the request
         or it ended: that attempt stops without writing the end.
-    :param on_cancelled: called with ``job_id`` at each renewal that finds a cancel recorded
+    :param on_cancelled: called with ``request_id`` at each renewal that finds a cancel recorded
         for a held job's request (the cancel listener cancels it, once).
     :param owners: the data plane's owner keys, when they are not on ``redis``.
     """
@@ -83,18 +84,18 @@ class Leases:
         await stop_task(self._task)
 
     @contextmanager
-    def held(self, job_id: str, attempt: int, *, renew_now: bool = True) -> Iterator[None]:
-        """Hold ``job_id``'s lease for ``attempt`` while inside; its first renewal is
+    def held(self, request_id: str, attempt: int, *, renew_now: bool = True) -> Iterator[None]:
+        """Hold ``request_id``'s lease for ``attempt`` while inside; its first renewal is
         immediate unless ``renew_now`` is false: arq's own claim writes an hour-long expiry,
         where the worker's claim has just set ``ttl_ms`` (the next period renews it)."""
-        self._held[job_id] = attempt
+        self._held[request_id] = attempt
         if renew_now:
             self._renew_now.set()
         try:
             yield
         finally:
-            if self._held.get(job_id) == attempt:
-                del self._held[job_id]
+            if self._held.get(request_id) == attempt:
+                del self._held[request_id]
 
     async def renew(self) -> None:
         """Renew every held lease once; report those whose request a newer attempt owns
@@ -105,30 +106,30 @@ class Leases:
         ahead = self._owners.ahead  # the owner keys are on another server: read them first
         owners: Sequence[str | None] = [None] * len(held)
         if ahead:
-            owners = await self._owners.values([job_id for job_id, _ in held])
+            owners = await self._owners.values([request_id for request_id, _ in held])
         jobs = [
             LeaseRenewal(
-                IN_PROGRESS_PREFIX + job_id,
+                IN_PROGRESS_PREFIX + request_id,
                 lease_holder(self.worker_id, attempt),
                 attempt,
-                cancelled_key(job_id),
-                owner_key=None if ahead else self._owners.names.owner(job_id),
+                cancelled_key(request_id),
+                owner_key=None if ahead else self._owners.names.owner(request_id),
                 owner=owner,
             )
-            for (job_id, attempt), owner in zip(held, owners, strict=True)
+            for (request_id, attempt), owner in zip(held, owners, strict=True)
         ]
         metrics.ROUND_TRIPS["lease"].inc()
         replies = await self._renew(RenewLeases(ttl_ms=self.ttl_ms, jobs=jobs))
-        for (job_id, attempt), kept in zip(held, replies, strict=True):
-            if self._held.get(job_id) != attempt:
+        for (request_id, attempt), kept in zip(held, replies, strict=True):
+            if self._held.get(request_id) != attempt:
                 continue  # it ended meanwhile
             if not kept:
-                logger.warning("job %s: owned by a newer attempt, or ended (attempt %d stops)", job_id, attempt)
+                logger.warning("request %s: owned by a newer attempt, or ended (attempt %d stops)", request_id, attempt)
                 metrics.LEASES_LOST.inc()
-                del self._held[job_id]
-                self._on_lost(job_id, attempt)
+                del self._held[request_id]
+                self._on_lost(request_id, attempt)
             elif kept == HELD_CANCELLED and self._on_cancelled is not None:
-                self._on_cancelled(job_id)
+                self._on_cancelled(request_id)
 
     async def _renew_forever(self) -> None:
         while True:
