@@ -1,4 +1,4 @@
-"""The Lua scripts of the protocol (``lua/<name>.lua``), loaded by name.
+"""The Lua scripts of the protocol (``lua/<name>.lua``, each behind ``lua/_keys.lua``), loaded by name.
 
 They are the Redis side of the contract: what each one reads and writes is part of
 the wire format, so they live beside the names and schemas, not in the modules
@@ -28,15 +28,35 @@ again between the load and the run): a worker must not die of a ``SCRIPT FLUSH``
 _LUA = resources.files(__package__).joinpath("lua")
 
 
+PRELUDE = "_keys"
+"""``lua/_keys.lua``: the key names the scripts share (local functions), spelled as ``names``
+spells them; every script's text begins with it. Not a script itself (its name starts with
+``_``, as any other such file's would)."""
+
+
 def script_names() -> list[str]:
-    """Every script the package carries, by name."""
-    return sorted(entry.name.removesuffix(".lua") for entry in _LUA.iterdir() if entry.name.endswith(".lua"))
+    """Every script the package carries, by name (not the prelude)."""
+    return sorted(
+        entry.name.removesuffix(".lua")
+        for entry in _LUA.iterdir()
+        if entry.name.endswith(".lua") and not entry.name.startswith("_")
+    )
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The file ``lua/<name>.lua`` as written, read once (raises ``FileNotFoundError`` for an
+    unknown name): a script's header is its first lines."""
+    return _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
 @functools.cache
 def script_text(name: str) -> str:
-    """The source of script ``name``, read once (raises ``FileNotFoundError`` for an unknown name)."""
-    return _LUA.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    """What Redis runs as script ``name``: the prelude, then the script's source (raises
+    ``FileNotFoundError`` for an unknown name). Its SHA-1 is the script's ``EVALSHA`` sha."""
+    if name.startswith("_"):
+        raise FileNotFoundError(f"{name} is not a script")
+    return script_source(PRELUDE) + script_source(name)
 
 
 class Script(Generic[C]):

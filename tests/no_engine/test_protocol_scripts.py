@@ -1,11 +1,14 @@
-"""The Lua scripts of the protocol: every file is used, every name used exists, and a
-non-editable install carries them."""
+"""The Lua scripts of the protocol: every file is used, every name used exists, a
+non-editable install carries them, and the prelude every script begins with spells the
+keys as ``names`` does."""
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,8 +16,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from streamq.broker.registry import WorkerRegistry
-from streamq.protocol.script_calls import CALLS
-from streamq.protocol.scripts import script_names, script_text
+from streamq.protocol import names
+from streamq.protocol.script_calls import CALLS, Enqueue
+from streamq.protocol.scripts import PRELUDE, Script, script_names, script_source, script_text
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_PACKAGES = ("streamq", "producer", "worker", "gateway")
@@ -50,8 +54,50 @@ def test_an_unknown_name_fails_loudly() -> None:
 def test_package_data_carries_every_script() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     patterns = config["tool"]["setuptools"]["package-data"]["streamq.protocol"]
-    for name in script_names():
+    for name in [*script_names(), PRELUDE]:
         assert any(fnmatch.fnmatch(f"lua/{name}.lua", pattern) for pattern in patterns), name
+
+
+def test_the_prelude_is_no_script_and_begins_every_script() -> None:
+    assert PRELUDE not in script_names()
+    with pytest.raises(FileNotFoundError):
+        script_text(PRELUDE)
+    for name in script_names():
+        assert script_text(name) == script_source(PRELUDE) + script_source(name), name
+
+
+def test_a_scripts_sha_is_of_the_text_with_its_prelude() -> None:
+    """What ``EVALSHA`` names (the calls packed by hand too, which use ``Script.sha``)."""
+    script = Script(aioredis.Redis(), Enqueue)
+    assert script.text == script_text("enqueue")
+    assert script.sha == hashlib.sha1(script_text("enqueue").encode()).hexdigest()
+
+
+# Each key function of the prelude, the arguments it is tried with, and names's spelling of it.
+PRELUDE_KEYS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
+    ("waiting_key", ("streamq:queue", "0"), lambda q, prio: names.waiting_key(q, int(prio))),
+    ("waiting_key", ("streamq:queue:b", "-3"), lambda q, prio: names.waiting_key(q, int(prio))),
+    ("queue_waiting_key", ("streamq:queue:b",), names.queue_waiting_key),
+    ("running_key", ("streamq:queue",), names.running_key),
+    ("affinity_free_key", ("streamq:queue:b", "w-1"), names.affinity_free_key),
+    ("affinity_owner_key", ("streamq:queue", "ab12"), names.affinity_owner_key),
+]
+
+
+def test_the_prelude_defines_just_the_keys_tried_here() -> None:
+    defined = re.findall(r"^local function (\w+)\(", script_source(PRELUDE), re.MULTILINE)
+    assert sorted(defined) == sorted({name for name, _, _ in PRELUDE_KEYS})
+
+
+@pytest.mark.parametrize(
+    ("function", "args", "spelled"), PRELUDE_KEYS, ids=[f"{f}{args}" for f, args, _ in PRELUDE_KEYS]
+)
+async def test_the_preludes_key_is_the_one_names_spells(
+    raw_redis: aioredis.Redis, function: str, args: tuple[str, ...], spelled: Callable[..., str]
+) -> None:
+    """Run in Redis, the prelude's function names the key ``names`` does."""
+    lua = script_source(PRELUDE) + f"return {function}(unpack(ARGV))"
+    assert await raw_redis.eval(lua, 0, *args) == spelled(*args).encode()
 
 
 async def test_every_script_compiles_in_redis(raw_redis: aioredis.Redis) -> None:

@@ -18,7 +18,7 @@ from streamq.broker.data_plane import CLUSTER, ONE_REDIS, DataNames
 from streamq.broker.replay_log import LogEvent, append_call, pack_append
 from streamq.protocol.names import events_bucket
 from streamq.protocol.script_calls import CALLS, AppendAndPublish, AppendedEvent, ReleaseAffinity, ScriptCall
-from streamq.protocol.scripts import Script, script_names, script_text
+from streamq.protocol.scripts import Script, script_names, script_source
 
 ENTRY = re.compile(
     r"-- (?P<array>KEYS|ARGV)\[(?:(?P<position>\d+)(?P<variadic>\.\.)?|n\+(?P<after>\d+))\] "
@@ -55,7 +55,7 @@ class Header:
 
 
 def parse(name: str) -> Header:
-    lines = script_text(name).splitlines()
+    lines = script_source(name).splitlines()
     entries: list[Entry] = []
     for index, line in enumerate(lines):
         match = ENTRY.fullmatch(line)

@@ -2,7 +2,7 @@
 // (PROTOCOL.md is the contract):  npm install && node stream.mjs "The key to happiness is"
 // Environment: REDIS_URL (redis://localhost:6379), STREAMQ_QUEUE (streamq:queue),
 // STREAMQ_QUEUE_LIMIT (refuse when the queue holds this many jobs; -1, the default: no limit),
-// STREAMQ_LUA_DIR (the folder holding enqueue.lua; default: this repository's).
+// STREAMQ_LUA_DIR (the folder holding enqueue.lua and _keys.lua; default: this repository's).
 // Output: the text as it streams, then a last line `[<finish reasons, comma-separated>]
 // <prompt tokens> <completion tokens>`, e.g. `[length] 6 16`; on stderr `queued <request id>`
 // (for `streamq status`). An error event, a refused enqueue or a lost request: a line on
@@ -20,7 +20,8 @@ const limit = process.env.STREAMQ_QUEUE_LIMIT ?? "-1";
 // enqueue.lua is part of the protocol: vendor it from the streamq release your workers run
 // (or point at the installed Python package's streamq/protocol/lua), never rewrite it.
 const luaDir = process.env.STREAMQ_LUA_DIR ?? fileURLToPath(new URL("../../../streamq/protocol/lua", import.meta.url));
-const script = readFileSync(join(luaDir, "enqueue.lua"), "utf8");
+// Every script runs behind _keys.lua, the key names the scripts share: its text first.
+const script = ["_keys.lua", "enqueue.lua"].map((file) => readFileSync(join(luaDir, file), "utf8")).join("");
 const prompt = process.argv.slice(2).join(" ") || "The key to happiness is";
 
 const id = `node-${randomUUID()}`; // the job id too: [A-Za-z0-9][A-Za-z0-9._:-]{0,127}

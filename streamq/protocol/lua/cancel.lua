@@ -39,7 +39,7 @@ for _, queue in ipairs(queues) do
       -- An emptied tenant or band is dropped by the next claim that meets it.
       local prio, tenant = string.match(meta, '^(%S+) (%S+)')
       redis.call('HDEL', queue .. ':indexed', id)
-      redis.call('ZREM', queue .. ':waiting:' .. prio, id)
+      redis.call('ZREM', waiting_key(queue, prio), id)
       redis.call('ZREM', queue .. ':fifo:' .. prio .. ':' .. tenant, id)
       redis.call('ZREM', queue .. ':deferred', id)
       local owner = redis.call('HGET', queue .. ':held', id) -- held for the worker of its prefix
@@ -48,8 +48,8 @@ for _, queue in ipairs(queues) do
         redis.call('ZREM', queue .. ':affine:' .. owner .. ':' .. prio, id)
       end
     end
-    redis.call('ZREM', queue .. ':running', id)
-    redis.call('ZREM', queue .. ':waiting', id)
+    redis.call('ZREM', running_key(queue), id)
+    redis.call('ZREM', queue_waiting_key(queue), id)
     -- An attempt whose lease lapsed (Redis was away) may still be running: stop it too.
     redis.call('PUBLISH', ARGV[2], id)
     return 'queued'

@@ -66,7 +66,7 @@ local wakeup = ARGV[12] or ''
 local cancelled = ARGV[13] or 'streamq:cancelled:'
 local job_prefix, retry_prefix = ARGV[14] or 'arq:job:', ARGV[15] or 'arq:retry:'
 local ahead = tonumber(ARGV[16] or '0')
-local running, indexed, bands, vtimes = q .. ':running', q .. ':indexed', q .. ':bands', q .. ':vtime'
+local running, indexed, bands, vtimes = running_key(q), q .. ':indexed', q .. ':bands', q .. ':vtime'
 local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
 local held_for_others, promoted = false, false
@@ -75,10 +75,10 @@ local held_for_others, promoted = false, false
 -- (<queue>:adapters:<worker>, scored by when the ownership lapses), unless the job came here
 -- for balance while the adapter's owner lives: the adapter stays where it is loaded.
 local function own_adapter(key, steered)
-  local owner_key = q .. ':owner:' .. key
+  local owner_key = affinity_owner_key(q, key)
   local before = redis.call('GET', owner_key)
   if before and before ~= me then
-    if steered and redis.call('EXISTS', q .. ':free:' .. before) == 1 then return end
+    if steered and redis.call('EXISTS', affinity_free_key(q, before)) == 1 then return end
     redis.call('ZREM', q .. ':adapters:' .. before, key)
   end
   redis.call('SET', owner_key, me, 'PX', owner_ttl)
@@ -100,7 +100,7 @@ local function own_prefixes(meta)
       if string.sub(key, 1, 1) == '@' then
         own_adapter(key, string.match(meta, ' steered$') ~= nil)
       else
-        redis.call('SET', q .. ':owner:' .. key, me, 'PX', owner_ttl)
+        redis.call('SET', affinity_owner_key(q, key), me, 'PX', owner_ttl)
       end
     end
   end
@@ -131,7 +131,7 @@ local function hold_for_eligible(id, band, score)
   if not only then return false end
   local best, best_free, best_load = nil, false, nil
   for worker in string.gmatch(only, '[^,]+') do
-    local free = redis.call('GET', q .. ':free:' .. worker)
+    local free = redis.call('GET', affinity_free_key(q, worker))
     if free then
       local has_free = tonumber(free) > 0
       local load = tonumber(redis.call('ZSCORE', q .. ':load', worker) or '0')
@@ -170,20 +170,20 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0
   local left = redis.call('PTTL', prefix .. id)
   if left > 0 then
     redis.call('ZADD', running, now + left, id)
-    redis.call('ZREM', q .. ':waiting', id) -- its attempt took its lapsed lease back
+    redis.call('ZREM', queue_waiting_key(q), id) -- its attempt took its lapsed lease back
   elseif left == -1 then
     redis.call('ZADD', running, now + ttl, id)
   else
     local score = redis.call('ZSCORE', q, id)
     if not score then
       redis.call('ZREM', running, id) -- finished or cancelled
-      redis.call('ZREM', q .. ':waiting', id)
+      redis.call('ZREM', queue_waiting_key(q), id)
     elseif tonumber(score) > now then
       redis.call('ZADD', running, score, id) -- arq's Retry deferred it
     elseif n < wanted and may_run(id) and take(id, score) then
-      redis.call('ZREM', q .. ':waiting', id)
+      redis.call('ZREM', queue_waiting_key(q), id)
     else -- it stays due, and the next claim (of a worker that may run it) takes it first
-      redis.call('ZADD', q .. ':waiting', 'NX', now, id)
+      redis.call('ZADD', queue_waiting_key(q), 'NX', now, id)
     end
   end
 end
@@ -204,7 +204,7 @@ for i = 1, #due, 2 do
       local band, tenant = string.match(meta, '^(%S+) (%S+)')
       local mine = q .. ':affine:' .. owner .. ':' .. band
       if redis.call('ZREM', mine, id) == 1 then
-        local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
+        local score = redis.call('ZSCORE', waiting_key(q, band), id)
         if not (score and hold_for_eligible(id, band, score)) then
           reindex(id, band, tenant, score)
         end
@@ -216,11 +216,11 @@ for i = 1, #due, 2 do
     end
   elseif meta then
     local prio, tenant = string.match(meta, '^(%S+) (%S+)')
-    local score = redis.call('ZSCORE', q .. ':waiting:' .. prio, id) -- a job no eligible worker was live for
+    local score = redis.call('ZSCORE', waiting_key(q, prio), id) -- a job no eligible worker was live for
     if not score then
       score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
-      redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
-      redis.call('ZADD', q .. ':waiting', score, id)
+      redis.call('ZADD', waiting_key(q, prio), score, id)
+      redis.call('ZADD', queue_waiting_key(q), score, id)
     end
     if not hold_for_eligible(id, prio, score) then
       reindex(id, prio, tenant, score)
@@ -249,8 +249,8 @@ local function from_index(limit)
         local id = head[1]
         redis.call('ZREM', q .. ':deferred', id)
         redis.call('HDEL', held, id)
-        redis.call('ZREM', q .. ':waiting:' .. mine, id)
-        redis.call('ZREM', q .. ':waiting', id)
+        redis.call('ZREM', waiting_key(q, mine), id)
+        redis.call('ZREM', queue_waiting_key(q), id)
         local meta = redis.call('HGET', indexed, id)
         redis.call('HDEL', indexed, id)
         if meta then
@@ -287,8 +287,8 @@ local function from_index(limit)
         else
           local id = head[1]
           local pass = math.max(tonumber(top[2]), tonumber(redis.call('HGET', vtimes, band) or 0))
-          redis.call('ZREM', q .. ':waiting:' .. band, id)
-          redis.call('ZREM', q .. ':waiting', id)
+          redis.call('ZREM', waiting_key(q, band), id)
+          redis.call('ZREM', queue_waiting_key(q), id)
           local meta = redis.call('HGET', indexed, id)
           redis.call('HDEL', indexed, id)
           if redis.call('EXISTS', fifo) == 1 then
@@ -317,7 +317,7 @@ if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
     if #page_due == 0 then break end
     for i = 1, #page_due, 2 do
       if redis.call('HEXISTS', indexed, page_due[i]) == 0 and take(page_due[i], page_due[i + 1]) then
-        redis.call('ZREM', q .. ':waiting', page_due[i]) -- a lapsed lease step 1 did not reach
+        redis.call('ZREM', queue_waiting_key(q), page_due[i]) -- a lapsed lease step 1 did not reach
         if n >= wanted then break end
       end
     end
@@ -329,12 +329,12 @@ end
 -- free slots of the other live workers (a worker whose free slots lapsed is dropped), so
 -- that no job waits in one engine while another worker has room for it.
 if ahead > 0 and n >= wanted then
-  local waiting = redis.call('ZCARD', q .. ':waiting')
+  local waiting = redis.call('ZCARD', queue_waiting_key(q))
   if waiting > 0 then
     local room = 0
     for _, worker in ipairs(redis.call('ZRANGE', q .. ':load', 0, -1)) do
       if worker ~= me then
-        local free = redis.call('GET', q .. ':free:' .. worker)
+        local free = redis.call('GET', affinity_free_key(q, worker))
         if free then
           room = room + math.max(0, tonumber(free))
         else
@@ -355,7 +355,7 @@ end
 -- What enqueue reads to route a job here: this worker's free slots (lapsing unless it
 -- claims again) and how many jobs it runs.
 if free_ttl > 0 then
-  redis.call('SET', q .. ':free:' .. me, math.max(0, wanted - n) + spare, 'PX', free_ttl)
+  redis.call('SET', affinity_free_key(q, me), math.max(0, wanted - n) + spare, 'PX', free_ttl)
   redis.call('ZADD', q .. ':load', busy + n, me)
 end
 return claimed

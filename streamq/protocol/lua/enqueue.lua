@@ -84,7 +84,7 @@ local function least_busy()
   for _ = 1, 4 do
     local low = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
     if #low == 0 then return nil, nil end
-    local free = redis.call('GET', q .. ':free:' .. low[1])
+    local free = redis.call('GET', affinity_free_key(q, low[1]))
     if free then
       return tonumber(free) > 0 and low[1] or nil, tonumber(low[2])
     end
@@ -98,7 +98,7 @@ end
 local function adapter_home(now)
   local home, fewest = nil, nil
   for _, worker in ipairs(redis.call('ZRANGE', q .. ':load', 0, -1)) do
-    if eligible(worker) and tonumber(redis.call('GET', q .. ':free:' .. worker) or '0') > 0 then
+    if eligible(worker) and tonumber(redis.call('GET', affinity_free_key(q, worker)) or '0') > 0 then
       local owns = redis.call('ZCOUNT', q .. ':adapters:' .. worker, now, '+inf')
       if not fewest or owns < fewest then home, fewest = worker, owns end
     end
@@ -113,9 +113,9 @@ end
 local function first_pick()
   local least, least_load = least_busy()
   for key in string.gmatch(keys, '[^,]+') do
-    local owner = redis.call('GET', q .. ':owner:' .. key)
+    local owner = redis.call('GET', affinity_owner_key(q, key))
     if owner then
-      if eligible(owner) and tonumber(redis.call('GET', q .. ':free:' .. owner) or '0') > 0 then
+      if eligible(owner) and tonumber(redis.call('GET', affinity_free_key(q, owner)) or '0') > 0 then
         local mine = tonumber(redis.call('ZSCORE', q .. ':load', owner) or '0')
         local slack = math.max(tonumber(ARGV[17]), (least_load or 0) * tonumber(ARGV[18] or '0'))
         if not least_load or mine - least_load <= slack then return owner, false end
@@ -125,14 +125,14 @@ local function first_pick()
   end
   local adapter = string.match(keys, '(@[^,]+)$')
   if adapter then
-    local owner = redis.call('GET', q .. ':owner:' .. adapter)
-    if not (owner and eligible(owner) and redis.call('EXISTS', q .. ':free:' .. owner) == 1) then
+    local owner = redis.call('GET', affinity_owner_key(q, adapter))
+    if not (owner and eligible(owner) and redis.call('EXISTS', affinity_free_key(q, owner)) == 1) then
       local now, window = t[1] * 1000 + math.floor(t[2] / 1000), tonumber(ARGV[16])
       local home = adapter_home(now)
       if home then
         local owns = q .. ':adapters:' .. home
         if owner then redis.call('ZREM', q .. ':adapters:' .. owner, adapter) end -- gone
-        redis.call('SET', q .. ':owner:' .. adapter, home, 'PX', window)
+        redis.call('SET', affinity_owner_key(q, adapter), home, 'PX', window)
         redis.call('ZADD', owns, now + window, adapter)
         if redis.call('PTTL', owns) < 0 then redis.call('PEXPIRE', owns, window) end
         return home, true
@@ -152,13 +152,13 @@ if delay > 0 then
 else
   -- The fraction orders the jobs queued in one ms (a Redis sorted set orders ties by name).
   local score = at + (redis.call('INCR', q .. ':seq') % 1000) / 1000
-  redis.call('ZADD', q .. ':waiting:' .. prio, score, id)
-  redis.call('ZADD', q .. ':waiting', score, id) -- every priority's: the autoscaling signal
+  redis.call('ZADD', waiting_key(q, prio), score, id)
+  redis.call('ZADD', queue_waiting_key(q), score, id) -- every priority's: the autoscaling signal
   local worker, steered = nil, false
   if keys ~= '' or only ~= '' then worker, steered = first_pick() end
   if worker then
     redis.call('HSET', q .. ':indexed', id, steered and (indexed .. ' steered') or indexed)
-    redis.call('DECR', q .. ':free:' .. worker)
+    redis.call('DECR', affinity_free_key(q, worker))
     redis.call('ZINCRBY', q .. ':load', 1, worker)
     redis.call('ZADD', q .. ':affine:' .. worker .. ':' .. prio, score, id)
     redis.call('ZADD', q .. ':affine-bands:' .. worker, prio, prio)

@@ -52,7 +52,7 @@ if action == 'retry' then
     redis.call('ZINCRBY', queue, incr, id)
   else
     local t = redis.call('TIME')
-    redis.call('ZADD', queue .. ':waiting', 'NX', t[1] * 1000 + math.floor(t[2] / 1000), id)
+    redis.call('ZADD', queue_waiting_key(queue), 'NX', t[1] * 1000 + math.floor(t[2] / 1000), id)
   end
   redis.call('ZADD', running, 0, id)
   return 1
@@ -74,5 +74,5 @@ end
 redis.call('ZREM', abort, id)
 redis.call('ZREM', queue, id)
 redis.call('ZREM', running, id)
-redis.call('ZREM', queue .. ':waiting', id)
+redis.call('ZREM', queue_waiting_key(queue), id)
 return 1

@@ -19,7 +19,7 @@ for _, band in ipairs(redis.call('ZRANGE', my_bands, 0, -1)) do
     redis.call('ZREM', q .. ':deferred', id) -- its window's end
     redis.call('HDEL', q .. ':held', id)
     local meta = redis.call('HGET', q .. ':indexed', id)
-    local score = redis.call('ZSCORE', q .. ':waiting:' .. band, id)
+    local score = redis.call('ZSCORE', waiting_key(q, band), id)
     if meta and score and redis.call('EXISTS', q .. ':eligible:' .. id) == 1 then
       redis.call('ZADD', q .. ':deferred', now, id)
       n = n + 1
@@ -33,7 +33,7 @@ for _, band in ipairs(redis.call('ZRANGE', my_bands, 0, -1)) do
   end
   redis.call('DEL', mine)
 end
-redis.call('DEL', my_bands, q .. ':free:' .. me)
+redis.call('DEL', my_bands, affinity_free_key(q, me))
 redis.call('ZREM', q .. ':load', me)
 if n > 0 then
   redis.call('PUBLISH', ARGV[2], q)

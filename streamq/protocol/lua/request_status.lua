@@ -83,7 +83,7 @@ for _, queue in ipairs(queues) do
   end
 end
 if out.queue and out.score <= now and not lease then
-  local rank = redis.call('ZRANK', out.queue .. ':waiting:' .. string.format('%d', priority), id)
+  local rank = redis.call('ZRANK', waiting_key(out.queue, string.format('%d', priority)), id)
   if rank then
     out.position = rank + 1
   else
