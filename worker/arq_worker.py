@@ -38,7 +38,7 @@ from streamq.protocol import (
     ErrorEvent,
     is_valid_request_id,
 )
-from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_OWNER_TTL_MS
+from streamq.protocol.names import AFFINITY_FREE_TTL_MS, AFFINITY_WORKER_TTL_MS
 from streamq.protocol.script_calls import ClaimedJob, ClaimJobs, ReleaseAffinity
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
@@ -278,7 +278,7 @@ class StreamqWorker(Worker):
                     page=self.queue_read_limit,
                     in_progress_prefix=IN_PROGRESS_PREFIX,
                     worker_id=state.worker_id,
-                    owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
+                    affinity_worker_ttl_ms=AFFINITY_WORKER_TTL_MS,
                     free_ttl_ms=AFFINITY_FREE_TTL_MS,
                     running=self.job_counter,
                     spare=spare,

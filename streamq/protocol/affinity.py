@@ -87,9 +87,10 @@ def under_adapter(adapter: str, keys: Sequence[str]) -> list[str]:
     """The keys of a request run under LoRA adapter ``adapter``: its prefix ``keys`` salted
     with the adapter's name (the engine caches a prefix per adapter: the same text under
     another adapter, or none, shares nothing), then the adapter's own key, the shortest. The
-    worker that ran the adapter last owns that key, so a request that finds no conversation
-    of its own goes to a worker that has the adapter loaded; an adapter no live worker owns
-    goes to the worker that owns the fewest (enqueue.lua)."""
+    worker that ran the adapter last is that key's affinity worker, so a request that finds
+    no conversation of its own goes to a worker that has the adapter loaded; an adapter with
+    no live affinity worker goes to the worker that is the affinity worker of the fewest
+    (enqueue.lua)."""
     salted = [_digest(b"lora\x00", adapter + _FIELD_END + key) for key in keys[: MAX_AFFINITY_KEYS - 1]]
     return [*salted, adapter_key(adapter)]
 

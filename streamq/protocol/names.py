@@ -167,9 +167,10 @@ AFFINITY_BALANCE_FRACTION: Final = 0.5
 least busy live worker of the queue (``enqueue`` ARGV[17] and [18]); otherwise it is held
 for the least busy one: conversations that start together on one worker (a burst claimed
 at once), or a prefix many share, must not keep that worker busier than the others."""
-AFFINITY_OWNER_TTL_MS: Final = 300_000
-"""How long a worker counts as holding a prefix it served, renewed at each claim of a
-request with that prefix (``claim_jobs`` ARGV[8]); vLLM may evict it sooner."""
+AFFINITY_WORKER_TTL_MS: Final = 300_000
+"""How long a worker that served a prefix stays its affinity worker (``<queue>:affinity:<key>``),
+renewed at each claim of a request with that prefix (``claim_jobs`` ARGV[8]); vLLM may evict
+it sooner."""
 AFFINITY_FREE_TTL_MS: Final = LEASE_TTL_MS
 """A worker's ``<queue>:free:<worker>`` (its free slots, set at each claim: every
 ``poll_delay`` while it has one) lapses this long after its last claim: a full, stalled or
@@ -340,9 +341,10 @@ def callback_key(request_id: str) -> str:
     return CALLBACK_KEY_PREFIX + request_id
 
 
-def affinity_owner_key(queue: str, key: str) -> str:
-    """``<queue>:owner:<key>``: the worker that last claimed a request with prefix ``key``."""
-    return f"{queue}:owner:{key}"
+def affinity_worker_key(queue: str, key: str) -> str:
+    """``<queue>:affinity:<key>``: prefix ``key``'s affinity worker, the worker that last
+    claimed a request with that prefix (an adapter's key: the worker it was placed on)."""
+    return f"{queue}:affinity:{key}"
 
 
 def affinity_free_key(queue: str, worker_id: str) -> str:

@@ -237,7 +237,7 @@ PRODUCER = Role(
         # Redis's memory and its policy (INFO memory): the start-up check, a stalled batch's
         # reason, the gateway's /metrics and dashboard
         "info",
-        # enqueue: the adapters each worker owns, for an adapter no live worker owns
+        # enqueue: the adapters each worker is the affinity worker of, for an adapter with none live
         "zcount",
         "pttl",
         # following a request; the wake-up (enqueue), a cancel, a cancelled request's end
@@ -299,8 +299,8 @@ PRODUCER = Role(
         Writes(("hset", "hdel", "incr"), QUEUE_KEY_PATTERNS),  # index it for the claim; unindex it
         # hold it for the worker of its prefix: one free slot and one job more for that worker
         Writes(("decr", "zincrby"), QUEUE_KEY_PATTERNS),
-        # an adapter no live worker owns: owned at once by the worker it is held for
-        Writes(("set",), tuple(f"{DEFAULT_QUEUE}{infix}:owner:*" for infix in ("", ":*"))),
+        # an adapter with no live affinity worker: the worker it is held for is made its one
+        Writes(("set",), tuple(f"{DEFAULT_QUEUE}{infix}:affinity:*" for infix in ("", ":*"))),
         Writes(("pexpire",), tuple(f"{DEFAULT_QUEUE}{infix}:adapters:*" for infix in ("", ":*"))),
         # a request for an adapter not every worker serves: which workers may run it
         Writes(("set",), tuple(f"{DEFAULT_QUEUE}{infix}:eligible:*" for infix in ("", ":*"))),

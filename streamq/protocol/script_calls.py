@@ -299,7 +299,7 @@ class ClaimJobs(ScriptCall):
     worker_id: str
     weights_key: str = TENANT_WEIGHTS_KEY
     scan_interval_ms: int = CLAIM_SCAN_INTERVAL_MS
-    owner_ttl_ms: int = 0
+    affinity_worker_ttl_ms: int = 0
     free_ttl_ms: int = 0
     running: int = 0
     spare: int = 0

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, RETRY_KEY_PREFIX, WAKEUP_CHANNEL
-from streamq.protocol.names import running_key, waiting_key
+from streamq.protocol.names import affinity_worker_key, running_key, waiting_key
 from streamq.protocol.script_calls import Cancel, ClaimJobs, Enqueue, ReleaseAffinity
 from streamq.protocol.scripts import Script
 
@@ -134,7 +134,7 @@ class Queue:
             worker_id=worker,
             weights_key=self.weights,
             scan_interval_ms=scan_ms,
-            owner_ttl_ms=60_000,
+            affinity_worker_ttl_ms=60_000,
             free_ttl_ms=free_ttl_ms,
             running=running,
             spare=spare,
@@ -330,10 +330,10 @@ async def test_jobs_queued_in_one_millisecond_keep_their_order(queue: Queue) -> 
 
 
 async def served_by(queue: Queue, worker: str, prefix: str) -> None:
-    """``worker`` served ``prefix`` (a claim named it the owner:
+    """``worker`` served ``prefix`` (a claim made it the affinity worker:
     ``test_a_claim_names_its_worker_for_the_longest_and_the_shortest_key``) and has
     claimed since with slots to spare."""
-    await queue.redis.set(f"{queue.name}:owner:{prefix}", worker)
+    await queue.redis.set(affinity_worker_key(queue.name, prefix), worker)
     assert await queue.claim(8, worker=worker) == []
 
 
@@ -374,16 +374,16 @@ async def test_a_gone_worker_gets_nothing_held(queue: Queue) -> None:
 
 
 @pytest.mark.parametrize(
-    ("owner_running", "least_running", "fraction", "held"),
+    ("affinity_running", "least_running", "fraction", "held"),
     [(11, 3, 0, True), (12, 3, 0, False), (30, 20, 0.5, True), (31, 20, 0.5, False)],
 )
 async def test_a_job_is_held_for_its_worker_within_the_slack_of_the_least_busy_else_for_the_least_busy(
-    queue: Queue, owner_running: int, least_running: int, fraction: float, held: bool
+    queue: Queue, affinity_running: int, least_running: int, fraction: float, held: bool
 ) -> None:
     """Held for its prefix's worker if it runs at most max(8, fraction x the least busy's)
     jobs more than the least busy worker; else steered to the least busy (a miss)."""
     await served_by(queue, "w1", "conv")
-    await queue.claim(8, worker="w1", running=owner_running)
+    await queue.claim(8, worker="w1", running=affinity_running)
     await queue.claim(8, worker="w2", running=least_running)
     await queue.enqueue("follow-up", prefixes=["conv"], slack=8, fraction=fraction)
     assert await queue.claim(worker="w2") == ([] if held else ["follow-up"])
@@ -443,7 +443,7 @@ async def test_a_cancelled_held_job_leaves_nothing_behind(queue: Queue) -> None:
     for key in await queue.keys():
         if key.endswith((":held", ":indexed")):
             assert await queue.redis.hexists(key, "held") == 0, key
-        elif not key.endswith((":seq", ":free:w1", ":owner:conv", ":scan")):
+        elif not key.endswith((":seq", ":free:w1", ":affinity:conv", ":scan")):
             assert await queue.redis.zscore(key, "held") is None, key
     assert await queue.claim(worker="w1") == []
 
@@ -451,8 +451,9 @@ async def test_a_cancelled_held_job_leaves_nothing_behind(queue: Queue) -> None:
 async def test_a_claim_names_its_worker_for_the_longest_and_the_shortest_key(queue: Queue) -> None:
     await queue.enqueue("turn-3", prefixes=["turn-3", "turn-2", "turn-1", "system"])
     assert await queue.claim(worker="w1") == ["turn-3"]
-    owners = [await queue.redis.get(f"{queue.name}:owner:{key}") for key in ["turn-3", "turn-2", "turn-1", "system"]]
-    assert owners == [b"w1", None, None, b"w1"]
+    keys = ["turn-3", "turn-2", "turn-1", "system"]
+    workers = [await queue.redis.get(affinity_worker_key(queue.name, key)) for key in keys]
+    assert workers == [b"w1", None, None, b"w1"]
 
 
 async def test_a_dead_workers_expired_holds_leave_nothing_behind(queue: Queue) -> None:
@@ -470,8 +471,8 @@ async def test_spare_slots_beyond_the_claim_are_told_to_enqueue(queue: Queue) ->
     assert await queue.redis.get(f"{queue.name}:free:fe-1") == b"7"
 
 
-async def test_an_adapter_no_live_worker_owns_goes_to_the_worker_that_owns_the_fewest(queue: Queue) -> None:
-    """New adapters spread by room, not by load: w1 owns two adapters, w2 (busier) none."""
+async def test_an_adapter_with_no_live_affinity_worker_goes_to_the_worker_of_the_fewest(queue: Queue) -> None:
+    """New adapters spread by room, not by load: w1 is the worker of two adapters, w2 (busier) none."""
     await queue.claim(8, worker="w1")
     for adapter in ("@sql", "@poet"):  # w1 alone is live
         await queue.enqueue(f"first-{adapter}", prefixes=[adapter])
@@ -487,7 +488,7 @@ async def test_an_adapter_no_live_worker_owns_goes_to_the_worker_that_owns_the_f
 
 async def test_an_adapter_taken_elsewhere_for_balance_stays_with_its_live_worker(queue: Queue) -> None:
     """A request steered to the least busy worker runs there once; the adapter's worker, which
-    has it loaded, keeps it. A worker that took it over from a gone owner becomes its worker."""
+    has it loaded, keeps it. A worker that took it over from a gone affinity worker becomes its worker."""
     await queue.enqueue("first", prefixes=["@sql"])
     assert await queue.claim(8, worker="w1") == ["first"]
     await queue.claim(8, worker="w1", running=20)  # w1 far busier than w2
@@ -496,11 +497,11 @@ async def test_an_adapter_taken_elsewhere_for_balance_stays_with_its_live_worker
     await queue.enqueue("balanced", prefixes=["@sql"])
     assert await queue.claim(8, worker="w2") == ["balanced"]
     assert queue.affinity.misses == misses + 1
-    assert await queue.redis.get(f"{queue.name}:owner:@sql") == b"w1"
+    assert await queue.redis.get(affinity_worker_key(queue.name, "@sql")) == b"w1"
     await queue.redis.delete(f"{queue.name}:free:w1")  # w1 stopped claiming: gone
     await queue.enqueue("after-w1", prefixes=["@sql"])
     assert await queue.claim(8, worker="w2") == ["after-w1"]
-    assert await queue.redis.get(f"{queue.name}:owner:@sql") == b"w2"
+    assert await queue.redis.get(affinity_worker_key(queue.name, "@sql")) == b"w2"
     assert await queue.redis.zrange(f"{queue.name}:adapters:w2", 0, -1) == [b"@sql"]
     assert await queue.redis.zrange(f"{queue.name}:adapters:w1", 0, -1) == []
 

@@ -80,7 +80,7 @@ PRELUDE_KEYS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("queue_waiting_key", ("streamq:queue:b",), names.queue_waiting_key),
     ("running_key", ("streamq:queue",), names.running_key),
     ("affinity_free_key", ("streamq:queue:b", "w-1"), names.affinity_free_key),
-    ("affinity_owner_key", ("streamq:queue", "ab12"), names.affinity_owner_key),
+    ("affinity_worker_key", ("streamq:queue", "ab12"), names.affinity_worker_key),
 ]
 
 

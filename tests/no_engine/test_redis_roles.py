@@ -41,7 +41,7 @@ from streamq.protocol import (
 from streamq.protocol.affinity import prompt_keys
 from streamq.protocol.names import (
     AFFINITY_FREE_TTL_MS,
-    AFFINITY_OWNER_TTL_MS,
+    AFFINITY_WORKER_TTL_MS,
     API_KEY_NAMES_KEY,
     API_KEYS_KEY,
     RECENT_ENDS_KEY,
@@ -49,7 +49,7 @@ from streamq.protocol.names import (
     WORKER_STATS_KEY,
     WORKER_STATS_SEEN_KEY,
     affinity_free_key,
-    affinity_owner_key,
+    affinity_worker_key,
     cancelled_key,
 )
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER, Role
@@ -169,7 +169,7 @@ async def test_a_producer_does_its_own_work(redis_server: RedisServer, admin: ai
     """Submit, follow, read the registry and cancel a queued request (whose stream it
     ends itself), all as the producer's user."""
     prompt = "A prompt long enough to be routed by its prefix. " * 8
-    await admin.set(affinity_owner_key(queue, prompt_keys(prompt)[0]), "w1")  # w1 served it
+    await admin.set(affinity_worker_key(queue, prompt_keys(prompt)[0]), "w1")  # w1 served it
     await admin.set(affinity_free_key(queue, "w1"), 4)
     async with await StreamqClient.connect(redis_server.url_for(PRODUCER), queue=queue) as client:
         handle = await client.submit(prompt)
@@ -202,7 +202,7 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
         page=100,
         in_progress_prefix=IN_PROGRESS_PREFIX,
         worker_id=name,
-        owner_ttl_ms=AFFINITY_OWNER_TTL_MS,
+        affinity_worker_ttl_ms=AFFINITY_WORKER_TTL_MS,
         free_ttl_ms=AFFINITY_FREE_TTL_MS,
     )
     (claimed,) = ClaimJobs.reply(await Script(worker, ClaimJobs)(claim)).jobs

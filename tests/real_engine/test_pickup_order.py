@@ -426,8 +426,8 @@ async def test_an_explicit_key_routes_unrelated_prompts_together_and_an_opt_out_
 
     conversation = Conversation(chat_client)
     first = await conversation.turn()
-    owner, elsewhere = sorted([two_slot_worker, other_worker], key=lambda worker: not runs_on(first, worker))
-    with paused(owner):
+    affinity_worker, elsewhere = sorted([two_slot_worker, other_worker], key=lambda worker: not runs_on(first, worker))
+    with paused(affinity_worker):
         opted_out = await conversation.submit(affinity=False)
         assert await held_for(raw_redis, chat_client.queue, opted_out.request_id) is None
         assert runs_on(await conversation.took(opted_out), elsewhere)

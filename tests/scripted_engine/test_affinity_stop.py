@@ -42,12 +42,13 @@ async def test_a_stopping_worker_gets_no_more_requests_held_for_it(
     key = f"conversation-{uuid.uuid4().hex[:8]}"
     async with await StreamqClient.connect(producer_url, queue=queue) as client:
         first = await client.generate("Hello", affinity_key=key, max_tokens=4)
-        (owner,) = [w for w in two_workers if w.process is not None and w.process.pid == pid_of(first.worker_id)]
-        (other,) = [w for w in two_workers if w is not owner]
+        first_pid = pid_of(first.worker_id)
+        (affinity_worker,) = [w for w in two_workers if w.process is not None and w.process.pid == first_pid]
+        (other,) = [w for w in two_workers if w is not affinity_worker]
         draining = await client.submit("Keep going", affinity_key=key, max_tokens=200, ignore_eos=True)
-        assert isinstance(await anext(aiter(draining)), ChunkEvent)  # it runs on its owner
-        assert owner.process is not None
-        owner.process.terminate()  # SIGTERM: it drains its running request
+        assert isinstance(await anext(aiter(draining)), ChunkEvent)  # it runs on its affinity worker
+        assert affinity_worker.process is not None
+        affinity_worker.process.terminate()  # SIGTERM: it drains its running request
         async with asyncio.timeout(10):
             while await raw_redis.exists(affinity_free_key(queue, str(first.worker_id))):
                 await asyncio.sleep(0.01)
@@ -55,7 +56,7 @@ async def test_a_stopping_worker_gets_no_more_requests_held_for_it(
         held = await raw_redis.hget(f"{queue}:held", follow_up.request_id)
         assert held is None or held.decode() != first.worker_id, "held for the stopping worker"
         assert other.process is not None and pid_of((await follow_up.result()).worker_id) == other.process.pid
-        assert owner.process.poll() is None, "the follow-up waited for the drain to end"
+        assert affinity_worker.process.poll() is None, "the follow-up waited for the drain to end"
         completion = await draining.result()
-        assert completion.completion_tokens == 200 and pid_of(completion.worker_id) == owner.process.pid
-    assert owner.process.wait(timeout=30) == 0
+        assert completion.completion_tokens == 200 and pid_of(completion.worker_id) == affinity_worker.process.pid
+    assert affinity_worker.process.wait(timeout=30) == 0

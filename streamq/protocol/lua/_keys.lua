@@ -5,4 +5,4 @@ local function waiting_key(q, prio) return q .. ':waiting:' .. prio end -- names
 local function queue_waiting_key(q) return q .. ':waiting' end -- names.queue_waiting_key
 local function running_key(q) return q .. ':running' end -- names.running_key
 local function affinity_free_key(q, worker) return q .. ':free:' .. worker end -- names.affinity_free_key
-local function affinity_owner_key(q, key) return q .. ':owner:' .. key end -- names.affinity_owner_key
+local function affinity_worker_key(q, key) return q .. ':affinity:' .. key end -- names.affinity_worker_key

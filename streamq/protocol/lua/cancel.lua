@@ -42,10 +42,10 @@ for _, queue in ipairs(queues) do
       redis.call('ZREM', waiting_key(queue, prio), id)
       redis.call('ZREM', queue .. ':fifo:' .. prio .. ':' .. tenant, id)
       redis.call('ZREM', queue .. ':deferred', id)
-      local owner = redis.call('HGET', queue .. ':held', id) -- held for the worker of its prefix
-      if owner then
+      local held_for = redis.call('HGET', queue .. ':held', id) -- held for the worker of its prefix
+      if held_for then
         redis.call('HDEL', queue .. ':held', id)
-        redis.call('ZREM', queue .. ':affine:' .. owner .. ':' .. prio, id)
+        redis.call('ZREM', queue .. ':affine:' .. held_for .. ':' .. prio, id)
       end
     end
     redis.call('ZREM', running_key(queue), id)

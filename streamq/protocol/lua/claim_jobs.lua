@@ -6,8 +6,8 @@
 -- ARGV[5] worker_id: this worker's id (the leases' holder)
 -- ARGV[6] weights_key = 'streamq:tenant-weights': the tenant weights hash (only read)
 -- ARGV[7] scan_interval_ms = 1000: the minimum ms between two scans of the whole queue
--- ARGV[8] owner_ttl_ms = 0: for prefix-aware pickup (0: off), how long this worker counts as
---   holding the prefixes it claims
+-- ARGV[8] affinity_worker_ttl_ms = 0: for prefix-aware pickup (0: off), how long this worker
+--   stays the affinity worker of the prefixes it claims
 -- ARGV[9] free_ttl_ms = 0: how long its free-slot count lives (0: none is set)
 -- ARGV[10] running = 0: how many jobs it runs now
 -- ARGV[11] spare = 0: its free slots beyond those it asks for (one of several front ends of
@@ -41,8 +41,8 @@
 --    miss), then the tenant with the lowest pass (stride scheduling: a pick adds
 --    1/weight, a held job's too; a tenant starts at the band's virtual time, the pass of
 --    the band's last pick, so an idle tenant banks no credit); FIFO in a tenant. A claimed
---    job's longest and shortest prefix keys name this worker for the owner TTL
---    (<queue>:owner:<key>); a claim of a job with keys not held for this worker is a
+--    job's longest and shortest prefix keys name this worker their affinity worker for its
+--    TTL (<queue>:affinity:<key>); a claim of a job with keys not held for this worker is a
 --    miss; the worker's free slots and load are set for enqueue to read;
 -- 3. at most once per scan interval (all workers together), arq's queue itself, in score
 --    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script;
@@ -60,7 +60,7 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local wanted, ttl, page, prefix, me = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local weights, scan_ms = ARGV[6] or 'streamq:tenant-weights', ARGV[7] or '1000'
-local owner_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
+local affinity_ttl, free_ttl, busy = tonumber(ARGV[8] or '0'), tonumber(ARGV[9] or '0'), tonumber(ARGV[10] or '0')
 local spare = tonumber(ARGV[11] or '0')
 local wakeup = ARGV[12] or ''
 local cancelled = ARGV[13] or 'streamq:cancelled:'
@@ -71,36 +71,37 @@ local held, my_bands = q .. ':held', q .. ':affine-bands:' .. me
 local claimed, n = {now, 0, 0, 0}, 0
 local held_for_others, promoted = false, false
 
--- An adapter's key ('@' and a digest) names this worker, and joins the adapters it owns
--- (<queue>:adapters:<worker>, scored by when the ownership lapses), unless the job came here
--- for balance while the adapter's owner lives: the adapter stays where it is loaded.
-local function own_adapter(key, steered)
-  local owner_key = affinity_owner_key(q, key)
-  local before = redis.call('GET', owner_key)
+-- An adapter's key ('@' and a digest) names this worker its affinity worker, and joins this
+-- worker's adapters (<queue>:adapters:<worker>, scored by when that lapses), unless the job
+-- came here for balance while the adapter's affinity worker lives: the adapter stays where
+-- it is loaded.
+local function become_adapter_worker(key, steered)
+  local worker_key = affinity_worker_key(q, key)
+  local before = redis.call('GET', worker_key)
   if before and before ~= me then
     if steered and redis.call('EXISTS', affinity_free_key(q, before)) == 1 then return end
     redis.call('ZREM', q .. ':adapters:' .. before, key)
   end
-  redis.call('SET', owner_key, me, 'PX', owner_ttl)
+  redis.call('SET', worker_key, me, 'PX', affinity_ttl)
   local mine = q .. ':adapters:' .. me
   redis.call('ZREMRANGEBYSCORE', mine, '-inf', now)
-  redis.call('ZADD', mine, now + owner_ttl, key)
-  redis.call('PEXPIRE', mine, owner_ttl)
+  redis.call('ZADD', mine, now + affinity_ttl, key)
+  redis.call('PEXPIRE', mine, affinity_ttl)
 end
 
 -- A claimed job's prefix keys (after priority and tenant in its index entry) name this
 -- worker: its longest, which the request's follow-ups share, and its shortest, which
 -- requests that open alike share (the keys between cost a SET each for rarer matches); a
 -- request under a LoRA adapter ends its keys with the adapter's (its shortest).
-local function own_prefixes(meta)
+local function become_affinity_worker(meta)
   local keys = meta and string.match(meta, '^%S+ %S+ (%S+)')
-  if keys and owner_ttl > 0 then
+  if keys and affinity_ttl > 0 then
     local longest, shortest = string.match(keys, '^([^,]+)'), string.match(keys, '([^,]+)$')
     for _, key in ipairs(shortest ~= longest and {longest, shortest} or {longest}) do
       if string.sub(key, 1, 1) == '@' then
-        own_adapter(key, string.match(meta, ' steered$') ~= nil)
+        become_adapter_worker(key, string.match(meta, ' steered$') ~= nil)
       else
-        redis.call('SET', affinity_owner_key(q, key), me, 'PX', owner_ttl)
+        redis.call('SET', affinity_worker_key(q, key), me, 'PX', affinity_ttl)
       end
     end
   end
@@ -197,12 +198,12 @@ for i = 1, #due, 2 do
   local id, at = due[i], due[i + 1]
   redis.call('ZREM', deferred, id)
   local meta = redis.call('HGET', indexed, id)
-  local owner = redis.call('HGET', held, id)
-  if owner then
+  local held_for = redis.call('HGET', held, id)
+  if held_for then
     redis.call('HDEL', held, id)
     if meta then
       local band, tenant = string.match(meta, '^(%S+) (%S+)')
-      local mine = q .. ':affine:' .. owner .. ':' .. band
+      local mine = q .. ':affine:' .. held_for .. ':' .. band
       if redis.call('ZREM', mine, id) == 1 then
         local score = redis.call('ZSCORE', waiting_key(q, band), id)
         if not (score and hold_for_eligible(id, band, score)) then
@@ -210,7 +211,7 @@ for i = 1, #due, 2 do
         end
         claimed[4] = claimed[4] + 1
         if redis.call('EXISTS', mine) == 0 then -- a dead worker leaves nothing behind
-          redis.call('ZREM', q .. ':affine-bands:' .. owner, band)
+          redis.call('ZREM', q .. ':affine-bands:' .. held_for, band)
         end
       end
     end
@@ -262,7 +263,7 @@ local function from_index(limit)
         end
         local score = redis.call('ZSCORE', q, id)
         if score and take(id, score) then
-          own_prefixes(meta)
+          become_affinity_worker(meta)
           if meta and string.match(meta, ' steered$') then -- held for balance: a miss
             claimed[3] = claimed[3] + 1
           else
@@ -298,7 +299,7 @@ local function from_index(limit)
           end
           redis.call('HSET', vtimes, band, pass)
           local score = redis.call('ZSCORE', q, id)
-          if score and take(id, score) and own_prefixes(meta) then -- gone: cancelled or expired outside the scripts
+          if score and take(id, score) and become_affinity_worker(meta) then -- gone: cancelled or expired outside the scripts
             claimed[3] = claimed[3] + 1
           end
         end

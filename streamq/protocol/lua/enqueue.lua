@@ -34,20 +34,21 @@
 -- The job is indexed for the claim (<queue>:indexed, and its priority's waiting set and
 -- tenant's FIFO, or <queue>:deferred until it is due; see claim_jobs); a job due at once
 -- joins <queue>:waiting too (every priority's due jobs not started: what autoscalers read).
--- A job with affinity keys is held instead (<queue>:affine:<worker>:<priority>, due back in the index at now +
--- window: its score in <queue>:deferred; see claim_jobs) for the worker its longest known key names
--- (<queue>:owner:<key>) if that worker has a free slot (<queue>:free:<worker> > 0) and runs
--- at most max(slack, fraction x theirs) jobs more than the least busy live worker
--- (<queue>:load); else for the least busy live worker, if it has a free slot (marked
--- 'steered' in the index: a balance pick, not a cache hit). A request under a LoRA adapter
--- ends its keys with the adapter's (written '@' and the digest): if no live worker owns it,
--- it is held for the live worker with a free slot that owns the fewest adapters
--- (<queue>:adapters:<worker>, scored by when each ownership lapses), also marked 'steered',
--- and that worker owns it for the window (its claim makes that 5 minutes), so the adapter's
--- next requests follow it there before it has claimed. A job with eligible workers is kept
--- off the shared index: it is held for one of them (the picks above, made among them), or
--- else made due at once in <queue>:deferred, where the next claim holds it for the least
--- busy of them; <queue>:eligible:<id> names them for the claim (see claim_jobs).
+-- A job with affinity keys is held instead (<queue>:affine:<worker>:<priority>, due back in
+-- the index at now + window: its score in <queue>:deferred; see claim_jobs) for the worker
+-- its longest known key names (its affinity worker, <queue>:affinity:<key>) if that worker
+-- has a free slot (<queue>:free:<worker> > 0) and runs at most max(slack, fraction x
+-- theirs) jobs more than the least busy live worker (<queue>:load); else for the least busy
+-- live worker, if it has a free slot (marked 'steered' in the index: a balance pick, not a
+-- cache hit). A request under a LoRA adapter ends its keys with the adapter's (written '@'
+-- and the digest): if it has no live affinity worker, it is held for the live worker with a
+-- free slot that is the affinity worker of the fewest adapters (<queue>:adapters:<worker>,
+-- scored by when each lapses), also marked 'steered', and that worker is made its affinity
+-- worker for the window (its claim makes that 5 minutes), so the adapter's next requests
+-- follow it there before it has claimed. A job with eligible workers is kept off the shared
+-- index: it is held for one of them (the picks above, made among them), or else made due at
+-- once in <queue>:deferred, where the next claim holds it for the least busy of them;
+-- <queue>:eligible:<id> names them for the claim (see claim_jobs).
 -- Returns 1 (queued), 0 (id in use) or -1 (queue full).
 if redis.call('EXISTS', KEYS[1], ARGV[7], KEYS[3]) > 0 then
   return 0
@@ -93,48 +94,48 @@ local function least_busy()
   return nil, nil
 end
 
--- The live worker with a free slot that owns the fewest adapters (then the least busy): the
--- one with the most room for an adapter no live worker owns.
+-- The live worker with a free slot that is the affinity worker of the fewest adapters (then
+-- the least busy): the one with the most room for an adapter with no live affinity worker.
 local function adapter_home(now)
   local home, fewest = nil, nil
   for _, worker in ipairs(redis.call('ZRANGE', q .. ':load', 0, -1)) do
     if eligible(worker) and tonumber(redis.call('GET', affinity_free_key(q, worker)) or '0') > 0 then
-      local owns = redis.call('ZCOUNT', q .. ':adapters:' .. worker, now, '+inf')
-      if not fewest or owns < fewest then home, fewest = worker, owns end
+      local adapters = redis.call('ZCOUNT', q .. ':adapters:' .. worker, now, '+inf')
+      if not fewest or adapters < fewest then home, fewest = worker, adapters end
     end
   end
   return home
 end
 
--- Who gets first pick: the worker of the request's longest known prefix, if it has a free
--- slot and is not far busier than the least busy worker; else, for an adapter no live worker
--- owns, the worker with the most room for it; else the least busy worker with a free slot
--- (steered: balance, not the cache). Returns the worker and whether it was steered.
+-- Who gets first pick: the affinity worker of the request's longest known prefix, if it has a
+-- free slot and is not far busier than the least busy worker; else, for an adapter with no
+-- live affinity worker, the worker with the most room for it; else the least busy worker with
+-- a free slot (steered: balance, not the cache). Returns the worker and whether it was steered.
 local function first_pick()
   local least, least_load = least_busy()
   for key in string.gmatch(keys, '[^,]+') do
-    local owner = redis.call('GET', affinity_owner_key(q, key))
-    if owner then
-      if eligible(owner) and tonumber(redis.call('GET', affinity_free_key(q, owner)) or '0') > 0 then
-        local mine = tonumber(redis.call('ZSCORE', q .. ':load', owner) or '0')
+    local worker = redis.call('GET', affinity_worker_key(q, key))
+    if worker then
+      if eligible(worker) and tonumber(redis.call('GET', affinity_free_key(q, worker)) or '0') > 0 then
+        local mine = tonumber(redis.call('ZSCORE', q .. ':load', worker) or '0')
         local slack = math.max(tonumber(ARGV[17]), (least_load or 0) * tonumber(ARGV[18] or '0'))
-        if not least_load or mine - least_load <= slack then return owner, false end
+        if not least_load or mine - least_load <= slack then return worker, false end
       end
       break
     end
   end
   local adapter = string.match(keys, '(@[^,]+)$')
   if adapter then
-    local owner = redis.call('GET', affinity_owner_key(q, adapter))
-    if not (owner and eligible(owner) and redis.call('EXISTS', affinity_free_key(q, owner)) == 1) then
+    local worker = redis.call('GET', affinity_worker_key(q, adapter))
+    if not (worker and eligible(worker) and redis.call('EXISTS', affinity_free_key(q, worker)) == 1) then
       local now, window = t[1] * 1000 + math.floor(t[2] / 1000), tonumber(ARGV[16])
       local home = adapter_home(now)
       if home then
-        local owns = q .. ':adapters:' .. home
-        if owner then redis.call('ZREM', q .. ':adapters:' .. owner, adapter) end -- gone
-        redis.call('SET', affinity_owner_key(q, adapter), home, 'PX', window)
-        redis.call('ZADD', owns, now + window, adapter)
-        if redis.call('PTTL', owns) < 0 then redis.call('PEXPIRE', owns, window) end
+        local adapters = q .. ':adapters:' .. home
+        if worker then redis.call('ZREM', q .. ':adapters:' .. worker, adapter) end -- gone
+        redis.call('SET', affinity_worker_key(q, adapter), home, 'PX', window)
+        redis.call('ZADD', adapters, now + window, adapter)
+        if redis.call('PTTL', adapters) < 0 then redis.call('PEXPIRE', adapters, window) end
         return home, true
       end
     end

@@ -4,7 +4,7 @@
 -- A worker that stops claiming gives back the jobs enqueue held for it, each to its place in
 -- the index (see claim_jobs), and drops its free slots and load, so enqueue routes nothing
 -- more to it; the other workers are woken to take what it gave back. Its
--- <queue>:owner:<key> entries stay until they lapse: enqueue skips a worker without free
+-- <queue>:affinity:<key> entries stay until they lapse: enqueue skips a worker without free
 -- slots. A job only some workers may run (<queue>:eligible:<id>) is made due at once
 -- instead, for the next claim to hold it for another of them. Returns how many jobs it
 -- gave back.
