@@ -27,7 +27,8 @@ import redis
 
 from bench.command import CommandRun, run_measured
 from devkit.redis_server import RedisServer
-from devkit.worker_process import SCRIPTED_MAX_NUM_SEQS_ENV, WorkerProcess, scripted_worker
+from devkit.worker_process import WorkerProcess, scripted_worker
+from streamq.env_vars import SCRIPTED_MAX_NUM_SEQS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 

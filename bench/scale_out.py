@@ -22,14 +22,8 @@ import numpy as np
 from bench.cpu import CpuWindow
 from bench.profiling import PySpyRecording
 from devkit.redis_server import RedisServer
-from devkit.worker_process import (
-    SCRIPTED_ENGINE,
-    SCRIPTED_MAX_NUM_SEQS_ENV,
-    SCRIPTED_TOKENS_PER_S_ENV,
-    SIZED_LINE,
-    WorkerProcess,
-    worker_env,
-)
+from devkit.worker_process import SCRIPTED_ENGINE, SIZED_LINE, WorkerProcess, worker_env
+from streamq.env_vars import SCRIPTED_MAX_NUM_SEQS_ENV, SCRIPTED_TOKENS_PER_S_ENV
 
 READY_LINE = SIZED_LINE
 """Each worker logs this once its engine is up; with several workers on one queue

@@ -21,15 +21,15 @@ from devkit.demo import choose_engine_flags, redis_url_or_throwaway
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import free_port
 from devkit.worker_process import WorkerProcess
+from streamq.env_vars import DASHBOARD_PORT_ENV
 
 DEFAULT_PORT = 8000
-PORT_ENV = "STREAMQ_DASHBOARD_PORT"
 LOGS = Path(".cache")
 
 
 def choose_port() -> int:
     """``$STREAMQ_DASHBOARD_PORT`` or 8000, unless something listens there: then a free one."""
-    wanted = int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
+    wanted = int(os.environ.get(DASHBOARD_PORT_ENV) or DEFAULT_PORT)
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", wanted))

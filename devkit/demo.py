@@ -17,6 +17,7 @@ from pathlib import Path
 from devkit.redis_server import RedisServer
 from devkit.tiny_model import WORDS_DIR, build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
+from streamq.env_vars import DEMO_MODEL_ENV, REDIS_URL_ENV
 from streamq.redaction import redact_url
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -48,7 +49,7 @@ def hub_model_available(model: str) -> bool:
 
 def choose_engine_flags(say: str = "demo") -> tuple[list[str], dict[str, str]]:
     """Engine flags and environment for the demo's worker (``say`` prefixes what it prints)."""
-    model = os.environ.get("STREAMQ_DEMO_MODEL", DEFAULT_MODEL)
+    model = os.environ.get(DEMO_MODEL_ENV, DEFAULT_MODEL)
     if hub_model_available(model):
         print(f"{say}: model {model}", flush=True)
         return ["--model", model, "--max-model-len", "2048", "--enforce-eager"], worker_env(HF_HUB_OFFLINE="0")
@@ -82,7 +83,7 @@ def run_demo(redis_url: str) -> int:
 def redis_url_or_throwaway(stack: contextlib.ExitStack, say: str) -> str:
     """``$REDIS_URL``, else the URL of a throwaway Redis that ``stack`` stops (``say``
     prefixes what it prints)."""
-    redis_url = os.environ.get("REDIS_URL")
+    redis_url = os.environ.get(REDIS_URL_ENV)
     if not redis_url:
         redis_url = stack.enter_context(RedisServer()).url
         print(f"{say}: started a throwaway Redis at {redact_url(redis_url)}", flush=True)

@@ -34,7 +34,8 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-from devkit.worker_process import SCRIPTED_MAX_NUM_SEQS_ENV, SCRIPTED_MODEL, SCRIPTED_TOKENS_PER_S_ENV
+from devkit.worker_process import SCRIPTED_MODEL
+from streamq.env_vars import SCRIPTED_MAX_NUM_SEQS_ENV, SCRIPTED_TOKENS_PER_S_ENV
 
 TOKEN_TEXT = " tok"
 TOKEN_ID = 42

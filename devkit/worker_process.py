@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from streamq.env_vars import SCRIPTED_TOKENS_PER_S_ENV
 from streamq.protocol import DEFAULT_QUEUE, HEALTH_CHECK_SUFFIX
 
 
@@ -160,10 +161,6 @@ SCRIPTED_ENGINE = "devkit.scripted_engine:create"
 without a model."""
 SCRIPTED_MODEL = "scripted"
 """The model a scripted engine serves: what requests to its worker name."""
-SCRIPTED_TOKENS_PER_S_ENV = "STREAMQ_SCRIPTED_TOKENS_PER_S"
-"""The scripted engine's steps per second (so each request's tokens per second)."""
-SCRIPTED_MAX_NUM_SEQS_ENV = "STREAMQ_SCRIPTED_MAX_NUM_SEQS"
-"""The scripted engine's requests at once, which sizes its worker's ``max_jobs``."""
 
 
 def scripted_worker(

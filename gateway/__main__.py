@@ -19,8 +19,8 @@ from gateway.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.sse import DEFAULT_KEEPALIVE_S
 from producer.openai_api.limits import RequestLimits, add_max_n_option
 from streamq.broker.connection import add_redis_url_option, events_url_from_args, redis_url_from_args
+from streamq.env_vars import API_KEYS_ENV, DECLARED_MODELS_ENV, GATEWAY_HOST_ENV, GATEWAY_PORT_ENV, MODEL_MEMORY_ENV
 from streamq.environment import parse_declared_models
-from streamq.protocol.names import API_KEYS_ENV, DECLARED_MODELS_ENV, MODEL_MEMORY_ENV
 
 DEFAULT_MAX_QUEUE_DEPTH: Final = 1000
 """Jobs a model's queue may hold (waiting or running) before the gateway answers 429: a
@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Requests are routed by model to the queues of live workers.",
     )
     add_redis_url_option(parser)
-    parser.add_argument("--host", default=os.environ.get("STREAMQ_GATEWAY_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("STREAMQ_GATEWAY_PORT", "8000")))
+    parser.add_argument("--host", default=os.environ.get(GATEWAY_HOST_ENV, "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get(GATEWAY_PORT_ENV, "8000")))
     parser.add_argument(
         "--max-queue-depth",
         type=int,

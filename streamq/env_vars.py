@@ -1,11 +1,13 @@
 """Every environment variable streamq reads, in one place: its name, what it holds, its
 default, who reads it and what it does, as vLLM's ``envs.py`` lists vLLM's.
 
+Each name is a constant here (``QUEUE_ENV``, ``FRONT_ENDS_ENV``, ...), spelled once: the
+registry's entries use them and every reader imports them from this module, nowhere else.
 Each service still reads its own where it starts (the worker's become its flags' defaults, a
 flag given wins); this registry is what the docs are generated from
 (``python -m streamq.env_vars`` prints docs/operations/configuration.md's table) and what a
-test holds the code to: a ``STREAMQ_*`` name the code reads that is not here fails it, and
-so does one here that the code no longer reads.
+test holds the code to: a ``STREAMQ_*`` name spelled outside this module fails it, and so
+does one here that the code no longer reads.
 """
 
 from __future__ import annotations
@@ -25,6 +27,58 @@ from streamq.protocol.names import (
     LOG_MAXLEN,
     LOG_TTL_MS,
 )
+
+# --- the names: each spelled here once; every reader imports it from this module --------
+REDIS_URL_ENV: Final = "REDIS_URL"
+EVENTS_REDIS_URL_ENV: Final = "STREAMQ_EVENTS_REDIS_URL"
+"""A Redis Cluster (``redis+cluster://host:port[,host:port...]``) for the data plane: each
+request's log, owner key and channel. Unset: the Redis of ``$REDIS_URL`` carries them too."""
+QUEUE_ENV: Final = "STREAMQ_QUEUE"
+"""The queue both sides use unless told otherwise (default ``DEFAULT_QUEUE``)."""
+DRAIN_SECONDS_ENV: Final = "STREAMQ_DRAIN_SECONDS"
+"""How long a stopping worker lets its running jobs finish before handing them back."""
+LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
+LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
+KEEP_RESULT_ENV: Final = "STREAMQ_KEEP_RESULT_S"
+"""The worker only: seconds arq keeps a finished job's result (``arq:result:<id>``)."""
+CHECKPOINT_TOKENS_ENV: Final = "STREAMQ_CHECKPOINT_TOKENS"
+"""The worker only: tokens per checkpoint of a request that is not streamed (default
+``DEFAULT_CHECKPOINT_TOKENS``)."""
+COALESCE_ENV: Final = "STREAMQ_COALESCE"
+"""``0`` stops a worker from merging a request's waiting chunks into one event (default ``1``)."""
+DURABLE_ENDS_ENV: Final = "STREAMQ_DURABLE_ENDS"
+"""The worker only: what an end waits for before anyone is told (``--durable-ends``):
+``auto`` (every replica online), ``off``, or ``replicas=N|all,fsync=none|local``."""
+CALLBACK_SECRET_ENV: Final = "STREAMQ_CALLBACK_SECRET"
+"""The worker only: the key of the HMAC that signs callback deliveries (unset: unsigned)."""
+ALLOW_EVICTING_ENV: Final = "STREAMQ_ALLOW_EVICTING_REDIS"
+METRICS_PORT_ENV: Final = "STREAMQ_METRICS_PORT"
+FRONT_ENDS_ENV: Final = "STREAMQ_FRONT_ENDS"
+CPU_NICE_ENV: Final = "STREAMQ_CPU_NICE"
+ENGINE_ARGS_ENV: Final = "STREAMQ_ENGINE_ARGS"
+ENGINE_FACTORY_ENV: Final = "STREAMQ_ENGINE_FACTORY"
+LORA_PLUGIN_ENV: Final = "STREAMQ_LORA_PLUGIN"
+"""Set by the worker for its engine's processes (``worker/lora_plugin.py``)."""
+AFFINITY_WINDOW_ENV: Final = "STREAMQ_AFFINITY_WINDOW_S"
+"""The producer only (library, command line, gateway): its ``affinity_window_s`` when not
+given (seconds; default ``AFFINITY_WINDOW_MS`` / 1000; 0 turns prefix-aware pickup off for it)."""
+MODEL_MEMORY_ENV: Final = "STREAMQ_MODEL_MEMORY_S"
+"""The producer only (library, command line, gateway): seconds a model with no live worker
+still takes requests after its last one (default ``DEFAULT_MODEL_MEMORY_S``; 0: none)."""
+DECLARED_MODELS_ENV: Final = "STREAMQ_DECLARED_MODELS"
+"""The producer only: models that take requests with no live worker even if none was ever
+seen, comma-separated ``NAME`` or ``NAME=QUEUE`` (a name alone: the client's queue)."""
+API_KEYS_ENV: Final = "STREAMQ_API_KEYS"
+"""Comma-separated API keys the gateway accepts besides ``--api-key`` (default: none)."""
+GATEWAY_HOST_ENV: Final = "STREAMQ_GATEWAY_HOST"
+GATEWAY_PORT_ENV: Final = "STREAMQ_GATEWAY_PORT"
+DEMO_MODEL_ENV: Final = "STREAMQ_DEMO_MODEL"
+DASHBOARD_PORT_ENV: Final = "STREAMQ_DASHBOARD_PORT"
+SCRIPTED_TOKENS_PER_S_ENV: Final = "STREAMQ_SCRIPTED_TOKENS_PER_S"
+"""The scripted engine's steps per second (so each request's tokens per second)."""
+SCRIPTED_MAX_NUM_SEQS_ENV: Final = "STREAMQ_SCRIPTED_MAX_NUM_SEQS"
+"""The scripted engine's requests at once, which sizes its worker's ``max_jobs``."""
+
 
 Reader = Literal["worker", "producer", "gateway", "exporter", "devkit"]
 """``producer``: the library and the command line (the gateway is a producer too, and reads
@@ -46,7 +100,7 @@ class EnvVar:
 
 ENV_VARS: Final[tuple[EnvVar, ...]] = (
     EnvVar(
-        "REDIS_URL",
+        REDIS_URL_ENV,
         "URL",
         DEFAULT_REDIS_URL,
         ("worker", "producer", "exporter"),
@@ -54,7 +108,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--redis-url",
     ),
     EnvVar(
-        "STREAMQ_EVENTS_REDIS_URL",
+        EVENTS_REDIS_URL_ENV,
         "URL",
         "unset: `$REDIS_URL` carries the events too",
         ("worker", "producer"),
@@ -63,7 +117,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--events-redis-url",
     ),
     EnvVar(
-        "STREAMQ_QUEUE",
+        QUEUE_ENV,
         "queue name",
         DEFAULT_QUEUE,
         ("worker", "producer"),
@@ -71,7 +125,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--queue",
     ),
     EnvVar(
-        "STREAMQ_DRAIN_SECONDS",
+        DRAIN_SECONDS_ENV,
         "seconds",
         str(DEFAULT_DRAIN_SECONDS),
         ("worker",),
@@ -79,7 +133,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--drain-seconds",
     ),
     EnvVar(
-        "STREAMQ_LOG_TTL_S",
+        LOG_TTL_ENV,
         "seconds",
         str(LOG_TTL_MS // 1000),
         ("worker", "producer"),
@@ -87,7 +141,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--log-ttl-s",
     ),
     EnvVar(
-        "STREAMQ_LOG_MAXLEN",
+        LOG_MAXLEN_ENV,
         "entries",
         str(LOG_MAXLEN),
         ("worker",),
@@ -95,7 +149,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--log-maxlen",
     ),
     EnvVar(
-        "STREAMQ_KEEP_RESULT_S",
+        KEEP_RESULT_ENV,
         "seconds",
         str(DEFAULT_KEEP_RESULT_S),
         ("worker",),
@@ -103,14 +157,14 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--keep-result-s",
     ),
     EnvVar(
-        "STREAMQ_CHECKPOINT_TOKENS",
+        CHECKPOINT_TOKENS_ENV,
         "tokens",
         str(DEFAULT_CHECKPOINT_TOKENS),
         ("worker",),
         "tokens per checkpoint of a request nobody streams",
     ),
     EnvVar(
-        "STREAMQ_COALESCE",
+        COALESCE_ENV,
         "`1` or `0`",
         "1",
         ("worker",),
@@ -118,7 +172,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--no-coalesce",
     ),
     EnvVar(
-        "STREAMQ_DURABLE_ENDS",
+        DURABLE_ENDS_ENV,
         "`auto`, `off`, `replicas=N|all,fsync=none|local`",
         DEFAULT_DURABLE_ENDS,
         ("worker",),
@@ -126,14 +180,14 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--durable-ends",
     ),
     EnvVar(
-        "STREAMQ_CALLBACK_SECRET",
+        CALLBACK_SECRET_ENV,
         "text",
         "unset: deliveries unsigned",
         ("worker",),
         "the key of the HMAC that signs completion callbacks",
     ),
     EnvVar(
-        "STREAMQ_ALLOW_EVICTING_REDIS",
+        ALLOW_EVICTING_ENV,
         "`1` or `0`",
         "0",
         ("worker",),
@@ -141,7 +195,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--allow-evicting-redis",
     ),
     EnvVar(
-        "STREAMQ_METRICS_PORT",
+        METRICS_PORT_ENV,
         "port",
         "9400",
         ("worker",),
@@ -149,7 +203,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--metrics-port",
     ),
     EnvVar(
-        "STREAMQ_FRONT_ENDS",
+        FRONT_ENDS_ENV,
         "number",
         "1",
         ("worker",),
@@ -157,7 +211,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--front-ends",
     ),
     EnvVar(
-        "STREAMQ_CPU_NICE",
+        CPU_NICE_ENV,
         "nice value",
         "10",
         ("worker",),
@@ -166,14 +220,14 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--cpu-nice",
     ),
     EnvVar(
-        "STREAMQ_ENGINE_ARGS",
+        ENGINE_ARGS_ENV,
         "`vllm serve` flags",
         "unset",
         ("worker",),
         "the engine's flags where the worker runs as plain `arq worker.WorkerSettings` (no command line)",
     ),
     EnvVar(
-        "STREAMQ_ENGINE_FACTORY",
+        ENGINE_FACTORY_ENV,
         "`module:function`",
         "unset: vLLM's `AsyncLLM`",
         ("worker",),
@@ -181,7 +235,7 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--engine-factory",
     ),
     EnvVar(
-        "STREAMQ_LORA_PLUGIN",
+        LORA_PLUGIN_ENV,
         "`1`",
         "unset",
         ("worker",),
@@ -189,14 +243,14 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "disk); not for users",
     ),
     EnvVar(
-        "STREAMQ_AFFINITY_WINDOW_S",
+        AFFINITY_WINDOW_ENV,
         "seconds",
         f"{AFFINITY_WINDOW_MS / 1000:g}",
         ("producer",),
         "how long a request waits for the worker holding its prefix before any worker may take it (0: pickup off)",
     ),
     EnvVar(
-        "STREAMQ_MODEL_MEMORY_S",
+        MODEL_MEMORY_ENV,
         "seconds",
         str(DEFAULT_MODEL_MEMORY_S),
         ("producer",),
@@ -204,38 +258,38 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "--model-memory-s (the gateway's)",
     ),
     EnvVar(
-        "STREAMQ_DECLARED_MODELS",
+        DECLARED_MODELS_ENV,
         "`NAME` or `NAME=QUEUE`, comma-separated",
         "unset",
         ("producer", "exporter"),
         "models that take requests with no live worker even if none was ever seen",
     ),
     EnvVar(
-        "STREAMQ_API_KEYS",
+        API_KEYS_ENV,
         "keys, comma-separated",
         "unset: none",
         ("gateway",),
         "API keys the gateway accepts besides `--api-key` and those stored in Redis",
     ),
-    EnvVar("STREAMQ_GATEWAY_HOST", "address", "127.0.0.1", ("gateway",), "where the gateway listens", "--host"),
-    EnvVar("STREAMQ_GATEWAY_PORT", "port", "8000", ("gateway",), "the gateway's port", "--port"),
+    EnvVar(GATEWAY_HOST_ENV, "address", "127.0.0.1", ("gateway",), "where the gateway listens", "--host"),
+    EnvVar(GATEWAY_PORT_ENV, "port", "8000", ("gateway",), "the gateway's port", "--port"),
     EnvVar(
-        "STREAMQ_DEMO_MODEL",
+        DEMO_MODEL_ENV,
         "model name",
         "Qwen/Qwen2.5-0.5B-Instruct",
         ("devkit",),
         "`make demo`'s model (the tiny local model when the hub cannot be reached)",
     ),
-    EnvVar("STREAMQ_DASHBOARD_PORT", "port", "8000", ("devkit",), "`make dashboard`'s gateway port"),
+    EnvVar(DASHBOARD_PORT_ENV, "port", "8000", ("devkit",), "`make dashboard`'s gateway port"),
     EnvVar(
-        "STREAMQ_SCRIPTED_TOKENS_PER_S",
+        SCRIPTED_TOKENS_PER_S_ENV,
         "steps per second",
         "100",
         ("devkit",),
         "the scripted engine's pace (tests and benchmarks)",
     ),
     EnvVar(
-        "STREAMQ_SCRIPTED_MAX_NUM_SEQS",
+        SCRIPTED_MAX_NUM_SEQS_ENV,
         "number",
         "256",
         ("devkit",),

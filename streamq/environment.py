@@ -7,19 +7,21 @@ import os
 from collections.abc import Mapping
 from typing import Final
 
-from streamq.protocol.names import (
+from streamq.env_vars import (
     AFFINITY_WINDOW_ENV,
-    AFFINITY_WINDOW_MS,
     DECLARED_MODELS_ENV,
-    DEFAULT_DRAIN_SECONDS,
-    DEFAULT_MODEL_MEMORY_S,
-    DEFAULT_QUEUE,
-    DEFAULT_REDIS_URL,
     DRAIN_SECONDS_ENV,
     EVENTS_REDIS_URL_ENV,
     MODEL_MEMORY_ENV,
     QUEUE_ENV,
     REDIS_URL_ENV,
+)
+from streamq.protocol.names import (
+    AFFINITY_WINDOW_MS,
+    DEFAULT_DRAIN_SECONDS,
+    DEFAULT_MODEL_MEMORY_S,
+    DEFAULT_QUEUE,
+    DEFAULT_REDIS_URL,
 )
 from streamq.redaction import redact_url
 

@@ -22,8 +22,8 @@ from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.internal_client import InternalClient
 from streamq.broker.registry import WorkerRegistry
+from streamq.env_vars import CALLBACK_SECRET_ENV
 from streamq.protocol import WorkerRegistration
-from streamq.protocol.names import CALLBACK_SECRET_ENV
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
 from tests.support.callback_receiver import CALLBACK_SECRET
 from tests.support.reference_generate import bare_engine_outputs

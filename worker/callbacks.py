@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 from streamq.broker.callback_schedule import CallbackSchedule
 from streamq.broker.durability import Durability
 from streamq.broker.replay_log import ReplayLog
+from streamq.env_vars import CALLBACK_SECRET_ENV
 from streamq.protocol import (
     CALLBACK_KEY_PREFIX,
     CALLBACKS_KEY,
@@ -44,7 +45,7 @@ from streamq.protocol import (
     decode_event,
 )
 from streamq.protocol.callbacks import CallbackBody, CallbackError, signature
-from streamq.protocol.names import CALLBACK_SECRET_ENV, CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP_HEADER
+from streamq.protocol.names import CALLBACK_SIGNATURE_HEADER, CALLBACK_TIMESTAMP_HEADER
 from streamq.protocol.script_calls import ClaimCallbacks, RecordCallback
 from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task

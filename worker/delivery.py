@@ -19,8 +19,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from streamq.env_vars import CHECKPOINT_TOKENS_ENV
 from streamq.protocol import GenerateRequest
-from streamq.protocol.names import CHECKPOINT_TOKENS_ENV, DEFAULT_CHECKPOINT_TOKENS
+from streamq.protocol.names import DEFAULT_CHECKPOINT_TOKENS
 
 
 def checkpoint_tokens_from_env(environ: Mapping[str, str] = os.environ) -> int:

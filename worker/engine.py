@@ -31,13 +31,13 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from streamq.env_vars import ENGINE_ARGS_ENV
 from worker.interrupt import exit_on_stop_signal
 from worker.lora_plugin import ask_for_plugin
 from worker.options import FrontEndSeat
 
 logger = logging.getLogger("streamq.worker")
 
-ENGINE_ARGS_ENV = "STREAMQ_ENGINE_ARGS"
 
 USAGE_CONTEXT = UsageContext.OPENAI_API_SERVER
 """``vllm serve``'s usage context: the one whose defaults the worker's engine gets."""

@@ -13,13 +13,9 @@ from arq.utils import import_string
 
 from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
 from streamq.broker.durability import DetectedDurability, DurabilitySpec, durable_ends_from_env, write_record
-from streamq.broker.memory_policy import (
-    EvictingRedis,
-    allow_evicting_from_env,
-    check_memory_policy,
-    read_memory_policy,
-)
+from streamq.broker.memory_policy import EvictingRedis, allow_evicting_from_env, check_memory_policy, read_memory_policy
 from streamq.broker.replay_log import ReplayLog
+from streamq.env_vars import ENGINE_FACTORY_ENV
 from streamq.environment import events_url_from_env, queue_from_env
 from streamq.protocol.names import DEFAULT_DURABLE_ENDS_TIMEOUT_S
 from streamq.tasks import stop_task
@@ -42,9 +38,6 @@ from worker.stats_report import StatsReporter
 from worker.tokenizer_info import publish_tokenizer_info
 
 logger = logging.getLogger("streamq.worker")
-
-
-ENGINE_FACTORY_ENV = "STREAMQ_ENGINE_FACTORY"
 
 
 async def _watch_engine(state: WorkerState) -> None:

@@ -3,7 +3,7 @@ build's LoRA kernels mended.
 
 vLLM runs the model in processes it spawns (the engine core, its workers); a general plugin
 (``pyproject.toml``) is what vLLM loads in each of them. It acts only where a worker asked
-for it (``PLUGIN_ENV``, set by the worker before its engine starts, inherited by the
+for it (``LORA_PLUGIN_ENV``, set by the worker before its engine starts, inherited by the
 engine's processes): ``vllm serve`` in the same environment is left as it is.
 
 - **Loads logged.** The engine keeps ``--max-cpu-loras`` adapters loaded and reads any other
@@ -28,7 +28,8 @@ import os
 from collections.abc import Callable
 from typing import Any, Final
 
-PLUGIN_ENV: Final = "STREAMQ_LORA_PLUGIN"
+from streamq.env_vars import LORA_PLUGIN_ENV
+
 LOAD_LINE: Final = "LoRA adapter loaded from disk"
 """Logged (with the adapter's name and path) each time the engine loads an adapter."""
 _OPS: Final = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
@@ -36,13 +37,13 @@ _OPS: Final = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
 
 def ask_for_plugin() -> None:
     """Have the engine this process starts (and the processes it spawns) use this plugin."""
-    os.environ[PLUGIN_ENV] = "1"
+    os.environ[LORA_PLUGIN_ENV] = "1"
 
 
 def register() -> None:
     """vLLM's general-plugin hook: log loads, and mend the ops on the CPU platform, if a
     worker asked for it."""
-    if os.environ.get(PLUGIN_ENV) != "1":
+    if os.environ.get(LORA_PLUGIN_ENV) != "1":
         return
     log_loads()
     from vllm.platforms import current_platform

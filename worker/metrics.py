@@ -20,11 +20,11 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from streamq.env_vars import METRICS_PORT_ENV
 from streamq.protocol import ErrorCode, FinishReason
 
 logger = logging.getLogger("streamq.worker")
 
-METRICS_PORT_ENV: Final = "STREAMQ_METRICS_PORT"
 DEFAULT_METRICS_PORT: Final = 9400
 
 # Buckets span a GPU's milliseconds to an overloaded CPU's seconds.

@@ -42,8 +42,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.durability import REPLICA_REPLY
 from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
+from streamq.env_vars import COALESCE_ENV
 from streamq.protocol import ChunkEvent, TokenLogprob, encode_event
-from streamq.protocol.names import COALESCE_ENV
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.end_confirmer import EndConfirmer, Waiter, settle

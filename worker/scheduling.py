@@ -13,12 +13,13 @@ import logging
 import os
 from pathlib import Path
 
+from streamq.env_vars import CPU_NICE_ENV
+
 logger = logging.getLogger("streamq.worker")
 
 DEFAULT_CPU_NICE = 10
 """Nice value for the worker's processes and scheduling group: CFS weight 110 against
 1024 for a default process, so Redis and clients win the CPU when both want it."""
-CPU_NICE_ENV = "STREAMQ_CPU_NICE"
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from streamq.broker.connection import redis_settings_for
+from streamq.env_vars import KEEP_RESULT_ENV
 from streamq.environment import drain_seconds_from_env, queue_from_env, redis_url_from_env
 from streamq.protocol import serialize_job
-from streamq.protocol.names import DEFAULT_KEEP_RESULT_S, KEEP_RESULT_ENV
+from streamq.protocol.names import DEFAULT_KEEP_RESULT_S
 from worker.hooks import on_shutdown, on_startup
 from worker.job import generate
 from worker.redact import deserialize_job_redacted

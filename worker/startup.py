@@ -24,29 +24,31 @@ from streamq.broker.connection import (
 )
 from streamq.broker.durability import DurabilitySpec, durable_ends_from_env
 from streamq.broker.replay_log import log_limits_from_env
-from streamq.environment import drain_seconds_from_env
-from streamq.protocol import DRAIN_SECONDS_ENV, LOG_MAXLEN_ENV, LOG_TTL_ENV
-from streamq.protocol.names import (
+from streamq.env_vars import (
     CALLBACK_SECRET_ENV,
     CHECKPOINT_TOKENS_ENV,
     COALESCE_ENV,
-    DEFAULT_DURABLE_ENDS_TIMEOUT_S,
+    DRAIN_SECONDS_ENV,
     DURABLE_ENDS_ENV,
+    ENGINE_ARGS_ENV,
+    FRONT_ENDS_ENV,
     KEEP_RESULT_ENV,
+    LOG_MAXLEN_ENV,
+    LOG_TTL_ENV,
 )
+from streamq.environment import drain_seconds_from_env
+from streamq.protocol.names import DEFAULT_DURABLE_ENDS_TIMEOUT_S
 from worker.arq_worker import StreamqWorker
 from worker.callbacks import CallbackPolicy
 from worker.chat_parsing import ParserFlags
 from worker.delivery import checkpoint_tokens_from_env
-from worker.engine import ENGINE_ARGS_ENV, add_engine_args, engine_args_from_namespace
+from worker.engine import add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
 from worker.options import OPTIONS_KEY, FrontEndSeat, WorkerOptions
 from worker.publisher import coalesce_from_env
 from worker.scheduling import cpu_nice_from_env
 from worker.settings import WorkerSettings, keep_result_from_env, worker_settings
 from worker.state import ENGINE_DEAD_EXIT_CODE, STATE_KEY, WorkerState
-
-FRONT_ENDS_ENV = "STREAMQ_FRONT_ENDS"
 
 
 def front_ends_from_env() -> int:

@@ -35,10 +35,10 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.tls import apply_tls_query, certificate_refusal, insecure_url, refusal_error
+from streamq.env_vars import EVENTS_REDIS_URL_ENV, QUEUE_ENV, REDIS_URL_ENV
 from streamq.environment import check_events_url, queue_from_env, redis_url_from_env
 from streamq.protocol import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL  # re-exported: the default URL of every command
-from streamq.protocol import QUEUE_ENV, REDIS_URL_ENV, REQUEST_ID_PATTERN, is_valid_request_id
-from streamq.protocol.names import EVENTS_REDIS_URL_ENV
+from streamq.protocol import REQUEST_ID_PATTERN, is_valid_request_id
 from streamq.redaction import MASK, redact_url
 
 SENTINEL_SCHEME = "redis+sentinel"

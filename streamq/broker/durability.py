@@ -47,13 +47,8 @@ from redis.exceptions import ResponseError
 
 from streamq.broker.replies import as_text
 from streamq.broker.transport import pack_command
-from streamq.protocol.names import (
-    DEFAULT_DURABLE_ENDS,
-    DURABILITY_KEY,
-    DURABILITY_RECHECK_S,
-    DURABILITY_TTL_MS,
-    DURABLE_ENDS_ENV,
-)
+from streamq.env_vars import DURABLE_ENDS_ENV
+from streamq.protocol.names import DEFAULT_DURABLE_ENDS, DURABILITY_KEY, DURABILITY_RECHECK_S, DURABILITY_TTL_MS
 from streamq.tasks import stop_task
 
 logger = logging.getLogger("streamq.durability")

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-ALLOW_EVICTING_ENV = "STREAMQ_ALLOW_EVICTING_REDIS"
+from streamq.env_vars import ALLOW_EVICTING_ENV
+
 """Set to ``1`` (or ``true``/``yes``/``on``): start under an ``allkeys-*`` policy, warned."""
 
 WHAT_EVICTION_LOSES = "queued jobs (requests that never run), leases (jobs run twice), replay logs (streams cut off)"

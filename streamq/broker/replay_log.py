@@ -49,12 +49,11 @@ from streamq.broker.transport import (
     pack_command,
     raise_first_error,
 )
+from streamq.env_vars import LOG_MAXLEN_ENV, LOG_TTL_ENV
 from streamq.protocol import (
     CALLBACKS_KEY,
     EVENTS_CHANNEL_PREFIX,
     LOG_MAXLEN,
-    LOG_MAXLEN_ENV,
-    LOG_TTL_ENV,
     LOG_TTL_MS,
     OWNER_KEY_PREFIX,
     ErrorEvent,

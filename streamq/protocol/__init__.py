@@ -1,6 +1,6 @@
 """The wire contract between producers and workers, in one package.
 
-``names`` (keys, channels, limits, TTLs, environment variables), ``codes`` (error codes,
+``names`` (keys, channels, limits, TTLs, the environment variables' defaults), ``codes`` (error codes,
 finish reasons), ``messages`` (request, events, registration), ``envelope`` (arq's job
 format), ``scripts`` (the Lua scripts in ``lua/``) and ``script_calls`` (each script's
 typed call). PROTOCOL.md documents the same for other languages, checked by a test.
@@ -54,7 +54,6 @@ from streamq.protocol.names import (
     DEFAULT_DRAIN_SECONDS,
     DEFAULT_QUEUE,
     DEFAULT_REDIS_URL,
-    DRAIN_SECONDS_ENV,
     ENDED,
     EVENTS_CHANNEL_PREFIX,
     HEALTH_CHECK_SUFFIX,
@@ -64,8 +63,6 @@ from streamq.protocol.names import (
     JOB_KEY_PREFIX,
     LEASE_TTL_MS,
     LOG_MAXLEN,
-    LOG_MAXLEN_ENV,
-    LOG_TTL_ENV,
     LOG_TTL_MS,
     MAX_JOB_BYTES,
     MAX_PROMPT_CHARS,
@@ -73,8 +70,6 @@ from streamq.protocol.names import (
     MODELS_KEY,
     OWNER_KEY_PREFIX,
     PROTOCOL_VERSION,
-    QUEUE_ENV,
-    REDIS_URL_ENV,
     REQUEST_ID_PATTERN,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
@@ -100,7 +95,6 @@ __all__ = [
     "DEFAULT_DRAIN_SECONDS",
     "DEFAULT_QUEUE",
     "DEFAULT_REDIS_URL",
-    "DRAIN_SECONDS_ENV",
     "EARLIEST_ENQUEUE_MS",
     "ENDED",
     "EVENTS_CHANNEL_PREFIX",
@@ -112,8 +106,6 @@ __all__ = [
     "LEASE_TTL_MS",
     "LOGPROB_FLOOR",
     "LOG_MAXLEN",
-    "LOG_MAXLEN_ENV",
-    "LOG_TTL_ENV",
     "LOG_TTL_MS",
     "MAX_ARGS_DEPTH",
     "MAX_ENQUEUE_AHEAD_MS",
@@ -125,8 +117,6 @@ __all__ = [
     "TOKENIZER_INFO_PREFIX",
     "OWNER_KEY_PREFIX",
     "PROTOCOL_VERSION",
-    "QUEUE_ENV",
-    "REDIS_URL_ENV",
     "REQUEST_ID_PATTERN",
     "RESULT_KEY_PREFIX",
     "RETRY_KEY_PREFIX",

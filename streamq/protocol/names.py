@@ -1,6 +1,7 @@
 """The names and numbers of the wire: Redis keys and channels, limits, TTLs, and the
-environment variables both sides read. Everything here is part of PROTOCOL.md; the
-``arq:`` names are arq's own, which a test holds against ``arq.constants``."""
+defaults of the environment variables both sides read (their names are in
+``streamq.env_vars``). Everything here is part of PROTOCOL.md; the ``arq:`` names are
+arq's own, which a test holds against ``arq.constants``."""
 
 from __future__ import annotations
 
@@ -228,47 +229,14 @@ has one entry per chunk event (one or more DELTAs) plus its final event."""
 LOG_TTL_MS: Final = 3_600_000
 """How long a request's replay log outlives its last event."""
 
-# --- environment --------------------------------------------------------------------
-REDIS_URL_ENV: Final = "REDIS_URL"
+# --- environment variables: their defaults (their names: streamq.env_vars) ----------
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379"
-EVENTS_REDIS_URL_ENV: Final = "STREAMQ_EVENTS_REDIS_URL"
-"""A Redis Cluster (``redis+cluster://host:port[,host:port...]``) for the data plane: each
-request's log, owner key and channel. Unset: the Redis of ``$REDIS_URL`` carries them too."""
-QUEUE_ENV: Final = "STREAMQ_QUEUE"
-"""The queue both sides use unless told otherwise (default ``DEFAULT_QUEUE``)."""
-DRAIN_SECONDS_ENV: Final = "STREAMQ_DRAIN_SECONDS"
-"""How long a stopping worker lets its running jobs finish before handing them back."""
 DEFAULT_DRAIN_SECONDS: Final = 30
-LOG_MAXLEN_ENV: Final = "STREAMQ_LOG_MAXLEN"
-LOG_TTL_ENV: Final = "STREAMQ_LOG_TTL_S"
-API_KEYS_ENV: Final = "STREAMQ_API_KEYS"
-"""Comma-separated API keys the gateway accepts besides ``--api-key`` (default: none)."""
-CALLBACK_SECRET_ENV: Final = "STREAMQ_CALLBACK_SECRET"
-"""The worker only: the key of the HMAC that signs callback deliveries (unset: unsigned)."""
-KEEP_RESULT_ENV: Final = "STREAMQ_KEEP_RESULT_S"
-"""The worker only: seconds arq keeps a finished job's result (``arq:result:<id>``)."""
 DEFAULT_KEEP_RESULT_S: Final = 3600
-AFFINITY_WINDOW_ENV: Final = "STREAMQ_AFFINITY_WINDOW_S"
-"""The producer only (library, command line, gateway): its ``affinity_window_s`` when not
-given (seconds; default ``AFFINITY_WINDOW_MS`` / 1000; 0 turns prefix-aware pickup off for it)."""
-MODEL_MEMORY_ENV: Final = "STREAMQ_MODEL_MEMORY_S"
-"""The producer only (library, command line, gateway): seconds a model with no live worker
-still takes requests after its last one (default ``DEFAULT_MODEL_MEMORY_S``; 0: none)."""
-DECLARED_MODELS_ENV: Final = "STREAMQ_DECLARED_MODELS"
-"""The producer only: models that take requests with no live worker even if none was ever
-seen, comma-separated ``NAME`` or ``NAME=QUEUE`` (a name alone: the client's queue)."""
-COALESCE_ENV: Final = "STREAMQ_COALESCE"
-"""``0`` stops a worker from merging a request's waiting chunks into one event (default ``1``)."""
-CHECKPOINT_TOKENS_ENV: Final = "STREAMQ_CHECKPOINT_TOKENS"
-"""The worker only: tokens per checkpoint of a request that is not streamed (default
-``DEFAULT_CHECKPOINT_TOKENS``)."""
 DEFAULT_CHECKPOINT_TOKENS: Final = 256
 """A request that is not streamed (``"stream": false``) has its tokens written to its log
 every this many tokens of a completion, and when it ends: what a take-over after a worker's
 death must generate again is at most this many tokens per completion."""
-DURABLE_ENDS_ENV: Final = "STREAMQ_DURABLE_ENDS"
-"""The worker only: what an end waits for before anyone is told (``--durable-ends``):
-``auto`` (every replica online), ``off``, or ``replicas=N|all,fsync=none|local``."""
 DEFAULT_DURABLE_ENDS: Final = "auto"
 DEFAULT_DURABLE_ENDS_TIMEOUT_S: Final = 5.0
 """How long one wait for an end's replicas blocks (``--durable-ends-timeout-s``): below a

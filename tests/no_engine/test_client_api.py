@@ -36,8 +36,8 @@ from producer import (
     Usage,
 )
 from streamq.broker.replay_log import ReplayLog
+from streamq.env_vars import QUEUE_ENV, REDIS_URL_ENV
 from streamq.protocol import ChunkEvent, ErrorEvent, FinishReason, Sampling, events_channel
-from streamq.protocol.names import QUEUE_ENV, REDIS_URL_ENV
 from tests.support.play_worker import play_worker
 
 CLIENT_ERRORS = (

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from devkit.worker_process import tiny_engine_flags
+from streamq.env_vars import ENGINE_ARGS_ENV
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.scheduling import CPU_NICE_ENV, DEFAULT_CPU_NICE, cfs_weight, cpu_nice_from_env, lower_cpu_weight
+from streamq.env_vars import CPU_NICE_ENV
+from worker.scheduling import DEFAULT_CPU_NICE, cfs_weight, cpu_nice_from_env, lower_cpu_weight
 
 
 def test_cfs_weights_follow_the_kernels_table() -> None:

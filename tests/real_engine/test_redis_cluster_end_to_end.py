@@ -20,8 +20,8 @@ from devkit.redis_server import RedisServer
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import StreamqClient
 from streamq.broker.data_plane import CLUSTER
+from streamq.env_vars import EVENTS_REDIS_URL_ENV
 from streamq.protocol import events_channel
-from streamq.protocol.names import EVENTS_REDIS_URL_ENV
 from tests.support.reference_generate import MAX_TOKENS, PROMPTS
 from tests.support.session import MAX_MODEL_LEN
 

@@ -50,8 +50,8 @@ from producer.internal_client import InternalClient
 from streamq.broker.cluster import connect_cluster
 from streamq.broker.data_plane import CLUSTER
 from streamq.broker.replay_log import ReplayLog
+from streamq.env_vars import EVENTS_REDIS_URL_ENV
 from streamq.protocol import IN_PROGRESS_PREFIX, Event, FinalEvent, decode_event
-from streamq.protocol.names import EVENTS_REDIS_URL_ENV
 from tests.support.session import MAX_MODEL_LEN
 from tests.support.soak_check import NEVER, Answer, Run, Spec, answer_of, check, repeated_as_they_were
 

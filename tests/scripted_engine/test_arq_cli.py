@@ -19,7 +19,7 @@ async def test_arq_command_line_serves_jobs(worker_url: str, producer_url: str, 
     env = worker_env(
         REDIS_URL=worker_url,
         STREAMQ_QUEUE=queue,
-        STREAMQ_ENGINE_FACTORY=SCRIPTED_ENGINE,  # worker.hooks.ENGINE_FACTORY_ENV (it imports vLLM)
+        STREAMQ_ENGINE_FACTORY=SCRIPTED_ENGINE,  # streamq.env_vars.ENGINE_FACTORY_ENV
     )
     arq = str(Path(sys.executable).with_name("arq"))
     process = WorkerProcess(

@@ -22,10 +22,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from devkit.redis_server import RedisServer, free_port
-from devkit.worker_process import SCRIPTED_MAX_NUM_SEQS_ENV, SCRIPTED_MODEL, WorkerProcess, scripted_worker
+from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
 from producer.client import MIN_IN_FLIGHT, Completion, StreamqClient
 from producer.errors import InvalidParameter, RequestError, StreamqError
 from streamq.broker.replay_log import ReplayLog
+from streamq.env_vars import SCRIPTED_MAX_NUM_SEQS_ENV
 from streamq.protocol import ChunkEvent, FinalEvent, decode_event
 from tests.support.worker_faults import paused
 
