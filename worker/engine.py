@@ -21,7 +21,7 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from vllm.config import VllmConfig
@@ -113,9 +113,9 @@ def _with_default_backend(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse_with_default
 
 
-def engine_args_from_env() -> AsyncEngineArgs:
+def engine_args_from_env(environ: Mapping[str, str] = os.environ) -> AsyncEngineArgs:
     """Build ``AsyncEngineArgs`` from the flags in ``$STREAMQ_ENGINE_ARGS``."""
-    flags = os.environ.get(ENGINE_ARGS_ENV, "")
+    flags = environ.get(ENGINE_ARGS_ENV, "")
     if "--model" not in flags:
         raise SystemExit(f"{ENGINE_ARGS_ENV} must name a model, e.g. --model Qwen/Qwen2.5-0.5B-Instruct")
     parser = FlexibleArgumentParser()

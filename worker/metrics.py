@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -164,9 +164,9 @@ def durable_end_waited(what: str, seconds: float, short: bool) -> None:
         DURABLE_END_SHORTFALLS.labels(what=what).inc()
 
 
-def metrics_port_from_env() -> int:
+def metrics_port_from_env(environ: Mapping[str, str] = os.environ) -> int:
     """``$STREAMQ_METRICS_PORT`` or the default; 0 turns the endpoint off."""
-    return int(os.environ.get(METRICS_PORT_ENV, DEFAULT_METRICS_PORT))
+    return int(environ.get(METRICS_PORT_ENV, DEFAULT_METRICS_PORT))
 
 
 PROBES_KEY: Final = "streamq_probes"

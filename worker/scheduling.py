@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from streamq.env_vars import CPU_NICE_ENV
@@ -24,9 +25,9 @@ DEFAULT_CPU_NICE = 10
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def cpu_nice_from_env() -> int:
+def cpu_nice_from_env(environ: Mapping[str, str] = os.environ) -> int:
     """``$STREAMQ_CPU_NICE`` or the default; 0 leaves the worker's weight alone."""
-    return int(os.environ.get(CPU_NICE_ENV, DEFAULT_CPU_NICE))
+    return int(environ.get(CPU_NICE_ENV, DEFAULT_CPU_NICE))
 
 
 def cfs_weight(nice: int) -> int:
