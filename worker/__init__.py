@@ -1,7 +1,8 @@
 """streamq's worker: one vLLM AsyncLLM per process, fed by an arq queue.
 
-``arq worker.WorkerSettings`` or ``python -m worker`` runs it. ``WorkerSettings``
-is imported lazily so that the pieces that do not need vLLM (the publisher) can be
+``arq worker.WorkerSettings`` or ``python -m worker`` runs it. ``WorkerSettings`` is built
+lazily, when arq asks for it: the environment is read then (``worker.settings.settings_from_env``),
+not when the package is imported, and the pieces that do not need vLLM (the publisher) can be
 imported without loading it.
 """
 
@@ -12,7 +13,7 @@ __all__ = ["WorkerSettings"]
 
 def __getattr__(name: str) -> Any:
     if name == "WorkerSettings":
-        from worker.settings import WorkerSettings
+        from worker.settings import settings_from_env
 
-        return WorkerSettings
+        return settings_from_env()
     raise AttributeError(f"module 'worker' has no attribute {name!r}")

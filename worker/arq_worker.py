@@ -44,9 +44,10 @@ from streamq.protocol.scripts import Script
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.acknowledger import Acknowledger
+from worker.config import WorkerConfig
 from worker.engine import default_engine_queue, max_batch_size
 from worker.job_runner import JobLimits, JobRunner
-from worker.options import FrontEndSeat, options_of
+from worker.settings import arq_settings
 from worker.state import WorkerState, state_of
 
 logger = logging.getLogger("streamq.worker")
@@ -76,12 +77,13 @@ class StreamqWorker(Worker):
     event loop that also runs vLLM's output handler.
     """
 
-    def __init__(
-        self, *args: object, max_jobs_from_engine: bool = True, seat: FrontEndSeat | None = None, **kwargs: object
-    ) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._max_jobs_from_engine = max_jobs_from_engine
-        self._seat = seat
+    def __init__(self, config: WorkerConfig, **kwargs: object) -> None:
+        """arq's settings come from ``config`` (``worker.settings.arq_settings``); ``kwargs``
+        are ``arq.Worker``'s others (``handle_signals``, ``burst``, ...)."""
+        super().__init__(**arq_settings(config), **kwargs)  # type: ignore[arg-type]
+        self.config = config
+        self._max_jobs_from_engine = config.max_jobs is None
+        self._seat = config.front_end
         """Set in one of several front ends of one engine: it claims only the engine
         slots its siblings leave free."""
         self._wake = asyncio.Event()
@@ -353,7 +355,7 @@ class StreamqWorker(Worker):
         and hold up to ``--engine-queue`` more waiting inside the engine for a slot (by
         default a batch's worth, with ``--max-jobs`` none; a front end of several holds none:
         its siblings share the engine's slots)."""
-        given = options_of(self.ctx).engine_queue
+        given = self.config.engine_queue
         batch = max_batch_size(state.engine) if self._max_jobs_from_engine else self.max_jobs
         if self._seat is not None:
             ahead = 0

@@ -32,9 +32,9 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from streamq.env_vars import ENGINE_ARGS_ENV
+from worker.config import FrontEndSeat
 from worker.interrupt import exit_on_stop_signal
 from worker.lora_plugin import ask_for_plugin
-from worker.options import FrontEndSeat
 
 logger = logging.getLogger("streamq.worker")
 

@@ -44,8 +44,8 @@ from vllm.v1.engine.core import EngineCoreProc
 from vllm.v1.engine.utils import CoreEngineProcManager, bind_engine_zmq_listeners, launch_core_engines
 from vllm.v1.executor import Executor
 
+from worker.config import FrontEndSeat
 from worker.engine import engine_args_from_namespace, engine_config, log_scheduler_limits
-from worker.options import FrontEndSeat
 from worker.orphans import OrphanReaper
 from worker.scheduling import lower_worker_cpu_weight
 from worker.shared_slots import SharedSlots

@@ -5,34 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from contextlib import AsyncExitStack
 from typing import Any
 
 from arq.utils import import_string
 
 from streamq.broker.data_plane import DataRedis, close_data_plane, connect_data_plane
-from streamq.broker.durability import DetectedDurability, DurabilitySpec, durable_ends_from_env, write_record
-from streamq.broker.memory_policy import EvictingRedis, allow_evicting_from_env, check_memory_policy, read_memory_policy
+from streamq.broker.durability import DetectedDurability, DurabilitySpec, write_record
+from streamq.broker.memory_policy import EvictingRedis, check_memory_policy, read_memory_policy
 from streamq.broker.replay_log import ReplayLog
-from streamq.env_vars import ENGINE_FACTORY_ENV
-from streamq.environment import events_url_from_env, queue_from_env
-from streamq.protocol.names import DEFAULT_DURABLE_ENDS_TIMEOUT_S
 from streamq.tasks import stop_task
 from worker import metrics
 from worker.adapters import Adapters
-from worker.callbacks import CallbackPolicy, CallbackSender, secret_from_env
+from worker.callbacks import CallbackPolicy, CallbackSender
 from worker.cancel import CancelListener
 from worker.chat_parsing import ChatParsing, ParserFlags
-from worker.delivery import checkpoint_tokens_from_env
-from worker.engine import engine_args_from_env, max_batch_size, start_engine
+from worker.config import WorkerConfig, config_of
+from worker.engine import max_batch_size, start_engine
 from worker.interrupt import exit_on_stop_signal
 from worker.lease import Leases
 from worker.logs import quiet_request_failures
-from worker.options import WorkerOptions, options_of
 from worker.presence import Presence, served_model_name
-from worker.publisher import EventPublisher, Refusal, coalesce_from_env
-from worker.scheduling import cpu_nice_from_env, lower_worker_cpu_weight
+from worker.publisher import EventPublisher, Refusal
+from worker.scheduling import lower_worker_cpu_weight
 from worker.state import STATE_KEY, WorkerState, new_worker_id
 from worker.stats_report import StatsReporter
 from worker.tokenizer_info import publish_tokenizer_info
@@ -49,21 +44,23 @@ async def _watch_engine(state: WorkerState) -> None:
         await asyncio.sleep(0.5)
 
 
-def _build_engine(options: WorkerOptions) -> Any:
+def _build_engine(config: WorkerConfig) -> Any:
     """vLLM's ``AsyncLLM``, or what the engine factory builds.
 
-    ``options.engine_factory`` (or ``$STREAMQ_ENGINE_FACTORY``), a ``module:callable``
-    taking the engine arguments, replaces ``AsyncLLM`` with an object of the same
-    interface: a scripted engine for load-testing the queue layer.
+    ``config.engine_factory``, a ``module:callable`` taking the engine arguments, replaces
+    ``AsyncLLM`` with an object of the same interface: a scripted engine for load-testing
+    the queue layer.
     """
-    factory_path = options.engine_factory or os.environ.get(ENGINE_FACTORY_ENV)
+    factory_path = config.engine_factory
     if factory_path:
         factory = import_string(factory_path.replace(":", "."))
         with exit_on_stop_signal():  # as start_engine's load: a stop signal exits at once
-            engine = factory(options.engine_args)
+            engine = factory(config.engine_args)
         logger.info("engine from factory %s", factory_path)
         return engine
-    return start_engine(options.engine_args or engine_args_from_env(), options.front_end)
+    if config.engine_args is None:
+        raise ValueError("a worker without an engine factory needs the engine's arguments")
+    return start_engine(config.engine_args, config.front_end)
 
 
 def _shut_down_engine(engine: Any) -> None:
@@ -71,7 +68,7 @@ def _shut_down_engine(engine: Any) -> None:
     logger.info("engine shut down")
 
 
-async def _check_memory_policy(redis: Any, options: WorkerOptions) -> None:
+async def _check_memory_policy(redis: Any, config: WorkerConfig) -> None:
     """Read what Redis does when full, before the engine loads: say it, warn under an
     evicting policy, refuse to start under one that evicts any key unless allowed
     (``streamq/broker/memory_policy.py``)."""
@@ -79,9 +76,8 @@ async def _check_memory_policy(redis: Any, options: WorkerOptions) -> None:
     if policy is None:
         logger.info("Redis's maxmemory-policy cannot be read (INFO memory refused): it must be noeviction")
         return
-    allow = options.allow_evicting_redis if options.allow_evicting_redis is not None else allow_evicting_from_env()
     try:
-        warning = check_memory_policy(policy, allow_evicting=allow)
+        warning = check_memory_policy(policy, allow_evicting=config.allow_evicting_redis)
     except EvictingRedis as exc:
         raise SystemExit(f"python -m worker: {exc}") from None
     if warning is None:
@@ -90,27 +86,25 @@ async def _check_memory_policy(redis: Any, options: WorkerOptions) -> None:
         logger.warning(warning)
 
 
-def _callback_policy(options: WorkerOptions) -> CallbackPolicy:
-    """The options given, each defaulting to ``CallbackPolicy``'s; the secret from the environment."""
-    default = CallbackPolicy()
+def _callback_policy(config: WorkerConfig) -> CallbackPolicy:
+    """How this worker sends completion callbacks (checked: a bad one fails the start)."""
     return CallbackPolicy(
-        tries=options.callback_tries if options.callback_tries is not None else default.tries,
-        backoff_s=options.callback_backoff_s if options.callback_backoff_s is not None else default.backoff_s,
-        timeout_s=options.callback_timeout_s if options.callback_timeout_s is not None else default.timeout_s,
-        secret=secret_from_env(),
+        tries=config.callback_tries,
+        backoff_s=config.callback_backoff_s,
+        timeout_s=config.callback_timeout_s,
+        secret=config.callback_secret,
     )
 
 
 async def _durable_ends(
-    options: WorkerOptions, redis: Any, data: DataRedis, closing: AsyncExitStack
+    config: WorkerConfig, redis: Any, data: DataRedis, closing: AsyncExitStack
 ) -> tuple[DetectedDurability, DetectedDurability]:
     """What an end waits for on the control plane (callbacks) and on the data plane (the
     replay log), read from the primaries now (the start-up log line says what), again every
     ``DURABILITY_RECHECK_S`` and after a shortfall, each time written to ``DURABILITY_KEY``
     for producers. One Redis: one reading serves both planes."""
-    spec = DurabilitySpec.parse(options.durable_ends if options.durable_ends is not None else durable_ends_from_env())
-    timeout_s = options.durable_ends_timeout_s
-    timeout_ms = round((timeout_s if timeout_s is not None else DEFAULT_DURABLE_ENDS_TIMEOUT_S) * 1000)
+    spec = DurabilitySpec.parse(config.durable_ends)
+    timeout_ms = round(config.durable_ends_timeout_s * 1000)
     control = DetectedDurability(redis, spec, timeout_ms=timeout_ms, on_wait=metrics.durable_end_waited)
     planes = [control]
     if data is not redis:
@@ -139,11 +133,11 @@ async def _durable_ends(
     return control, on_data
 
 
-def _slots(options: WorkerOptions, engine: Any) -> int:
+def _slots(config: WorkerConfig, engine: Any) -> int:
     """The requests this worker runs at once, as it registers them: ``--max-jobs`` or the
     engine's batch, a front end's share of it."""
-    slots = options.max_jobs or max_batch_size(engine)
-    seat = options.front_end
+    slots = config.max_jobs or max_batch_size(engine)
+    seat = config.front_end
     return slots if seat is None else -(-slots // seat.count)
 
 
@@ -154,31 +148,29 @@ async def on_startup(ctx: dict[str, Any]) -> None:
     A part that fails to start closes those started before it (the engine too).
     """
     quiet_request_failures()
-    options = options_of(ctx)
+    config = config_of(ctx)
     redis = ctx["redis"]
-    if options.front_end is None:  # a front end inherits the weight its parent lowered
+    if config.front_end is None:  # a front end inherits the weight its parent lowered
         # Before the engine starts: its processes inherit the lower weight.
-        lower_worker_cpu_weight(options.cpu_nice if options.cpu_nice is not None else cpu_nice_from_env())
-    if options.front_end is None or options.front_end.index == 0:  # one line a worker, not a front end
-        await _check_memory_policy(redis, options)
+        lower_worker_cpu_weight(config.cpu_nice)
+    if config.front_end is None or config.front_end.index == 0:  # one line a worker, not a front end
+        await _check_memory_policy(redis, config)
     async with AsyncExitStack() as closing:
         # Before the engine: a data plane that is not a whole cluster fails the start in seconds.
-        events_url = options.events_redis_url if options.events_redis_url is not None else events_url_from_env()
-        data = await connect_data_plane(redis, events_url)
+        data = await connect_data_plane(redis, config.events_redis_url)
         closing.push_async_callback(close_data_plane, redis, data)
-        control_durability, data_durability = await _durable_ends(options, redis, data, closing)
-        engine = _build_engine(options)
+        control_durability, data_durability = await _durable_ends(config, redis, data, closing)
+        engine = _build_engine(config)
         closing.callback(_shut_down_engine, engine)
         worker_id = new_worker_id()
-        replay_log = ReplayLog(data, maxlen=options.log_maxlen, ttl_ms=options.log_ttl_ms, durability=data_durability)
+        replay_log = ReplayLog(data, maxlen=config.log_maxlen, ttl_ms=config.log_ttl_ms, durability=data_durability)
         cancels = CancelListener(redis)
         await cancels.start()
         closing.push_async_callback(cancels.close)
-        coalesce = options.coalesce if options.coalesce is not None else coalesce_from_env()
-        publisher = EventPublisher(replay_log, on_refused=cancels.stop, coalesce=coalesce)
+        publisher = EventPublisher(replay_log, on_refused=cancels.stop, coalesce=config.coalesce)
         publisher.start()
         closing.push_async_callback(publisher.close)
-        queue = options.queue_name or queue_from_env()
+        queue = config.queue
         leases = Leases(
             redis,
             worker_id=worker_id,
@@ -189,20 +181,20 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         leases.start()
         closing.push_async_callback(leases.close)
         model, max_model_len = served_model_name(engine)
-        adapters = await _adapters(options, engine, model)
+        adapters = await _adapters(config, engine, model)
         presence = Presence(
             redis,
             worker_id=worker_id,
             model=model,
             queue=queue,
             max_model_len=max_model_len,
-            slots=_slots(options, engine),
+            slots=_slots(config, engine),
             adapters=adapters.cards() if adapters is not None else (),
             loads_adapters=adapters is not None and adapters.loads_adapters,
         )
         if adapters is not None:
             adapters.on_change = presence.list_adapters
-        callbacks = CallbackSender(redis, replay_log, _callback_policy(options), durability=control_durability)
+        callbacks = CallbackSender(redis, replay_log, _callback_policy(config), durability=control_durability)
         callbacks.start()
         closing.push_async_callback(callbacks.close)
         state = WorkerState(
@@ -214,17 +206,15 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             leases=leases,
             presence=presence,
             callbacks=callbacks,
-            checkpoint_tokens=(
-                options.checkpoint_tokens if options.checkpoint_tokens is not None else checkpoint_tokens_from_env()
-            ),
-            chat_parsing=_chat_parsing(options, engine),
+            checkpoint_tokens=config.checkpoint_tokens,
+            chat_parsing=_chat_parsing(config, engine),
             adapters=adapters,
         )
         engine_watch = asyncio.create_task(_watch_engine(state), name="engine-watch")
         closing.push_async_callback(stop_task, engine_watch)
-        metrics_port = options.metrics_port if options.metrics_port is not None else metrics.metrics_port_from_env()
-        if metrics_port and options.front_end is not None:
-            metrics_port += options.front_end.index  # each front end has its own counters
+        metrics_port = config.metrics_port
+        if metrics_port and config.front_end is not None:
+            metrics_port += config.front_end.index  # each front end has its own counters
         probes = metrics.probes_of(ctx)
         probes.engine_alive = lambda: not state.engine_dead
         metrics_server = metrics.serve_metrics(metrics_port, probes=probes)
@@ -248,23 +238,23 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         ctx[STATE_KEY] = state
 
 
-def _chat_parsing(options: WorkerOptions, engine: Any) -> ChatParsing | None:
+def _chat_parsing(config: WorkerConfig, engine: Any) -> ChatParsing | None:
     """vLLM's renderer and parsers for chat requests, with the worker's tool flags; none for
     an engine without vLLM's renderer (a scripted one), which refuses tool flags."""
     if not hasattr(engine, "renderer"):
-        if options.parsers is not None:
+        if config.parsers is not None:
             raise ValueError("tool-call flags need vLLM's engine (a scripted engine has no tool parser)")
         return None
-    return ChatParsing(engine, options.parsers or ParserFlags())
+    return ChatParsing(engine, config.parsers or ParserFlags())
 
 
-async def _adapters(options: WorkerOptions, engine: Any, model: str) -> Adapters | None:
+async def _adapters(config: WorkerConfig, engine: Any, model: str) -> Adapters | None:
     """The LoRA adapters served beside ``model`` (its ``--lora-modules`` loaded now, as vllm
     serve loads them); ``None`` for an engine without LoRA."""
     lora_config = getattr(getattr(engine, "vllm_config", None), "lora_config", None)
     if lora_config is None:
         return None
-    adapters = Adapters(engine, model, modules=options.lora_modules or ())
+    adapters = Adapters(engine, model, modules=config.lora_modules or ())
     await adapters.load_listed()
     return adapters
 

@@ -1,8 +1,12 @@
 """arq settings for a streamq worker: JSON jobs, its hooks (``worker/hooks.py``), batching.
 
-``arq worker.WorkerSettings`` runs it with arq's own command line (engine flags
-from ``$STREAMQ_ENGINE_ARGS``); ``python -m worker`` runs the same settings in
-``StreamqWorker``, which also starts jobs the moment they are enqueued.
+``WorkerSettings`` holds what every worker shares and reads nothing from the environment;
+``arq_settings`` adds what one worker's configuration (``worker/config.py``) says, and puts
+that configuration in arq's ``ctx`` for the start-up hook. ``arq worker.WorkerSettings``
+runs it with arq's own command line: ``worker.WorkerSettings`` is built when arq asks for
+it, from the environment (engine flags from ``$STREAMQ_ENGINE_ARGS``); ``python -m worker``
+runs the same settings in ``StreamqWorker``, which also starts jobs the moment they are
+enqueued.
 """
 
 from __future__ import annotations
@@ -12,31 +16,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from streamq.broker.connection import redis_settings_for
-from streamq.env_vars import KEEP_RESULT_ENV
-from streamq.environment import drain_seconds_from_env, queue_from_env, redis_url_from_env
 from streamq.protocol import serialize_job
-from streamq.protocol.names import DEFAULT_KEEP_RESULT_S
+from worker.config import CONFIG_KEY, DEFAULT_JOB_TIMEOUT_S, WorkerConfig, config_from_env
 from worker.hooks import on_shutdown, on_startup
 from worker.job import generate
 from worker.redact import deserialize_job_redacted
 
 
-def keep_result_from_env(environ: Mapping[str, str] = os.environ) -> float:
-    """``$STREAMQ_KEEP_RESULT_S``: seconds arq keeps a finished job's result (default an hour)."""
-    value = float(environ.get(KEEP_RESULT_ENV) or DEFAULT_KEEP_RESULT_S)
-    if value < 0:
-        raise ValueError(f"${KEEP_RESULT_ENV} must be >= 0, got {value:g}")
-    return value
-
-
 class WorkerSettings:
-    """Settings as arq reads them (a bag of ``arq.Worker`` keyword arguments)."""
+    """Settings as arq reads them (a bag of ``arq.Worker`` keyword arguments), those every
+    worker shares; ``arq_settings`` adds one worker's."""
 
     functions = [generate]
     on_startup = on_startup
     on_shutdown = on_shutdown
-    queue_name = queue_from_env()
-    redis_settings = redis_settings_for(redis_url_from_env())
     job_serializer = staticmethod(serialize_job)
     job_deserializer = staticmethod(deserialize_job_redacted)  # arq logs each job's arguments: no prompts
     # The engine, not arq, decides how many requests run together: StreamqWorker
@@ -45,17 +38,30 @@ class WorkerSettings:
     # Without wake-ups (plain `arq`), this bounds the pickup delay; with them it is
     # only the idle fallback. Either way far below arq's 0.5 s default.
     poll_delay = 0.05
-    # SIGTERM/SIGINT: stop taking jobs, let running ones finish for this long, then
-    # cancel the rest (arq puts them back on the queue for another worker).
-    job_completion_wait = drain_seconds_from_env()
-    job_timeout = 3600  # long generations are normal; arq's 300 s default would kill them
-    # Status reads how a request ended from its result or its replay log, whichever is kept longer.
-    keep_result = keep_result_from_env()
+    job_timeout = DEFAULT_JOB_TIMEOUT_S
     health_check_interval = 10
 
 
-def worker_settings(**overrides: Any) -> dict[str, Any]:
-    """``WorkerSettings`` as a dict of keyword arguments, with ``overrides`` applied."""
+def arq_settings(config: WorkerConfig) -> dict[str, Any]:
+    """``WorkerSettings`` and ``config`` as ``arq.Worker``'s keyword arguments, ``config``
+    in its ``ctx``."""
     settings = {k: v for k, v in vars(WorkerSettings).items() if not k.startswith("_")}
-    settings.update(overrides)
+    settings.update(
+        redis_settings=redis_settings_for(config.redis_url),
+        queue_name=config.queue,
+        # SIGTERM/SIGINT: stop taking jobs, let running ones finish for this long, then
+        # cancel the rest (arq puts them back on the queue for another worker).
+        job_completion_wait=config.drain_seconds,
+        job_timeout=config.job_timeout_s,
+        # Status reads how a request ended from its result or its replay log, whichever is kept longer.
+        keep_result=config.keep_result_s,
+        ctx={CONFIG_KEY: config},
+    )
+    if config.max_jobs is not None:
+        settings["max_jobs"] = config.max_jobs
     return settings
+
+
+def settings_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """What ``arq worker.WorkerSettings`` runs: the settings of ``config_from_env``."""
+    return arq_settings(config_from_env(environ))

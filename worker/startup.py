@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import shlex
+from collections.abc import Mapping
 
 from vllm.engine.arg_utils import optional_type
 from vllm.entrypoints.launchers.cli_args import LoRAParserAction
@@ -19,10 +20,10 @@ from streamq.broker.connection import (
     SOCKET_TIMEOUT_S,
     add_connection_options,
     events_url_from_args,
-    redis_settings_for,
     redis_url_from_args,
 )
 from streamq.broker.durability import DurabilitySpec, durable_ends_from_env
+from streamq.broker.memory_policy import allow_evicting_from_env
 from streamq.broker.replay_log import log_limits_from_env
 from streamq.env_vars import (
     CALLBACK_SECRET_ENV,
@@ -39,21 +40,26 @@ from streamq.env_vars import (
 from streamq.environment import drain_seconds_from_env
 from streamq.protocol.names import DEFAULT_DURABLE_ENDS_TIMEOUT_S
 from worker.arq_worker import StreamqWorker
-from worker.callbacks import CallbackPolicy
+from worker.callbacks import CallbackPolicy, secret_from_env
 from worker.chat_parsing import ParserFlags
+from worker.config import (
+    DEFAULT_JOB_TIMEOUT_S,
+    FrontEndSeat,
+    WorkerConfig,
+    engine_factory_from_env,
+    keep_result_from_env,
+)
 from worker.delivery import checkpoint_tokens_from_env
 from worker.engine import add_engine_args, engine_args_from_namespace
 from worker.metrics import metrics_port_from_env
-from worker.options import OPTIONS_KEY, FrontEndSeat, WorkerOptions
 from worker.publisher import coalesce_from_env
 from worker.scheduling import cpu_nice_from_env
-from worker.settings import WorkerSettings, keep_result_from_env, worker_settings
 from worker.state import ENGINE_DEAD_EXIT_CODE, STATE_KEY, WorkerState
 
 
-def front_ends_from_env() -> int:
+def front_ends_from_env(environ: Mapping[str, str] = os.environ) -> int:
     """``$STREAMQ_FRONT_ENDS`` or 1: one process, the engine core its own child."""
-    return int(os.environ.get(FRONT_ENDS_ENV, "1"))
+    return int(environ.get(FRONT_ENDS_ENV, "1"))
 
 
 def _positive_int(value: str) -> int:
@@ -89,6 +95,8 @@ def _wait_bound(value: str) -> float:
 
 
 def build_parser() -> FlexibleArgumentParser:
+    """The command line; each worker option's default is its variable's reader (the
+    environment read here, once, as the worker starts), so a flag given wins."""
     parser = FlexibleArgumentParser(
         prog="python -m worker",
         description="streamq worker: pulls prompts from Redis, streams tokens to pub/sub.",
@@ -102,6 +110,7 @@ def build_parser() -> FlexibleArgumentParser:
     group.add_argument(
         "--allow-evicting-redis",
         action="store_true",
+        default=allow_evicting_from_env(),
         help="start even where Redis's maxmemory-policy is allkeys-* (a full Redis then deletes any key: "
         "queued jobs, leases, replay logs, registrations); a volatile-* policy is warned of only "
         "(default: $STREAMQ_ALLOW_EVICTING_REDIS, else refuse)",
@@ -134,13 +143,13 @@ def build_parser() -> FlexibleArgumentParser:
     group.add_argument(
         "--job-timeout",
         type=float,
-        default=WorkerSettings.job_timeout,
+        default=DEFAULT_JOB_TIMEOUT_S,
         help="hard limit on one job's run, in seconds: past it the request ends with an error event "
         "(code timeout); a request's own deadline is its deadline_s (default: %(default)s)",
     )
     group.add_argument(
         "--engine-factory",
-        default=None,
+        default=engine_factory_from_env(),
         metavar="MODULE:CALLABLE",
         help="build the engine with this callable instead of vLLM's AsyncLLM "
         "(a scripted engine for load tests; default: $STREAMQ_ENGINE_FACTORY or none)",
@@ -321,44 +330,43 @@ def configure_logging(args: argparse.Namespace, *, front_ends: bool = False) -> 
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
 
 
+def config_from_args(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> WorkerConfig:
+    """The worker's configuration from its parsed command line (whose defaults are the
+    environment's), as front end ``seat`` of ``--front-ends N`` where it is one."""
+    return WorkerConfig(
+        redis_url=redis_url_from_args(args),
+        events_redis_url=events_url_from_args(args),
+        queue=args.queue,
+        drain_seconds=args.drain_seconds,
+        job_timeout_s=args.job_timeout,
+        keep_result_s=args.keep_result_s,
+        max_jobs=args.max_jobs,
+        engine_queue=args.engine_queue,
+        # With a scripted engine vLLM's arguments are unused (and would name a hub model).
+        engine_args=None if args.engine_factory else engine_args_from_namespace(args),
+        engine_factory=args.engine_factory,
+        metrics_port=args.metrics_port,
+        cpu_nice=args.cpu_nice,
+        allow_evicting_redis=args.allow_evicting_redis,
+        log_ttl_ms=round(args.log_ttl_s * 1000),
+        log_maxlen=args.log_maxlen,
+        coalesce=args.coalesce,
+        checkpoint_tokens=args.checkpoint_tokens,
+        durable_ends=args.durable_ends,
+        durable_ends_timeout_s=args.durable_ends_timeout_s,
+        callback_tries=args.callback_tries,
+        callback_backoff_s=args.callback_backoff_s,
+        callback_timeout_s=args.callback_timeout_s,
+        callback_secret=secret_from_env(),
+        front_end=seat,
+        parsers=parser_flags_from_args(args),
+        lora_modules=lora_modules_from_args(args),
+    )
+
+
 def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> int:
     """Run one worker (or one front end of ``--front-ends N``) until it stops; its exit code."""
-    overrides: dict[str, object] = {
-        "redis_settings": redis_settings_for(redis_url_from_args(args)),
-        "queue_name": args.queue,
-        "job_completion_wait": args.drain_seconds,
-        "job_timeout": args.job_timeout,
-        "keep_result": args.keep_result_s,
-        # With a scripted engine vLLM's arguments are unused (and would name a hub model).
-        "ctx": {
-            OPTIONS_KEY: WorkerOptions(
-                engine_args=None if args.engine_factory else engine_args_from_namespace(args),
-                engine_factory=args.engine_factory,
-                metrics_port=args.metrics_port,
-                max_jobs=args.max_jobs,
-                engine_queue=args.engine_queue,
-                cpu_nice=args.cpu_nice,
-                allow_evicting_redis=args.allow_evicting_redis or None,
-                queue_name=args.queue,
-                events_redis_url=events_url_from_args(args),
-                log_ttl_ms=round(args.log_ttl_s * 1000),
-                log_maxlen=args.log_maxlen,
-                coalesce=args.coalesce,
-                checkpoint_tokens=args.checkpoint_tokens,
-                durable_ends=args.durable_ends,
-                durable_ends_timeout_s=args.durable_ends_timeout_s,
-                callback_tries=args.callback_tries,
-                callback_backoff_s=args.callback_backoff_s,
-                callback_timeout_s=args.callback_timeout_s,
-                front_end=seat,
-                parsers=parser_flags_from_args(args),
-                lora_modules=lora_modules_from_args(args),
-            )
-        },
-    }
-    if args.max_jobs is not None:
-        overrides["max_jobs"] = args.max_jobs
-    worker = StreamqWorker(**worker_settings(**overrides), max_jobs_from_engine=args.max_jobs is None, seat=seat)
+    worker = StreamqWorker(config_from_args(args, seat))
     worker.run()
     state = worker.ctx.get(STATE_KEY)
     if isinstance(state, WorkerState) and state.engine_dead:

@@ -29,7 +29,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from devkit.redis_server import FreezingProxy, RedisServer
 from producer.client import RequestHandle, StreamqClient
 from producer.errors import MissingEvents
-from streamq.broker.connection import redis_settings_for
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import (
     IN_PROGRESS_PREFIX,
@@ -49,9 +48,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
     from devkit.scripted_engine import TokenScriptEngine
     from worker.arq_worker import StreamqWorker
+    from worker.config import WorkerConfig
     from worker.lease import lease_holder
-    from worker.options import OPTIONS_KEY, WorkerOptions
-    from worker.settings import worker_settings
     from worker.state import WorkerState, state_of
 
 PROMPT = "Tell me about the stars"
@@ -65,17 +63,16 @@ class InProcessWorker:
 
     def __init__(self, url: str, engine: TokenScriptEngine, queue: str) -> None:
         self.engine = engine
-        options = WorkerOptions(
+        config = WorkerConfig(
+            redis_url=url,
+            queue=queue,
+            max_jobs=4,
             engine_factory="devkit.scripted_engine:given",
             engine_args=engine,  # type: ignore[arg-type]
             metrics_port=0,
             cpu_nice=0,
-            queue_name=queue,
         )
-        settings = worker_settings(
-            redis_settings=redis_settings_for(url), queue_name=queue, max_jobs=4, ctx={OPTIONS_KEY: options}
-        )
-        self.arq = StreamqWorker(**settings, handle_signals=False, max_jobs_from_engine=False)
+        self.arq = StreamqWorker(config, handle_signals=False)
 
     @property
     def state(self) -> WorkerState:

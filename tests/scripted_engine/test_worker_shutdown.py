@@ -21,7 +21,6 @@ import pytest
 from devkit.redis_server import free_port
 from devkit.worker_process import SCRIPTED_ENGINE
 from producer.client import StreamqClient
-from streamq.broker.connection import redis_settings_for
 from streamq.protocol import ChunkEvent
 from streamq.tasks import stop_task
 
@@ -29,9 +28,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
     from worker import metrics
     from worker.arq_worker import StreamqWorker
-    from worker.options import OPTIONS_KEY, WorkerOptions
+    from worker.config import WorkerConfig
     from worker.presence import Presence
-    from worker.settings import worker_settings
     from worker.state import STATE_KEY, state_of
 
 
@@ -47,11 +45,15 @@ class DroppedCancel:
 
 
 async def test_the_loop_ends_when_the_cancellation_that_stops_it_is_lost(redis_url: str) -> None:
-    options = WorkerOptions(engine_factory="devkit.scripted_engine:create", metrics_port=0, cpu_nice=0)
-    settings = worker_settings(
-        redis_settings=redis_settings_for(redis_url), queue_name="streamq:shutdown-test", ctx={OPTIONS_KEY: options}
+    config = WorkerConfig(
+        redis_url=redis_url,
+        queue="streamq:shutdown-test",
+        max_jobs=256,
+        engine_factory="devkit.scripted_engine:create",
+        metrics_port=0,
+        cpu_nice=0,
     )
-    worker = StreamqWorker(**settings, handle_signals=False, max_jobs_from_engine=False)
+    worker = StreamqWorker(config, handle_signals=False)
     loop_task = asyncio.ensure_future(worker.main())
     try:
         async with asyncio.timeout(60):
@@ -136,14 +138,16 @@ async def test_ready_once_registered_and_until_the_drain_health_until_the_engine
 
     monkeypatch.setattr(Presence, "start", held_registration)
     port, queue = free_port(), f"streamq:queue:probes-{uuid.uuid4().hex[:8]}"
-    options = WorkerOptions(engine_factory=SCRIPTED_ENGINE, metrics_port=port, cpu_nice=0)
-    settings = worker_settings(
-        redis_settings=redis_settings_for(redis_url),
-        queue_name=queue,
-        job_completion_wait=60,
-        ctx={OPTIONS_KEY: options},
+    config = WorkerConfig(
+        redis_url=redis_url,
+        queue=queue,
+        drain_seconds=60,
+        max_jobs=256,
+        engine_factory=SCRIPTED_ENGINE,
+        metrics_port=port,
+        cpu_nice=0,
     )
-    worker = StreamqWorker(**settings, handle_signals=False, max_jobs_from_engine=False)
+    worker = StreamqWorker(config, handle_signals=False)
     loop_task = asyncio.ensure_future(worker.main())
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
