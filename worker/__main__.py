@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from worker.front_ends import serve_front_ends
-from worker.startup import configure_logging, parse_args, run_worker
+from worker.startup import config_from_args, configure_logging, parse_args, run_worker
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(args, front_ends=args.front_ends > 1)
     if args.front_ends > 1:
         sys.exit(serve_front_ends(argv, args))
-    sys.exit(run_worker(args))
+    sys.exit(run_worker(config_from_args(args)))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from worker.engine import engine_args_from_namespace, engine_config, log_schedul
 from worker.orphans import OrphanReaper
 from worker.scheduling import lower_worker_cpu_weight
 from worker.shared_slots import SharedSlots
-from worker.startup import configure_logging, parse_args, run_worker
+from worker.startup import config_from_args, configure_logging, parse_args, run_worker
 from worker.state import ENGINE_DEAD_EXIT_CODE
 
 logger = logging.getLogger("streamq.worker")
@@ -65,7 +65,7 @@ def run_front_end(argv: list[str], seat: FrontEndSeat) -> None:
     """A front end's process: the worker's command line, run as front end ``seat.index``."""
     args = parse_args(argv)
     configure_logging(args, front_ends=True)
-    raise SystemExit(run_worker(args, seat))
+    raise SystemExit(run_worker(config_from_args(args, seat)))
 
 
 @dataclass

@@ -364,9 +364,9 @@ def config_from_args(args: argparse.Namespace, seat: FrontEndSeat | None = None)
     )
 
 
-def run_worker(args: argparse.Namespace, seat: FrontEndSeat | None = None) -> int:
+def run_worker(config: WorkerConfig) -> int:
     """Run one worker (or one front end of ``--front-ends N``) until it stops; its exit code."""
-    worker = StreamqWorker(config_from_args(args, seat))
+    worker = StreamqWorker(config)
     worker.run()
     state = worker.ctx.get(STATE_KEY)
     if isinstance(state, WorkerState) and state.engine_dead:
