@@ -174,7 +174,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         leases = Leases(
             redis,
             worker_id=worker_id,
-            on_lost=lambda job_id, attempt: cancels.stop(job_id, attempt, Refusal.SUPERSEDED),
+            on_lost=lambda request_id, attempt: cancels.stop(request_id, attempt, Refusal.SUPERSEDED),
             on_cancelled=cancels.recorded,  # a cancel whose message this worker missed
             owners=replay_log.owners,
         )
