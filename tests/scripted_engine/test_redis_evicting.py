@@ -192,14 +192,16 @@ async def test_under_a_full_evicting_redis_every_request_ends_once_and_none_hang
         await admin.set(f"ballast:{i}", b"x" * 1000)
     outcomes: Counter[str] = Counter()
     unexplained: list[str] = []
+    waited: list[str] = []  # the requests that waited past their bound, with what Redis says of them
     try:
         async with await StreamqClient.connect(redis_server.url) as client:
             slots = asyncio.Semaphore(16)
 
             async def one(i: int) -> None:
                 async with slots:
+                    request_id = f"evict-{i}-{uuid.uuid4().hex[:6]}"
                     try:
-                        handle = await client.submit(f"p{i}-{uuid.uuid4().hex[:6]}", max_tokens=16, ignore_eos=True)
+                        handle = await client.submit(f"p{i}", request_id=request_id, max_tokens=16, ignore_eos=True)
                         completion = await asyncio.wait_for(handle.result(), 60)
                     except StreamqError as exc:
                         outcomes[type(exc).__name__] += 1
@@ -207,6 +209,7 @@ async def test_under_a_full_evicting_redis_every_request_ends_once_and_none_hang
                             unexplained.append(str(exc))
                     except TimeoutError:
                         outcomes["waited past 60 s"] += 1
+                        waited.append(f"{request_id}: {await client.status(request_id)}")
                     else:
                         assert completion.completion_tokens == 16
                         outcomes["completed"] += 1
@@ -217,5 +220,5 @@ async def test_under_a_full_evicting_redis_every_request_ends_once_and_none_hang
         await admin.config_set("maxmemory", 0)
         assert worker.stop() == 0, worker.log_tail()
     assert evicted > 0, "Redis evicted nothing: the test did not test"
-    assert sum(outcomes.values()) == 1000 and "waited past 60 s" not in outcomes, outcomes
+    assert sum(outcomes.values()) == 1000 and "waited past 60 s" not in outcomes, (outcomes, waited[:3])
     assert not unexplained, unexplained[:3]
