@@ -29,6 +29,29 @@ CLUSTER_SCHEMES: Final = {"redis+cluster": False, "rediss+cluster": True}
 """The Redis Cluster URL schemes, and whether each speaks TLS."""
 
 
+TRUE_WORDS: Final = ("1", "true", "yes", "on")
+FALSE_WORDS: Final = ("0", "false", "no", "off")
+"""How a yes-or-no setting is written (any case), in the environment and in a URL's query."""
+
+
+def parse_flag(name: str, value: str | None, *, default: bool) -> bool:
+    """A yes-or-no setting ``name`` written ``value``: ``default`` when unset or empty; a word
+    of neither list raises ``ValueError`` naming it (a typo must not flip the setting)."""
+    word = (value or "").strip().lower()
+    if not word:
+        return default
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={value!r}: expected one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+
+
+def flag_from_env(name: str, environ: Mapping[str, str] = os.environ, *, default: bool) -> bool:
+    """``parse_flag`` of ``$name``."""
+    return parse_flag(f"${name}", environ.get(name), default=default)
+
+
 def is_cluster_url(url: str) -> bool:
     """True for a ``redis+cluster://`` or ``rediss+cluster://`` URL."""
     return url.partition("://")[0] in CLUSTER_SCHEMES

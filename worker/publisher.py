@@ -43,6 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from streamq.broker.durability import REPLICA_REPLY
 from streamq.broker.replay_log import Appended, LogEvent, ReplayLog
 from streamq.env_vars import COALESCE_ENV
+from streamq.environment import flag_from_env
 from streamq.protocol import ChunkEvent, TokenLogprob, encode_event
 from streamq.tasks import stop_task
 from worker import metrics
@@ -84,8 +85,8 @@ a Sentinel failover, shorter than a client's watchdog."""
 
 
 def coalesce_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """``$STREAMQ_COALESCE``: anything but ``0``, ``false``, ``no`` or ``off`` (or unset) merges."""
-    return environ.get(COALESCE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """``$STREAMQ_COALESCE``: on unless it says off (``0``, ``false``, ``no``, ``off``)."""
+    return flag_from_env(COALESCE_ENV, environ, default=True)
 
 
 class Refusal(enum.Enum):

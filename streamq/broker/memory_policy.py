@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamq.env_vars import ALLOW_EVICTING_ENV
+from streamq.environment import flag_from_env
 
 """Set to ``1`` (or ``true``/``yes``/``on``): start under an ``allkeys-*`` policy, warned."""
 
@@ -106,7 +107,7 @@ async def eviction_cause(redis: Any) -> str | None:
 
 
 def allow_evicting_from_env(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(ALLOW_EVICTING_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return flag_from_env(ALLOW_EVICTING_ENV, environ, default=False)
 
 
 def check_memory_policy(policy: MemoryPolicy, *, allow_evicting: bool) -> str | None:

@@ -16,12 +16,12 @@ from urllib.parse import parse_qs, urlencode, urlparse, urlunparse
 from arq.connections import RedisSettings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from streamq.environment import parse_flag
+
 logger = logging.getLogger("streamq.tls")
 
 CERT_REQS: Final = ("none", "optional", "required")
 """``?ssl_cert_reqs=``: whether the server must present a certificate the CA signed."""
-_TRUE: Final = ("1", "true", "yes", "on")
-_FALSE: Final = ("0", "false", "no", "off")
 
 INSECURE_QUERY: Final = {"ssl_cert_reqs": "none"}
 """What ``--tls-insecure`` adds to a URL."""
@@ -45,7 +45,7 @@ def apply_tls_query(settings: RedisSettings, url: str) -> None:
     if cert_reqs not in CERT_REQS:
         raise ValueError(f"ssl_cert_reqs={cert_reqs!r}: expected one of {', '.join(CERT_REQS)}")
     settings.ssl_cert_reqs = cert_reqs
-    check_hostname = _boolean("ssl_check_hostname", query.get("ssl_check_hostname"), default=cert_reqs != "none")
+    check_hostname = parse_flag("ssl_check_hostname", query.get("ssl_check_hostname"), default=cert_reqs != "none")
     if check_hostname and cert_reqs == "none":
         raise ValueError("ssl_check_hostname=true needs the certificate verified: drop ssl_cert_reqs=none")
     settings.ssl_check_hostname = check_hostname
@@ -107,13 +107,3 @@ def refusal_error(settings: RedisSettings, refusal: ssl.SSLCertVerificationError
         "or (anyone on the path could then pose as Redis) turn verification off with ?ssl_cert_reqs=none "
         "or --tls-insecure"
     )
-
-
-def _boolean(name: str, value: str | None, *, default: bool) -> bool:
-    if value is None:
-        return default
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise ValueError(f"{name}={value!r}: expected true or false")

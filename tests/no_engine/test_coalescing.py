@@ -235,3 +235,5 @@ def test_the_environment_turns_merging_off() -> None:
     assert coalesce_from_env({"STREAMQ_COALESCE": "1"}) is True
     for off in ("0", "false", "No", "off"):
         assert coalesce_from_env({"STREAMQ_COALESCE": off}) is False
+    with pytest.raises(ValueError, match=r"\$STREAMQ_COALESCE='of': expected one of 1, true"):
+        coalesce_from_env({"STREAMQ_COALESCE": "of"})  # a typo does not leave merging on

@@ -41,6 +41,11 @@ def test_info_without_the_fields_reads_as_unknown() -> None:
     )
 
 
-@pytest.mark.parametrize(("value", "allowed"), [("1", True), ("yes", True), ("", False), ("0", False)])
+@pytest.mark.parametrize(("value", "allowed"), [("1", True), ("YES", True), ("", False), ("0", False)])
 def test_the_environment_allows_eviction_only_when_it_says_so(value: str, allowed: bool) -> None:
     assert allow_evicting_from_env({"STREAMQ_ALLOW_EVICTING_REDIS": value}) is allowed
+
+
+def test_a_word_that_is_neither_yes_nor_no_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"\$STREAMQ_ALLOW_EVICTING_REDIS='sure'"):
+        allow_evicting_from_env({"STREAMQ_ALLOW_EVICTING_REDIS": "sure"})
