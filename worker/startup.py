@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import shlex
+import sys
 from collections.abc import Mapping
 
 from vllm.engine.arg_utils import optional_type
@@ -318,8 +319,14 @@ def parser_flags_from_args(args: argparse.Namespace) -> ParserFlags | None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """``argv`` after the flags in ``$STREAMQ_ENGINE_ARGS`` (those given win), parsed."""
-    args: argparse.Namespace = build_parser().parse_args(shlex.split(os.environ.get(ENGINE_ARGS_ENV, "")) + argv)
+    """``argv`` after the flags in ``$STREAMQ_ENGINE_ARGS`` (those given win), parsed. A
+    variable the parser's defaults cannot read stops it as a bad flag does (exit 2)."""
+    try:
+        parser = build_parser()
+    except ValueError as exc:
+        print(f"python -m worker: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    args: argparse.Namespace = parser.parse_args(shlex.split(os.environ.get(ENGINE_ARGS_ENV, "")) + argv)
     return args
 
 

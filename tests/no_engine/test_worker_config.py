@@ -119,3 +119,14 @@ def test_nothing_is_read_from_the_environment_at_import(monkeypatch: pytest.Monk
 def test_a_ctx_without_a_config_is_refused() -> None:
     with pytest.raises(RuntimeError, match="no worker configuration"):
         config_of({})
+
+
+@pytest.mark.parametrize(("name", "value"), [(COALESCE_ENV, "of"), (LOG_MAXLEN_ENV, "0")])
+def test_a_variable_the_worker_cannot_read_stops_it_as_a_bad_flag_does(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--engine-factory", FACTORY])
+    assert exited.value.code == 2
+    assert f"python -m worker: error: ${name}" in capsys.readouterr().err
