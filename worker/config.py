@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamq.broker.durability import durable_ends_from_env
 from streamq.broker.memory_policy import allow_evicting_from_env
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
     from worker.chat_parsing import ParserFlags
     from worker.shared_slots import SharedSlots
+
+T = TypeVar("T")
 
 CONFIG_KEY = "streamq_config"
 """The key of ``WorkerConfig`` in the ``ctx`` arq is given."""
@@ -164,10 +166,16 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> WorkerConfig:
 
 def config_of(ctx: Mapping[str, Any]) -> WorkerConfig:
     """The configuration in arq's ``ctx`` (``worker.settings.arq_settings`` puts it there)."""
-    config = ctx.get(CONFIG_KEY)
-    if not isinstance(config, WorkerConfig):
+    return held_in(ctx, CONFIG_KEY, WorkerConfig, "")
+
+
+def held_in(ctx: Mapping[str, Any], key: str, kind: type[T], made_by: str) -> T:
+    """What arq's ``ctx`` holds at ``key``, of type ``kind``; else a ``RuntimeError`` saying how
+    a worker is run (``made_by``: what puts it there, said after)."""
+    value = ctx.get(key)
+    if not isinstance(value, kind):
         raise RuntimeError(
-            f"arq's ctx holds no worker configuration ({CONFIG_KEY!r}): run the worker with "
-            "worker.WorkerSettings or python -m worker"
+            f"arq's ctx holds no {kind.__name__} ({key!r}): run the worker with worker.WorkerSettings "
+            f"or python -m worker{made_by}"
         )
-    return config
+    return value

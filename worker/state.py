@@ -18,6 +18,7 @@ from streamq.broker.replay_log import ReplayLog
 from streamq.protocol.names import DEFAULT_CHECKPOINT_TOKENS
 from worker.callbacks import CallbackSender
 from worker.cancel import CancelListener
+from worker.config import held_in
 from worker.lease import Leases
 from worker.presence import Presence
 from worker.publisher import EventPublisher
@@ -112,10 +113,4 @@ class WorkerState:
 
 def state_of(ctx: Mapping[str, Any]) -> WorkerState:
     """The ``WorkerState`` in arq's ``ctx``."""
-    state = ctx.get(STATE_KEY)
-    if not isinstance(state, WorkerState):
-        raise RuntimeError(
-            f"arq's ctx holds no worker state ({STATE_KEY!r}): run the worker with worker.WorkerSettings "
-            "or python -m worker, whose start-up hook (worker.hooks.on_startup) builds it"
-        )
-    return state
+    return held_in(ctx, STATE_KEY, WorkerState, ", whose start-up hook (worker.hooks.on_startup) builds it")

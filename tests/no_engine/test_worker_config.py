@@ -117,7 +117,7 @@ def test_nothing_is_read_from_the_environment_at_import(monkeypatch: pytest.Monk
 
 
 def test_a_ctx_without_a_config_is_refused() -> None:
-    with pytest.raises(RuntimeError, match="no worker configuration"):
+    with pytest.raises(RuntimeError, match="holds no WorkerConfig"):
         config_of({})
 
 
