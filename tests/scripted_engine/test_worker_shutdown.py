@@ -47,7 +47,7 @@ class DroppedCancel:
 async def test_the_loop_ends_when_the_cancellation_that_stops_it_is_lost(redis_url: str) -> None:
     config = WorkerConfig(
         redis_url=redis_url,
-        queue="streamq:shutdown-test",
+        queue="streamq:queue:shutdown-test",  # inside the roles' queue patterns: it registers on the shared Redis
         max_jobs=256,
         engine_factory="devkit.scripted_engine:create",
         metrics_port=0,
