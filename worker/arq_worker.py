@@ -60,6 +60,16 @@ def redis_reply(exc: ResponseError) -> str:
     return f"OOM {reply}" if isinstance(exc, OutOfMemoryError) else reply
 
 
+def slots_freed_by_ended(batch: int, jobs: int, ended: int) -> int:
+    """How many of a worker's ``jobs`` whose request already ended (``ended``, their arq
+    bookkeeping still running) free an engine slot that enqueue's routing may count: a
+    conversation's next turn arrives as soon as its client has the final event, before
+    the job's slot is free for claims. Only as far as the engine's ``batch`` has room
+    beside the requests still running: with jobs waiting in the engine's queue, an ended
+    request's slot is theirs, and a follow-up held here would wait behind them."""
+    return min(ended, max(0, batch - (jobs - ended)))
+
+
 @dataclass(frozen=True)
 class RedisRefusal:
     """Redis's reply to the loop's last write, and since when it has refused them."""
@@ -269,8 +279,8 @@ class StreamqWorker(Worker):
         ttl_ms = state.leases.ttl_ms
         asked_at = timestamp_ms()
         metrics.ROUND_TRIPS["claim"].inc()
-        # Slots whose request already ended count as free for enqueue's routing (only).
-        spare += sum(1 for job_id in state.ended_jobs if job_id in self.tasks and not self.tasks[job_id].done())
+        ended = sum(1 for job_id in state.ended_jobs if job_id in self.tasks and not self.tasks[job_id].done())
+        spare += slots_freed_by_ended(self._batch, self.job_counter, ended)
         claimed = ClaimJobs.reply(
             await self._claim(
                 ClaimJobs(

@@ -471,6 +471,18 @@ async def test_spare_slots_beyond_the_claim_are_told_to_enqueue(queue: Queue) ->
     assert await queue.redis.get(f"{queue.name}:free:fe-1") == b"7"
 
 
+async def test_jobs_taken_for_the_engines_queue_fill_the_spare_slots_first(queue: Queue) -> None:
+    """A worker whose batch is full but for a slot an ended request still holds (``spare``)
+    takes a job for its engine's queue: that job gets the slot, and enqueue is told of none
+    (a follow-up held there would wait behind it)."""
+    await queue.enqueue("next")
+    call = replace(queue.claim_call("w1", 0, running=2, spare=1), ahead=3)
+    assert [job.job_id for job in ClaimJobs.reply(await queue._claim(call)).jobs] == ["next"]
+    assert await queue.redis.get(f"{queue.name}:free:w1") == b"0"
+    await queue._claim(replace(call, running=3))  # nothing waits: the spare slot is told
+    assert await queue.redis.get(f"{queue.name}:free:w1") == b"1"
+
+
 async def test_an_adapter_with_no_live_affinity_worker_goes_to_the_worker_of_the_fewest(queue: Queue) -> None:
     """New adapters spread by room, not by load: w1 is the worker of two adapters, w2 (busier) none."""
     await queue.claim(8, worker="w1")

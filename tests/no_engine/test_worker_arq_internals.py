@@ -20,7 +20,7 @@ from streamq.protocol import IN_PROGRESS_PREFIX
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
-    from worker.arq_worker import StreamqWorker
+    from worker.arq_worker import StreamqWorker, slots_freed_by_ended
 
 RECORDED: dict[str, str] = {
     # Overridden by StreamqWorker.
@@ -105,3 +105,19 @@ def test_arq_attributes_the_worker_reads_still_exist() -> None:
 
 def test_the_in_progress_prefix_is_arqs() -> None:
     assert arq.constants.in_progress_key_prefix == IN_PROGRESS_PREFIX
+
+
+@pytest.mark.parametrize(
+    ("batch", "jobs", "ended", "freed"),
+    [
+        (2, 1, 1, 1),  # the turn just ended, nothing else runs: its slot is the follow-up's
+        (2, 2, 1, 1),  # one request runs beside it
+        (2, 3, 1, 0),  # two run (one was waiting in the engine's queue): no room
+        (4, 6, 3, 1),  # three ended, three run: one slot left
+        (2, 0, 0, 0),
+    ],
+)
+def test_ended_requests_free_slots_for_routing_only_where_the_batch_has_room(
+    batch: int, jobs: int, ended: int, freed: int
+) -> None:
+    assert slots_freed_by_ended(batch, jobs, ended) == freed

@@ -354,9 +354,10 @@ if wakeup ~= '' and (held_for_others or (promoted and n >= wanted)) then
   redis.call('PUBLISH', wakeup, q)
 end
 -- What enqueue reads to route a job here: this worker's free slots (lapsing unless it
--- claims again) and how many jobs it runs.
+-- claims again; the jobs taken for its engine's queue fill its spare slots first) and how
+-- many jobs it runs.
 if free_ttl > 0 then
-  redis.call('SET', affinity_free_key(q, me), math.max(0, wanted - n) + spare, 'PX', free_ttl)
+  redis.call('SET', affinity_free_key(q, me), math.max(0, wanted + spare - n), 'PX', free_ttl)
   redis.call('ZADD', q .. ':load', busy + n, me)
 end
 return claimed
