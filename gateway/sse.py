@@ -10,15 +10,17 @@ comments, which SSE clients skip and proxies and HTTP clients count as traffic.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Final, TypeAlias, TypeVar
+from dataclasses import dataclass, field
+from typing import Final, Protocol, TypeAlias, TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.disconnect import wait_for_disconnect
 from producer.openai_api.chunks import ChunkBuilder
+from producer.openai_api.errors import ApiError
 from streamq.protocol import ChunkEvent, ErrorEvent, Event, FinalEvent
 
 DONE: Final = b"data: [DONE]\n\n"
@@ -68,20 +70,54 @@ def sse_event(data: bytes, event_id: str | None) -> bytes:
     return b"id: %b\ndata: %b\n\n" % (event_id.encode(), data)
 
 
+class Framing(Protocol):
+    """How a streamed response of one API frames the chat or completion chunks of the
+    OpenAI mapping: OpenAI's own ``data:`` events ended by ``[DONE]``, or the events of an
+    API that the gateway maps onto it (``gateway.faces``), which may keep state across a
+    response's chunks."""
+
+    def frame(self, chunks: list[bytes], event_id: str | None) -> bytes:
+        """The SSE bytes of ``chunks`` (OpenAI chunk JSON, possibly none), labelled ``event_id``."""
+        ...
+
+    def end(self) -> bytes:
+        """What ends the stream once the response is complete."""
+        ...
+
+    def error(self, error: ApiError) -> bytes:
+        """The event that ends a stream in ``error``."""
+        ...
+
+
+class OpenAIFraming:
+    """OpenAI's streams: each chunk a ``data:`` event, ``[DONE]`` at the end, an error as its body."""
+
+    def frame(self, chunks: list[bytes], event_id: str | None) -> bytes:
+        return b"".join([sse_event(chunk, event_id) for chunk in chunks])
+
+    def end(self) -> bytes:
+        return DONE
+
+    def error(self, error: ApiError) -> bytes:
+        return sse_event(json.dumps(error.body()).encode(), None) + DONE
+
+
 @dataclass
 class SseEncoder:
     """Turns one request's events, in order, into the SSE bytes of its streamed response;
-    ``event_ids`` labels each on a resumable stream (``None``: no ``id:`` lines)."""
+    ``event_ids`` labels each on a resumable stream (``None``: no ``id:`` lines); ``framing``
+    writes them in the API's own events."""
 
     chunks: ChunkBuilder
     event_ids: EventIds | None = None
+    framing: Framing = field(default_factory=OpenAIFraming)
 
     def encode(self, event: ChunkEvent | FinalEvent | ErrorEvent, prompt: int = 0) -> bytes:
-        """The SSE bytes of ``event`` (of the request of ``prompt``), with ``[DONE]`` once
-        the response is complete."""
+        """The SSE bytes of ``event`` (of the request of ``prompt``), with the stream's end
+        (``[DONE]``) once the response is complete."""
         event_id = None if self.event_ids is None else self.event_ids(event, prompt)
-        text = b"".join([sse_event(chunk, event_id) for chunk in self.chunks.chunks(event, prompt)])
-        return text + DONE if self.chunks.done else text
+        text = self.framing.frame(self.chunks.chunks(event, prompt), event_id)
+        return text + self.framing.end() if self.chunks.done else text
 
 
 class SseResponse(StreamingResponse):

@@ -27,10 +27,10 @@ from fastapi.responses import JSONResponse, Response
 from gateway import http_metrics
 from gateway.auth import TENANT_STATE, Tenant, unauthorized
 from gateway.disconnect import ClientGone, until_disconnected
+from gateway.faces import CHAT_COMPLETIONS_FACE, COMPLETIONS_FACE, Face
 from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from gateway.request_group import RequestGroup
-from gateway.request_status import error_response
-from gateway.sse import DONE, KEEPALIVE, EventIds, SseEncoder, SseResponse, sse_event, with_keepalives
+from gateway.sse import DONE, KEEPALIVE, EventIds, Framing, SseEncoder, SseResponse, with_keepalives
 from gateway.state import config_of, services_of
 from producer.client import RequestHandle
 from producer.errors import MissingEvents, RequestError
@@ -71,12 +71,12 @@ router = APIRouter()
 
 @router.post(COMPLETIONS.path)
 async def completions(request: Request) -> Response:
-    return await _respond(request, COMPLETIONS)
+    return await respond(request, COMPLETIONS_FACE)
 
 
 @router.post(CHAT_COMPLETIONS.path)
 async def chat_completions(request: Request) -> Response:
-    return await _respond(request, CHAT_COMPLETIONS)
+    return await respond(request, CHAT_COMPLETIONS_FACE)
 
 
 @dataclass
@@ -109,21 +109,21 @@ class _Account:
             await self.limiter.finish(self.admission)
 
 
-async def _respond(request: Request, endpoint: Endpoint) -> Response:
-    """One completion request, every failure mapped to OpenAI's error shape, counted
-    in the gateway's metrics (a stream stays in progress until it closes)."""
+async def respond(request: Request, face: Face) -> Response:
+    """One request of ``face``'s API, every failure mapped to its error shape, counted in
+    the gateway's metrics (a stream stays in progress until it closes)."""
     account = _Account(services_of(request.app).limiter, getattr(request.state, TENANT_STATE, None))
     response: Response | None = None
     try:
-        response = await _generate(request, endpoint, account)
+        response = await _generate(request, face, account)
     except ClientGone:
         response = Response(status_code=499)  # nobody is listening any more
     except KeyRevoked:
         assert account.tenant is not None
         services_of(request.app).auth.forget(account.tenant.digest)
-        response = error_response(unauthorized("incorrect API key provided"))
+        response = face.error_response(unauthorized("incorrect API key provided"))
     except Exception as exc:
-        response = error_response(exc)
+        response = face.error_response(exc)
     finally:
         if not isinstance(response, SseResponse):  # a stream's own close releases it
             await account.close(succeeded=response is not None and response.status_code == 200)
@@ -162,14 +162,15 @@ def _affinity(request: Request) -> dict[str, Any]:
     return kwargs
 
 
-async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> Response:
+async def _generate(request: Request, face: Face, account: _Account) -> Response:
     """Parse, admit, queue (or resume), then answer whole or as a stream."""
     arrived = time.monotonic()
     try:
         body = json.loads(await request.body())
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
-    params = parse_openai_body(body, chat=endpoint.chat, limits=config_of(request.app).limits)
+    endpoint = face.endpoint
+    params = parse_openai_body(face.openai_body(body), chat=endpoint.chat, limits=config_of(request.app).limits)
     named = _named_request(request, params)
     affinity = _affinity(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")
@@ -187,10 +188,20 @@ async def _generate(request: Request, endpoint: Endpoint, account: _Account) -> 
     meta = ResponseMeta(endpoint.chat, group.name, params.model, created=int(time.time()))
     try:
         if not params.stream:
-            return await _whole(request, endpoint, params, group, meta, account)
+            whole = await _whole(request, endpoint, params, group, meta, account)
+            return JSONResponse(face.whole(whole, body), headers={"x-request-id": meta.request_id})
         opened = last_event is not None and last_event[0] >= 0  # its client has the role chunks
+        framing = face.framing(meta, body)
         return await _stream(
-            request, params, group, meta, account, resumable=named is not None, opened=opened, arrived=arrived
+            request,
+            params,
+            group,
+            meta,
+            account,
+            framing,
+            resumable=named is not None,
+            opened=opened,
+            arrived=arrived,
         )
     except BaseException:
         await group.close()
@@ -204,17 +215,16 @@ async def _whole(
     group: RequestGroup,
     meta: ResponseMeta,
     account: _Account,
-) -> Response:
-    """The whole response, once every request of the group ended."""
+) -> dict[str, Any]:
+    """The whole OpenAI response, once every request of the group ended."""
     completions = await until_disconnected(request.receive, group.results())
     if any(_never_started(completion.finish_reasons, completion.completion_tokens) for completion in completions):
         raise waited_too_long(params.model, config_of(request.app).queue_timeout_s)
     for completion in completions:
         account.charge(completion.prompt_tokens, completion.completion_tokens)
-    whole = endpoint.to_response(
+    return endpoint.to_response(
         completions, model=params.model, created=meta.created, shape=params.shape, response_id=meta.id
     )
-    return JSONResponse(whole, headers={"x-request-id": meta.request_id})
 
 
 async def _stream(
@@ -223,6 +233,7 @@ async def _stream(
     group: RequestGroup,
     meta: ResponseMeta,
     account: _Account,
+    framing: Framing,
     *,
     resumable: bool,
     opened: bool,
@@ -241,7 +252,7 @@ async def _stream(
     chunks = ChunkBuilder(
         meta, params.include_usage, n=params.n, role_sent=opened, shape=params.shape, prompts=len(group.handles)
     )
-    encoder = SseEncoder(chunks, event_ids=_event_ids(group) if resumable else None)
+    encoder = SseEncoder(chunks, event_ids=_event_ids(group) if resumable else None, framing=framing)
     timed_out = waited_too_long(params.model, config_of(request.app).queue_timeout_s)
 
     async def close() -> None:
@@ -416,7 +427,7 @@ async def _sse_text(
                 arrived = None
             if isinstance(event, FinalEvent) and _never_started(event.finish_reasons, event.completion_tokens):
                 await account.close(succeeded=False)
-                yield sse_event(json.dumps(timed_out.body()).encode(), None) + DONE
+                yield encoder.framing.error(timed_out)
                 return
             if isinstance(event, ChunkEvent):
                 account.charge(0, len(event.token_ids))
