@@ -11,7 +11,7 @@ EXTRAS ?= cpu,local-redis,test
 # is ignored; pip's still fails the pipeline through pipefail.)
 PIP_QUIET := { grep -v "^WARNING: Location 'file://" || true; }
 
-.PHONY: install demo dashboard dashboard-pictures test test-no-engine test-scripted-engine test-real-engine lint clean
+.PHONY: install demo dashboard dashboard-pictures test test-no-engine test-scripted-engine test-real-engine lint clean guidellm-venv
 
 install: $(VENV)/.installed-$(EXTRAS)
 
@@ -65,5 +65,11 @@ lint: install
 	$(PY) -m ruff format --check worker producer gateway streamq devkit tests bench docs/examples
 	$(PY) -m mypy worker producer gateway streamq devkit bench
 
+# guidellm for bench/guidellm_run.py, in a venv of its own: it pins click and multidict
+# below what this project's packages need.
+guidellm-venv:
+	test -x .venv-guidellm/bin/python || $(PYTHON) -m venv .venv-guidellm
+	.venv-guidellm/bin/python -m pip install -q 'guidellm==0.8.1' 2>&1 | $(PIP_QUIET)
+
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .venv-guidellm .cache .pytest_cache
