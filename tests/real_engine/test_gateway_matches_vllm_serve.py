@@ -34,7 +34,9 @@ from transformers import AutoTokenizer
 
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import tiny_engine_flags, worker_env
+from producer.openai_api.fields import ENDPOINT_FIELDS, LEGACY_FIELDS, Support
 from streamq.protocol import ChunkEvent, decode_event, events_channel
+from tests.support.schema_fuzz import Answers, answered, bounded, drawn_bodies
 from tests.support.session import MAX_MODEL_LEN
 from tests.support.vllm_serve import beside_a_worker, comparable, post
 
@@ -477,3 +479,36 @@ def test_lm_eval_gives_the_same_samples_through_the_gateway(servers: Servers, tm
         assert_same_responses(remote[task], reference[task])
     loglikelihoods = [float(r[0][0]) for row in ours["streamq_choice"] for r in row["resps"]]
     assert len(set(loglikelihoods)) > 1 and all(ll < 0 for ll in loglikelihoods)  # real scores, not a constant
+
+
+FUZZ_CASES = 100
+"""Bodies drawn per endpoint: the same each run (``tests/support/schema_fuzz.py``)."""
+
+
+def refused_for_the_queue(answers: Answers, chat: bool) -> bool:
+    """A 400 of the gateway naming a field its table refuses (a reason of the queue's:
+    beam search, disaggregation, tensors, ...), sent with a value other than its default."""
+    if answers.gateway_status != 400:
+        return False
+    param = json.loads(answers.gateway_text)["error"].get("param")
+    field = {**ENDPOINT_FIELDS[chat], **LEGACY_FIELDS}.get(param or "")
+    return field is not None and field.support is Support.REFUSED
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_bodies_drawn_from_vllm_serves_schema_are_answered_as_it_answers_them(servers: Servers, path: str) -> None:
+    """What a fuzzer driven by ``vllm serve``'s OpenAPI schema finds: the gateway never
+    answers with a 5xx; it gives a completion wherever ``vllm serve`` gives one, unless it
+    refuses a field its table refuses for a reason of the queue's; and it refuses what
+    ``vllm serve`` refuses."""
+    schema = httpx.get(servers.serve_url + "/openapi.json", timeout=30).json()
+    chat = path.endswith("chat/completions")
+    differences = []
+    for body in drawn_bodies(schema, path, FUZZ_CASES):
+        answers = answered(servers.serve_url, servers.gateway_url, path, bounded(body, MODEL))
+        serve_ok, gateway_ok = answers.serve_status == 200, answers.gateway_status == 200
+        refused_alone = serve_ok and not gateway_ok and not refused_for_the_queue(answers, chat)
+        answered_alone = gateway_ok and 400 <= answers.serve_status < 500
+        if answers.gateway_status >= 500 or refused_alone or answered_alone:
+            differences.append(answers.describe())
+    assert not differences, "\n".join(differences)
