@@ -16,9 +16,10 @@ from gateway.auth import ApiKeyAuth, ApiKeyMiddleware
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from gateway.dashboard import routes as dashboard_routes
 from gateway.dashboard.sampler import DashboardSampler
+from gateway.faces_messages import MESSAGES_FACE, MESSAGES_PATH
 from gateway.key_limits import KeyLimiter
 from gateway.queue_metrics import QueueTender
-from gateway.routes import completions, requests, service, tokenizer
+from gateway.routes import completions, messages, requests, service, tokenizer
 from gateway.sse import DEFAULT_KEEPALIVE_S
 from gateway.state import GatewayConfig, GatewayServices
 from producer.internal_client import InternalClient
@@ -105,11 +106,12 @@ def create_app(
     app = FastAPI(title="streamq gateway", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     # Added last, so it runs first: a request without a valid key is refused before its body is read.
-    app.add_middleware(ApiKeyMiddleware, auth=auth, protect_metrics=protect_metrics)
+    error_bodies = {MESSAGES_PATH: MESSAGES_FACE.error_body}
+    app.add_middleware(ApiKeyMiddleware, auth=auth, protect_metrics=protect_metrics, error_bodies=error_bodies)
     app.state.config = GatewayConfig(
         limits=limits, queue_timeout_s=queue_timeout_s, keepalive_s=keepalive_s, tokenizer_model=tokenizer_model
     )
-    for router in (service.router, completions.router, requests.router, tokenizer.router):
+    for router in (service.router, completions.router, messages.router, requests.router, tokenizer.router):
         app.include_router(router)
     dashboard_routes.install(app)
     return app

@@ -1,5 +1,6 @@
 """API keys at the gateway: every ``/v1/*`` request (and the tokenizer's routes) names its key as ``Authorization:
-Bearer <key>``, as with ``vllm serve --api-key`` and OpenAI's API.
+Bearer <key>``, as with ``vllm serve --api-key`` and OpenAI's API, or as ``x-api-key: <key>``, as Anthropic's API
+(and its SDK) does.
 
 Keys come from the command line (``--api-key``, a keys file, ``$STREAMQ_API_KEYS``) and from
 Redis (``streamq keys create``; ``streamq.broker.api_keys``). Secrets are compared as SHA-256
@@ -14,9 +15,10 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from redis.asyncio import Redis
 from starlette.responses import JSONResponse
@@ -135,7 +137,7 @@ class ApiKeyAuth:
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+            raise unauthorized("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')")
         digest = secret_hash(token)
         matched: str | None = None
         for name, known in self._static:  # every one compared: no early exit
@@ -185,12 +187,20 @@ class ApiKeyMiddleware:
     """Checks the key of every ``/v1/*`` request (and ``/metrics`` when protected) before
     any route runs, and leaves the tenant in ``request.state.tenant``. The dashboard's
     data (``/dashboard/api/*``) takes only command-line keys: a tenant's key stored in
-    Redis gets 403."""
+    Redis gets 403. ``error_bodies``: per path prefix, the error shape of an API other than
+    OpenAI's."""
 
-    def __init__(self, app: ASGIApp, auth: ApiKeyAuth, protect_metrics: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        auth: ApiKeyAuth,
+        protect_metrics: bool = False,
+        error_bodies: Mapping[str, Callable[[ApiError], dict[str, Any]]] | None = None,
+    ) -> None:
         self.app = app
         self.auth = auth
         self.protect_metrics = protect_metrics
+        self.error_bodies = dict(error_bodies or {})
 
     def _guarded(self, path: str) -> bool:
         return (
@@ -204,17 +214,23 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or not self._guarded(scope["path"]):
             await self.app(scope, receive, send)
             return
-        authorization = None
+        authorization = api_key = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
+            elif name == b"x-api-key":
+                api_key = value.decode("latin-1")
+        if authorization is None and api_key is not None:
+            authorization = f"Bearer {api_key}"
         try:
             tenant = await self.auth.authenticate(authorization)
             if tenant is not None and tenant.record is not None and scope["path"].startswith("/dashboard/"):
                 raise dashboard_forbidden()
         except Exception as exc:
             error = api_error_for(exc)
-            await JSONResponse(error.body(), status_code=error.status, headers=error.headers)(scope, receive, send)
+            shape = next((body for prefix, body in self.error_bodies.items() if scope["path"].startswith(prefix)), None)
+            content = error.body() if shape is None else shape(error)
+            await JSONResponse(content, status_code=error.status, headers=error.headers)(scope, receive, send)
             return
         scope.setdefault("state", {})[TENANT_STATE] = tenant
         await self.app(scope, receive, send)

@@ -47,9 +47,9 @@ router = APIRouter()
 async def tokenize(request: Request) -> Response:
     try:
         body = await _body(request, _TOKENIZE_FIELDS)
-        model = await _model(request, body.get("model"))
+        model = await resolve_model(request, body.get("model"))
         kwargs = _tokenize_kwargs(body)
-        completion = await _echo(request, model, kwargs)
+        completion = await echo_prompt(request, model, kwargs)
         assert completion.prompt_token_ids is not None, "echo brings the prompt's token ids back"
         context = (await services_of(request.app).client.routes()).context_length(model)
         tokens = completion.prompt_token_ids
@@ -62,11 +62,11 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     try:
         body = await _body(request, frozenset({"model", "tokens"}))
-        model = await _model(request, body.get("model"))
+        model = await resolve_model(request, body.get("model"))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens) or not tokens:
             raise InvalidParameter("tokens must be a non-empty list of token ids", param="tokens")
-        completion = await _echo(request, model, {"prompt": tokens})
+        completion = await echo_prompt(request, model, {"prompt": tokens})
         assert completion.prompt_echo is not None, "echo brings the prompt's text back"
         return JSONResponse({"prompt": completion.prompt_echo.text})
     except Exception as exc:
@@ -76,7 +76,7 @@ async def detokenize(request: Request) -> Response:
 @router.get("/tokenizer_info")
 async def tokenizer_info(request: Request, model: str | None = None) -> Response:
     try:
-        name = await _model(request, model)
+        name = await resolve_model(request, model)
         info = await services_of(request.app).client.redis.get(TOKENIZER_INFO_PREFIX + name)
         if info is None:
             raise ApiError(
@@ -99,7 +99,7 @@ async def _body(request: Request, known: frozenset[str]) -> dict[str, Any]:
     return body
 
 
-async def _model(request: Request, model: object) -> str:
+async def resolve_model(request: Request, model: object) -> str:
     """The model the request names, else the gateway's default, else the one live model;
     one the key may use."""
     client = services_of(request.app).client
@@ -139,7 +139,7 @@ def _tokenize_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": prompt, **({"add_special_tokens": False} if special is False else {})}
 
 
-async def _echo(request: Request, model: str, kwargs: dict[str, Any]) -> Any:
+async def echo_prompt(request: Request, model: str, kwargs: dict[str, Any]) -> Any:
     """Run ``kwargs``' prompt through one of ``model``'s workers for one token, echoed."""
     client = services_of(request.app).client
     tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.routes.tokenizer import _model
+from gateway.routes.tokenizer import resolve_model
 from producer.openai_api.errors import ApiError
 from streamq.broker.registry import Routes
 from streamq.protocol import WorkerRegistration
@@ -29,18 +29,18 @@ def request(models: list[str], default: str | None = None) -> Any:
 
 
 async def test_a_named_model_is_the_one() -> None:
-    assert await _model(request(["a", "b"]), "b") == "b"
+    assert await resolve_model(request(["a", "b"]), "b") == "b"
 
 
 async def test_without_a_name_the_gateways_default_answers() -> None:
-    assert await _model(request(["a", "b"], default="a"), None) == "a"
+    assert await resolve_model(request(["a", "b"], default="a"), None) == "a"
 
 
 async def test_without_a_name_or_default_the_one_live_model_answers() -> None:
-    assert await _model(request(["a"]), None) == "a"
+    assert await resolve_model(request(["a"]), None) == "a"
 
 
 async def test_several_live_models_and_no_name_is_a_400_listing_them() -> None:
     with pytest.raises(ApiError) as caught:
-        await _model(request(["a", "b"]), None)
+        await resolve_model(request(["a", "b"]), None)
     assert caught.value.status == 400 and "a, b" in str(caught.value)

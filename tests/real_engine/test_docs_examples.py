@@ -1,6 +1,7 @@
 """Every example under docs/examples/ runs as a reader runs it: a fresh Python process
 with ``REDIS_URL`` and ``STREAMQ_QUEUE`` (the Python client) or ``OPENAI_BASE_URL`` and
-``OPENAI_API_KEY`` (the openai SDK) set, against the session's real worker and a real
+``OPENAI_API_KEY`` (the openai SDK) or ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY``
+(the anthropic SDK) set, against the session's real worker and a real
 gateway. The pages show these files verbatim (``tests/no_engine/test_docs.py``). The
 Node.js client (docs/examples/node/) runs with ``node``, its ``redis`` package installed by npm."""
 
@@ -43,6 +44,7 @@ OUTPUT: dict[str, str] = {
     "openai_structured_outputs.py": r" (stop|length)\n",
     "affinity_follow_up.py": r"^(\S+) \1 True\n$",
     "client_generate_many.py": r"^(haiku-\d+ \[('stop'|'length')\] \d+\n){100}$",
+    "anthropic_messages.py": r"\n(end_turn|max_tokens) \d+ \d+\n(.|\n)*\n(end_turn|max_tokens)\n$",
 }
 """What an example's output must match (a regular expression, searched), beyond running
 without error: the parts that do not depend on the tiny model's random text."""
@@ -66,6 +68,8 @@ def example_env(worker: WorkerProcess, producer_url: str, gateway: GatewayProces
         "STREAMQ_QUEUE": worker.queue,
         "OPENAI_BASE_URL": gateway.url + "/v1",
         "OPENAI_API_KEY": "unused",
+        "ANTHROPIC_BASE_URL": gateway.url,  # the anthropic SDK adds /v1 itself
+        "ANTHROPIC_API_KEY": "unused",
     }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from devkit.worker_process import tiny_engine_flags
@@ -287,3 +288,129 @@ def test_reasoning_is_split_off_as_vllm_serve_does(tool_servers: ToolServers, st
     # the same as ours.
     thought = used["completion_tokens_details"]["reasoning_tokens"]
     assert thought >= 1 if stream else thought == MAX_TOKENS
+
+
+# Anthropic's Messages API, through the anthropic SDK, against both servers (``vllm serve``
+# maps it onto its chat completions, the gateway onto the same queued request).
+
+ANTHROPIC_TOOLS: Any = [
+    {
+        "name": tool["function"]["name"],
+        "description": tool["function"]["description"],
+        "input_schema": tool["function"]["parameters"],
+        "strict": True,
+    }
+    for tool in (WEATHER, CLOCK)
+]
+ASK: Any = [{"role": "user", "content": "What is the weather in Oslo?"}]
+GREEDY: dict[str, Any] = {"extra_body": {"temperature": 0}}
+"""Sampling fields are not the anthropic SDK's arguments any more: they go as extra body fields.
+With thinking on, the tiny model's whole reply is reasoning: a ``thinking`` block."""
+TOOL_CALL: dict[str, Any] = {"extra_body": {"temperature": 0, "chat_template_kwargs": NO_THINKING}}
+"""Thinking off: the reasoning parser would read a call as reasoning."""
+
+
+def anthropic_clients(tool_servers: ToolServers) -> dict[str, Any]:
+    """The anthropic SDK on each server (``vllm serve`` first)."""
+    import anthropic
+
+    urls = {"vllm serve": tool_servers.serve_url, "gateway": tool_servers.gateway_url}
+    return {name: anthropic.Anthropic(base_url=url, api_key="unused", timeout=120) for name, url in urls.items()}
+
+
+def without_ids(message: Any) -> dict[str, Any]:
+    """A message as both servers must agree on it: all but its id (and tool calls' ids, and
+    thinking blocks' signatures: random on both)."""
+    dumped = message.model_dump(exclude_none=True)
+    dumped.pop("id")
+    for block in dumped["content"]:
+        block.pop("id", None)
+        block.pop("signature", None)
+    return dict(dumped)
+
+
+def test_messages_create_and_stream_match_vllm_serve(tool_servers: ToolServers) -> None:
+    """``messages.create`` and ``messages.stream`` at temperature 0: the same message (text,
+    stop reason, usage) on both servers, whole and streamed."""
+    seen: dict[str, Any] = {}
+    for server, client in anthropic_clients(tool_servers).items():
+        # (No system prompt: count_tokens holds its rendering against vllm serve's. With this
+        # one, the tiny model writes tokens that vllm serve keeps as special tokens and broken
+        # bytes, and the worker drops, on chat completions alike.)
+        ask: Any = {"model": TOOLS_MODEL, "max_tokens": MAX_TOKENS, "messages": ASK, **GREEDY}
+        whole = client.messages.create(**ask)
+        with client.messages.stream(**ask) as stream:
+            kinds = [event.type for event in stream]
+            streamed = stream.get_final_message()
+        seen[server] = (without_ids(whole), without_ids(streamed), kinds)
+    whole, streamed, kinds = seen["gateway"]
+    assert (whole, streamed) == seen["vllm serve"][:2]
+    assert whole == streamed, "a stream's message is the whole one"
+    assert whole["usage"]["output_tokens"] > 0 and whole["stop_reason"] in ("end_turn", "max_tokens")
+    assert whole["content"][0]["type"] == "thinking" and whole["content"][0]["thinking"]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "message_delta" in kinds
+
+
+def test_a_messages_tool_round_trip_matches_vllm_serve(tool_servers: ToolServers) -> None:
+    """A named tool forced with ``tool_choice``, its ``tool_use`` block sent back with a
+    ``tool_result``, the reply read: the same on both servers, whole and streamed."""
+    seen: dict[str, Any] = {}
+    for server, client in anthropic_clients(tool_servers).items():
+        # Room for the whitespace the random model writes inside the call (no logit_bias here).
+        ask: Any = {"model": TOOLS_MODEL, "max_tokens": 120, "tools": ANTHROPIC_TOOLS}
+        choice = {"type": "tool", "name": "get_time"}
+        first = client.messages.create(messages=ASK, tool_choice=choice, **ask, **TOOL_CALL)
+        with client.messages.stream(messages=ASK, tool_choice=choice, **ask, **TOOL_CALL) as stream:
+            streamed = stream.get_final_message()
+        results = [
+            {"type": "tool_result", "tool_use_id": block.id, "content": json.dumps({"time": "12:00", **block.input})}
+            for block in first.content
+            if block.type == "tool_use"
+        ]
+        turns = [*ASK, {"role": "assistant", "content": first.content}, {"role": "user", "content": results}]
+        reply = client.messages.create(messages=turns, **{**ask, "max_tokens": MAX_TOKENS}, **GREEDY)
+        seen[server] = (without_ids(first), without_ids(streamed), without_ids(reply))
+    first, streamed, reply = seen["gateway"]
+    assert seen["gateway"] == seen["vllm serve"]
+    assert first == streamed
+    (call,) = first["content"]
+    assert call["type"] == "tool_use" and call["name"] == "get_time" and set(call["input"]) == {"zone"}
+    assert first["stop_reason"] == "tool_use"
+    assert reply["usage"]["input_tokens"] > first["usage"]["input_tokens"], "the reply's prompt holds the round trip"
+
+
+def test_count_tokens_matches_vllm_serve(tool_servers: ToolServers) -> None:
+    """``messages.count_tokens``: the prompt as the chat template renders it, tools and
+    system prompt included, counted alike."""
+    counted = {
+        server: client.messages.count_tokens(
+            model=TOOLS_MODEL, system="You are terse.", messages=ASK, tools=ANTHROPIC_TOOLS
+        ).input_tokens
+        for server, client in anthropic_clients(tool_servers).items()
+    }
+    assert counted["gateway"] == counted["vllm serve"] > 0
+    whole = anthropic_clients(tool_servers)["gateway"].messages.create(
+        model=TOOLS_MODEL, max_tokens=1, system="You are terse.", messages=ASK, tools=ANTHROPIC_TOOLS
+    )
+    assert whole.usage.input_tokens == counted["gateway"]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"max_tokens": None}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": [{"type": "video", "text": "Hi"}]}]}, "video"),
+    ],
+)
+def test_a_bad_messages_body_is_a_400_in_anthropics_shape(
+    tool_servers: ToolServers, change: dict[str, Any], words: str
+) -> None:
+    """A body ``vllm serve`` refuses is refused by the gateway too, in Anthropic's error shape."""
+    body = {
+        k: v for k, v in {"model": TOOLS_MODEL, "max_tokens": 8, "messages": ASK, **change}.items() if v is not None
+    }
+    reference = httpx.post(tool_servers.serve_url + "/v1/messages", json=body, timeout=60)
+    ours = httpx.post(tool_servers.gateway_url + "/v1/messages", json=body, timeout=60)
+    assert reference.status_code == ours.status_code == 400
+    assert ours.json()["type"] == "error" and ours.json()["error"]["type"] == "invalid_request_error"
+    assert words in ours.json()["error"]["message"]
