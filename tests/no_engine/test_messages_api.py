@@ -296,7 +296,7 @@ def sdk_reading(stream: bytes) -> anthropic.Anthropic:
 def final_message(stream: bytes) -> tuple[Any, list[str]]:
     client = sdk_reading(stream)
     with client.messages.stream(model="m", max_tokens=8, messages=USER) as events:  # type: ignore[arg-type]
-        names = [event.type for event in events]
+        names: list[str] = [event.type for event in events]
         return events.get_final_message(), names
 
 

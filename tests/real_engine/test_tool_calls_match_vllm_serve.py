@@ -1,7 +1,9 @@
 """Tool calls and reasoning as ``vllm serve`` makes them: a real ``vllm serve`` and a real
 worker behind a real gateway, both with the same tool and reasoning parsers (hermes, qwen3),
 the same tiny model, the same requests at temperature 0 (``test_gateway_matches_vllm_serve``
-compares everything else, on servers without parsers: a parser changes how a stream is cut)."""
+compares everything else, on servers without parsers: a parser changes how a stream is cut).
+Anthropic's Messages API, which ``vllm serve`` answers through these parsers too, is held
+against it here, through the anthropic SDK."""
 
 from __future__ import annotations
 
@@ -293,14 +295,10 @@ def test_reasoning_is_split_off_as_vllm_serve_does(tool_servers: ToolServers, st
 # Anthropic's Messages API, through the anthropic SDK, against both servers (``vllm serve``
 # maps it onto its chat completions, the gateway onto the same queued request).
 
+FUNCTIONS: list[Any] = [WEATHER["function"], CLOCK["function"]]
 ANTHROPIC_TOOLS: Any = [
-    {
-        "name": tool["function"]["name"],
-        "description": tool["function"]["description"],
-        "input_schema": tool["function"]["parameters"],
-        "strict": True,
-    }
-    for tool in (WEATHER, CLOCK)
+    {"name": f["name"], "description": f["description"], "input_schema": f["parameters"], "strict": True}
+    for f in FUNCTIONS
 ]
 ASK: Any = [{"role": "user", "content": "What is the weather in Oslo?"}]
 GREEDY: dict[str, Any] = {"extra_body": {"temperature": 0}}
