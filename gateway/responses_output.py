@@ -495,10 +495,12 @@ class ResponsesFraming:
         return event  # type: ignore[no-any-return]
 
     def _sse(self, events: list[ResponseStreamEvent]) -> bytes:
-        """The SSE bytes of ``events``, those after ``starting_after``: ``event:`` the type,
-        ``data:`` the event, as ``vllm serve`` writes them."""
-        return b"".join(
-            b"event: %b\ndata: %b\n\n" % (event.type.encode(), json.dumps(dump(event)).encode())
-            for event in events
-            if event.sequence_number > self.starting_after
-        )
+        return sse_events([event for event in events if event.sequence_number > self.starting_after])
+
+
+def sse_events(events: list[ResponseStreamEvent]) -> bytes:
+    """The SSE bytes of ``events``: ``event:`` the type, ``data:`` the event, as ``vllm serve``
+    writes them."""
+    return b"".join(
+        b"event: %b\ndata: %b\n\n" % (event.type.encode(), json.dumps(dump(event)).encode()) for event in events
+    )

@@ -132,6 +132,10 @@ KEY_USAGE_PREFIX: Final = "streamq:key-usage:"
 REQUEST_KEY_PREFIX: Final = "streamq:request-key:"
 """``streamq:request-key:<request_id>``: name of the API key that created a named request;
 only that key may resume it. Kept as long as the replay log."""
+RESPONSE_KEY_PREFIX: Final = "streamq:response:"
+"""``streamq:response:<request_id>``: JSON of a stored Responses API response's request (its
+body, model, creation time, the chat messages before its input); its output is read from the
+request's replay log. Kept as long as the log."""
 KEY_STREAM_LEASE_MS: Final = 30_000
 """An open request counts against its key's stream limit this long past its gateway's
 last renewal: a gateway that dies frees its streams within this."""

@@ -41,6 +41,7 @@ from streamq.protocol.names import (
     RECENT_ENDS_KEY,
     REQUEST_KEY_PREFIX,
     REQUEST_RESERVATION_PREFIX,
+    RESPONSE_KEY_PREFIX,
     RESULT_KEY_PREFIX,
     RETRY_KEY_PREFIX,
     SHARDED_RECENT_ENDS_PREFIX,
@@ -334,7 +335,13 @@ GATEWAY = Role(
         # the dashboard: workers' reports (hgetall, zrange above) and the recent ends
         "lrange",
     ),
-    keys=(KEY_WINDOW_PREFIX + "*", KEY_STREAMS_PREFIX + "*", KEY_USAGE_PREFIX + "*", REQUEST_KEY_PREFIX + "*"),
+    keys=(
+        KEY_WINDOW_PREFIX + "*",
+        KEY_STREAMS_PREFIX + "*",
+        KEY_USAGE_PREFIX + "*",
+        REQUEST_KEY_PREFIX + "*",
+        RESPONSE_KEY_PREFIX + "*",
+    ),
     read_only_keys=(
         *PRODUCER.read_only_keys,
         API_KEYS_KEY,
@@ -349,8 +356,9 @@ GATEWAY = Role(
     writes=PRODUCER.writes,
 )
 """The gateway is a producer (the library) behind HTTP, plus its API keys' windows, open
-streams, usage and request owners; it only reads the keys themselves (``streamq keys``
-writes them, as an administrator), the workers' reports and recent ends its dashboard
-shows, and the tokenizers workers describe (``/tokenizer_info``)."""
+streams, usage and request owners, and the Responses API's stored requests; it only reads
+the keys themselves (``streamq keys`` writes them, as an administrator), the workers'
+reports and recent ends its dashboard shows, and the tokenizers workers describe
+(``/tokenizer_info``)."""
 
 ROLES = (WORKER, PRODUCER, GATEWAY)

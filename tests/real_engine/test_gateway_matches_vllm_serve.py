@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import redis
 from transformers import AutoTokenizer
@@ -512,3 +513,31 @@ def test_bodies_drawn_from_vllm_serves_schema_are_answered_as_it_answers_them(se
         if answers.gateway_status >= 500 or refused_alone or answered_alone:
             differences.append(answers.describe())
     assert not differences, "\n".join(differences)
+
+
+RESPONSES_BODIES = [
+    {"input": PROMPTS[0]},
+    {"input": PROMPTS[1], "instructions": "Answer in French."},
+    {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hello"}]}, *MESSAGES[1]]},
+    {"input": MESSAGES[0], "top_p": 0.5, "stop": ["the"]},
+]
+
+
+@pytest.mark.parametrize("extra", RESPONSES_BODIES, ids=lambda body: ",".join(body))
+def test_responses_create_gives_vllm_serves_text(servers: Servers, extra: dict[str, Any]) -> None:
+    """The Responses API's whole answer: the same text, status and token counts (its items'
+    ids are random on ``vllm serve``)."""
+    body = {"model": MODEL, "max_output_tokens": MAX_TOKENS, "temperature": 0, "store": False, **extra}
+    answers = []
+    for url in (servers.gateway_url, servers.serve_url):
+        with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
+            answers.append(sdk.responses.create(**body))
+    ours, reference = answers
+    assert ours.output_text == reference.output_text
+    assert [item.type for item in ours.output] == [item.type for item in reference.output]
+    assert ours.status == reference.status
+    assert ours.usage is not None and reference.usage is not None
+    assert (ours.usage.input_tokens, ours.usage.output_tokens) == (
+        reference.usage.input_tokens,
+        reference.usage.output_tokens,
+    )

@@ -412,3 +412,40 @@ def test_a_bad_messages_body_is_a_400_in_anthropics_shape(
     assert reference.status_code == ours.status_code == 400
     assert ours.json()["type"] == "error" and ours.json()["error"]["type"] == "invalid_request_error"
     assert words in ours.json()["error"]["message"]
+
+
+def test_a_responses_function_call_round_trip_matches(tool_servers: ToolServers) -> None:
+    """The Responses API's tool flow through the openai SDK, against each server: a
+    ``function_call`` output item (``auto``, the call scripted as for chat), sent back with
+    its ``function_call_output``; the calls and the reply the same on both."""
+    import openai
+
+    tools: Any = [{"type": "function", **tool["function"]} for tool in (WEATHER, CLOCK)]
+    bias = {str(token): -100 for token in whitespace_tokens(tool_servers.tiny_model)}
+    question = {"role": "user", "content": "What is the weather in Oslo?"}
+    seen = {}
+    for server, url in (("vllm serve", tool_servers.serve_url), ("gateway", tool_servers.gateway_url)):
+        with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            first = client.responses.create(
+                model=TOOLS_MODEL, input=[question], tools=tools, tool_choice="auto", temperature=0,
+                max_output_tokens=80, store=False,
+                extra_body={
+                    "logit_bias": bias, "chat_template_kwargs": NO_THINKING,
+                    "structured_outputs": {"regex": re.escape(SCRIPTED_CALL)},
+                },
+            )  # fmt: skip
+            calls = [item for item in first.output if item.type == "function_call"]
+            answers = [
+                {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"forecast": "sunny"})}
+                for call in calls
+            ]
+            sent_back = [call.model_dump(exclude_none=True) for call in calls]
+            reply = client.responses.create(
+                model=TOOLS_MODEL, input=[question, *sent_back, *answers], tools=tools, temperature=0,
+                max_output_tokens=8, store=False,
+                extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINKING},
+            )  # fmt: skip
+        seen[server] = ([(call.name, json.loads(call.arguments)) for call in calls], reply.output_text)
+    assert seen["gateway"] == seen["vllm serve"]
+    calls_made, reply_text = seen["gateway"]
+    assert calls_made == [("get_weather", {"city": "Oslo"})] and reply_text
