@@ -45,6 +45,8 @@ OUTPUT: dict[str, str] = {
     "affinity_follow_up.py": r"^(\S+) \1 True\n$",
     "client_generate_many.py": r"^(haiku-\d+ \[('stop'|'length')\] \d+\n){100}$",
     "anthropic_messages.py": r"\n(end_turn|max_tokens) \d+ \d+\n(.|\n)*\n(end_turn|max_tokens)\n$",
+    "openai_responses.py": r"^resp_\S+ (completed|incomplete) ",
+    "openai_responses_background.py": r"^(completed|incomplete) .*\n1 response\.in_progress\n(.|\n)*completed\n",
 }
 """What an example's output must match (a regular expression, searched), beyond running
 without error: the parts that do not depend on the tiny model's random text."""

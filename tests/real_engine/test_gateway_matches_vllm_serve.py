@@ -519,7 +519,7 @@ RESPONSES_BODIES = [
     {"input": PROMPTS[0]},
     {"input": PROMPTS[1], "instructions": "Answer in French."},
     {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hello"}]}, *MESSAGES[1]]},
-    {"input": MESSAGES[0], "top_p": 0.5, "stop": ["the"]},
+    {"input": MESSAGES[0], "top_p": 0.5, "extra_body": {"stop": ["the"], "top_k": 3}},
 ]
 
 
