@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.faces import Face
 from gateway.responses_input import chat_body
-from gateway.responses_output import ResponseHead, ResponsesFraming, dump, whole_response
+from gateway.responses_output import ResponseHead, ResponsesFraming, check_echoed, dump, whole_response
 from gateway.sse import Framing
 from producer.openai_api.endpoints import CHAT_COMPLETIONS
 from producer.openai_api.responses import ResponseMeta
@@ -28,7 +28,9 @@ class ResponsesFace(Face):
         """The answered response's head (``None`` until it is answered)."""
 
     def openai_body(self, body: Any) -> Any:
-        return chat_body(body, self.history)
+        chat = chat_body(body, self.history)
+        check_echoed(body)
+        return chat
 
     def whole(self, response: dict[str, Any], body: Any) -> dict[str, Any]:
         request_id = str(response["id"]).removeprefix("chatcmpl-")

@@ -46,8 +46,9 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_reasoning_item import Content as ReasoningText
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from producer.errors import InvalidParameter
 from producer.openai_api.errors import ApiError
 
 RESPONSE_ID_PREFIX: Final = "resp_"
@@ -129,6 +130,18 @@ class ResponseHead:
         return Response.model_validate(fields)
 
 
+def check_echoed(body: Mapping[str, Any]) -> None:
+    """Refuse (400, naming the field) a body whose fields a response echoes (tools, text,
+    reasoning, metadata, sampling values) in a shape the Responses API has not: found before
+    the request is queued, not once its answer is written."""
+    try:
+        ResponseHead("check", str(body.get("model")), 0, body).response("queued")
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "body"
+        raise InvalidParameter(f"{field}: {error['msg']}", param=field) from None
+
+
 def usage_of(chat_usage: Mapping[str, Any] | None) -> ResponseUsage | None:
     """A chat usage as the Responses API counts it."""
     if not chat_usage:
@@ -150,6 +163,8 @@ def status_of(finish_reason: str | None) -> ResponseStatus:
         return "incomplete"
     if finish_reason == "cancelled":
         return "cancelled"
+    if finish_reason in ("timeout", "queue_timeout"):
+        return "failed"  # its deadline passed, or no worker started it in time
     return "completed"
 
 
@@ -230,7 +245,9 @@ def whole_response(chat: Mapping[str, Any], head: ResponseHead) -> Response:
                 status="completed",
             )
         )
-    return head.response(status_of(choice.get("finish_reason")), output, usage_of(chat.get("usage")))
+    status = status_of(choice.get("finish_reason"))
+    error = ApiError(500, f"the request ended: {choice.get('finish_reason')}") if status == "failed" else None
+    return head.response(status, output, usage_of(chat.get("usage")), error)
 
 
 Kind = Literal["message", "reasoning", "function_call"]
@@ -299,7 +316,9 @@ class ResponsesFraming:
         if self._failed:
             return []
         events = [*self._opening(), *self._close()]
-        response = self.head.response(status_of(self._finish_reason), self._output, self._usage)
+        status = status_of(self._finish_reason)
+        error = ApiError(500, f"the request ended: {self._finish_reason}") if status == "failed" else None
+        response = self.head.response(status, self._output, self._usage, error)
         events.append(
             self._stamp(ResponseCompletedEvent(type="response.completed", sequence_number=0, response=response))
         )

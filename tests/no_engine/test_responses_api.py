@@ -15,6 +15,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from gateway.responses_face import ResponsesFace
 from gateway.responses_fields import RESPONSES_FIELDS, summary
 from gateway.responses_input import chat_body
 from gateway.responses_output import ResponseHead, ResponsesFraming, dump, whole_response
@@ -118,6 +119,15 @@ def test_what_cannot_be_carried_is_refused_by_name(body: dict[str, Any], param: 
     assert refused.value.param == param
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("temperature", "hot"), ("metadata", 5), ("reasoning", {"effort": "lots"}), ("tools", [{}])]
+)
+def test_a_field_the_response_echoes_is_checked_before_anything_is_queued(field: str, value: Any) -> None:
+    with pytest.raises(InvalidParameter) as refused:
+        ResponsesFace().openai_body({"model": "m", "input": "x", field: value})
+    assert refused.value.param == field
+
+
 HEAD = ResponseHead("abc", "m", 1700000000, {"model": "m", "input": "Hi"})
 
 
@@ -193,6 +203,11 @@ def test_reasoning_and_a_function_call_stream_as_their_own_items() -> None:
     output = events[-1].response.output
     assert [item.type for item in output] == ["reasoning", "function_call"]
     assert (output[1].call_id, output[1].name, output[1].arguments) == ("call_1", "f", '{"a": 1}')
+
+
+def test_a_request_past_its_deadline_is_a_failed_response() -> None:
+    events = _events(ResponsesFraming(HEAD), [[_chunk({"role": "assistant", "content": ""})], [_chunk({}, "timeout")]])
+    assert events[-1].response.status == "failed" and events[-1].response.error is not None
 
 
 def test_an_error_chunk_ends_the_stream_with_an_error_event() -> None:
