@@ -373,7 +373,9 @@ class ResponsesFraming:
                     )
         elif reasoning is not None:
             events += self._text_delta("reasoning", reasoning, [])
-        elif delta.get("content"):
+        elif delta.get("content") or (logprobs and delta.get("content") == ""):
+            # A token with no text of its own (part of a character, a special token) still
+            # carries its logprobs when they were asked for.
             events += self._text_delta("message", delta["content"], logprobs)
         return events
 

@@ -205,6 +205,29 @@ def test_reasoning_and_a_function_call_stream_as_their_own_items() -> None:
     assert (output[1].call_id, output[1].name, output[1].arguments) == ("call_1", "f", '{"a": 1}')
 
 
+def test_a_token_without_text_of_its_own_still_streams_its_logprobs() -> None:
+    def entry(token: str) -> dict[str, Any]:
+        return {"token": token, "logprob": -1.0, "bytes": [1], "top_logprobs": []}
+
+    batches = [
+        [_chunk({"role": "assistant", "content": ""})],
+        [
+            json.dumps(
+                {"choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": {"content": [entry("a")]}}]}
+            ).encode()
+        ],
+        [
+            json.dumps(
+                {"choices": [{"index": 0, "delta": {"content": ""}, "logprobs": {"content": [entry("")]}}]}
+            ).encode()
+        ],
+    ]
+    events = _events(ResponsesFraming(HEAD), batches)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [[lp.token for lp in e.logprobs] for e in deltas] == [["a"], [""]]
+    assert [lp.token for lp in events[-1].response.output[0].content[0].logprobs] == ["a", ""]
+
+
 def test_a_request_past_its_deadline_is_a_failed_response() -> None:
     events = _events(ResponsesFraming(HEAD), [[_chunk({"role": "assistant", "content": ""})], [_chunk({}, "timeout")]])
     assert events[-1].response.status == "failed" and events[-1].response.error is not None

@@ -172,3 +172,20 @@ def test_a_background_stream_resumes_on_another_gateway_after_the_first_is_kille
         assert second.stop() == 0, second.log_tail()
         if first.process.poll() is None:
             first.stop()
+
+
+def test_logprobs_are_included_when_asked(sdk: openai.OpenAI, model: str) -> None:
+    asked: Any = {
+        "model": model,
+        "input": "The key to happiness is",
+        "max_output_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 2,
+    }
+    whole = sdk.responses.create(**asked)
+    (text,) = whole.output[0].content  # type: ignore[union-attr]
+    assert text.logprobs and all(len(entry.top_logprobs) == 2 for entry in text.logprobs)  # type: ignore[union-attr]
+    with sdk.responses.stream(**asked) as stream:
+        streamed = [lp for event in stream if event.type == "response.output_text.delta" for lp in event.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in text.logprobs]  # type: ignore[union-attr]

@@ -464,3 +464,27 @@ def test_a_responses_function_call_round_trip_is_the_chat_flows(tool_servers: To
         (call.name, json.loads(call.arguments)) for call in calls
     ]
     assert reply.output_text and reply.output_text == chat_reply.choices[0].message.content
+
+
+def test_responses_reasoning_items_are_vllm_serves(tool_servers: ToolServers) -> None:
+    """The workers' reasoning parser gives the Responses API's ``reasoning`` item, as on
+    ``vllm serve``: with thinking on and no ``</think>`` written, the whole output."""
+    import openai
+
+    body: Any = {
+        "model": TOOLS_MODEL,
+        "input": "What is the weather in Oslo?",
+        "max_output_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "store": False,
+        "extra_body": {"ignore_eos": True},
+    }
+    answers = []
+    for url in (tool_servers.gateway_url, tool_servers.serve_url):
+        with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
+            answers.append(sdk.responses.create(**body))
+    ours, reference = answers
+    assert [item.type for item in ours.output] == [item.type for item in reference.output] == ["reasoning"]
+    assert ours.output[0].content == reference.output[0].content  # type: ignore[union-attr]
+    assert ours.usage is not None and reference.usage is not None
+    assert ours.usage.output_tokens_details.reasoning_tokens == reference.usage.output_tokens_details.reasoning_tokens
