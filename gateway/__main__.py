@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_max_n_option(parser)
     parser.add_argument(
+        "--reject-unknown-fields",
+        action="store_true",
+        help="answer 400 to a request with a field the gateway does not know, as OpenAI does (default: ignore it "
+        "and log its name, as vllm serve does)",
+    )
+    parser.add_argument(
         "--api-key",
         action="append",
         default=[],
@@ -133,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         events_url=events_url_from_args(args),
         max_queue_depth=args.max_queue_depth or None,
         max_body_bytes=args.max_body_bytes,
-        limits=RequestLimits(max_n=args.max_n),
+        limits=RequestLimits(max_n=args.max_n, reject_unknown_fields=args.reject_unknown_fields),
         api_keys=keys,
         protect_metrics=args.protect_metrics,
         tokenizer_model=args.tokenizer_model,

@@ -76,6 +76,17 @@ class StreamUsage(msgspec.Struct, omit_defaults=True):
     """``reasoning_tokens``, where the workers' reasoning parser counted them."""
 
 
+class ChunkUsage(msgspec.Struct):
+    """A chat chunk's own usage (``stream_options.continuous_usage_stats``): the tokens of
+    its prompt and of its completion so far; ``completion_tokens_details`` is always
+    present, ``null`` unless a reasoning parser counted, as ``vllm serve`` sets it."""
+
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int
+    completion_tokens_details: dict[str, int] | None = None
+
+
 class _Head(msgspec.Struct):
     id: str
     object: str
@@ -122,6 +133,10 @@ class ChunkBuilder:
     """Per prompt that ended: its prompt and completion tokens."""
     _reasoning_tokens: int | None = None
     """The reasoning tokens the workers' parsers counted (``None``: none did)."""
+    _generated: dict[int, int] = field(default_factory=dict)
+    """Per choice, the tokens it has generated so far (its chunks' usage)."""
+    _choice_reasoning: dict[int, int] = field(default_factory=dict)
+    """Per choice, the reasoning tokens the worker's parser counted (on its last chunk)."""
     _open: bytes = b""
     done: bool = False
     """Whether the response is complete: every prompt ended, or one failed."""
@@ -143,6 +158,7 @@ class ChunkBuilder:
         out = [] if self.role_sent or not self.meta.chat else self._role_chunks(prompt)
         if isinstance(event, ChunkEvent):
             choice = prompt * self.n + event.index
+            self._generated[choice] = self._generated.get(choice, 0) + len(event.token_ids)
             if event.token_ids:
                 self._with_tokens.add(choice)
             if self.shape.echo and choice not in self._started:
@@ -181,14 +197,38 @@ class ChunkBuilder:
         close = _CLOSE_ROLE
         if self.shape.token_ids and prompt in self._prompt:
             close = _CLOSE_ROLE_IDS % _encode(self._prompt[prompt].token_ids)
+        first = prompt * self.n
         chunks = [
-            self._open + _encode(ChatChoice(index=i, delta=ChatDelta(role=role, content=""))) + close
+            self._open
+            + _encode(ChatChoice(index=i, delta=ChatDelta(role=role, content="")))
+            + self._tail(close, first + i, prompt)
             for i in range(self.n)
         ]
         if self.shape.echo_text:
             echo = ChatDelta(content=self.shape.echo_text)
-            chunks += [self._open + _encode(ChatChoice(index=i, delta=echo)) + _CLOSE for i in range(self.n)]
+            chunks += [
+                self._open + _encode(ChatChoice(index=i, delta=echo)) + self._tail(_CLOSE, first + i, prompt)
+                for i in range(self.n)
+            ]
         return chunks
+
+    def _tail(self, close: bytes, choice: int, prompt: int) -> bytes:
+        """A chunk's ``close`` (its bytes after the choices), with the choice's usage so far
+        before the rest when the request asked for ``continuous_usage_stats``, as ``vllm
+        serve`` puts it on every chunk: its prompt's tokens, and its completion's."""
+        if not self.shape.continuous_usage:
+            return close
+        returned = self._prompt.get(prompt)
+        prompt_tokens = len(returned.token_ids) if returned is not None else 0
+        completion = self._generated.get(choice, 0)
+        usage: ChunkUsage | StreamUsage
+        if self.meta.chat:
+            reasoning = self._choice_reasoning.get(choice)
+            details = None if reasoning is None else {"reasoning_tokens": reasoning}
+            usage = ChunkUsage(prompt_tokens, prompt_tokens + completion, completion, details)
+        else:
+            usage = StreamUsage(prompt_tokens, prompt_tokens + completion, completion)
+        return b'],"usage":' + _encode(usage) + close[1:]
 
     def _parsed_chunk(
         self, choice: int, prompt: int, event: ChunkEvent, logprobs: ChatLogprobs | CompletionLogprobs | None
@@ -200,6 +240,7 @@ class ChunkBuilder:
         parsed = event.parsed
         if parsed.reasoning_tokens is not None:
             self._reasoning_tokens = (self._reasoning_tokens or 0) + parsed.reasoning_tokens
+            self._choice_reasoning[choice] = parsed.reasoning_tokens
         finish_reason = parsed.finish_reason or event.finish_reason
         if parsed.message is None and finish_reason is None and logprobs is None and not self.shape.token_ids:
             return None
@@ -278,8 +319,9 @@ class ChunkBuilder:
                 stop_reason=None,
             )
             choice.token_ids = token_ids
+        prompt = index // self.n
         if finish_reason is None:
-            return self._open + _encode(choice) + _CLOSE
+            return self._open + _encode(choice) + self._tail(_CLOSE, index, prompt)
         self._finished.add(index)
         # The fingerprint goes on the last chunk: the usage chunk when there is one.
-        return self._open + _encode(choice) + (_CLOSE if self.include_usage else _CLOSE_LAST)
+        return self._open + _encode(choice) + self._tail(_CLOSE if self.include_usage else _CLOSE_LAST, index, prompt)

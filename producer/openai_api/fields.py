@@ -62,7 +62,9 @@ _COMMON: Final[dict[str, Field]] = {
     "seed": _honoured(),
     "stop": _honoured("at most 64 strings"),
     "stream": _honoured(),
-    "stream_options": _honoured("`include_usage`; `continuous_usage_stats` is refused"),
+    "stream_options": _honoured(
+        "`include_usage`; `continuous_usage_stats` (with it): every chunk's `usage`, its tokens so far"
+    ),
     "temperature": _honoured(),
     "top_p": _honoured(),
     "user": _ignored("as in `vllm serve`"),

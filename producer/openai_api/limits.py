@@ -44,6 +44,9 @@ class RequestLimits:
     max_messages: int = MAX_MESSAGES
     max_message_chars: int = MAX_MESSAGE_CHARS
     max_prompts: int = MAX_PROMPTS
+    reject_unknown_fields: bool = False
+    """OpenAI's strictness: a field no table of ``fields`` names (at the top, or in a
+    message) is a 400. Off, it is ignored and its name logged, as ``vllm serve`` does."""
 
     def check_sampling(self, body: Mapping[str, Any]) -> None:
         """``n``, ``best_of``, ``stop`` and ``stop_token_ids`` of a body; raises ``InvalidParameter``."""

@@ -8,8 +8,9 @@ range-checked by vLLM on the worker, as for every streamq request, after the bou
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import msgspec
@@ -26,6 +27,8 @@ from producer.openai_api.structured import STRUCTURED_FIELDS, structured_outputs
 from streamq.protocol import ChatTemplateOptions, InvalidRequest, Sampling
 from streamq.protocol.affinity import check_affinity_key
 from streamq.protocol.names import MAX_PRIORITY, MIN_PRIORITY
+
+logger = logging.getLogger(__name__)
 
 # OpenAI (and vLLM-extension) names that map one to one onto ``Sampling``.
 _SAMPLING_FIELDS: Final = frozenset(
@@ -93,11 +96,15 @@ class ResponseShape:
     last message's (the model continues that turn)."""
     echo_text: str = ""
     """A chat request's ``echo``: the last message's content, when it has the response's role."""
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats`` (with ``include_usage``): every chunk carries
+    its prompt's and its completion's tokens so far."""
 
     @property
     def needs_prompt(self) -> bool:
-        """Whether the worker must send the prompt back (``submit(echo=True)``)."""
-        return self.echo or self.token_ids
+        """Whether the worker must send the prompt back (``submit(echo=True)``): its text,
+        or its token ids (which a chunk's usage counts)."""
+        return self.echo or self.token_ids or self.continuous_usage
 
 
 PLAIN: Final = ResponseShape()
@@ -125,7 +132,7 @@ def parse_completion_body(body: Mapping[str, Any], *, limits: RequestLimits = DE
     vLLM's default (16) applies, as OpenAI's does.
     """
     body = _require_object(body)
-    _check_fields(body, chat=False)
+    _check_fields(body, chat=False, strict=limits.reject_unknown_fields)
     limits.check_sampling(body)
     prompts = _prompts(body.get("prompt"), limits)
     shape = completion_shape(body)
@@ -210,7 +217,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     fill the model's context: the producer does not know the model's length.
     """
     body = _require_object(body)
-    _check_fields(body, chat=True)
+    _check_fields(body, chat=True, strict=limits.reject_unknown_fields)
     limits.check_sampling(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -281,16 +288,10 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"'stream' must be true or false, got {stream!r}")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise InvalidRequest("'stream_options' is only allowed with stream=true")
-        if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-            raise InvalidRequest("'stream_options' takes only include_usage")
-        if options.get("continuous_usage_stats"):
-            raise InvalidRequest("stream_options.continuous_usage_stats is not supported by streamq")
-        include_usage = options.get("include_usage") is True
+    include_usage, continuous_usage = _stream_options(body.get("stream_options"), stream)
+    if continuous_usage:
+        shape = replace(shape, continuous_usage=True)
+        kwargs = {**kwargs, "echo": True}  # the first chunk brings the prompt's token ids, which usage counts
     return OpenAIRequest(
         chat=chat,
         model=model,
@@ -302,13 +303,52 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
     )
 
 
-def _check_fields(body: Mapping[str, Any], *, chat: bool) -> None:
-    """Refuse a field no table names, and a refused one that asks for something."""
+def _stream_options(options: object, stream: bool) -> tuple[bool, bool]:
+    """``include_usage`` and ``continuous_usage_stats`` (which only counts with
+    ``include_usage``), as ``vllm serve`` reads ``stream_options``."""
+    if not options:
+        return False, False
+    if not stream:
+        raise InvalidParameter("Stream options can only be defined when `stream=True`.", param="stream_options")
+    if not isinstance(options, Mapping):
+        raise InvalidParameter("'stream_options' must be an object", param="stream_options")
+    flags = {}
+    for name in ("include_usage", "continuous_usage_stats"):
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise InvalidParameter(f"stream_options.{name} must be true or false, got {_short(value)}", param=name)
+        flags[name] = value is True
+    return flags["include_usage"], flags["include_usage"] and flags["continuous_usage_stats"]
+
+
+def unknown_fields(body: Mapping[str, Any], *, chat: bool) -> list[str]:
+    """The fields of ``body`` no table names: top-level names, and ``messages[i].name`` for
+    a message's (a chat body's messages that are objects)."""
     table = ENDPOINT_FIELDS[chat]
-    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
     unknown = sorted(set(body) - set(table) - set(LEGACY_FIELDS) - STRUCTURED_FIELDS)
-    if unknown:
-        raise InvalidRequest(f"unsupported field(s) for {endpoint}: {', '.join(unknown)}")
+    messages = body.get("messages") if chat else None
+    if isinstance(messages, list):
+        for position, message in enumerate(messages):
+            if isinstance(message, Mapping):
+                extra = sorted(
+                    name
+                    for name, value in message.items()
+                    if name not in _MESSAGE_FIELDS and not (name in _RESPONSE_ONLY_FIELDS and value is None)
+                )
+                unknown += [f"messages[{position}].{name}" for name in extra]
+    return unknown
+
+
+def _check_fields(body: Mapping[str, Any], *, chat: bool, strict: bool) -> None:
+    """Refuse a refused field that asks for something; a field no table names is ignored,
+    named in the log once (as ``vllm serve`` logs it), or with ``strict`` refused."""
+    endpoint = "/v1/chat/completions" if chat else "/v1/completions"
+    table = ENDPOINT_FIELDS[chat]
+    if unknown := unknown_fields(body, chat=chat):
+        if strict:
+            raise InvalidRequest(f"unsupported field(s) for {endpoint}: {', '.join(unknown)}")
+        # vLLM's words (at its debug level); a warning here, which the gateway shows unconfigured
+        logger.warning("The following fields were present in the request but ignored: %s", unknown)
     for name, value in body.items():
         spec = table.get(name) or LEGACY_FIELDS.get(name)
         if spec is not None and spec.support is Support.REFUSED and not spec.is_default(value):
@@ -405,16 +445,10 @@ def _logit_bias(bias: object) -> dict[str, float]:
 def _message(message: object, position: int) -> dict[str, Any]:
     """One message as ``ChatMessage`` takes it: text content; an assistant turn's
     ``tool_calls`` (its content may then be null) and ``reasoning``, a tool's
-    ``tool_call_id``; ``name``."""
+    ``tool_call_id``; ``name``. Other fields are not rendered (``unknown_fields`` names them)."""
     where = f"messages[{position}]"
     if not isinstance(message, Mapping):
         raise InvalidRequest(f"{where} must be an object with role and content")
-    # A response's message sent back as it came (the openai SDK's tool-calling examples do):
-    # its empty response-only fields are nothing to render.
-    message = {k: v for k, v in message.items() if not (k in _RESPONSE_ONLY_FIELDS and v is None)}
-    unknown = sorted(set(message) - {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning"})
-    if unknown:
-        raise InvalidRequest(f"{where}: unsupported field(s): {', '.join(unknown)}")
     role, content = message.get("role"), message.get("content")
     if not isinstance(role, str):
         raise InvalidRequest(f"{where}.role must be a string")
@@ -435,9 +469,13 @@ def _message(message: object, position: int) -> dict[str, Any]:
     return parsed
 
 
+_MESSAGE_FIELDS: Final = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning"})
+"""A message's fields that are rendered; others are ignored (``unknown_fields``)."""
+
 _RESPONSE_ONLY_FIELDS: Final = frozenset({"refusal", "annotations", "audio", "function_call", "reasoning"})
-"""Fields of a response's message; a message sent back may carry them, empty (``reasoning``
-with text is kept)."""
+"""Fields of a response's message: a message sent back as it came (the openai SDK's
+tool-calling examples do) carries them, empty, even to a gateway that rejects unknown
+fields (``reasoning`` with text is rendered)."""
 
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 

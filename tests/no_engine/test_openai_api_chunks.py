@@ -307,3 +307,67 @@ def test_a_chat_stream_with_return_token_ids_names_the_prompts_ids_then_each_chu
     assert [c["choices"][0]["delta"] for c in chunks[2:]] == [{}, {"content": "!"}]
     for c in chunks:
         chat_protocol.ChatCompletionStreamResponse.model_validate(c)
+
+
+# --- stream_options.continuous_usage_stats --------------------------------------------------
+CONTINUOUS = ResponseShape(continuous_usage=True)
+
+
+def continuous(chat: bool, events: list[Event], n: int = 1) -> list[dict[str, Any]]:
+    builder = ChunkBuilder(ResponseMeta(chat, "r1", "tiny", 1700), True, n=n, shape=CONTINUOUS)
+    return [json.loads(c) for event in events for c in builder.chunks(event)]
+
+
+def with_prompt(event: ChunkEvent, prompt_token_ids: list[int]) -> ChunkEvent:
+    event.prompt_token_ids = prompt_token_ids
+    event.prompt_echo = PromptEcho(text="Hi you", first_token="H")
+    return event
+
+
+def test_continuous_usage_puts_the_tokens_so_far_in_every_completion_chunk() -> None:
+    events: list[Event] = [
+        with_prompt(chunk(0, "a", token_ids=[5, 6]), [1, 2, 3]),
+        chunk(1, "", token_ids=[7]),
+        chunk(2, "b", finish_reason="length", token_ids=[8]),
+        final(3, ["length"], prompt_tokens=3, completion_tokens=4),
+    ]
+    chunks = continuous(False, events)
+    assert [c["usage"] for c in chunks[:3]] == [
+        {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
+        {"prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3},
+        {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4},
+    ]
+    assert chunks[0]["choices"][0]["text"] == "a" and chunks[0]["choices"][0]["prompt_token_ids"] is None  # no echo
+    assert list(chunks[2]) == ["id", "object", "created", "model", "choices", "usage"]  # the fingerprint goes last
+    assert chunks[3]["choices"] == [] and chunks[3]["usage"]["total_tokens"] == 7
+    for c in chunks:
+        completion_protocol.CompletionStreamResponse.model_validate(c)
+
+
+def test_continuous_usage_in_a_chat_counts_each_choice_from_its_role_chunk_on() -> None:
+    events: list[Event] = [
+        with_prompt(chunk(0, "a", index=1, token_ids=[5]), [1, 2]),
+        chunk(1, "b", index=0, token_ids=[6]),
+        chunk(2, "c", index=1, token_ids=[7]),
+    ]
+    chunks = continuous(True, events, n=2)
+    usage = {"prompt_tokens": 2, "completion_tokens_details": None}
+    assert [(c["choices"][0]["index"], c["usage"]) for c in chunks] == [
+        (0, {**usage, "total_tokens": 2, "completion_tokens": 0}),
+        (1, {**usage, "total_tokens": 2, "completion_tokens": 0}),
+        (1, {**usage, "total_tokens": 3, "completion_tokens": 1}),
+        (0, {**usage, "total_tokens": 3, "completion_tokens": 1}),
+        (1, {**usage, "total_tokens": 4, "completion_tokens": 2}),
+    ]
+    assert list(chunks[0]) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "usage",
+        "prompt_token_ids",
+        "prompt_text",
+    ]
+    for c in chunks:
+        chat_protocol.ChatCompletionStreamResponse.model_validate(c)

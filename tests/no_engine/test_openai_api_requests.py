@@ -5,10 +5,12 @@ a reason naming what is wrong."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
+from producer.openai_api.limits import RequestLimits
 from producer.openai_api.requests import (
     chat_request_to_submit_kwargs,
     completion_request_to_submit_kwargs,
@@ -127,9 +129,6 @@ BAD_COMPLETIONS: list[tuple[object, str]] = [
     ({"prompt": "Hi", "request_id": "mine"}, "x-streamq-request-id"),
     ({"prompt": "Hi", "session_id": ""}, "session_id"),
     ({"prompt": "Hi", "suffix": "end"}, "suffix"),
-    ({"prompt": "Hi", "frobnicate": 1}, "frobnicate"),
-    ({"prompt": "Hi", "messages": []}, "messages"),
-    ({"prompt": "Hi", "max_completion_tokens": 5}, "max_completion_tokens"),
 ]
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -142,7 +141,6 @@ BAD_CHATS: list[tuple[object, str]] = [
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": "f()"}]}, "tool_calls must be a list"),
-    ({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}, "unsupported field(s): audio"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "`tools` must not be an empty array"),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, "`tools` must be set"),
     (
@@ -161,7 +159,6 @@ BAD_CHATS: list[tuple[object, str]] = [
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 1.5}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "n": "two"}, "n"),
-    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
 ]
 
 
@@ -253,17 +250,78 @@ def test_usage_is_off_unless_include_usage_is_true() -> None:
     assert parsed.include_usage is False
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_asks_for_the_prompt_back_to_count_it(chat: bool) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    parsed = parse_openai_body({**(CHAT if chat else COMPLETION), "stream": True, "stream_options": options}, chat=chat)
+    assert (parsed.include_usage, parsed.shape.continuous_usage) == (True, True)
+    assert parsed.submit_kwargs["echo"] is True  # the first chunk carries the prompt's token ids
+    assert not parsed.shape.echo and not parsed.shape.token_ids  # which the response does not show
+
+
+def test_continuous_usage_stats_without_include_usage_is_off_as_in_vllm_serve() -> None:
+    body = {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    parsed = parse_openai_body(body, chat=True)
+    assert (parsed.include_usage, parsed.shape.continuous_usage) == (False, False)
+    assert "echo" not in parsed.submit_kwargs
+
+
+def test_stream_options_is_ignored_when_empty_or_unknown_keys() -> None:
+    assert parse_openai_body({**COMPLETION, "stream_options": {}}, chat=False).include_usage is False
+    parsed = parse_openai_body({**CHAT, "stream": True, "stream_options": {"verbose": True}}, chat=True)
+    assert parsed.include_usage is False
+
+
+UNKNOWN_FIELDS: list[tuple[dict[str, Any], bool, str]] = [
+    ({**COMPLETION, "frobnicate": 1}, False, "frobnicate"),
+    ({**COMPLETION, "messages": []}, False, "messages"),
+    ({**COMPLETION, "max_completion_tokens": 5}, False, "max_completion_tokens"),
+    ({**CHAT, "prompt": "x"}, True, "prompt"),
+    ({**CHAT, "frobnicate": 1}, True, "frobnicate"),
+    (
+        {"model": "tiny", "messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]},
+        True,
+        "messages[0].audio",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "chat", "name"), UNKNOWN_FIELDS)
+def test_an_unknown_field_is_ignored_and_logged_as_vllm_serve_does(
+    body: dict[str, Any], chat: bool, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    known = {k: v for k, v in body.items() if k != name}
+    if chat:
+        known["messages"] = [{k: v for k, v in m.items() if k in ("role", "content")} for m in body["messages"]]
+    with caplog.at_level(logging.WARNING, logger="producer.openai_api.requests"):
+        parsed = parse_openai_body(body, chat=chat)
+    assert parsed.submit_kwargs == parse_openai_body(known, chat=chat).submit_kwargs
+    ignored = [r for r in caplog.records if "present in the request but ignored" in r.getMessage()]
+    assert len(ignored) == 1 and name in ignored[0].getMessage()
+
+
+@pytest.mark.parametrize(("body", "chat", "name"), UNKNOWN_FIELDS)
+def test_an_unknown_field_is_refused_when_the_gateway_rejects_them(body: dict[str, Any], chat: bool, name: str) -> None:
+    with pytest.raises(InvalidRequest, match="unsupported field") as caught:
+        parse_openai_body(body, chat=chat, limits=RequestLimits(reject_unknown_fields=True))
+    assert name in str(caught.value)
+
+
+def test_a_message_sent_back_with_its_empty_response_fields_is_not_unknown() -> None:
+    message = {"role": "assistant", "content": "x", "refusal": None, "audio": None, "annotations": None}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}, message]}
+    parse_openai_body(body, chat=True, limits=RequestLimits(reject_unknown_fields=True))
+
+
 BAD_BODIES: list[tuple[object, bool, str]] = [
     (["not", "an", "object"], False, "must be a JSON object, got list"),
     ({"prompt": "Hi"}, False, "'model' is required"),
     ({**COMPLETION, "model": ""}, False, "'model' is required"),
     ({**COMPLETION, "model": 7}, False, "'model' is required"),
     ({**COMPLETION, "stream": "yes"}, False, "'stream' must be true or false"),
-    ({**COMPLETION, "stream_options": {"include_usage": True}}, False, "only allowed with stream=true"),
-    ({**CHAT, "stream": True, "stream_options": {"verbose": True}}, True, "takes only include_usage"),
-    ({**CHAT, "stream": True, "stream_options": ["include_usage"]}, True, "takes only include_usage"),
-    ({**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}, True, "continuous_usage_stats"),
-    ({**CHAT, "frobnicate": 1}, True, "unsupported field(s) for /v1/chat/completions: frobnicate"),
+    ({**COMPLETION, "stream_options": {"include_usage": True}}, False, "only be defined when `stream=True`"),
+    ({**CHAT, "stream": True, "stream_options": ["include_usage"]}, True, "'stream_options' must be an object"),
+    ({**CHAT, "stream": True, "stream_options": {"include_usage": 1}}, True, "include_usage must be true or false"),
     ({**COMPLETION, "suffix": "end"}, False, "suffix='end' is not supported"),
     ({**CHAT, "tools": [{"type": "function"}]}, True, "tools[0] must be"),
     ({"model": "tiny", "messages": [{"role": "user"}]}, True, "messages[0].content"),

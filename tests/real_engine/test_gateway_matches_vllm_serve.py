@@ -248,6 +248,29 @@ def test_streamed_chat_of_several_choices_matches(servers: Servers) -> None:
     assert [is_role(chunk) for chunk in reference[:3]] == [True, True, False]  # one role chunk per choice
 
 
+CONTINUOUS_USAGE = {"include_usage": True, "continuous_usage_stats": True}
+"""guidellm's default: a ``usage`` in every chunk."""
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "request_", "more"),
+    [
+        ("/v1/completions", "prompt", PROMPTS[0], {}),
+        ("/v1/chat/completions", "messages", MESSAGES[0], {}),
+        ("/v1/chat/completions", "messages", MESSAGES[1], {"n": 2, "temperature": 1.0, "seed": 7}),
+    ],
+    ids=["completion", "chat", "chat-of-two-choices"],
+)
+def test_continuous_usage_stats_put_the_same_usage_in_every_chunk(
+    servers: Servers, path: str, field: str, request_: Any, more: dict[str, Any]
+) -> None:
+    body = stream_body(field, request_, stream_options=CONTINUOUS_USAGE, **more)
+    choices = more.get("n", 1)
+    reference = compare_streams(servers, path, body, choices * MAX_TOKENS)
+    assert all("usage" in chunk for chunk in reference), "vllm serve put a usage in every chunk"
+    assert reference[-1]["usage"]["completion_tokens"] == choices * MAX_TOKENS
+
+
 def test_streamed_completions_with_logprobs_match(servers: Servers) -> None:
     for prompt in PROMPTS:
         reference = compare_streams(servers, "/v1/completions", stream_body("prompt", prompt, logprobs=3), MAX_TOKENS)
