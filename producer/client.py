@@ -158,6 +158,10 @@ class RequestOptions(SamplingOptions, total=False):
     chat_options: ChatTemplateOptions | dict[str, Any] | None
     add_special_tokens: bool | None
     tools: ToolOptions | dict[str, Any] | None
+    truncate_prompt_tokens: int | None
+    truncation_side: Literal["left", "right"] | None
+    cache_salt: str | None
+    include_reasoning: bool
 
 
 REQUEST_OPTION_NAMES: Final = RequestOptions.__optional_keys__ - SamplingOptions.__optional_keys__
@@ -421,6 +425,8 @@ class StreamqClient:
         ``tools``, ``tool_choice``, ``parallel_tool_calls`` as OpenAI's) lets the model call
         them: each completion's last chunk carries the calls
         the worker's tool parser read (``Completion.parsed``; docs/client.md, "Tools").
+        ``truncate_prompt_tokens`` (with ``truncation_side``), ``cache_salt`` and, for
+        ``messages``, ``include_reasoning`` are ``vllm serve``'s fields of those names.
         """
         sampling = {name: value for name, value in options.items() if name not in REQUEST_OPTION_NAMES}
         messages, request_id, model = options.get("messages"), options.get("request_id"), options.get("model")
@@ -453,6 +459,10 @@ class StreamqClient:
                 "stream": stream,
                 "echo": options.get("echo", False),
                 "add_special_tokens": options.get("add_special_tokens"),
+                "truncate_prompt_tokens": options.get("truncate_prompt_tokens"),
+                "truncation_side": options.get("truncation_side"),
+                "cache_salt": options.get("cache_salt"),
+                "include_reasoning": options.get("include_reasoning", True),
             }
         )
         job = _job_payload(request)

@@ -115,6 +115,7 @@ class ChatParsing:
             "documents": options.documents,
             "chat_template_kwargs": options.kwargs,
             "add_special_tokens": bool(request.add_special_tokens),
+            "include_reasoning": request.include_reasoning,
         }
         if request.tools is not None:
             body.update(msgspec.to_builtins(request.tools))

@@ -18,7 +18,7 @@ import msgspec
 from arq import Retry
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
-from vllm.inputs import TokensPrompt
+from vllm.inputs import TextPrompt, TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.renderers.hf import resolve_chat_template_kwargs
@@ -45,6 +45,7 @@ from worker.job_context import Generation, JobContext, JobOutcome, RequestSummar
 from worker.logprobs import LogprobsReader
 from worker.presence import Presence
 from worker.progress import Progress, thread_tokenizer
+from worker.prompt_options import engine_prompt, truncated
 from worker.prompt_report import PromptReporter
 from worker.publisher import PublishFailed, Refusal
 from worker.regeneration import RegenerationDiffers, with_take_over_seed
@@ -219,11 +220,19 @@ async def _prompt(state: WorkerState, request: GenerateRequest) -> _Prompt:
     """The request's prompt: a chat request with tools rendered by vLLM's renderer (as
     ``vllm serve`` renders it, tools in the template), any other as ``_prompt_token_ids``."""
     if request.tools is None:
-        return _Prompt(await _prompt_token_ids(state.engine, request))
+        return _Prompt(_truncated(state.engine, request, await _prompt_token_ids(state.engine, request)))
     if state.chat_parsing is None:
         raise InvalidRequest("this worker's engine cannot serve tools (it has no vLLM renderer)")
     rendered = await state.chat_parsing.render(request)
-    return _Prompt(rendered.prompt_token_ids, rendered)
+    return _Prompt(_truncated(state.engine, request, rendered.prompt_token_ids), rendered)
+
+
+def _truncated(engine: AsyncLLM, request: GenerateRequest, token_ids: list[int] | None) -> list[int] | None:
+    """The prompt's token ids cut to ``truncate_prompt_tokens`` (a request that sets it has
+    its text prompt tokenized here)."""
+    if token_ids is None or request.truncate_prompt_tokens is None:
+        return token_ids
+    return truncated(token_ids, request, engine.model_config.max_model_len, engine.get_tokenizer())
 
 
 async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[int] | None:
@@ -237,9 +246,10 @@ async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[
     if request.prompt_token_ids is not None:
         return request.prompt_token_ids
     if request.prompt is not None:
-        if request.add_special_tokens is not False:
+        special = request.add_special_tokens is not False
+        if special and request.truncate_prompt_tokens is None:
             return None
-        return await asyncio.to_thread(_tokenize, engine.get_tokenizer(), request.prompt)
+        return await asyncio.to_thread(_tokenize, engine.get_tokenizer(), request.prompt, special)
     assert request.messages is not None, "validated: a request has a prompt, token ids or messages"
     messages: list[Any] = [m.template_fields() for m in request.messages]
     options = request.chat_options or ChatTemplateOptions()
@@ -247,9 +257,9 @@ async def _prompt_token_ids(engine: AsyncLLM, request: GenerateRequest) -> list[
     return await asyncio.to_thread(_render_chat, engine.get_tokenizer(), messages, options, special)
 
 
-def _tokenize(engine_tokenizer: Any, prompt: str) -> list[int]:
-    """A text prompt's tokens without the tokenizer's special tokens."""
-    return list(thread_tokenizer(engine_tokenizer).encode(prompt, add_special_tokens=False))
+def _tokenize(engine_tokenizer: Any, prompt: str, add_special_tokens: bool) -> list[int]:
+    """A text prompt's tokens, with or without the tokenizer's special tokens."""
+    return list(thread_tokenizer(engine_tokenizer).encode(prompt, add_special_tokens=add_special_tokens))
 
 
 def _render_chat(
@@ -401,7 +411,7 @@ def _time_left(
 class _FirstRun:
     """A request's generation from its prompt: the engine's own outputs."""
 
-    def __init__(self, prompt: str | TokensPrompt, params: SamplingParams) -> None:
+    def __init__(self, prompt: str | TextPrompt | TokensPrompt, params: SamplingParams) -> None:
         self._prompt = prompt
         self._params = params
 
@@ -433,10 +443,9 @@ async def _generation(
     if delivery.whole(params.max_tokens):
         params = params.clone()
         params.output_kind = RequestOutputKind.FINAL_ONLY
-    if prompt_ids is not None:
-        return _FirstRun(TokensPrompt(prompt_token_ids=prompt_ids), params)
-    assert request.prompt is not None, "validated: a request has a prompt or messages"
-    return _FirstRun(request.prompt, params)
+    prompt = request.prompt if prompt_ids is None else prompt_ids
+    assert prompt is not None, "validated: a request has a prompt or messages"
+    return _FirstRun(engine_prompt(prompt, request.cache_salt), params)
 
 
 async def _run_engine(

@@ -22,7 +22,6 @@ from typing import Any
 
 import msgspec
 from vllm import SamplingParams
-from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
@@ -30,6 +29,7 @@ from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from streamq.broker.replay_log import ReplayLog
 from streamq.protocol import ChunkEvent, ErrorEvent, FinalEvent, FinishReason, GenerateRequest, decode_event
 from worker.job_context import RequestSummary
+from worker.prompt_options import engine_prompt
 from worker.regeneration import Regeneration, regeneration_reason
 
 logger = logging.getLogger("streamq.worker")
@@ -138,7 +138,7 @@ class Progress:
         reason = regeneration_reason(params)
         if reason is not None:
             return Regeneration(
-                prompt if isinstance(prompt, str) else TokensPrompt(prompt_token_ids=prompt),
+                engine_prompt(prompt, request.cache_salt),
                 params,
                 self.token_ids,
                 ["".join(texts) for texts in self.texts],
@@ -158,7 +158,7 @@ class Progress:
             params,
         )
         self.prompt_tokens = len(tokenized)
-        return Continuation(tokenized, params, generated, detokenizer)
+        return Continuation(tokenized, params, generated, detokenizer, request.cache_salt)
 
 
 def _replayed_detokenizer(
@@ -217,8 +217,10 @@ class Continuation:
         params: SamplingParams,
         generated: list[int],
         detokenizer: IncrementalDetokenizer,
+        cache_salt: str | None = None,
     ) -> None:
         self._prompt_ids = prompt_ids
+        self._cache_salt = cache_salt
         self._params = params
         self._generated = generated
         self._detokenizer = detokenizer
@@ -238,7 +240,7 @@ class Continuation:
         params.output_text_buffer_length = 0
         params.detokenize = False
         params.prompt_logprobs = None  # they went out with the first chunk already
-        prompt = TokensPrompt(prompt_token_ids=self._prompt_ids + self._generated)
+        prompt = engine_prompt(self._prompt_ids + self._generated, self._cache_salt)
         detokenizer = self._detokenizer
         async with contextlib.aclosing(
             engine.generate(

@@ -41,7 +41,7 @@ from typing import Any
 
 import msgspec
 from vllm import SamplingParams
-from vllm.inputs import TokensPrompt
+from vllm.inputs import TextPrompt, TokensPrompt
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import SamplingType
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -162,7 +162,7 @@ class Regeneration:
 
     def __init__(
         self,
-        prompt: str | TokensPrompt,
+        prompt: str | TextPrompt | TokensPrompt,
         params: SamplingParams,
         token_ids: Sequence[list[int]],
         texts: Sequence[str],

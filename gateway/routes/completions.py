@@ -289,11 +289,11 @@ def _raise_if_failed(event: Event, params: OpenAIRequest, queue_timeout_s: float
 
 
 def _named_request(request: Request, params: OpenAIRequest) -> str | None:
-    """The request's own name (``x-streamq-request-id``), checked; it names one request, so
-    not a body with several prompts."""
+    """The request's own name (``x-streamq-request-id``, else the body's ``request_id``),
+    checked; it names one request, so not a body with several prompts."""
     named = request.headers.get(REQUEST_ID_HEADER)
     if named is None:
-        return None
+        return params.request_id  # the body's, checked
     if not is_valid_request_id(named):
         raise bad_request(f"{REQUEST_ID_HEADER} must match {REQUEST_ID_PATTERN.pattern}", param=REQUEST_ID_HEADER)
     if len(params.prompts) > 1:

@@ -95,8 +95,7 @@ class _Head(msgspec.Struct):
 
 
 _CLOSE: Final = b"]}"
-_CLOSE_ROLE: Final = b'],"prompt_token_ids":null,"prompt_text":null}'
-_CLOSE_ROLE_IDS: Final = b'],"prompt_token_ids":%b,"prompt_text":null}'
+_CLOSE_ROLE: Final = b'],"prompt_token_ids":%b,"prompt_text":%b}'
 _FINGERPRINT: Final = b',"system_fingerprint":' + _encode(SYSTEM_FINGERPRINT) + b"}"
 _CLOSE_LAST: Final = b"]" + _FINGERPRINT
 
@@ -194,9 +193,12 @@ class ChunkBuilder:
         ``vllm serve`` opens a stream."""
         self.role_sent = True
         role = self.shape.role
-        close = _CLOSE_ROLE
-        if self.shape.token_ids and prompt in self._prompt:
-            close = _CLOSE_ROLE_IDS % _encode(self._prompt[prompt].token_ids)
+        returned = self._prompt.get(prompt)
+        ids = _encode(returned.token_ids) if self.shape.token_ids and returned is not None else b"null"
+        text = b"null"
+        if self.shape.prompt_text and returned is not None and returned.echo is not None:
+            text = _encode(returned.echo.text)
+        close = _CLOSE_ROLE % (ids, text)
         first = prompt * self.n
         chunks = [
             self._open
@@ -242,10 +244,17 @@ class ChunkBuilder:
             self._reasoning_tokens = (self._reasoning_tokens or 0) + parsed.reasoning_tokens
             self._choice_reasoning[choice] = parsed.reasoning_tokens
         finish_reason = parsed.finish_reason or event.finish_reason
-        if parsed.message is None and finish_reason is None and logprobs is None and not self.shape.token_ids:
+        hidden = self.shape.hide_reasoning  # the tokens and their logprobs would show the reasoning
+        if hidden:
+            logprobs = None
+        token_ids = self.shape.token_ids and not hidden
+        if parsed.message is None and finish_reason is None and logprobs is None and not token_ids:
             return None
         delta = msgspec.Raw(_encode(parsed.message or {}))
-        return self._chunk(choice, "", finish_reason, logprobs, self._ids(choice, prompt, event), delta=delta)
+        ids = self._ids(choice, prompt, event)
+        if hidden and ids is not None:
+            ids = (None, ids[1])
+        return self._chunk(choice, "", finish_reason, logprobs, ids, delta=delta)
 
     def _echo_chunk(self, choice: int, prompt: int, event: ChunkEvent) -> bytes:
         """A completion's first chunk with its prompt before it (only the prompt, for

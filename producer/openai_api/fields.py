@@ -82,8 +82,10 @@ _COMMON: Final[dict[str, Field]] = {
     "min_tokens": _honoured(),
     "skip_special_tokens": _honoured(),
     "spaces_between_special_tokens": _honoured(),
-    "truncate_prompt_tokens": _refused("not carried by the queue yet: send the prompt truncated (token ids)"),
-    "truncation_side": _refused("goes with `truncate_prompt_tokens`"),
+    "truncate_prompt_tokens": _honoured(
+        "the prompt's tokens cut on the worker, after the template, as in `vllm serve`"
+    ),
+    "truncation_side": _honoured("with `truncate_prompt_tokens`"),
     "allowed_token_ids": _honoured(),
     "prompt_logprobs": _honoured("not with `stream`, as in `vllm serve`"),
     "logprob_token_ids": _refused("chosen tokens' logprobs are not carried by the events yet"),
@@ -91,9 +93,9 @@ _COMMON: Final[dict[str, Field]] = {
     "response_format": _honoured("see [structured outputs](features/structured-outputs.md)"),
     "structured_outputs": _honoured("see [structured outputs](features/structured-outputs.md)"),
     "priority": _honoured("orders the queue; see [priorities](features/priorities-and-tenants.md)"),
-    "request_id": _refused(
-        "name a request with the `x-streamq-request-id` header (it makes the request resumable)",
-        lambda v: v is None,
+    "request_id": _honoured(
+        "the request's id, as the `x-streamq-request-id` header names it (which wins): resumable, "
+        "in its status; one prompt"
     ),
     "session_id": _honoured("the request's affinity key ([prefix-aware pickup](features/prefix-aware-pickup.md))"),
     "return_tokens_as_token_ids": _honoured("logprobs' tokens as `token_id:<id>`"),
@@ -104,7 +106,7 @@ _COMMON: Final[dict[str, Field]] = {
     "return_token_offsets": _ignored("read by `vllm serve`'s render endpoints only"),
     "mm_payload": _ignored("read by `vllm serve`'s render endpoints only"),
     "return_mm_kwargs": _ignored("read by `vllm serve`'s render endpoints only"),
-    "cache_salt": _refused("not carried by the queue yet (a prompt-level field of the engine)"),
+    "cache_salt": _honoured("goes with the prompt into the engine, as in `vllm serve`"),
     "kv_transfer_params": _refused("disaggregated prefill is not a queue's: run it behind the worker's engine"),
     "ec_transfer_params": _refused("disaggregated encoding is not a queue's"),
     "vllm_xargs": _honoured("the engine's `extra_args`, for its custom extensions"),
@@ -134,10 +136,10 @@ CHAT_FIELDS: Final[dict[str, Field]] = {
     "tools": _honoured("rendered and parsed on the worker by vLLM's renderer and tool parser"),
     "tool_choice": _honoured("`auto` needs the workers' `--enable-auto-tool-choice --tool-call-parser`"),
     "parallel_tool_calls": _honoured("`false`: the first call only, as in `vllm serve`"),
-    "reasoning_effort": _refused("not carried by the queue yet"),
-    "include_reasoning": _refused(
-        "not carried by the queue: reasoning is always returned", lambda v: v is None or v is True
+    "reasoning_effort": _honoured(
+        "a template variable, with `enable_thinking` (unless `chat_template_kwargs` sets it), as in `vllm serve`"
     ),
+    "include_reasoning": _honoured("`false`: no reasoning from the workers' reasoning parser, as in `vllm serve`"),
     "add_generation_prompt": _honoured(),
     "continue_final_message": _honoured(),
     "documents": _honoured("for a template that uses them"),
@@ -145,7 +147,7 @@ CHAT_FIELDS: Final[dict[str, Field]] = {
     "chat_template_kwargs": _honoured("the variables the template uses, as in `vllm serve`"),
     "media_io_kwargs": _refused("text-only messages"),
     "mm_processor_kwargs": _refused("text-only messages"),
-    "return_prompt_text": _refused("not carried by the queue yet"),
+    "return_prompt_text": _honoured("the rendered prompt's text, on the first chunk or in the response"),
     "echo": _honoured("the last message's content before the reply, when it has the reply's role"),
 }
 

@@ -24,8 +24,9 @@ from producer.openai_api.logprobs import (
     completion_sampling,
 )
 from producer.openai_api.structured import STRUCTURED_FIELDS, structured_outputs_of
-from streamq.protocol import ChatTemplateOptions, InvalidRequest, Sampling
+from streamq.protocol import REQUEST_ID_PATTERN, ChatTemplateOptions, InvalidRequest, Sampling, is_valid_request_id
 from streamq.protocol.affinity import check_affinity_key
+from streamq.protocol.messages import check_cache_salt
 from streamq.protocol.names import MAX_PRIORITY, MIN_PRIORITY
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,37 @@ _SAMPLING_FIELDS: Final = frozenset(
         "repetition_detection",
     }
 )
+
+
+def _prompt_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``submit``'s ``truncate_prompt_tokens``, ``truncation_side`` and ``cache_salt``,
+    type-checked now (the worker checks ``truncate_prompt_tokens`` against the model's context)."""
+    fields: dict[str, Any] = {}
+    keep = body.get("truncate_prompt_tokens")
+    if keep is not None:
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < -1:
+            raise InvalidParameter(
+                f"truncate_prompt_tokens must be an integer of -1 or more, got {_short(keep)}",
+                param="truncate_prompt_tokens",
+            )
+        fields["truncate_prompt_tokens"] = keep
+    side = body.get("truncation_side")
+    if side is not None:
+        if side not in ("left", "right"):
+            raise InvalidParameter(
+                f"`truncation_side` must be either 'left' or 'right', got {_short(side)}", param="truncation_side"
+            )
+        fields["truncation_side"] = side
+    salt = body.get("cache_salt")
+    if salt is not None:
+        if not isinstance(salt, str) or not salt:
+            raise InvalidParameter("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+        try:
+            check_cache_salt(salt)
+        except ValueError as exc:
+            raise InvalidParameter(str(exc), param="cache_salt") from None
+        fields["cache_salt"] = salt
+    return fields
 
 
 def _queue_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,6 +128,12 @@ class ResponseShape:
     last message's (the model continues that turn)."""
     echo_text: str = ""
     """A chat request's ``echo``: the last message's content, when it has the response's role."""
+    hide_reasoning: bool = False
+    """A chat request's ``include_reasoning: false``: a parsed chunk names no tokens and no
+    logprobs, which would show the reasoning (``vllm serve`` hides them so)."""
+    prompt_text: bool = False
+    """A chat request's ``return_prompt_text``: the rendered prompt on the first chunk (or
+    in the response)."""
     continuous_usage: bool = False
     """``stream_options.continuous_usage_stats`` (with ``include_usage``): every chunk carries
     its prompt's and its completion's tokens so far."""
@@ -104,7 +142,7 @@ class ResponseShape:
     def needs_prompt(self) -> bool:
         """Whether the worker must send the prompt back (``submit(echo=True)``): its text,
         or its token ids (which a chunk's usage counts)."""
-        return self.echo or self.token_ids or self.continuous_usage
+        return self.echo or self.token_ids or self.prompt_text or self.continuous_usage
 
 
 PLAIN: Final = ResponseShape()
@@ -140,7 +178,7 @@ def parse_completion_body(body: Mapping[str, Any], *, limits: RequestLimits = DE
     sampling = {**body, **completion_sampling(body)}
     if shape.echo and sampling.get("prompt_logprobs") is None:
         sampling["prompt_logprobs"] = sampling.get("logprobs")  # the echoed prompt's logprobs, as vLLM asks for them
-    common = {**_sampling(sampling, max_tokens=max_tokens), **_queue_fields(body)}
+    common = {**_sampling(sampling, max_tokens=max_tokens), **_prompt_fields(body), **_queue_fields(body)}
     if shape.needs_prompt:
         common["echo"] = True
     if body.get("add_special_tokens") is not None and not _flag(body, "add_special_tokens"):
@@ -184,6 +222,8 @@ def chat_shape(body: Mapping[str, Any]) -> ResponseShape:
         token_ids=_flag(body, "return_token_ids"),
         role=role,
         echo_text=echo_text,
+        prompt_text=_flag(body, "return_prompt_text"),
+        hide_reasoning=not _flag(body, "include_reasoning", default=True),
     )
 
 
@@ -196,9 +236,35 @@ _CHAT_OPTIONS: Final = {
 """Body fields that say how the messages are rendered → ``ChatTemplateOptions`` fields."""
 
 
+REASONING_EFFORTS: Final = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+"""``reasoning_effort``'s values, as ``vllm serve`` takes them."""
+
+
+def _template_kwargs(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` with ``reasoning_effort`` added as ``vllm serve`` adds it: as a
+    template variable of its own (over the request's), and ``enable_thinking`` (unless the
+    request set it) true for any effort but ``none``."""
+    kwargs = body.get("chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return kwargs
+    if effort not in REASONING_EFFORTS:
+        raise InvalidParameter(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {_short(effort)}",
+            param="reasoning_effort",
+        )
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    merged = {**(kwargs or {}), "reasoning_effort": effort}
+    merged.setdefault("enable_thinking", effort != "none")
+    return merged
+
+
 def _chat_options(body: Mapping[str, Any]) -> dict[str, Any]:
     """``submit``'s ``chat_options`` for a body that sets any, checked now."""
     given = {option: body[name] for name, option in _CHAT_OPTIONS.items() if body.get(name) is not None}
+    if (kwargs := _template_kwargs(body)) is not None:
+        given["kwargs"] = kwargs
     if not given:
         return {}
     try:
@@ -232,7 +298,8 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     if _flag(body, "echo") and sampling.get("prompt_logprobs") is None:
         sampling["prompt_logprobs"] = body.get("top_logprobs") or 0  # as vLLM asks for them with echo
     special = {"add_special_tokens": True} if _flag(body, "add_special_tokens") else {}
-    prompt_back = {"echo": True} if _flag(body, "return_token_ids") else {}  # the rendered prompt's token ids
+    # The rendered prompt's token ids, its text: the worker sends them back.
+    prompt_back = {"echo": True} if _flag(body, "return_token_ids") or _flag(body, "return_prompt_text") else {}
     return {
         "messages": chat,
         **special,
@@ -240,6 +307,8 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
         **_chat_options(body),
         **_tools(body),
         **_sampling(sampling, max_tokens=max_tokens),
+        **_prompt_fields(body),
+        **({"include_reasoning": False} if not _flag(body, "include_reasoning", default=True) else {}),
         **_queue_fields(body),
     }
 
@@ -257,6 +326,9 @@ class OpenAIRequest:
     prompts: list[Prompt] = field(default_factory=list)
     """A completion request's prompts, each its own request (empty for chat)."""
     shape: ResponseShape = PLAIN
+    request_id: str | None = None
+    """The body's ``request_id``: names the request as the gateway's ``x-streamq-request-id``
+    header does (which wins, as ``vllm serve``'s ``X-Request-Id`` wins over it)."""
 
     @property
     def n(self) -> int:
@@ -288,6 +360,12 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"'stream' must be true or false, got {stream!r}")
+    request_id = body.get("request_id")
+    if request_id is not None:
+        if not isinstance(request_id, str) or not is_valid_request_id(request_id):
+            raise InvalidParameter(f"request_id must match {REQUEST_ID_PATTERN.pattern}", param="request_id")
+        if len(prompts) > 1:
+            raise InvalidParameter("request_id names one request: send one prompt with it", param="request_id")
     include_usage, continuous_usage = _stream_options(body.get("stream_options"), stream)
     if continuous_usage:
         shape = replace(shape, continuous_usage=True)
@@ -300,6 +378,7 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
         submit_kwargs=kwargs,
         prompts=prompts,
         shape=shape,
+        request_id=request_id,
     )
 
 
@@ -363,10 +442,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _flag(body: Mapping[str, Any], name: str) -> bool:
+def _flag(body: Mapping[str, Any], name: str, *, default: bool = False) -> bool:
     value = body.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise InvalidParameter(f"`{name}` must be true or false, got {_short(value)}", param=name)
     return value

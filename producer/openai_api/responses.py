@@ -214,6 +214,8 @@ def chat_completion_response(
     body = _body(completions, choices, model, created, chat=True, response_id=response_id)
     if shape.token_ids:
         body["prompt_token_ids"] = completion.prompt_token_ids
+    if shape.prompt_text and completion.prompt_echo is not None:
+        body["prompt_text"] = completion.prompt_echo.text
     return body
 
 

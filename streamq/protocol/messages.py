@@ -3,12 +3,13 @@ and a worker's registration, each with its encoder and decoder."""
 
 from __future__ import annotations
 
-from typing import Any, Final, TypedDict
+from typing import Any, Final, Literal, TypedDict
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from streamq.protocol.names import (
+    MAX_CACHE_SALT_CHARS,
     MAX_CALLBACK_URL_CHARS,
     MAX_PRIORITY,
     MAX_PROMPT_CHARS,
@@ -287,6 +288,18 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     """Send the prompt back: the request's first chunk carries ``prompt_echo`` (its text,
     a token-id prompt decoded) and ``prompt_token_ids``, so that a reader can answer
     OpenAI's ``echo`` (and ``return_token_ids``)."""
+    truncate_prompt_tokens: int | None = None
+    """Keep only this many of the prompt's tokens (after the chat template); ``-1``: as many
+    as the model's context less one, as ``vllm serve``'s field of the name."""
+    truncation_side: Literal["left", "right"] | None = None
+    """With ``truncate_prompt_tokens``: ``left`` keeps the last tokens, ``right`` the first
+    (absent: the tokenizer's side)."""
+    cache_salt: str | None = None
+    """Isolates the request's prefix cache: only requests with the same salt share cached
+    blocks (vLLM's prompt field of the name)."""
+    include_reasoning: bool = True
+    """With ``messages``, on a worker with a reasoning parser: ``false`` drops the reasoning
+    from the parsed output, as ``vllm serve``'s field of the name."""
 
     def __post_init__(self) -> None:
         if not is_valid_request_id(self.request_id):
@@ -316,6 +329,12 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             raise ValueError("tools apply to messages only")
         if self.add_special_tokens is not None and self.prompt_token_ids is not None:
             raise ValueError("add_special_tokens applies to text prompts and messages, not token ids")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < -1:
+            raise ValueError(f"truncate_prompt_tokens must be -1 or more, got {self.truncate_prompt_tokens}")
+        if self.cache_salt is not None:
+            check_cache_salt(self.cache_salt)
+        if not self.include_reasoning and self.messages is None:
+            raise ValueError("include_reasoning applies to messages only")
         if self.model is not None and not self.model:
             raise ValueError("model must not be empty")
         for name in ("deadline_s", "queue_timeout_s"):
@@ -332,6 +351,12 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
         size = len(self.prompt or "") + sum(len(m.text) for m in self.messages or ())
         if size > MAX_PROMPT_CHARS:
             raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
+
+
+def check_cache_salt(salt: str) -> None:
+    """Raise ``ValueError`` for a cache salt vLLM would refuse."""
+    if not salt or len(salt) > MAX_CACHE_SALT_CHARS or set(salt) & set("@/\\\0"):
+        raise ValueError(f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} characters, none of '@', '/', '\\' or NUL")
 
 
 class StreamqError(Exception):

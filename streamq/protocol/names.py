@@ -185,6 +185,8 @@ for over a second now and then (it was 1 s, and a conversation's follow-up then 
 another worker); a dead worker costs at most a job's affinity window meanwhile."""
 MAX_CALLBACK_URL_CHARS: Final = 2048
 """A callback URL's length bound."""
+MAX_CACHE_SALT_CHARS: Final = 128
+"""A request's ``cache_salt`` length bound (vLLM's)."""
 
 # --- completion callbacks ------------------------------------------------------------
 CALLBACK_KEY_PREFIX: Final = "streamq:callback:"

@@ -371,3 +371,34 @@ def test_continuous_usage_in_a_chat_counts_each_choice_from_its_role_chunk_on() 
     ]
     for c in chunks:
         chat_protocol.ChatCompletionStreamResponse.model_validate(c)
+
+
+# --- return_prompt_text, include_reasoning -------------------------------------------------
+def test_return_prompt_text_puts_the_rendered_prompt_beside_the_role() -> None:
+    builder = ChunkBuilder(ResponseMeta(True, "r1", "tiny", 1700), False, shape=ResponseShape(prompt_text=True))
+    chunks = [json.loads(c) for c in builder.chunks(echoed_first_chunk())]
+    assert (chunks[0]["prompt_text"], chunks[0]["prompt_token_ids"]) == ("Hi", None)
+    assert "prompt_text" not in chunks[1]
+
+
+def test_include_reasoning_false_hides_a_parsed_chunks_tokens_and_logprobs() -> None:
+    """As ``vllm serve``: with reasoning hidden, a parser's chunk names no token ids (the
+    prompt's still) and no logprobs, and one the parser held back is not sent."""
+    shape = ResponseShape(token_ids=True, hide_reasoning=True)
+    builder = ChunkBuilder(ResponseMeta(True, "r1", "tiny", 1700), False, shape=shape)
+    first = parsed_chunk(0, "<think>", None)
+    first.prompt_token_ids = [4, 5]
+    first.logprobs = [TokenLogprob(-0.5, 1, "x", [])]
+    events: list[Event] = [first, parsed_chunk(1, "!", {"content": "!"}, finish_reason="length")]
+    chunks = [json.loads(c) for event in events for c in builder.chunks(event)]
+    assert chunks[0]["prompt_token_ids"] == [4, 5]
+    assert [c["choices"][0] for c in chunks[1:]] == [
+        {
+            "index": 0,
+            "delta": {"content": "!"},
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "token_ids": None,
+        }
+    ]

@@ -126,7 +126,10 @@ BAD_COMPLETIONS: list[tuple[object, str]] = [
     ({"prompt": "Hi", "best_of": 3}, "best_of"),
     ({"prompt": "Hi", "logit_bias": {"five": 1}}, "logit_bias contains key(s) that cannot be converted"),
     ({"prompt": "Hi", "use_beam_search": True}, "use_beam_search=True is not supported by streamq: beam search"),
-    ({"prompt": "Hi", "request_id": "mine"}, "x-streamq-request-id"),
+    ({"prompt": "Hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens must be an integer of -1 or more"),
+    ({"prompt": "Hi", "truncate_prompt_tokens": 3, "truncation_side": "middle"}, "`truncation_side` must be"),
+    ({"prompt": "Hi", "cache_salt": ""}, "'cache_salt' must be a non-empty string"),
+    ({"prompt": "Hi", "cache_salt": "a/b"}, "cache_salt must be 1 to 128 characters"),
     ({"prompt": "Hi", "session_id": ""}, "session_id"),
     ({"prompt": "Hi", "suffix": "end"}, "suffix"),
 ]
@@ -334,3 +337,69 @@ def test_a_bad_body_is_refused_naming_what_is_wrong(body: Any, chat: bool, reaso
     with pytest.raises(InvalidRequest) as caught:
         parse_openai_body(body, chat=chat)
     assert reason in str(caught.value)
+
+
+# --- the fields vllm serve honours that the queue carries to the worker ---------------------
+def test_truncation_and_the_cache_salt_go_to_the_worker_with_the_prompt() -> None:
+    body = {"prompt": "Hi", "truncate_prompt_tokens": 5, "truncation_side": "left", "cache_salt": "tenant-a"}
+    assert completion_request_to_submit_kwargs(body) == {
+        "prompt": "Hi",
+        "truncate_prompt_tokens": 5,
+        "truncation_side": "left",
+        "cache_salt": "tenant-a",
+    }
+    chat = {**CHAT, "truncate_prompt_tokens": -1, "cache_salt": "s"}
+    kwargs = chat_request_to_submit_kwargs(chat)
+    assert (kwargs["truncate_prompt_tokens"], kwargs["cache_salt"]) == (-1, "s")
+
+
+@pytest.mark.parametrize(
+    ("body", "kwargs"),
+    [
+        ({"reasoning_effort": "low"}, {"reasoning_effort": "low", "enable_thinking": True}),
+        ({"reasoning_effort": "none"}, {"reasoning_effort": "none", "enable_thinking": False}),
+        (
+            {"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "x"}},
+            {"reasoning_effort": "high", "enable_thinking": False},
+        ),
+    ],
+)
+def test_reasoning_effort_is_a_template_variable_as_vllm_serve_passes_it(
+    body: dict[str, Any], kwargs: dict[str, Any]
+) -> None:
+    assert chat_request_to_submit_kwargs({**CHAT, **body})["chat_options"] == {"kwargs": kwargs}
+
+
+def test_a_reasoning_effort_vllm_serve_does_not_know_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="reasoning_effort must be one of"):
+        chat_request_to_submit_kwargs({**CHAT, "reasoning_effort": "extreme"})
+
+
+def test_include_reasoning_false_goes_to_the_worker_and_hides_the_reasoning_tokens() -> None:
+    parsed = parse_openai_body({**CHAT, "include_reasoning": False}, chat=True)
+    assert parsed.submit_kwargs["include_reasoning"] is False and parsed.shape.hide_reasoning
+    default = parse_openai_body({**CHAT, "include_reasoning": True}, chat=True)
+    assert "include_reasoning" not in default.submit_kwargs and not default.shape.hide_reasoning
+
+
+def test_return_prompt_text_asks_the_worker_for_the_prompt() -> None:
+    parsed = parse_openai_body({**CHAT, "return_prompt_text": True}, chat=True)
+    assert parsed.shape.prompt_text and parsed.submit_kwargs["echo"] is True
+
+
+def test_a_request_id_in_the_body_names_the_request() -> None:
+    assert parse_openai_body({**COMPLETION, "request_id": "mine-1"}, chat=False).request_id == "mine-1"
+    assert parse_openai_body(CHAT, chat=True).request_id is None
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({**COMPLETION, "request_id": "has space"}, "request_id must match"),
+        ({**COMPLETION, "request_id": 7}, "request_id must match"),
+        ({**COMPLETION, "prompt": ["a", "b"], "request_id": "mine"}, "request_id names one request"),
+    ],
+)
+def test_a_bad_request_id_in_the_body_is_refused(body: dict[str, Any], reason: str) -> None:
+    with pytest.raises(InvalidRequest, match=reason):
+        parse_openai_body(body, chat=False)

@@ -243,12 +243,16 @@ async def test_disconnect_while_queued_removes_the_request(
     assert await client.redis.zcard(parked_model.queue) == 0
 
 
+@pytest.mark.parametrize("named_by", ["header", "body"])
 async def test_a_named_stream_resumes_from_last_event_id(
-    gateway: GatewayProcess, model: str, client: InternalClient
+    gateway: GatewayProcess, model: str, client: InternalClient, named_by: str
 ) -> None:
+    """Named by the ``x-streamq-request-id`` header, or by the body's ``request_id`` (vLLM's field)."""
     request_id = f"resume-{uuid.uuid4().hex}"
     body = {"model": model, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
-    headers = {"x-streamq-request-id": request_id}
+    headers = {"x-streamq-request-id": request_id} if named_by == "header" else {}
+    if named_by == "body":
+        body["request_id"] = request_id
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
         lines: list[str] = []
         async with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
@@ -262,6 +266,8 @@ async def test_a_named_stream_resumes_from_last_event_id(
         resumed = await http.post("/v1/completions", json=body, headers={**headers, "Last-Event-ID": last_id})
         assert resumed.status_code == 200, resumed.text
         after = sse_events(resumed.text.splitlines())
+        status = await http.get(f"/v1/requests/{request_id}")
+        assert status.status_code == 200 and status.json()["request_id"] == request_id, status.text
 
     assert after[-1]["data"] == "[DONE]"
     labels = [e["id"].split(".") for e in before + after if "id" in e]  # <seq>.<digest of the event as logged>

@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,6 +350,67 @@ def test_whole_responses_in_every_form_match(servers: Servers, path: str, extra:
     (ours,), _ = post(servers.gateway_url, path, body)
     (reference,), _ = post(servers.serve_url, path, body)
     assert comparable(ours) == comparable(reference)
+
+
+# --- fields the queue carries to the worker: each answers as in vllm serve -------------------
+FORMERLY_REFUSED: list[tuple[str, dict[str, Any], bool]] = [
+    ("/v1/completions", {"prompt": PROMPTS[0], "truncate_prompt_tokens": 3, "return_token_ids": True}, True),
+    (
+        "/v1/completions",
+        {"prompt": PROMPTS[0], "truncate_prompt_tokens": 3, "truncation_side": "left", "return_token_ids": True},
+        True,
+    ),
+    ("/v1/completions", {"prompt": TOKEN_PROMPTS[1], "truncate_prompt_tokens": 2, "truncation_side": "left"}, True),
+    ("/v1/completions", {"prompt": PROMPTS[0], "cache_salt": "tenant-a"}, False),
+    (
+        "/v1/chat/completions",
+        {"messages": MESSAGES[1], "truncate_prompt_tokens": 5, "truncation_side": "left", "return_token_ids": True},
+        True,
+    ),
+    ("/v1/chat/completions", {"messages": MESSAGES[1], "return_prompt_text": True}, True),
+    ("/v1/chat/completions", {"messages": MESSAGES[0], "cache_salt": "tenant-a"}, False),
+    # The tiny model's template reads no reasoning_effort, and its workers run no reasoning
+    # parser: both servers answer as without them.
+    ("/v1/chat/completions", {"messages": MESSAGES[0], "reasoning_effort": "low"}, False),
+    ("/v1/chat/completions", {"messages": MESSAGES[0], "include_reasoning": False}, False),
+]
+FIELD_OF = {"/v1/completions": ("prompt",), "/v1/chat/completions": ("messages",)}
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "changes"),
+    FORMERLY_REFUSED,
+    ids=lambda item: ",".join(item) if isinstance(item, dict) else str(item),
+)
+def test_the_fields_the_queue_carries_answer_as_vllm_serve(
+    servers: Servers, path: str, extra: dict[str, Any], changes: bool
+) -> None:
+    """Each answers as ``vllm serve`` does; those that change the answer change it (the same
+    request without them, from ``vllm serve``, differs)."""
+    body = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
+    (ours,), _ = post(servers.gateway_url, path, body)
+    (reference,), _ = post(servers.serve_url, path, body)
+    assert comparable(ours) == comparable(reference)
+    plain = {k: v for k, v in body.items() if k in ("model", "max_tokens", "temperature", *FIELD_OF[path])}
+    (without,), _ = post(servers.serve_url, path, plain)
+    assert (comparable(without) != comparable(reference)) == changes
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_request_id_in_the_body_names_the_response_as_in_vllm_serve(servers: Servers, path: str) -> None:
+    request_id = f"body-id-{uuid.uuid4().hex[:12]}"
+    field, request = ("prompt", PROMPTS[0]) if path == "/v1/completions" else ("messages", MESSAGES[0])
+    body = {"model": MODEL, field: request, "max_tokens": 2, "request_id": request_id}
+    (ours,), named = post(servers.gateway_url, path, body)
+    (reference,), _ = post(servers.serve_url, path, body)
+    assert ours["id"] == reference["id"] and reference["id"].endswith(f"-{request_id}")
+    assert named == request_id
+
+
+def test_a_streamed_chat_returns_its_prompt_text_as_vllm_serve(servers: Servers) -> None:
+    body = stream_body("messages", MESSAGES[1], return_prompt_text=True)
+    reference = compare_streams(servers, "/v1/chat/completions", body, MAX_TOKENS)
+    assert "<|im_start|>user" in reference[0]["prompt_text"]
 
 
 def test_echo_with_logprobs_has_the_prompts_tokens_first(servers: Servers) -> None:
