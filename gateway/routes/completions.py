@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import http_metrics
 from gateway.auth import TENANT_STATE, Tenant, unauthorized
+from gateway.default_model import with_default_model
 from gateway.disconnect import ClientGone, until_disconnected
 from gateway.faces import CHAT_COMPLETIONS_FACE, COMPLETIONS_FACE, Face
 from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
@@ -170,7 +171,8 @@ async def _generate(request: Request, face: Face, account: _Account) -> Response
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
     endpoint = face.endpoint
-    params = parse_openai_body(face.openai_body(body), chat=endpoint.chat, limits=config_of(request.app).limits)
+    openai_body = await with_default_model(request, face.openai_body(body))
+    params = parse_openai_body(openai_body, chat=endpoint.chat, limits=config_of(request.app).limits)
     named = _named_request(request, params)
     affinity = _affinity(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")

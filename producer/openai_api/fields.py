@@ -52,7 +52,10 @@ def _refused(note: str, is_default: Callable[[Any], bool] = _is_off) -> Field:
 
 
 _COMMON: Final[dict[str, Field]] = {
-    "model": _honoured("routes the request to the queue of the workers serving that model"),
+    "model": _honoured(
+        "routes the request to the queue of the workers serving that model; absent, the one model live "
+        "workers serve (several: a 400 listing them)"
+    ),
     "frequency_penalty": _honoured(),
     "logit_bias": _honoured("token ids as keys, clamped to -100..100"),
     "logprobs": _honoured("see [logprobs](features/logprobs.md)"),

@@ -165,6 +165,17 @@ def test_a_field_the_gateway_does_not_know_is_ignored_as_vllm_serve_ignores_it(s
     assert ignored.choices[0].text == plain.choices[0].text
 
 
+def test_a_request_without_a_model_is_refused_listing_the_models_when_several_serve(
+    gateway: GatewayProcess, model: str, parked_model: WorkerRegistration
+) -> None:
+    """``vllm serve`` answers it with the model it serves; a queue in front of several
+    models cannot pick one (``test_gateway_default_model.py`` has the one-model case)."""
+    response = httpx.post(gateway.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=30)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert model in message and parked_model.model in message
+
+
 def test_unknown_model_is_404(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         sdk.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
