@@ -99,9 +99,10 @@ class LogprobsReader:
     def for_request(cls, params: SamplingParams, engine: AsyncLLM) -> LogprobsReader | None:
         """A reader, or ``None`` when the request asked for no logprobs (the common case:
         the job's loop then does no logprobs work at all)."""
-        if params.logprobs is None:
+        if params.logprobs is None and not params.logprob_token_ids:
             return None
-        return cls(params.logprobs, engine.get_tokenizer())
+        # With logprob_token_ids the engine's dict holds the token, then those ids: ``top`` keeps them as they are.
+        return cls(params.logprobs if params.logprobs is not None else 0, engine.get_tokenizer())
 
     def sample(self, completion: CompletionOutput) -> list[TokenLogprob]:
         """The logprobs of a completion's delta."""

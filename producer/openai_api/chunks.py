@@ -283,7 +283,8 @@ class ChunkBuilder:
         """The chunk's logprobs in its endpoint's shape (the event carries them)."""
         as_ids = self.shape.tokens_as_ids
         if self.meta.chat:
-            return chat_logprobs(token_ids, [e for e in entries if e is not None], as_ids=as_ids)
+            entries_ = [e for e in entries if e is not None]
+            return chat_logprobs(token_ids, entries_, as_ids=as_ids, every=self.shape.every_logprob)
         offset = self._text_offsets.get(choice, 0)
         logprobs = completion_logprobs(
             token_ids, entries, offset, top_k=self.shape.logprobs, first_token=first_token, as_ids=as_ids

@@ -7,7 +7,8 @@ test, so that a field a new vLLM adds fails that test until it is classified her
 - **ignored**: accepted and without effect, as in ``vllm serve`` (a field it reads only on
   other endpoints, or for features no streamq worker runs);
 - **refused**: a 400 naming it unless it carries its default (so clients that send
-  defaults still work), with the reason in the table.
+  defaults still work), with the reason in the table: one that is the queue's (beam search,
+  disaggregation, tensors, media, a request's own template), or ``vllm serve``'s own.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ _COMMON: Final[dict[str, Field]] = {
     "min_p": _honoured(),
     "repetition_penalty": _honoured(),
     "watermarking": _honoured(),
-    "length_penalty": _refused("beam search only", lambda v: v is None or v == 1.0),
+    "length_penalty": _refused("beam search only (see `use_beam_search`)", lambda v: v is None or v == 1.0),
     "stop_token_ids": _honoured(),
     "include_stop_str_in_output": _honoured(),
     "ignore_eos": _honoured(),
@@ -91,7 +92,7 @@ _COMMON: Final[dict[str, Field]] = {
     "truncation_side": _honoured("with `truncate_prompt_tokens`"),
     "allowed_token_ids": _honoured(),
     "prompt_logprobs": _honoured("not with `stream`, as in `vllm serve`"),
-    "logprob_token_ids": _refused("chosen tokens' logprobs are not carried by the events yet"),
+    "logprob_token_ids": _honoured("each token's logprobs list those tokens', as in `vllm serve`"),
     "bad_words": _honoured(),
     "response_format": _honoured("see [structured outputs](features/structured-outputs.md)"),
     "structured_outputs": _honoured("see [structured outputs](features/structured-outputs.md)"),
@@ -105,7 +106,7 @@ _COMMON: Final[dict[str, Field]] = {
     "return_token_ids": _honoured(
         "`token_ids` in each choice, the prompt's `prompt_token_ids` where `vllm serve` puts them"
     ),
-    "routed_experts_prompt_start": _refused("routed experts are not returned"),
+    "routed_experts_prompt_start": _refused("routed experts are tensors (per token), which the queue does not carry"),
     "return_token_offsets": _ignored("read by `vllm serve`'s render endpoints only"),
     "mm_payload": _ignored("read by `vllm serve`'s render endpoints only"),
     "return_mm_kwargs": _ignored("read by `vllm serve`'s render endpoints only"),
@@ -148,8 +149,8 @@ CHAT_FIELDS: Final[dict[str, Field]] = {
     "documents": _honoured("for a template that uses them"),
     "chat_template": _refused("a request's own template: `vllm serve` refuses it too unless trusted"),
     "chat_template_kwargs": _honoured("the variables the template uses, as in `vllm serve`"),
-    "media_io_kwargs": _refused("text-only messages"),
-    "mm_processor_kwargs": _refused("text-only messages"),
+    "media_io_kwargs": _refused("media are not carried by the queue: text-only messages"),
+    "mm_processor_kwargs": _refused("media are not carried by the queue: text-only messages"),
     "return_prompt_text": _honoured("the rendered prompt's text, on the first chunk or in the response"),
     "echo": _honoured("the last message's content before the reply, when it has the reply's role"),
 }

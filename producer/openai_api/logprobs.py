@@ -104,12 +104,16 @@ def next_text_offset(logprobs: CompletionLogprobs, text_offset: int) -> int:
     return logprobs.text_offset[-1] + len(logprobs.tokens[-1])
 
 
-def chat_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprob], *, as_ids: bool = False) -> ChatLogprobs:
-    """The chat endpoint's logprobs of ``token_ids`` (``as_ids``: tokens named ``token_id:<id>``)."""
+def chat_logprobs(
+    token_ids: Sequence[int], entries: Sequence[TokenLogprob], *, as_ids: bool = False, every: bool = False
+) -> ChatLogprobs:
+    """The chat endpoint's logprobs of ``token_ids`` (``as_ids``: tokens named ``token_id:<id>``;
+    ``every``: each position lists all it has, the token first, as ``vllm serve`` lists
+    ``logprob_token_ids``)."""
     content = []
     for token_id, entry in zip(token_ids, entries, strict=True):
         top = []
-        for t in vllm_order(entry, token_id)[: len(entry.top)]:
+        for t in vllm_order(entry, token_id)[: len(entry.top) + every]:
             name = token_text(t.token_id, t.token, as_id=as_ids)
             top.append(ChatLogprob(name, t.logprob, _bytes(name)))
         # The token's bytes are its text's, also where it is named by id (as vLLM does).
@@ -142,7 +146,7 @@ def prompt_logprobs(
 
 
 # --- Request fields ----------------------------------------------------------------
-LOGPROBS_SAMPLING: Final = frozenset({"logprobs", "prompt_logprobs"})
+LOGPROBS_SAMPLING: Final = frozenset({"logprobs", "prompt_logprobs", "logprob_token_ids"})
 """The ``SamplingOptions`` fields the body's logprobs fields become."""
 
 
@@ -150,7 +154,8 @@ def completion_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     """The sampling fields of a ``/v1/completions`` body's ``logprobs`` (an integer: the
     sampled token's and that many more) and ``prompt_logprobs`` (vLLM's extension)."""
     logprobs = _integer(body, "logprobs")
-    return {"logprobs": logprobs, "prompt_logprobs": _prompt_logprobs(body)}
+    ids = _token_ids(body) if logprobs is not None else None  # without logprobs, vllm serve shows none
+    return {"logprobs": None if ids else logprobs, "logprob_token_ids": ids, "prompt_logprobs": _prompt_logprobs(body)}
 
 
 def chat_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,7 +167,23 @@ def chat_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     top = _integer(body, "top_logprobs")
     if top is not None and (top > 0 or top == -1) and not wanted:
         raise InvalidParameter("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-    return {"logprobs": (top or 0) if wanted else None, "prompt_logprobs": _prompt_logprobs(body)}
+    ids = _token_ids(body)
+    if ids and not wanted:
+        raise InvalidParameter(
+            "when using `logprob_token_ids`, `logprobs` must be set to true.", param="logprob_token_ids"
+        )
+    logprobs = (top or 0) if wanted and not ids else None
+    return {"logprobs": logprobs, "logprob_token_ids": ids, "prompt_logprobs": _prompt_logprobs(body)}
+
+
+def _token_ids(body: Mapping[str, Any]) -> list[int] | None:
+    """``logprob_token_ids``: absent, or token ids (vLLM checks them against the vocabulary)."""
+    ids = body.get("logprob_token_ids")
+    if not ids:
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise InvalidParameter("`logprob_token_ids` must be a list of token ids", param="logprob_token_ids")
+    return ids
 
 
 def _prompt_logprobs(body: Mapping[str, Any]) -> int | None:

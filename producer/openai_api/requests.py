@@ -122,7 +122,10 @@ class ResponseShape:
     token_ids: bool = False
     """``return_token_ids``: choices carry ``token_ids`` and ``prompt_token_ids``."""
     logprobs: int | None = None
-    """A completion request's ``logprobs``: how many most likely tokens each position lists."""
+    """A completion request's ``logprobs``: how many most likely tokens each position lists
+    (``None``: all it has, as for ``logprob_token_ids``)."""
+    every_logprob: bool = False
+    """``logprob_token_ids``: each position lists the token and those ids."""
     role: str = "assistant"
     """A chat response's role: the assistant's, or without ``add_generation_prompt`` the
     last message's (the model continues that turn)."""
@@ -177,7 +180,7 @@ def parse_completion_body(body: Mapping[str, Any], *, limits: RequestLimits = DE
     max_tokens = 1 if shape.echo_only else body.get("max_tokens")  # vLLM generates one token, echoes the prompt alone
     sampling = {**body, **completion_sampling(body)}
     if shape.echo and sampling.get("prompt_logprobs") is None:
-        sampling["prompt_logprobs"] = sampling.get("logprobs")  # the echoed prompt's logprobs, as vLLM asks for them
+        sampling["prompt_logprobs"] = body.get("logprobs")  # the echoed prompt's logprobs, as vLLM asks for them
     common = {**_sampling(sampling, max_tokens=max_tokens), **_prompt_fields(body), **_queue_fields(body)}
     if shape.needs_prompt:
         common["echo"] = True
@@ -208,7 +211,8 @@ def completion_shape(body: Mapping[str, Any]) -> ResponseShape:
         echo_only=echo and body.get("max_tokens") == 0,
         tokens_as_ids=_flag(body, "return_tokens_as_token_ids"),
         token_ids=_flag(body, "return_token_ids"),
-        logprobs=body.get("logprobs"),
+        logprobs=None if body.get("logprob_token_ids") else body.get("logprobs"),
+        every_logprob=bool(body.get("logprob_token_ids")),
     )
 
 
@@ -223,6 +227,7 @@ def chat_shape(body: Mapping[str, Any]) -> ResponseShape:
         role=role,
         echo_text=echo_text,
         prompt_text=_flag(body, "return_prompt_text"),
+        every_logprob=bool(body.get("logprob_token_ids")),
         hide_reasoning=not _flag(body, "include_reasoning", default=True),
     )
 

@@ -203,7 +203,9 @@ def chat_completion_response(
     for i, (text, reason) in enumerate(zip(completion.texts, completion.finish_reasons, strict=True)):
         logprobs = None
         if completion.logprobs is not None:
-            shaped = chat_logprobs(completion.token_ids[i], completion.logprobs[i], as_ids=shape.tokens_as_ids)
+            shaped = chat_logprobs(
+                completion.token_ids[i], completion.logprobs[i], as_ids=shape.tokens_as_ids, every=shape.every_logprob
+            )
             logprobs = cast(dict[str, Any], msgspec.to_builtins(shaped))
         parsed = completion.parsed[i] if completion.parsed is not None else None
         content = shape.echo_text if parsed is not None and parsed.message is not None else shape.echo_text + text

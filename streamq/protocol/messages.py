@@ -178,6 +178,10 @@ class Sampling(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     sampled token's alone), carried in the chunk events."""
     prompt_logprobs: int | None = None
     """Log probabilities of the prompt's tokens (and this many most likely at each)."""
+    logprob_token_ids: list[int] | None = None
+    """Log probabilities of these tokens at each position, beside the sampled token's
+    (instead of the most likely ones): a token logprob's ``top`` lists them in the
+    engine's order."""
     structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
@@ -221,6 +225,7 @@ class SamplingOptions(TypedDict, total=False):
     stream_interval: int | None
     logprobs: int | None
     prompt_logprobs: int | None
+    logprob_token_ids: list[int] | None
     structured_outputs: StructuredOutputs | dict[str, Any] | None
     """A ``StructuredOutputs``, or its fields as a dict."""
 

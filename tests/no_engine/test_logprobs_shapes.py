@@ -282,3 +282,32 @@ def test_whole_responses_parse_as_vllms() -> None:
     chat_protocol.ChatCompletionResponse.model_validate(
         chat_completion_response([completion(True)], model="tiny", created=1)
     )
+
+
+# --- logprob_token_ids: the logprobs of chosen tokens, against vLLM's own builders -------------
+CHOSEN = [1, 5]
+
+
+def chosen_positions() -> list[Any]:
+    """The engine's logprobs of ``TOKEN_IDS`` for ``logprob_token_ids=CHOSEN``: the sampled
+    token first, then the chosen ones (a dict: the sampled one once)."""
+    out = []
+    for token_id, logprob, rank, top in SAMPLED:
+        given = dict(top)
+        position = {token_id: vllm_logprobs.Logprob(logprob, rank, TOKENS[token_id])}
+        for i, chosen in enumerate(CHOSEN):
+            position.setdefault(chosen, vllm_logprobs.Logprob(given.get(chosen, -5.0 - i), None, TOKENS[chosen]))
+        out.append(position)
+    return out
+
+
+def test_chosen_tokens_logprobs_are_vllms() -> None:
+    ours = worker_logprobs.sample_logprobs(TOKEN_IDS, chosen_positions(), 0, decode)
+    chat, chat_stub = vllm_serving(OpenAIServingChat)
+    expected = chat._create_chat_logprobs(chat_stub, TOKEN_IDS, chosen_positions(), None, None, CHOSEN)
+    assert msgspec.to_builtins(chat_logprobs(TOKEN_IDS, ours, every=True)) == expected.model_dump()
+    completion, completion_stub = vllm_serving(OpenAIServingCompletion)
+    expected_completion = completion._create_completion_logprobs(
+        completion_stub, TOKEN_IDS, chosen_positions(), 0, None, CHOSEN
+    )
+    assert msgspec.to_builtins(completion_logprobs(TOKEN_IDS, ours)) == expected_completion.model_dump()

@@ -403,3 +403,26 @@ def test_a_request_id_in_the_body_names_the_request() -> None:
 def test_a_bad_request_id_in_the_body_is_refused(body: dict[str, Any], reason: str) -> None:
     with pytest.raises(InvalidRequest, match=reason):
         parse_openai_body(body, chat=False)
+
+
+def test_logprob_token_ids_ask_for_those_tokens_instead_of_the_most_likely() -> None:
+    chat = parse_openai_body({**CHAT, "logprobs": True, "top_logprobs": 2, "logprob_token_ids": [5, 9]}, chat=True)
+    assert chat.submit_kwargs["logprob_token_ids"] == [5, 9] and "logprobs" not in chat.submit_kwargs
+    assert chat.shape.every_logprob
+    completion = parse_openai_body({**COMPLETION, "logprobs": 1, "logprob_token_ids": [5]}, chat=False)
+    assert completion.submit_kwargs["logprob_token_ids"] == [5] and "logprobs" not in completion.submit_kwargs
+    assert completion.shape.logprobs is None  # every entry a position has
+    without = parse_openai_body({**COMPLETION, "logprob_token_ids": [5]}, chat=False)
+    assert "logprob_token_ids" not in without.submit_kwargs  # no logprobs asked for: vllm serve shows none
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({**CHAT, "logprob_token_ids": [5]}, "`logprobs` must be set to true"),
+        ({**CHAT, "logprobs": True, "logprob_token_ids": ["a"]}, "must be a list of token ids"),
+    ],
+)
+def test_bad_logprob_token_ids_are_refused(body: dict[str, Any], reason: str) -> None:
+    with pytest.raises(InvalidRequest, match=reason):
+        parse_openai_body(body, chat=True)

@@ -362,6 +362,8 @@ FORMERLY_REFUSED: list[tuple[str, dict[str, Any], bool]] = [
     ),
     ("/v1/completions", {"prompt": TOKEN_PROMPTS[1], "truncate_prompt_tokens": 2, "truncation_side": "left"}, True),
     ("/v1/completions", {"prompt": PROMPTS[0], "cache_salt": "tenant-a"}, False),
+    ("/v1/completions", {"prompt": PROMPTS[0], "logprobs": 1, "logprob_token_ids": [5, 17]}, True),
+    ("/v1/chat/completions", {"messages": MESSAGES[0], "logprobs": True, "logprob_token_ids": [5, 17]}, True),
     (
         "/v1/chat/completions",
         {"messages": MESSAGES[1], "truncate_prompt_tokens": 5, "truncation_side": "left", "return_token_ids": True},
@@ -405,6 +407,18 @@ def test_a_request_id_in_the_body_names_the_response_as_in_vllm_serve(servers: S
     (reference,), _ = post(servers.serve_url, path, body)
     assert ours["id"] == reference["id"] and reference["id"].endswith(f"-{request_id}")
     assert named == request_id
+
+
+def test_streamed_logprobs_of_chosen_tokens_match(servers: Servers) -> None:
+    chosen = [5, 17, 42]
+    for path, field, request in [
+        ("/v1/completions", "prompt", PROMPTS[0]),
+        ("/v1/chat/completions", "messages", MESSAGES[0]),
+    ]:
+        logprobs: dict[str, Any] = {"logprobs": 2} if field == "prompt" else {"logprobs": True}
+        body = stream_body(field, request, **logprobs, logprob_token_ids=chosen)
+        reference = compare_streams(servers, path, body, MAX_TOKENS)
+        assert all(c["choices"][0]["logprobs"] is not None for c in token_chunks(reference))
 
 
 def test_a_streamed_chat_returns_its_prompt_text_as_vllm_serve(servers: Servers) -> None:
