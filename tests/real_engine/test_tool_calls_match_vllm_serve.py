@@ -488,3 +488,35 @@ def test_responses_reasoning_items_are_vllm_serves(tool_servers: ToolServers) ->
     assert ours.output[0].content == reference.output[0].content  # type: ignore[union-attr]
     assert ours.usage is not None and reference.usage is not None
     assert ours.usage.output_tokens_details.reasoning_tokens == reference.usage.output_tokens_details.reasoning_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "extra", [{"include_reasoning": False}, {"reasoning_effort": "none"}], ids=["no-reasoning", "effort-none"]
+)
+def test_the_reasoning_fields_change_the_answer_as_in_vllm_serve(
+    tool_servers: ToolServers, stream: bool, extra: dict[str, Any]
+) -> None:
+    """``include_reasoning: false`` drops the reasoning; ``reasoning_effort: none`` turns
+    thinking off (``enable_thinking``), so the parser reads the output as content: both
+    as ``vllm serve`` answers them, and unlike the answer without them (all reasoning)."""
+    body = {
+        "model": TOOLS_MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+        **extra,
+    }
+    if stream:
+        ours, reference = cut_alike(tool_servers, {**body, "return_token_ids": True})
+        message = streamed_message(ours)
+        assert message == streamed_message(reference)
+    else:
+        (whole,), _ = post(tool_servers.gateway_url, "/v1/chat/completions", body)
+        (reference_whole,), _ = post(tool_servers.serve_url, "/v1/chat/completions", body)
+        assert comparable(whole) == comparable(reference_whole)
+        message = whole["choices"][0]["message"]
+    assert not message["reasoning"]
+    assert bool(message["content"]) == ("reasoning_effort" in extra)
