@@ -158,6 +158,7 @@ class RequestOptions(SamplingOptions, total=False):
     chat_options: ChatTemplateOptions | dict[str, Any] | None
     add_special_tokens: bool | None
     tools: ToolOptions | dict[str, Any] | None
+    return_prompt_token_ids: bool
     truncate_prompt_tokens: int | None
     truncation_side: Literal["left", "right"] | None
     cache_salt: str | None
@@ -416,7 +417,8 @@ class StreamqClient:
 
         ``prompt`` may be token ids (a prompt already tokenized for the model, given to
         the engine as it is). ``echo=True`` sends the prompt back: the first chunk (and
-        the ``Completion``) carry ``prompt_echo`` and ``prompt_token_ids``.
+        the ``Completion``) carry ``prompt_echo`` and ``prompt_token_ids``;
+        ``return_prompt_token_ids=True`` the token ids alone.
         ``chat_options`` (a ``ChatTemplateOptions``, or its dict) says how ``messages`` are
         rendered: ``add_generation_prompt``, ``continue_final_message``, ``documents`` and
         more template variables, as ``vllm serve`` takes them. ``add_special_tokens``:
@@ -459,6 +461,7 @@ class StreamqClient:
                 "stream": stream,
                 "echo": options.get("echo", False),
                 "add_special_tokens": options.get("add_special_tokens"),
+                "return_prompt_token_ids": options.get("return_prompt_token_ids", False),
                 "truncate_prompt_tokens": options.get("truncate_prompt_tokens"),
                 "truncation_side": options.get("truncation_side"),
                 "cache_salt": options.get("cache_salt"),

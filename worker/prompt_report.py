@@ -47,8 +47,9 @@ class PromptReporter:
         cls, request: GenerateRequest, prompt_logprobs_k: int | None, engine: AsyncLLM, *, with_prompt: bool
     ) -> PromptReporter | None:
         """A reporter, or ``None`` when this attempt reports nothing (the common case: no
-        ``echo``, no ``prompt_logprobs``, or the first chunk went out already)."""
-        if not with_prompt or (prompt_logprobs_k is None and not request.echo):
+        ``echo``, ``return_prompt_token_ids`` or ``prompt_logprobs``, or the first chunk went
+        out already)."""
+        if not with_prompt or (prompt_logprobs_k is None and not request.echo and not request.return_prompt_token_ids):
             return None
         return cls(request, prompt_logprobs_k, engine.get_tokenizer())
 

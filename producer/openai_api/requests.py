@@ -141,11 +141,15 @@ class ResponseShape:
     """``stream_options.continuous_usage_stats`` (with ``include_usage``): every chunk carries
     its prompt's and its completion's tokens so far."""
 
-    @property
-    def needs_prompt(self) -> bool:
-        """Whether the worker must send the prompt back (``submit(echo=True)``): its text,
-        or its token ids (which a chunk's usage counts)."""
-        return self.echo or self.token_ids or self.prompt_text or self.continuous_usage
+    def prompt_back(self) -> dict[str, bool]:
+        """``submit``'s arguments that make the worker send the prompt back: its text
+        (``echo``) where the response shows it, else its token ids alone where the response
+        shows them or a chunk's usage counts them; empty when nothing needs it."""
+        if self.echo or self.prompt_text:
+            return {"echo": True}
+        if self.token_ids or self.continuous_usage:
+            return {"return_prompt_token_ids": True}
+        return {}
 
 
 PLAIN: Final = ResponseShape()
@@ -182,8 +186,7 @@ def parse_completion_body(body: Mapping[str, Any], *, limits: RequestLimits = DE
     if shape.echo and sampling.get("prompt_logprobs") is None:
         sampling["prompt_logprobs"] = body.get("logprobs")  # the echoed prompt's logprobs, as vLLM asks for them
     common = {**_sampling(sampling, max_tokens=max_tokens), **_prompt_fields(body), **_queue_fields(body)}
-    if shape.needs_prompt:
-        common["echo"] = True
+    common.update(shape.prompt_back())
     if body.get("add_special_tokens") is not None and not _flag(body, "add_special_tokens"):
         common["add_special_tokens"] = False
     return CompletionBody(prompts, common, shape)
@@ -303,8 +306,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     if _flag(body, "echo") and sampling.get("prompt_logprobs") is None:
         sampling["prompt_logprobs"] = body.get("top_logprobs") or 0  # as vLLM asks for them with echo
     special = {"add_special_tokens": True} if _flag(body, "add_special_tokens") else {}
-    # The rendered prompt's token ids, its text: the worker sends them back.
-    prompt_back = {"echo": True} if _flag(body, "return_token_ids") or _flag(body, "return_prompt_text") else {}
+    prompt_back = chat_shape(body).prompt_back()  # the rendered prompt's text, or its token ids alone
     return {
         "messages": chat,
         **special,
@@ -374,7 +376,8 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
     include_usage, continuous_usage = _stream_options(body.get("stream_options"), stream)
     if continuous_usage:
         shape = replace(shape, continuous_usage=True)
-        kwargs = {**kwargs, "echo": True}  # the first chunk brings the prompt's token ids, which usage counts
+        if not kwargs.get("echo"):  # the first chunk brings the prompt's token ids, which usage counts
+            kwargs = {**kwargs, "return_prompt_token_ids": True}
     return OpenAIRequest(
         chat=chat,
         model=model,

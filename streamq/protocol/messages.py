@@ -293,6 +293,10 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     """Send the prompt back: the request's first chunk carries ``prompt_echo`` (its text,
     a token-id prompt decoded) and ``prompt_token_ids``, so that a reader can answer
     OpenAI's ``echo`` (and ``return_token_ids``)."""
+    return_prompt_token_ids: bool = False
+    """Send the prompt's token ids back (without its text, which ``echo`` adds): the request's
+    first chunk carries ``prompt_token_ids``, so that a reader can answer OpenAI's
+    ``return_token_ids``, or count the prompt's tokens from the first chunk on."""
     truncate_prompt_tokens: int | None = None
     """Keep only this many of the prompt's tokens (after the chat template); ``-1``: as many
     as the model's context less one, as ``vllm serve``'s field of the name."""

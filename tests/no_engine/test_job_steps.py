@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, raised while vLLM imports
     from vllm.outputs import CompletionOutput, RequestOutput
 
-    from worker.job import _emit, _prompt_token_ids, _Readers, _time_left
+    from worker.job import _emit, _prompt, _prompt_token_ids, _Readers, _time_left
     from worker.progress import Progress
     from worker.prompt_report import PromptReporter
 
@@ -111,6 +111,19 @@ async def test_the_prompt_the_engine_gets_is_tokenized_as_the_request_says() -> 
     assert await _prompt_token_ids(engine, bare) == [ord("h"), ord("i")]
     ids = GenerateRequest(request_id="r", prompt_token_ids=[1, 104])
     assert await _prompt_token_ids(engine, ids) == [1, 104]  # as given
+    cut = GenerateRequest(request_id="r", prompt="hi", truncate_prompt_tokens=2)
+    assert await _prompt_token_ids(engine, cut) == [1, ord("h"), ord("i")]  # tokenized here, to be cut
+
+
+async def test_the_prompt_is_cut_to_truncate_prompt_tokens_after_the_template() -> None:
+    tokenizer = BosTokenizer()
+    tokenizer.truncation_side = "right"  # type: ignore[attr-defined]
+    engine = SimpleNamespace(get_tokenizer=lambda: tokenizer, model_config=SimpleNamespace(max_model_len=8))
+    state = SimpleNamespace(engine=engine)
+    left = GenerateRequest(request_id="r", prompt="hello", truncate_prompt_tokens=3, truncation_side="left")
+    assert (await _prompt(state, left)).token_ids == [ord(c) for c in "llo"]  # type: ignore[arg-type]
+    right = GenerateRequest(request_id="r", prompt="hello", truncate_prompt_tokens=3)
+    assert (await _prompt(state, right)).token_ids == [1, ord("h"), ord("e")]  # type: ignore[arg-type]
 
 
 def test_echo_reports_the_prompts_text_and_its_first_token() -> None:
@@ -121,3 +134,14 @@ def test_echo_reports_the_prompts_text_and_its_first_token() -> None:
     assert report is not None and report.echo == PromptEcho(text="<s>hi", first_token="<s>")
     assert report.token_ids == [1, 104, 105] and report.logprobs is None
     assert reporter.report(output) is None  # once: the request's first chunk only
+
+
+def test_return_prompt_token_ids_reports_the_ids_without_the_text() -> None:
+    request = GenerateRequest(request_id="r", prompt="hi", return_prompt_token_ids=True)
+    engine = SimpleNamespace(get_tokenizer=BosTokenizer)
+    reporter = PromptReporter.for_request(request, None, engine, with_prompt=True)  # type: ignore[arg-type]
+    assert reporter is not None
+    report = reporter.report(RequestOutput("r", "hi", [1, 104, 105], None, [], False))
+    assert report is not None and report.token_ids == [1, 104, 105] and report.echo is None
+    plain = GenerateRequest(request_id="r", prompt="hi")
+    assert PromptReporter.for_request(plain, None, engine, with_prompt=True) is None  # type: ignore[arg-type]

@@ -258,7 +258,7 @@ def test_continuous_usage_stats_asks_for_the_prompt_back_to_count_it(chat: bool)
     options = {"include_usage": True, "continuous_usage_stats": True}
     parsed = parse_openai_body({**(CHAT if chat else COMPLETION), "stream": True, "stream_options": options}, chat=chat)
     assert (parsed.include_usage, parsed.shape.continuous_usage) == (True, True)
-    assert parsed.submit_kwargs["echo"] is True  # the first chunk carries the prompt's token ids
+    assert parsed.submit_kwargs["return_prompt_token_ids"] is True  # the first chunk carries them, no text
     assert not parsed.shape.echo and not parsed.shape.token_ids  # which the response does not show
 
 
@@ -266,7 +266,7 @@ def test_continuous_usage_stats_without_include_usage_is_off_as_in_vllm_serve() 
     body = {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}
     parsed = parse_openai_body(body, chat=True)
     assert (parsed.include_usage, parsed.shape.continuous_usage) == (False, False)
-    assert "echo" not in parsed.submit_kwargs
+    assert "echo" not in parsed.submit_kwargs and "return_prompt_token_ids" not in parsed.submit_kwargs
 
 
 def test_stream_options_is_ignored_when_empty_or_unknown_keys() -> None:
