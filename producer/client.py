@@ -163,6 +163,7 @@ class RequestOptions(SamplingOptions, total=False):
     truncation_side: Literal["left", "right"] | None
     cache_salt: str | None
     include_reasoning: bool
+    reasoning_per_chunk: bool
 
 
 REQUEST_OPTION_NAMES: Final = RequestOptions.__optional_keys__ - SamplingOptions.__optional_keys__
@@ -466,6 +467,7 @@ class StreamqClient:
                 "truncation_side": options.get("truncation_side"),
                 "cache_salt": options.get("cache_salt"),
                 "include_reasoning": options.get("include_reasoning", True),
+                "reasoning_per_chunk": options.get("reasoning_per_chunk", False),
             }
         )
         job = _job_payload(request)

@@ -166,6 +166,7 @@ class ChatParsing:
             streamed=streamed,
             auto_tools=self.flags.enable_auto_tool_choice and parser_cls.tool_parser_cls is not None,
             prompt_token_ids=list(prompt_token_ids),
+            count_every_chunk=request.reasoning_per_chunk,
         )
 
 
@@ -180,6 +181,7 @@ class OutputParsing:
         streamed: bool,
         auto_tools: bool,
         prompt_token_ids: list[int],
+        count_every_chunk: bool = False,
     ) -> None:
         self._request = vllm_request
         self._parsers = parsers
@@ -188,6 +190,7 @@ class OutputParsing:
         self._prompt_token_ids = prompt_token_ids
         self._named = isinstance(vllm_request.tool_choice, ChatCompletionNamedToolChoiceParam)
         self._counts_reasoning = parsers[0].reasoning_parser is not None
+        self._count_every_chunk = count_every_chunk and self._streamed
         self._tools_streamed = [False] * len(parsers)
         self._texts: list[list[str]] = [[] for _ in parsers]
         self._token_ids: list[list[int]] = [[] for _ in parsers]
@@ -225,7 +228,7 @@ class OutputParsing:
             if finish_reason is None:
                 return None
             parsed = self._whole(index, "".join(self._texts[index]), self._token_ids[index], finish_reason)
-        if finish_reason is not None and self._counts_reasoning:
+        if self._counts_reasoning and (finish_reason is not None or self._count_every_chunk):
             reasoning_tokens = self._parsers[index].count_reasoning_tokens(tuple(self._token_ids[index]))
             parsed = msgspec.structs.replace(parsed, reasoning_tokens=reasoning_tokens)
         return parsed

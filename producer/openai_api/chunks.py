@@ -130,12 +130,11 @@ class ChunkBuilder:
     _prompt: dict[int, ReturnedPrompt] = field(default_factory=dict)
     _usage: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per prompt that ended: its prompt and completion tokens."""
-    _reasoning_tokens: int | None = None
-    """The reasoning tokens the workers' parsers counted (``None``: none did)."""
     _generated: dict[int, int] = field(default_factory=dict)
     """Per choice, the tokens it has generated so far (its chunks' usage)."""
-    _choice_reasoning: dict[int, int] = field(default_factory=dict)
-    """Per choice, the reasoning tokens the worker's parser counted (on its last chunk)."""
+    _reasoning: dict[int, int] = field(default_factory=dict)
+    """Per choice, the reasoning tokens the worker's parser counted: so far (on every chunk,
+    with ``continuous_usage``), or on its last chunk; empty where none counts them."""
     _open: bytes = b""
     done: bool = False
     """Whether the response is complete: every prompt ended, or one failed."""
@@ -154,6 +153,8 @@ class ChunkBuilder:
             prompt_lp = None if event.prompt_logprobs is UNSET else event.prompt_logprobs
             echo = None if event.prompt_echo is UNSET else event.prompt_echo
             self._prompt[prompt] = ReturnedPrompt(event.prompt_token_ids, prompt_lp, echo)
+        if isinstance(event, ChunkEvent) and event.parsed is not UNSET and event.parsed.reasoning_tokens is not None:
+            self._reasoning.setdefault(prompt * self.n + event.index, 0)  # a parser counts: the role chunks say 0
         out = [] if self.role_sent or not self.meta.chat else self._role_chunks(prompt)
         if isinstance(event, ChunkEvent):
             choice = prompt * self.n + event.index
@@ -182,8 +183,8 @@ class ChunkBuilder:
             prompt_tokens = sum(p for p, _ in self._usage.values())
             completion = sum(c for _, c in self._usage.values())
             used = StreamUsage(prompt_tokens, prompt_tokens + completion, completion)
-            if self._reasoning_tokens is not None:
-                used.completion_tokens_details = {"reasoning_tokens": self._reasoning_tokens}
+            if self._reasoning:
+                used.completion_tokens_details = {"reasoning_tokens": sum(self._reasoning.values())}
             out.append(self._open + b'],"usage":' + _encode(used) + _FINGERPRINT)
         return out
 
@@ -225,8 +226,9 @@ class ChunkBuilder:
         completion = self._generated.get(choice, 0)
         usage: ChunkUsage | StreamUsage
         if self.meta.chat:
-            reasoning = self._choice_reasoning.get(choice)
-            details = None if reasoning is None else {"reasoning_tokens": reasoning}
+            # A worker with a reasoning parser counts them on every chunk: from the first on, each
+            # chunk's details count its choice's, 0 before it has any (as vllm serve's do).
+            details = {"reasoning_tokens": self._reasoning.get(choice, 0)} if self._reasoning else None
             usage = ChunkUsage(prompt_tokens, prompt_tokens + completion, completion, details)
         else:
             usage = StreamUsage(prompt_tokens, prompt_tokens + completion, completion)
@@ -241,8 +243,7 @@ class ChunkBuilder:
         assert event.parsed is not UNSET
         parsed = event.parsed
         if parsed.reasoning_tokens is not None:
-            self._reasoning_tokens = (self._reasoning_tokens or 0) + parsed.reasoning_tokens
-            self._choice_reasoning[choice] = parsed.reasoning_tokens
+            self._reasoning[choice] = parsed.reasoning_tokens
         finish_reason = parsed.finish_reason or event.finish_reason
         hidden = self.shape.hide_reasoning  # the tokens and their logprobs would show the reasoning
         if hidden:

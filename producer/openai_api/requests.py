@@ -378,6 +378,8 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
         shape = replace(shape, continuous_usage=True)
         if not kwargs.get("echo"):  # the first chunk brings the prompt's token ids, which usage counts
             kwargs = {**kwargs, "return_prompt_token_ids": True}
+        if chat:  # and each chunk its reasoning tokens so far, where a reasoning parser counts them
+            kwargs = {**kwargs, "reasoning_per_chunk": True}
     return OpenAIRequest(
         chat=chat,
         model=model,

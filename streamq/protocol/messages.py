@@ -309,6 +309,10 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     include_reasoning: bool = True
     """With ``messages``, on a worker with a reasoning parser: ``false`` drops the reasoning
     from the parsed output, as ``vllm serve``'s field of the name."""
+    reasoning_per_chunk: bool = False
+    """With ``messages``, on a worker with a reasoning parser: every parsed chunk counts its
+    completion's reasoning tokens so far (``parsed.reasoning_tokens``), not only the last,
+    for a reader that puts usage in every chunk (``stream_options.continuous_usage_stats``)."""
 
     def __post_init__(self) -> None:
         if not is_valid_request_id(self.request_id):
@@ -344,6 +348,8 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
             check_cache_salt(self.cache_salt)
         if not self.include_reasoning and self.messages is None:
             raise ValueError("include_reasoning applies to messages only")
+        if self.reasoning_per_chunk and self.messages is None:
+            raise ValueError("reasoning_per_chunk applies to messages only")
         if self.model is not None and not self.model:
             raise ValueError("model must not be empty")
         for name in ("deadline_s", "queue_timeout_s"):
@@ -508,8 +514,9 @@ class ParsedOutput(msgspec.Struct, frozen=True, omit_defaults=True):
     finish_reason: str | None = None
     """``tool_calls`` where ``vllm serve`` reports it instead of the engine's reason."""
     reasoning_tokens: int | None = None
-    """On a completion's last chunk, on a worker with a reasoning parser: how many of its
-    tokens were reasoning (usage's ``completion_tokens_details``)."""
+    """On a completion's last chunk (on every chunk, for a request with
+    ``reasoning_per_chunk``), on a worker with a reasoning parser: how many of its tokens so
+    far were reasoning (usage's ``completion_tokens_details``)."""
 
 
 class ChunkEvent(_Event, tag="chunk", kw_only=True):

@@ -402,3 +402,20 @@ def test_include_reasoning_false_hides_a_parsed_chunks_tokens_and_logprobs() -> 
             "token_ids": None,
         }
     ]
+
+
+def test_continuous_usage_counts_the_reasoning_so_far_where_a_parser_counts_it() -> None:
+    """As ``vllm serve`` with a reasoning parser: every chunk's details count its choice's
+    reasoning tokens so far, the role chunk's 0; the last usage sums the choices'."""
+    first = with_prompt(parsed_chunk(0, "<think>", None, reasoning_tokens=1), [1, 2])
+    events: list[Event] = [
+        first,
+        parsed_chunk(1, "hm", {"reasoning": "hm"}, reasoning_tokens=2),
+        parsed_chunk(2, "</think>", None, reasoning_tokens=2),
+        parsed_chunk(3, "ok", {"content": "ok"}, finish_reason="length", reasoning_tokens=2),
+        final(4, ["length"], prompt_tokens=2, completion_tokens=4),
+    ]
+    chunks = continuous(True, events)
+    details = [c["usage"]["completion_tokens_details"] for c in chunks]
+    assert details == [{"reasoning_tokens": n} for n in (0, 2, 2, 2)]  # role; "hm"; "ok"; the last usage
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 2, 4, 4]

@@ -260,6 +260,7 @@ def test_continuous_usage_stats_asks_for_the_prompt_back_to_count_it(chat: bool)
     assert (parsed.include_usage, parsed.shape.continuous_usage) == (True, True)
     assert parsed.submit_kwargs["return_prompt_token_ids"] is True  # the first chunk carries them, no text
     assert not parsed.shape.echo and not parsed.shape.token_ids  # which the response does not show
+    assert parsed.submit_kwargs.get("reasoning_per_chunk", False) is chat  # a chat chunk's reasoning tokens too
 
 
 def test_continuous_usage_stats_without_include_usage_is_off_as_in_vllm_serve() -> None:

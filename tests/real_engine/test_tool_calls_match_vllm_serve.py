@@ -520,3 +520,21 @@ def test_the_reasoning_fields_change_the_answer_as_in_vllm_serve(
         message = whole["choices"][0]["message"]
     assert not message["reasoning"]
     assert bool(message["content"]) == ("reasoning_effort" in extra)
+
+
+def test_continuous_usage_counts_the_reasoning_so_far_as_vllm_serve(tool_servers: ToolServers) -> None:
+    """``stream_options.continuous_usage_stats`` on a worker with a reasoning parser: every
+    chunk's usage counts its reasoning tokens so far, as ``vllm serve``'s does."""
+    body = {
+        "model": TOOLS_MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    ours, reference = cut_alike(tool_servers, body)
+    assert [chunk["usage"] for chunk in ours] == [chunk["usage"] for chunk in reference]
+    assert reference[1]["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 1
