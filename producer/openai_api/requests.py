@@ -364,7 +364,7 @@ def parse_openai_body(body: object, *, chat: bool, limits: RequestLimits = DEFAU
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required: the name of a model that /v1/models lists")
-    stream = body.get("stream", False)
+    stream = body.get("stream") or False  # null: false, as vllm serve reads it
     if not isinstance(stream, bool):
         raise InvalidRequest(f"'stream' must be true or false, got {stream!r}")
     request_id = body.get("request_id")
@@ -547,6 +547,19 @@ def _message(message: object, position: int) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if calls is not None and not (isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)):
         raise InvalidRequest(f"{where}.tool_calls must be a list of tool call objects")
+    if (
+        role == "assistant"
+        and calls
+        and any(
+            call.get("type", "function") != "function" or not isinstance(call.get("function"), Mapping)
+            for call in calls
+        )
+    ):
+        raise InvalidParameter(
+            "chat completions only support assistant tool_calls of type 'function'.", param="tool_calls"
+        )
+    if content is None and not calls:
+        content = ""  # no content renders as none, as vLLM renders it
     if not isinstance(content, str) and not (content is None and calls):
         raise InvalidRequest(f"{where}.content must be a string or a list of text parts")
     parsed: dict[str, Any] = {"role": role, "content": content}

@@ -141,7 +141,11 @@ BAD_CHATS: list[tuple[object, str]] = [
     ({}, "messages must be a non-empty list"),
     ({"messages": []}, "messages must be a non-empty list"),
     ({"messages": ["hi"]}, "messages[0] must be an object"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    (
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"type": "custom", "custom": {}}]}]},
+        "only support assistant tool_calls of type 'function'",
+    ),
     ({"messages": [{"content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": "f()"}]}, "tool_calls must be a list"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "`tools` must not be an empty array"),
@@ -328,7 +332,7 @@ BAD_BODIES: list[tuple[object, bool, str]] = [
     ({**CHAT, "stream": True, "stream_options": {"include_usage": 1}}, True, "include_usage must be true or false"),
     ({**COMPLETION, "suffix": "end"}, False, "suffix='end' is not supported"),
     ({**CHAT, "tools": [{"type": "function"}]}, True, "tools[0] must be"),
-    ({"model": "tiny", "messages": [{"role": "user"}]}, True, "messages[0].content"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": {"text": "x"}}]}, True, "messages[0].content"),
     ({"model": "tiny", "messages": "Hi"}, True, "messages must be a non-empty list"),
 ]
 
@@ -427,3 +431,8 @@ def test_logprob_token_ids_ask_for_those_tokens_instead_of_the_most_likely() -> 
 def test_bad_logprob_token_ids_are_refused(body: dict[str, Any], reason: str) -> None:
     with pytest.raises(InvalidRequest, match=reason):
         parse_openai_body(body, chat=True)
+
+
+def test_a_message_without_content_is_rendered_empty_as_vllm_serve_renders_it() -> None:
+    kwargs = chat_request_to_submit_kwargs({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant"}]})
+    assert kwargs["messages"][1] == {"role": "assistant", "content": ""}
