@@ -36,13 +36,13 @@ MESSAGES_FIELDS: Final[dict[str, Field]] = {
     "metadata": Field(Support.IGNORED, "as in `vllm serve`"),
     "output_config": Field(
         Support.HONOURED,
-        "`format` (a JSON schema) as `response_format`; `effort` is refused (`reasoning_effort` is not "
-        "carried by the queue yet)",
+        "`format` (a JSON schema) as `response_format`; `effort` as `reasoning_effort`, as in `vllm serve`",
     ),
     "thinking": Field(
         Support.HONOURED,
         "`enabled`: its `budget_tokens` as `thinking_token_budget`; `adaptive` pins nothing, as in "
-        "`vllm serve`; `disabled` is refused (`reasoning_effort` is not carried by the queue yet)",
+        "`vllm serve`; `disabled` as `reasoning_effort` `none` (`vllm serve` probes the template for the "
+        "effort that turns thinking off; `none` is what it finds for templates that can)",
     ),
     "stop_sequences": Field(
         Support.HONOURED,

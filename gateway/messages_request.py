@@ -57,6 +57,14 @@ BILLING_HEADER: Final = "x-anthropic-billing-header"
 """Claude Code's per-request attribution line in ``system``, dropped as ``vllm serve`` drops
 it: its hash would change every prompt's prefix."""
 
+EFFORTS: Final = ("low", "medium", "high", "xhigh", "max")
+"""``output_config.effort``'s values (vLLM's ``AnthropicEffort``), passed on as the chat
+template's ``reasoning_effort``."""
+DISABLED_THINKING_EFFORT: Final = "none"
+"""``thinking.type: disabled`` as ``reasoning_effort``: what ``vllm serve`` sends a template
+that honours ``none`` (it probes the template for that; a template that cannot turn
+thinking off gets ``none`` here too, which it ignores)."""
+
 
 def _checked(adapter: pydantic.TypeAdapter[Any], value: object, where: str, param: str) -> Any:
     """``value`` validated as ``adapter``'s type; a 400 naming the first wrong field."""
@@ -210,9 +218,12 @@ def _output(body: Mapping[str, Any]) -> dict[str, Any]:
     output = body.get("output_config")
     if output is not None:
         output = _object(output, "output_config", "output_config")
-        if output.get("effort") is not None:
-            message = "output_config.effort is not supported by streamq (reasoning_effort is not carried by the queue)"
-            raise InvalidParameter(message, param="output_config")
+        effort = output.get("effort")
+        if effort is not None:
+            if effort not in EFFORTS:
+                message = f"output_config.effort must be one of {', '.join(EFFORTS)}"
+                raise InvalidParameter(message, param="output_config")
+            chat["reasoning_effort"] = effort
         form = output.get("format")
         if form is not None:
             form = _object(form, "output_config.format", "output_config")
@@ -231,9 +242,8 @@ def _output(body: Mapping[str, Any]) -> dict[str, Any]:
                 message = "thinking.budget_tokens must be an integer of at least 1024, less than max_tokens"
                 raise InvalidParameter(message, param="thinking")
             chat["thinking_token_budget"] = budget
-        elif kind == "disabled":
-            message = "thinking.type 'disabled' is not supported by streamq (reasoning_effort is not carried)"
-            raise InvalidParameter(message, param="thinking")
+        elif kind == "disabled":  # after output_config's effort, as vllm serve sets it
+            chat["reasoning_effort"] = DISABLED_THINKING_EFFORT
         elif kind != "adaptive":
             raise InvalidParameter("thinking.type must be enabled, disabled or adaptive", param="thinking")
     return chat

@@ -9,7 +9,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import anthropic
 import httpx2
@@ -23,7 +23,7 @@ from gateway.auth import ApiKeyAuth, ApiKeyMiddleware
 from gateway.faces_messages import MESSAGES_FACE
 from gateway.messages_errors import anthropic_error_body
 from gateway.messages_fields import MESSAGES_FIELDS, PASSED_ON
-from gateway.messages_request import count_tokens_to_chat, messages_to_chat
+from gateway.messages_request import EFFORTS, count_tokens_to_chat, messages_to_chat
 from gateway.messages_response import message_of
 from gateway.messages_stream import MessagesFraming
 from producer.errors import InvalidParameter
@@ -171,8 +171,7 @@ def test_count_tokens_maps_the_conversation_without_sampling() -> None:
         ({"tool_choice": {"type": "function"}}, "tool_choice", "tool_choice.type"),
         ({"tool_choice": {"type": "tool"}}, "tool_choice", "tool_choice.name: Field required"),
         ({"tools": [{"name": "f"}]}, "tools", "tools[0].input_schema: Field required"),
-        ({"thinking": {"type": "disabled"}}, "thinking", "disabled"),
-        ({"output_config": {"effort": "low"}}, "output_config", "effort"),
+        ({"output_config": {"effort": "extreme"}}, "output_config", "effort must be one of"),
         ({"stop_sequences": "\n"}, "stop_sequences", "list of strings"),
         ({"system": [{"type": "image"}]}, "system", "system[0]"),
     ],
@@ -411,3 +410,21 @@ def test_every_field_not_honoured_says_why() -> None:
 
 def test_the_gateway_page_shows_the_table_the_code_applies() -> None:
     assert table_markdown(MESSAGES_FIELDS) in GATEWAY_PAGE.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("fields", "effort"),
+    [
+        ({"output_config": {"effort": "low"}}, "low"),
+        ({"thinking": {"type": "disabled"}}, "none"),
+        ({"output_config": {"effort": "high"}, "thinking": {"type": "disabled"}}, "none"),  # thinking last, as vLLM
+    ],
+)
+def test_effort_and_disabled_thinking_set_the_templates_reasoning_effort(fields: dict[str, Any], effort: str) -> None:
+    assert messages_to_chat(body(**fields))["reasoning_effort"] == effort
+
+
+def test_the_efforts_taken_are_vllms() -> None:
+    from vllm.entrypoints.anthropic.protocol import AnthropicEffort
+
+    assert get_args(AnthropicEffort) == EFFORTS
