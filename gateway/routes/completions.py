@@ -81,7 +81,7 @@ async def chat_completions(request: Request) -> Response:
 
 
 @dataclass
-class _Account:
+class Account:
     """What one HTTP request holds until its response is over: its place in the gateway's
     in-progress gauge and its key's admission. ``close`` releases both, once, whichever
     way the response ends (a whole body, an error, or a stream when it closes)."""
@@ -113,7 +113,7 @@ class _Account:
 async def respond(request: Request, face: Face) -> Response:
     """One request of ``face``'s API, every failure mapped to its error shape, counted in
     the gateway's metrics (a stream stays in progress until it closes)."""
-    account = _Account(services_of(request.app).limiter, getattr(request.state, TENANT_STATE, None))
+    account = Account(services_of(request.app).limiter, getattr(request.state, TENANT_STATE, None))
     response: Response | None = None
     try:
         response = await _generate(request, face, account)
@@ -143,7 +143,7 @@ def _queue_tenant(request: Request, key: Tenant | None) -> str | None:
     return header
 
 
-def _affinity(request: Request) -> dict[str, Any]:
+def affinity_of(request: Request) -> dict[str, Any]:
     """``submit``'s affinity arguments from the ``X-Streamq-Affinity-Key`` and
     ``X-Streamq-Affinity`` headers (checked: a value the library would refuse, or one
     that is not an off value, is a 400 naming the header); empty without them."""
@@ -163,7 +163,7 @@ def _affinity(request: Request) -> dict[str, Any]:
     return kwargs
 
 
-async def _generate(request: Request, face: Face, account: _Account) -> Response:
+async def _generate(request: Request, face: Face, account: Account) -> Response:
     """Parse, admit, queue (or resume), then answer whole or as a stream."""
     arrived = time.monotonic()
     try:
@@ -174,7 +174,7 @@ async def _generate(request: Request, face: Face, account: _Account) -> Response
     openai_body = await with_default_model(request, face.openai_body(body))
     params = parse_openai_body(openai_body, chat=endpoint.chat, limits=config_of(request.app).limits)
     named = _named_request(request, params)
-    affinity = _affinity(request)  # checked before the key's limits count the request
+    affinity = affinity_of(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")
     last_event = None if last_event_id is None else _last_event_id(last_event_id)
     if account.tenant is not None:
@@ -186,7 +186,7 @@ async def _generate(request: Request, face: Face, account: _Account) -> Response
             return Response(DONE, media_type="text/event-stream", headers={"x-request-id": str(named)})
         group = RequestGroup([resumed])  # named: it waits to be resumed again, never cancelled on close
     else:
-        group = await _submit(request, params, named, affinity, account)
+        group = await submit_body(request, params, named, affinity, account)
     meta = ResponseMeta(endpoint.chat, group.name, params.model, created=int(time.time()))
     try:
         if not params.stream:
@@ -216,7 +216,7 @@ async def _whole(
     params: OpenAIRequest,
     group: RequestGroup,
     meta: ResponseMeta,
-    account: _Account,
+    account: Account,
 ) -> dict[str, Any]:
     """The whole OpenAI response, once every request of the group ended."""
     completions = await until_disconnected(request.receive, group.results())
@@ -234,7 +234,7 @@ async def _stream(
     params: OpenAIRequest,
     group: RequestGroup,
     meta: ResponseMeta,
-    account: _Account,
+    account: Account,
     framing: Framing,
     *,
     resumable: bool,
@@ -303,8 +303,8 @@ def _named_request(request: Request, params: OpenAIRequest) -> str | None:
     return named
 
 
-async def _submit(
-    request: Request, params: OpenAIRequest, named: str | None, affinity: dict[str, Any], account: _Account
+async def submit_body(
+    request: Request, params: OpenAIRequest, named: str | None, affinity: dict[str, Any], account: Account
 ) -> RequestGroup:
     """Put the body's requests on the queue: one, or one per prompt (named ``<id>-<i>``
     after one id, as ``vllm serve`` names its engine requests)."""
@@ -367,7 +367,7 @@ async def _resume(
     digest: str | None,
     *,
     stream: bool,
-    account: _Account,
+    account: Account,
 ) -> RequestHandle | None:
     """Follow a named request from the event after ``last_seq``; ``None`` when that was
     its last event (following would wait forever for an event that never comes). With a
@@ -407,7 +407,7 @@ async def _sse_text(
     encoder: SseEncoder,
     first: tuple[int, Event] | None,
     rest: AsyncIterator[tuple[int, Event] | None],
-    account: _Account,
+    account: Account,
     *,
     timed_out: ApiError,
     arrived: float | None,

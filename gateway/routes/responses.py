@@ -33,7 +33,7 @@ from gateway.response_store import ResponseStore, StoredResponse
 from gateway.responses_face import ResponsesFace
 from gateway.responses_input import chat_body
 from gateway.responses_output import ResponseHead, ResponsesFraming, dump, request_id_of, response_id, sse_events
-from gateway.routes.completions import _Account, _affinity, _submit, respond
+from gateway.routes.completions import Account, affinity_of, respond, submit_body
 from gateway.sse import KEEPALIVE, SseResponse, with_keepalives
 from gateway.state import config_of, services_of
 from producer.openai_api.chunks import ChunkBuilder
@@ -276,12 +276,12 @@ async def _background(request: Request, body: Mapping[str, Any], face: Responses
     params = dataclasses.replace(params, stream=True)
     request_id = uuid.uuid4().hex
     tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
-    affinity = _affinity(request)
-    account = _Account(services.limiter, tenant)
+    affinity = affinity_of(request)
+    account = Account(services.limiter, tenant)
     try:
         if tenant is not None:
             account.admission = await services.limiter.admit(tenant, params.model)
-        group = await _submit(request, params, request_id, affinity, account)
+        group = await submit_body(request, params, request_id, affinity, account)
         await group.close()  # named: closing leaves it running
     finally:
         await account.close()
