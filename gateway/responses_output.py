@@ -12,11 +12,11 @@ again from the log (by another gateway, after a crash) has the same events with 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+import msgspec
 from openai.types.responses import (
     Response,
     ResponseCompletedEvent,
@@ -288,7 +288,7 @@ class ResponsesFraming:
     def frame(self, chunks: list[bytes], event_id: str | None) -> bytes:
         events: list[ResponseStreamEvent] = []
         for chunk in chunks:
-            events += self.events(json.loads(chunk))
+            events += self.events(msgspec.json.decode(chunk))
         return self._sse(events)
 
     def end(self) -> bytes:
@@ -523,5 +523,7 @@ def sse_events(events: list[ResponseStreamEvent]) -> bytes:
     """The SSE bytes of ``events``: ``event:`` the type, ``data:`` the event, as ``vllm serve``
     writes them."""
     return b"".join(
-        b"event: %b\ndata: %b\n\n" % (event.type.encode(), json.dumps(dump(event)).encode()) for event in events
+        b"event: %b\ndata: %b\n\n"
+        % (event.type.encode(), event.model_dump_json(exclude_unset=True, by_alias=True).encode())
+        for event in events
     )
