@@ -260,19 +260,25 @@ def cut_alike(tool_servers: ToolServers, body: dict[str, Any]) -> tuple[list[Any
     )
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_reasoning_is_split_off_as_vllm_serve_does(tool_servers: ToolServers, stream: bool) -> None:
-    """The engine's ``--reasoning-parser`` on the worker gives ``reasoning`` apart from
-    ``content``, and counts its tokens, whole and streamed, as on ``vllm serve``: with
-    thinking on and no ``</think>`` written, the tiny model's whole output is reasoning."""
-    body = {
+def weather_question(*, stream: bool, **extra: Any) -> dict[str, Any]:
+    """The greedy chat body the reasoning tests send both servers, with ``extra`` fields."""
+    return {
         "model": TOOLS_MODEL,
         "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
         "max_tokens": MAX_TOKENS,
         "ignore_eos": True,
         "temperature": 0,
         "stream": stream,
+        **extra,
     }
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_is_split_off_as_vllm_serve_does(tool_servers: ToolServers, stream: bool) -> None:
+    """The engine's ``--reasoning-parser`` on the worker gives ``reasoning`` apart from
+    ``content``, and counts its tokens, whole and streamed, as on ``vllm serve``: with
+    thinking on and no ``</think>`` written, the tiny model's whole output is reasoning."""
+    body = weather_question(stream=stream)
     if stream:
         body["stream_options"] = {"include_usage": True}
         ours, reference = cut_alike(tool_servers, {**body, "return_token_ids": True})
@@ -500,15 +506,7 @@ def test_the_reasoning_fields_change_the_answer_as_in_vllm_serve(
     """``include_reasoning: false`` drops the reasoning; ``reasoning_effort: none`` turns
     thinking off (``enable_thinking``), so the parser reads the output as content: both
     as ``vllm serve`` answers them, and unlike the answer without them (all reasoning)."""
-    body = {
-        "model": TOOLS_MODEL,
-        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": stream,
-        **extra,
-    }
+    body = weather_question(stream=stream, **extra)
     if stream:
         ours, reference = cut_alike(tool_servers, {**body, "return_token_ids": True})
         message = streamed_message(ours)
@@ -525,16 +523,8 @@ def test_the_reasoning_fields_change_the_answer_as_in_vllm_serve(
 def test_continuous_usage_counts_the_reasoning_so_far_as_vllm_serve(tool_servers: ToolServers) -> None:
     """``stream_options.continuous_usage_stats`` on a worker with a reasoning parser: every
     chunk's usage counts its reasoning tokens so far, as ``vllm serve``'s does."""
-    body = {
-        "model": TOOLS_MODEL,
-        "messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-        "return_token_ids": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
+    usage = {"include_usage": True, "continuous_usage_stats": True}
+    body = weather_question(stream=True, return_token_ids=True, stream_options=usage)
     ours, reference = cut_alike(tool_servers, body)
     assert [chunk["usage"] for chunk in ours] == [chunk["usage"] for chunk in reference]
     assert reference[1]["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 1
