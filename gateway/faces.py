@@ -24,6 +24,11 @@ class Face:
     """An API answered through ``endpoint``'s mapping; as it is, OpenAI's own (every
     mapping the identity). Another API overrides what it maps."""
 
+    resumes: str | None = None
+    """``None`` where ``Last-Event-ID`` resumes a named stream (the OpenAI streams, whose
+    events are one chunk each); else why it does not, and what to do instead (a face whose
+    stream opens and numbers its own events would start them again)."""
+
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
 

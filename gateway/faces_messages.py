@@ -24,6 +24,8 @@ MESSAGES_PATH = "/v1/messages"
 class MessagesFace(Face):
     """``/v1/messages``: Anthropic's body in, Anthropic's message or events out."""
 
+    resumes = "Last-Event-ID does not resume a Messages stream: send the request again"
+
     def __init__(self) -> None:
         super().__init__(CHAT_COMPLETIONS)
 

@@ -21,6 +21,11 @@ class ResponsesFace(Face):
     """``POST /v1/responses`` answered through the chat mapping; ``history``: the chat
     messages of the stored conversation it continues (``previous_response_id``)."""
 
+    resumes = (
+        "Last-Event-ID does not resume a Responses stream: read a stored response's events again with "
+        "GET /v1/responses/{id}?stream=true&starting_after=<sequence_number>"
+    )
+
     def __init__(self, history: Sequence[Mapping[str, Any]] = ()) -> None:
         super().__init__(CHAT_COMPLETIONS)
         self.history = history

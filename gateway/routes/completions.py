@@ -176,6 +176,8 @@ async def _generate(request: Request, face: Face, account: Account) -> Response:
     named = _named_request(request, params)
     affinity = affinity_of(request)  # checked before the key's limits count the request
     last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None and face.resumes is not None:
+        raise bad_request(face.resumes, param="Last-Event-ID")
     last_event = None if last_event_id is None else _last_event_id(last_event_id)
     if account.tenant is not None:
         account.admission = await account.limiter.admit(account.tenant, params.model, counted=last_event is None)

@@ -129,3 +129,22 @@ def test_any_other_last_event_id_is_a_400(header: str) -> None:
     with pytest.raises(ApiError) as refused:
         _last_event_id(header)
     assert (refused.value.status, refused.value.param) == (400, "Last-Event-ID")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "advice"),
+    [
+        ("/v1/responses", {"model": "any", "input": "Hi", "stream": True}, "starting_after"),
+        ("/v1/messages", {"model": "any", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}, "again"),
+    ],
+)
+async def test_last_event_id_on_an_api_that_numbers_its_own_events_is_a_400_and_queues_nothing(
+    http: httpx.AsyncClient, raw_redis: aioredis.Redis, request_id: str, path: str, body: dict[str, Any], advice: str
+) -> None:
+    """A Responses or Messages stream opens and numbers its own events: a resume by
+    ``Last-Event-ID`` would start them again, so it is refused, saying what to do instead."""
+    headers = {"x-streamq-request-id": request_id, "Last-Event-ID": "3"}
+    refused = await http.post(path, json=body, headers=headers, timeout=10)
+    assert refused.status_code == 400, refused.text
+    assert "Last-Event-ID" in refused.text and advice in refused.text
+    assert await raw_redis.exists(events_channel(request_id)) == 0
