@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from openai.types.responses import Response as OpenAIResponse
 from openai.types.responses import ResponseStreamEvent
 
+from gateway import http_metrics
 from gateway.auth import TENANT_STATE, Tenant
 from gateway.response_store import ResponseStore, StoredResponse
 from gateway.responses_face import ResponsesFace
@@ -62,12 +63,12 @@ async def create_response(request: Request) -> Response:
             raise bad_request("background can only be used when `store` is true", param="background")
         face.history = await _history(request, body.get("previous_response_id"))
         if body.get("background"):
-            return await _background(request, body, face)
+            return _counted(request, await _background(request, body, face))
     except json.JSONDecodeError:
-        return face.error_response(bad_request("the request body is not valid JSON"))
+        return _counted(request, face.error_response(bad_request("the request body is not valid JSON")))
     except Exception as exc:
-        return face.error_response(exc)
-    response = await respond(request, face)
+        return _counted(request, face.error_response(exc))
+    response = await respond(request, face)  # counted there
     if store and response.status_code == 200 and face.head is not None:
         head = face.head
         stored = StoredResponse(
@@ -87,10 +88,10 @@ async def retrieve_response(request: Request, response_id: str) -> Response:
         starting_after = _starting_after(request.query_params.get("starting_after"))
         request_id, stored = await _stored(request, response_id)
         if stream:
-            return await _event_stream(request, request_id, stored, starting_after)
-        return JSONResponse(dump(await _current(request, request_id, stored)))
+            return _counted(request, await _event_stream(request, request_id, stored, starting_after))
+        return _counted(request, JSONResponse(dump(await _current(request, request_id, stored))))
     except Exception as exc:
-        return face.error_response(exc)
+        return _counted(request, face.error_response(exc))
 
 
 @router.post(RESPONSES_PATH + "/{response_id}/cancel")
@@ -105,9 +106,18 @@ async def cancel_response(request: Request, response_id: str) -> Response:
                 response = await _ended(request, request_id, stored)
         except TimeoutError:
             response = _head(request_id, stored).response("cancelled")
-        return JSONResponse(dump(response))
+        return _counted(request, JSONResponse(dump(response)))
     except Exception as exc:
-        return face.error_response(exc)
+        return _counted(request, face.error_response(exc))
+
+
+def _counted(request: Request, response: Response) -> Response:
+    """``response``, counted in the gateway's requests by its route (``/v1/responses/{response_id}``,
+    not each id) and status, as ``respond`` counts the requests it answers."""
+    route = request.scope.get("route")
+    endpoint = getattr(route, "path", request.url.path)
+    http_metrics.REQUESTS.labels(endpoint=endpoint, status=str(response.status_code)).inc()
+    return response
 
 
 def _store(request: Request) -> ResponseStore:

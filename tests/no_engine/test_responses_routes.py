@@ -132,3 +132,25 @@ async def test_a_key_stored_in_redis_reads_only_its_own_responses(
             assert got.status_code == 200 and json.loads(got.text)["output"][0]["content"][0]["text"] == "secret"
     finally:
         await admin.delete(API_KEYS_KEY, API_KEY_NAMES_KEY)
+
+
+def requests_counted(metrics: str, endpoint: str, status: int) -> float:
+    """``streamq_gateway_requests_total`` of ``endpoint`` and ``status`` on a ``/metrics`` page."""
+    label = f'streamq_gateway_requests_total{{endpoint="{endpoint}",status="{status}"}}'
+    lines = [line for line in metrics.splitlines() if line.startswith(label)]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
+async def test_reads_and_cancels_are_counted_by_route_not_by_id(http: httpx.AsyncClient, admin: aioredis.Redis) -> None:
+    """The gateway's requests counter labels a stored response's routes by their template,
+    so a label never names a response."""
+    response_id = await stored_and_played(admin, "a")
+    route, cancel = "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"
+    before = (await http.get("/metrics")).text
+    assert (await http.get(f"/v1/responses/{response_id}")).status_code == 200
+    assert (await http.get(f"/v1/responses/resp_{uuid.uuid4().hex}")).status_code == 404
+    assert (await http.post(f"/v1/responses/{response_id}/cancel")).status_code == 200
+    after = (await http.get("/metrics")).text
+    for endpoint, status in ((route, 200), (route, 404), (cancel, 200)):
+        assert requests_counted(after, endpoint, status) == requests_counted(before, endpoint, status) + 1
+    assert response_id not in after
