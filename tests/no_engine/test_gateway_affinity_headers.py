@@ -13,7 +13,7 @@ import pytest
 from starlette.requests import Request
 
 from devkit.redis_server import RedisServer
-from gateway.routes.completions import AFFINITY_HEADER, AFFINITY_KEY_HEADER, _affinity
+from gateway.routes.completions import AFFINITY_HEADER, AFFINITY_KEY_HEADER, affinity_of
 from gateway.state import services_of
 from producer.errors import QueueFull
 from producer.openai_api.errors import ApiError
@@ -31,13 +31,13 @@ def request(headers: dict[str, str]) -> Request:
 
 
 def test_the_headers_become_submits_affinity_arguments() -> None:
-    assert _affinity(request({})) == {}
-    assert _affinity(request({"X-Streamq-Affinity-Key": "chat-42"})) == {"affinity_key": "chat-42"}
-    assert _affinity(request({"X-Streamq-Affinity-Key": "k" * 256})) == {"affinity_key": "k" * 256}
+    assert affinity_of(request({})) == {}
+    assert affinity_of(request({"X-Streamq-Affinity-Key": "chat-42"})) == {"affinity_key": "chat-42"}
+    assert affinity_of(request({"X-Streamq-Affinity-Key": "k" * 256})) == {"affinity_key": "k" * 256}
     for off in ("off", "false", "0", "OFF", "False"):
-        assert _affinity(request({"X-Streamq-Affinity": off})) == {"affinity": False}
+        assert affinity_of(request({"X-Streamq-Affinity": off})) == {"affinity": False}
     both = request({"X-Streamq-Affinity-Key": "chat-42", "X-Streamq-Affinity": "off"})
-    assert _affinity(both) == {"affinity_key": "chat-42", "affinity": False}
+    assert affinity_of(both) == {"affinity_key": "chat-42", "affinity": False}
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_the_headers_become_submits_affinity_arguments() -> None:
 )
 def test_a_bad_header_is_a_400_naming_it(headers: dict[str, str], param: str, reason: str) -> None:
     with pytest.raises(ApiError) as refused:
-        _affinity(request(headers))
+        affinity_of(request(headers))
     assert (refused.value.status, refused.value.param) == (400, param)
     assert reason in str(refused.value.message)
 
