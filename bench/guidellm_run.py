@@ -11,8 +11,10 @@ same engine flags, one at a time, each a service of its own:
 - the same gateway, the Responses API (guidellm's ``request_format=/v1/responses``).
 
 It prints, per server, the requests answered and the output tokens per second, with the
-ratios the issue's goals name (gateway ÷ ``vllm serve``; Responses ÷ chat completions),
-and the CPU each process of the gateway's paths spent per output token. guidellm runs from
+ratios that say what a move costs (gateway ÷ ``vllm serve``: what putting the queue in
+front of the engine costs; Responses ÷ chat completions: what the Responses API's typed
+events cost over the same requests), and the CPU each process spent per output token,
+the figure that holds across noisy runs. guidellm runs from
 a virtual environment of its own (``make guidellm-venv``: ``.venv-guidellm``), since it pins
 packages below this project's (click, multidict).
 
