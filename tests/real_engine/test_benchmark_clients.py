@@ -25,26 +25,24 @@ PROMPT = "1 0 m0 Finish medical w"
 OUTPUT_TOKENS = 8
 
 
-def guidellm_chat(model: str) -> dict[str, Any]:
+def guidellm_streamed(model: str, **fields: Any) -> dict[str, Any]:
+    """What guidellm sends on both completion endpoints, with the endpoint's ``fields``."""
     return {
         "model": model,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "max_completion_tokens": OUTPUT_TOKENS,
         "ignore_eos": True,
-        "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
+        **fields,
     }
+
+
+def guidellm_chat(model: str) -> dict[str, Any]:
+    messages = [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}]
+    return guidellm_streamed(model, max_completion_tokens=OUTPUT_TOKENS, messages=messages)
 
 
 def guidellm_completions(model: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "max_tokens": OUTPUT_TOKENS,
-        "ignore_eos": True,
-        "prompt": PROMPT,
-    }
+    return guidellm_streamed(model, max_tokens=OUTPUT_TOKENS, prompt=PROMPT)
 
 
 def guidellm_responses(model: str) -> dict[str, Any]:
