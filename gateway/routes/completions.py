@@ -110,13 +110,22 @@ class Account:
             await self.limiter.finish(self.admission)
 
 
-async def respond(request: Request, face: Face) -> Response:
+async def json_body(request: Request) -> Any:
+    """The request's body as parsed JSON; a 400 when it is not JSON."""
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise bad_request("the request body is not valid JSON") from None
+
+
+async def respond(request: Request, face: Face, body: Any = None) -> Response:
     """One request of ``face``'s API, every failure mapped to its error shape, counted in
-    the gateway's metrics (a stream stays in progress until it closes)."""
+    the gateway's metrics (a stream stays in progress until it closes). ``body``: the
+    request's body, where the route has parsed it already (else it is read here)."""
     account = Account(services_of(request.app).limiter, getattr(request.state, TENANT_STATE, None))
     response: Response | None = None
     try:
-        response = await _generate(request, face, account)
+        response = await _generate(request, face, account, body)
     except ClientGone:
         response = Response(status_code=499)  # nobody is listening any more
     except KeyRevoked:
@@ -163,13 +172,11 @@ def affinity_of(request: Request) -> dict[str, Any]:
     return kwargs
 
 
-async def _generate(request: Request, face: Face, account: Account) -> Response:
+async def _generate(request: Request, face: Face, account: Account, body: Any) -> Response:
     """Parse, admit, queue (or resume), then answer whole or as a stream."""
     arrived = time.monotonic()
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
+    if body is None:
+        body = await json_body(request)
     endpoint = face.endpoint
     openai_body = await with_default_model(request, face.openai_body(body))
     params = parse_openai_body(openai_body, chat=endpoint.chat, limits=config_of(request.app).limits)

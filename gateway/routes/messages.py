@@ -6,17 +6,14 @@ them, counted by a worker as the tokenizer routes count them: a prefill of one t
 
 from __future__ import annotations
 
-import json
-
 from anthropic.types import MessageTokensCount
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.faces_messages import MESSAGES_FACE, MESSAGES_PATH
 from gateway.messages_request import count_tokens_to_chat
-from gateway.routes.completions import respond
+from gateway.routes.completions import json_body, respond
 from gateway.routes.tokenizer import echo_prompt, resolve_model
-from producer.openai_api.errors import bad_request
 from producer.openai_api.requests import chat_request_to_submit_kwargs
 
 router = APIRouter()
@@ -33,10 +30,7 @@ async def messages(request: Request) -> Response:
 @router.post(MESSAGES_PATH + "/count_tokens")
 async def count_tokens(request: Request) -> Response:
     try:
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise bad_request("the request body is not valid JSON") from None
+        body = await json_body(request)
         chat = count_tokens_to_chat(body)
         model = await resolve_model(request, chat["model"])
         kwargs = chat_request_to_submit_kwargs(chat)

@@ -34,7 +34,7 @@ from gateway.response_store import ResponseStore, StoredResponse
 from gateway.responses_face import ResponsesFace
 from gateway.responses_input import chat_body
 from gateway.responses_output import ResponseHead, ResponsesFraming, dump, request_id_of, response_id, sse_events
-from gateway.routes.completions import Account, affinity_of, respond, submit_body
+from gateway.routes.completions import Account, affinity_of, json_body, respond, submit_body
 from gateway.sse import KEEPALIVE, SseResponse, with_keepalives
 from gateway.state import config_of, services_of
 from producer.openai_api.chunks import ChunkBuilder
@@ -55,7 +55,7 @@ router = APIRouter()
 async def create_response(request: Request) -> Response:
     face = ResponsesFace()
     try:
-        body = json.loads(await request.body())
+        body = await json_body(request)
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
         store = body.get("store", True) is not False
@@ -64,11 +64,9 @@ async def create_response(request: Request) -> Response:
         face.history = await _history(request, body.get("previous_response_id"))
         if body.get("background"):
             return _counted(request, await _background(request, body, face))
-    except json.JSONDecodeError:
-        return _counted(request, face.error_response(bad_request("the request body is not valid JSON")))
     except Exception as exc:
         return _counted(request, face.error_response(exc))
-    response = await respond(request, face)  # counted there
+    response = await respond(request, face, body)  # counted there
     if store and response.status_code == 200 and face.head is not None:
         head = face.head
         stored = StoredResponse(

@@ -11,7 +11,6 @@ must name one).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from gateway.auth import TENANT_STATE, Tenant
 from gateway.disconnect import until_disconnected
 from gateway.request_status import error_response
+from gateway.routes.completions import json_body
 from gateway.state import config_of, services_of
 from producer.errors import InvalidParameter, UnknownModel
 from producer.openai_api.errors import ApiError, ApiErrorCode, bad_request
@@ -88,10 +88,7 @@ async def tokenizer_info(request: Request, model: str | None = None) -> Response
 
 
 async def _body(request: Request, known: frozenset[str]) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise bad_request("the request body is not valid JSON") from None
+    body = await json_body(request)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     if unknown := sorted(set(body) - known):
