@@ -13,6 +13,8 @@ from typing import Any, Final
 from fastapi import FastAPI
 
 from gateway.auth import ApiKeyAuth, ApiKeyMiddleware
+from gateway.batch_api.config import BatchApiConfig
+from gateway.batch_api.service import BatchApi
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from gateway.dashboard import routes as dashboard_routes
 from gateway.dashboard.sampler import DashboardSampler
@@ -58,6 +60,7 @@ def create_app(
     keepalive_s: float = DEFAULT_KEEPALIVE_S,
     model_memory_s: float | None = None,
     declared_models: Mapping[str, str | None] | None = None,
+    batch_api: BatchApiConfig | None = None,
 ) -> FastAPI:
     """The gateway application, with one ``StreamqClient`` (one Redis pool, one pub/sub
     connection) shared by all requests. ``api_keys`` (and keys stored in Redis) are
@@ -68,7 +71,8 @@ def create_app(
     ``tokenizer_model`` answers the tokenizer routes that name no model. A request waits for
     a worker up to ``queue_timeout_s`` (``None``: as long as its job is kept); a stream silent
     for ``keepalive_s`` carries a keep-alive comment. ``model_memory_s`` and
-    ``declared_models``: which models with no live worker take requests (``StreamqClient``)."""
+    ``declared_models``: which models with no live worker take requests (``StreamqClient``).
+    ``batch_api``: where files live and how batches run (``gateway.batch_api.config``)."""
     auth = ApiKeyAuth(api_keys)
 
     @asynccontextmanager
@@ -82,12 +86,14 @@ def create_app(
             connect_timeout_s=None,  # a service may start before its Redis: keep trying a while
         )
         await _say_memory_policy(client.redis)
+        limiter = KeyLimiter(client.redis)
         services = GatewayServices(
             client=client,
             auth=auth,
-            limiter=KeyLimiter(client.redis),
+            limiter=limiter,
             dashboard=DashboardSampler(client),
             waiting=WaitingRequests(client.redis),
+            batch_api=BatchApi.build(client, auth, limiter, batch_api or BatchApiConfig()),
         )
         app.state.services = services
         tender = QueueTender(client, services.waiting)
@@ -95,8 +101,10 @@ def create_app(
             await auth.start(client.redis)
             services.limiter.start()
             tender.start()
+            await services.batch_api.start()
             yield
         finally:
+            await services.batch_api.stop()
             await tender.stop()
             await services.dashboard.stop()
             await services.limiter.stop()

@@ -1,7 +1,7 @@
 """What the gateway's routes share, typed: its settings (``GatewayConfig``, fixed when the
 app is built) and its services (``GatewayServices``, set up by the app's lifespan: one
-Redis client for every request, the API keys, the per-key limits, the dashboard's sampler
-and the waiting requests). Routes reach them through ``config_of`` and ``services_of``,
+Redis client for every request, the API keys, the per-key limits, the dashboard's sampler,
+the waiting requests and the Batch API). Routes reach them through ``config_of`` and ``services_of``,
 never through ``app.state`` by name.
 """
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 
 from gateway.auth import ApiKeyAuth
+from gateway.batch_api.service import BatchApi
 from gateway.dashboard.sampler import DashboardSampler
 from gateway.key_limits import KeyLimiter
 from producer.internal_client import InternalClient
@@ -38,6 +39,8 @@ class GatewayServices:
     limiter: KeyLimiter
     dashboard: DashboardSampler
     waiting: WaitingRequests
+    batch_api: BatchApi
+    """Files and batches (``/v1/files``, ``/v1/batches``) and the runner of this gateway's batches."""
 
 
 def config_of(app: FastAPI) -> GatewayConfig:
