@@ -130,7 +130,7 @@ class BatchScripts:
             names.batch_key(batch_id),
         ]
         counter = "completed" if ok else "failed"
-        args = [request_id, output, counter, input_tokens, output_tokens]
+        args: list[Any] = [request_id, output, counter, input_tokens, output_tokens]
         return bool(await self._record_result(keys=keys, args=args))
 
     async def commit_part(self, batch_id: str, token: str, kind: str, written: int, part: str) -> None:
