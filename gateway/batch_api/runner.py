@@ -62,6 +62,10 @@ ENDING_MESSAGES: Final = {
 }
 
 
+class _NotSent(Exception):
+    """The batch ended before the line could be sent."""
+
+
 @dataclass(frozen=True)
 class _Line:
     """One input line as sent: enough to rebuild its request and its output line."""
@@ -189,6 +193,9 @@ class _BatchRun:
         self.scripts = runner.scripts
         self.token = runner.token
         self._tenant: Tenant | None = None
+        self.ending: str | None = None
+        """``cancelled`` or ``expired`` once the batch is being wound down: lines not sent
+        by then are not sent, and requests cancelled then are answered with its error."""
 
     async def run(self) -> None:
         while True:
@@ -289,8 +296,8 @@ class _BatchRun:
             await self._flush(final=False)
             if time.monotonic() - checked >= CHECK_S:
                 checked = time.monotonic()
-                if await self._ending(record):
-                    await self._cancel_running(running)
+                if (ending := await self._ending(record)) is not None:
+                    await self._cancel_running(running, ending)
                     return
         await self._flush(final=True)
         record = await self._reload()
@@ -302,19 +309,21 @@ class _BatchRun:
             error_file_id=_file_id() if record.failed else None,
         )
 
-    async def _ending(self, record: BatchRecord) -> bool:
-        """Whether the batch was cancelled or its window has passed (then it says so)."""
+    async def _ending(self, record: BatchRecord) -> str | None:
+        """``cancelled`` when the batch was cancelled, ``expired`` once its window has passed
+        (then it says so), else ``None``."""
         status = as_text(await self.runner.redis.hget(names.batch_key(self.id), "status") or b"")
         if status != "in_progress":
-            return True
+            return "cancelled"
         if _now() >= record.expires_at:
             await self._move("in_progress", ending="expired")
-            return True
-        return False
+            return "expired"
+        return None
 
-    async def _cancel_running(self, running: dict[asyncio.Task[None], str]) -> None:
-        """Cancel the requests in flight and wait for their answers (``batch_cancelled`` or
-        ``batch_expired`` lines, or what they finished with first)."""
+    async def _cancel_running(self, running: dict[asyncio.Task[None], str], ending: str) -> None:
+        """Cancel the requests in flight and wait for their answers (``ending``'s error lines,
+        or what they finished with first); a line still waiting to be sent is answered so."""
+        self.ending = ending
         for request_id in running.values():
             with contextlib.suppress(StreamqError):
                 await self.runner.client.cancel(request_id)
@@ -360,6 +369,9 @@ class _BatchRun:
         try:
             admission = await self._admit(record, prepared.model)
             completion = await self._complete(line.request_id, prepared)
+        except _NotSent:
+            assert self.ending is not None
+            return _error_line(line, *ENDING_MESSAGES[self.ending]), False, (0, 0)
         except KeyRevoked:
             error = ApiError(401, "the API key that created this batch was revoked", type="invalid_request_error")
             return _response_line(line, 401, error.body()), False, (0, 0)
@@ -415,12 +427,17 @@ class _BatchRun:
             except ApiError as exc:
                 if exc.status != 429:
                     raise
-                await asyncio.sleep(float((exc.headers or {}).get("Retry-After", RETRY_S)))
+                await self._wait(float((exc.headers or {}).get("Retry-After", RETRY_S)))
 
     async def _complete(self, request_id: str, prepared: _Prepared) -> Completion:
         """Send the line's request, or follow it if it was sent already, and wait for its end.
         Sent with no queue timeout: a batch line waits for a worker within its batch's window."""
         client = self.runner.client
+        if self.ending is not None:  # winding down: follow what was sent, send nothing more
+            if not await client.exists(request_id):
+                raise _NotSent()
+            async with await client.follow(request_id) as handle:
+                return await handle.result()
         while True:
             try:
                 handle = await client.submit(
@@ -430,20 +447,22 @@ class _BatchRun:
                 handle = await client.follow(request_id)
             except (QueueFull, NoLiveWorker, RedisFull) as exc:
                 logger.info("batch %s: line %s waits: %s", self.id, request_id, exc)
-                await asyncio.sleep(RETRY_S)
+                await self._wait(RETRY_S)
                 continue
             async with handle:
                 return await handle.result()
 
+    async def _wait(self, seconds: float) -> None:
+        """Wait before trying to send a line again, unless the batch is ending by then."""
+        deadline = time.monotonic() + seconds
+        while self.ending is None and time.monotonic() < deadline:
+            await asyncio.sleep(min(CHECK_S, seconds))
+        if self.ending is not None:
+            raise _NotSent()
+
     async def _ending_of_cancelled(self, completion: Completion) -> str | None:
         """``cancelled`` or ``expired`` when the batch's end cancelled this request."""
-        if "cancelled" not in completion.finish_reasons:
-            return None
-        raw = await self.runner.redis.hmget(names.batch_key(self.id), ["status", "ending"])
-        status, ending = (as_text(value or b"") for value in raw)
-        if ending == "expired":
-            return "expired"
-        return "cancelled" if status == "cancelling" else None
+        return self.ending if "cancelled" in completion.finish_reasons else None
 
     # parts
 
@@ -472,7 +491,7 @@ class _BatchRun:
             for request_id, raw in (await self.runner.redis.hgetall(names.batch_inflight_key(self.id))).items():
                 line = _Line.from_json(as_text(request_id), raw)
                 running[self._start(record, source, line)] = line.request_id
-        await self._cancel_running(running)
+        await self._cancel_running(running, ending)
         if source is not None and record.status != "validating":
             number, offset = record.next_line, record.next_offset
             code, message = ENDING_MESSAGES[ending]
