@@ -285,9 +285,12 @@ class FileStore:
         return FileRecord.from_hash(raw) if raw else None
 
     async def get(self, file_id: str, owner: str) -> FileRecord | None:
-        """The owner's file; ``None`` for an unknown id, another owner's, or one expired."""
+        """The owner's file; ``None`` for an unknown id, another owner's, or one expired
+        (unless a batch that has not finished reads it: it stays until the batch ends)."""
         record = await self._read(file_id)
-        if record is None or record.owner != owner or _expired(record, time.time()):
+        if record is None or record.owner != owner:
+            return None
+        if _expired(record, time.time()) and not await self.redis.scard(names.file_users_key(file_id)):
             return None
         return record
 

@@ -326,3 +326,25 @@ async def test_the_sweep_deletes_files_that_have_expired(
     assert not (files_dir / "files" / expiring.id).exists() and (files_dir / "files" / kept.id).exists()
     with pytest.raises(openai.NotFoundError):
         await asyncio.to_thread(sdk.files.retrieve, expiring.id)
+
+
+async def test_the_input_of_an_unfinished_batch_is_neither_deleted_nor_swept(
+    tenant: tuple[str, openai.OpenAI], redis_url: str, files_dir: Path
+) -> None:
+    _, sdk = tenant
+    expiry = {"anchor": "created_at", "seconds": 3600}
+    used = await asyncio.to_thread(sdk.files.create, file=("in.jsonl", LINES), purpose="batch", expires_after=expiry)  # type: ignore[arg-type]
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        await redis.sadd(names.file_users_key(used.id), "batch_running")  # type: ignore[misc]
+        with pytest.raises(openai.BadRequestError) as caught:
+            await asyncio.to_thread(sdk.files.delete, used.id)
+        assert caught.value.code == "file_in_use" and caught.value.param == "file_id"
+        files = FileStore(redis, Storage.from_url(str(files_dir), {}), BatchApiConfig(files_url=str(files_dir)))
+        await files.sweep_expired(now=used.created_at + 3600)
+        assert (files_dir / "files" / used.id).exists()
+        await redis.delete(names.file_users_key(used.id))  # the batch ended
+        assert await files.sweep_expired(now=used.created_at + 3600) >= 1
+        assert not (files_dir / "files" / used.id).exists()
+    finally:
+        await redis.aclose()
