@@ -34,7 +34,7 @@ from gateway.batch_api.validate import validate_input
 from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from producer.batch import BatchLine, line_submit_kwargs
 from producer.client import MIN_IN_FLIGHT
-from producer.errors import DuplicateRequest, NoLiveWorker, QueueFull, RedisFull, RequestError, StreamqError
+from producer.errors import DuplicateRequest, NoLiveWorker, QueueFull, RedisFull, StreamqError
 from producer.handle import Completion
 from producer.internal_client import InternalClient
 from producer.openai_api.endpoints import ENDPOINTS, Endpoint
@@ -378,9 +378,7 @@ class _BatchRun:
         except ApiError as refused:  # the key may not use the line's model
             return _response_line(line, refused.status, refused.body()), False, (0, 0)
         except StreamqError as exc:
-            error = api_error_for(exc)
-            message = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
-            error.message = message
+            error = api_error_for(exc)  # the status and body the gateway answers the request with
             if admission is not None:
                 await self.runner.limiter.finish(admission)
             return _response_line(line, error.status, error.body()), False, (0, 0)
