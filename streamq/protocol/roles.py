@@ -348,6 +348,7 @@ GATEWAY = Role(
         "smembers",
         "scard",
         "zrevrank",
+        "zrevrange",  # newest first (redis-py sends ZRANGE ... REV as ZREVRANGE)
         "rpush",
         "ltrim",
         "llen",
