@@ -30,6 +30,7 @@ from rich.text import Text
 
 from producer import tenants_cli
 from producer.affinity_args import add_affinity_arguments, affinity_kwargs
+from producer.batch_line import parse_request_line
 from producer.client import MIN_IN_FLIGHT, Completion, StreamqClient
 from producer.connection_args import connect_from_args
 from producer.errors import InvalidParameter, RedisFull, RequestError, StreamqError
@@ -113,30 +114,18 @@ def read_batch(lines: Iterable[str]) -> Iterator[BatchLine]:
 
 
 def _parse_line(number: int, raw: str) -> BatchLine:
+    """The line's request, or its problem (``producer.batch_line``, as the gateway's Batch
+    API checks it); a line without a string ``custom_id`` is keyed by its number."""
     where = f"line {number}"
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return BatchLine(where, None, error=f"{where}: not valid JSON: {exc}")
-    if not isinstance(obj, dict):
-        return BatchLine(where, None, error=f"{where}: must be a JSON object")
-    custom_id = obj.get("custom_id")
-    if not isinstance(custom_id, str):
-        return BatchLine(where, None, error=f"{where}: custom_id must be a string")
-    line = BatchLine(custom_id, custom_id, url=str(obj.get("url")))
-    unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
-    if unknown:
-        line.error = f"unknown field(s) in the batch line: {', '.join(unknown)}"
-    elif obj.get("method") != "POST":
-        line.error = f"method must be POST, got {obj.get('method')!r}"
-    elif obj.get("url") not in ENDPOINTS:
-        line.error = f"URL {obj.get('url')!r} is not supported; supported: {', '.join(ENDPOINTS)}"
-    elif not isinstance(obj.get("body"), dict):
-        line.error = "body must be a JSON object"
-    elif obj["body"].get("stream"):
-        line.error = "a batch request must not be sent in stream mode"
+    parsed = parse_request_line(raw, ENDPOINTS)
+    if parsed.custom_id is None:
+        assert parsed.problem is not None, "a line without a custom_id has a problem"
+        return BatchLine(where, None, error=f"{where}: {parsed.problem.message}")
+    line = BatchLine(parsed.custom_id, parsed.custom_id, url=parsed.url)
+    if parsed.problem is not None:
+        line.error = parsed.problem.message
     else:
-        line.body = obj["body"]
+        line.body = parsed.body
     return line
 
 
@@ -323,18 +312,9 @@ class BatchRun:
 
     def _generate_kwargs(self, line: BatchLine) -> dict[str, Any]:
         """``generate``'s arguments for ``line``; raises ``InvalidRequest`` for a line that cannot run."""
-        if line.error is not None or line.body is None:
-            raise InvalidRequest(line.error or "no body")
-        endpoint = ENDPOINTS[line.url]
-        body = dict(line.body)
-        model = body.get("model")
-        callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
-        affinity = _body_affinity(body) or self.affinity  # streamq's extension too
-        kwargs = {"priority": self.priority, **endpoint.to_submit_kwargs(body, limits=self.limits), **affinity}
-        if model is not None and not isinstance(model, str):
-            raise InvalidRequest(f"model must be a string, got {model!r}")
-        # Routed by model, as the gateway does; a body without one goes to --queue.
-        return {"model": model, "tenant": self.tenant, "callback": callback, **kwargs}
+        return line_submit_kwargs(
+            line, limits=self.limits, priority=self.priority, tenant=self.tenant, affinity=self.affinity
+        )
 
     def _write_completion(self, completion: Completion) -> None:
         running = self._running.pop(completion.request_id)
@@ -348,6 +328,32 @@ class BatchRun:
         status = api_error_for(exc).status  # the status the gateway would answer with
         error = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
         self.write(output_line(running.custom_id, exc.request_id, status=status, body=None, error=error), ok=False)
+
+
+def line_submit_kwargs(
+    line: BatchLine,
+    *,
+    limits: RequestLimits,
+    priority: int,
+    tenant: str | None,
+    affinity: dict[str, Any],
+) -> dict[str, Any]:
+    """``submit``'s arguments for a batch line (the gateway's Batch API runs its lines with
+    these too): ``priority`` where the body sets none, ``affinity`` where it sets neither
+    ``affinity_key`` nor ``affinity``. Raises ``InvalidRequest`` (``InvalidParameter``) for
+    a line that cannot run: that line's 400."""
+    if line.error is not None or line.body is None:
+        raise InvalidRequest(line.error or "no body")
+    endpoint = ENDPOINTS[line.url]
+    body = dict(line.body)
+    model = body.get("model")
+    callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
+    affinity = _body_affinity(body) or affinity  # streamq's extension too
+    kwargs = {"priority": priority, **endpoint.to_submit_kwargs(body, limits=limits), **affinity}
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest(f"model must be a string, got {model!r}")
+    # Routed by model, as the gateway does; a body without one goes to --queue.
+    return {"model": model, "tenant": tenant, "callback": callback, **kwargs}
 
 
 def _body_affinity(body: dict[str, Any]) -> dict[str, Any]:
