@@ -517,7 +517,7 @@ class _BatchRun:
                 line = _Line.from_json(as_text(request_id), raw)
                 running[self._start(record, source, line)] = line.request_id
         await self._cancel_running(running, ending)
-        if source is not None and record.status != "validating":
+        if source is not None:
             number, offset = record.next_line, record.next_offset
             code, message = ENDING_MESSAGES[ending]
             async for end, raw in self.runner.files.read_lines(source, record.next_offset):
