@@ -208,8 +208,11 @@ class _BatchRun:
     async def run(self) -> None:
         while True:
             record = await self.runner.batches.get(self.id, None)
-            if record is None or record.status in FINAL_STATES:
+            if record is None:
                 await self.runner.redis.srem(names.ACTIVE_BATCHES_KEY, self.id)
+                return
+            if record.status in FINAL_STATES:  # its end's clean-up again: a retried call may have missed it
+                await self._clean_up(record)
                 return
             if record.status in ("validating", "in_progress") and not record.ending and _now() >= record.expires_at:
                 await self._move(record.status, ending="expired")
@@ -254,8 +257,7 @@ class _BatchRun:
         )
 
     async def _fail(self, record: BatchRecord, errors: list[dict[str, Any]]) -> None:
-        if await self._move("validating", status="failed", failed_at=_now(), errors=json.dumps(errors)):
-            await self._clean_up(record)
+        await self._move("validating", status="failed", failed_at=_now(), errors=json.dumps(errors))
 
     # in_progress
 
@@ -316,6 +318,8 @@ class _BatchRun:
             await asyncio.sleep(RETRY_S)  # a line could not be answered (Redis away, say): run() comes back for it
             return
         record = await self._reload()
+        if record.completed + record.failed < record.total and await self._send_unanswered(record, source, running):
+            return  # run() comes back: every line answered, or this again
         await self._move(
             "in_progress",
             status="finalizing",
@@ -323,6 +327,40 @@ class _BatchRun:
             output_file_id=_file_id() if record.completed else None,
             error_file_id=_file_id() if record.failed else None,
         )
+
+    async def _send_unanswered(
+        self, record: BatchRecord, source: FileRecord, running: dict[asyncio.Task[None], str]
+    ) -> int:
+        """Send again the lines that a Redis which lost writes it had acknowledged left neither
+        answered nor in flight (their note was lost, and the read position moved on); how many."""
+        missing = record.total - record.completed - record.failed
+        logger.warning("batch %s: %d lines unanswered (Redis lost writes): sending them again", self.id, missing)
+        sent = 0
+        async for line, raw in self._unanswered(source):
+            sent += 1
+            await self.scripts.start_line(
+                self.id, self.token, line.request_id, line.to_json(), record.next_offset, record.next_line
+            )
+            running[self._start(record, source, line, raw)] = line.request_id
+        if running:
+            await asyncio.wait(running)
+        running.clear()
+        return sent
+
+    async def _unanswered(self, source: FileRecord) -> AsyncIterator[tuple[_Line, bytes]]:
+        """The lines of the input that hold a request and are neither answered nor in flight."""
+        redis = self.runner.redis
+        answered = await redis.get(names.batch_answered_key(self.id)) or b""
+        in_flight = {as_text(key) for key in await redis.hkeys(names.batch_inflight_key(self.id))}
+        number, offset = 1, 0
+        async for end, raw in self.runner.files.read_lines(source, 0):
+            line_number, start = number, offset
+            number, offset = number + 1, end
+            byte = line_number >> 3
+            done = byte < len(answered) and answered[byte] >> (7 - (line_number & 7)) & 1
+            request_id = f"{self.id}-{line_number}"
+            if raw.strip() and not done and request_id not in in_flight:
+                yield _Line(line_number, start, _custom_id(raw), request_id), raw
 
     async def _ending(self, record: BatchRecord) -> str | None:
         """``cancelled`` when the batch was cancelled, ``expired`` once its window has passed
@@ -363,7 +401,7 @@ class _BatchRun:
             error = ApiError(500, f"the gateway could not run this line: {exc}", type="server_error")
             output, ok, tokens = _response_line(line, 500, error.body()), False, (0, 0)
         recorded = await self.scripts.record_result(
-            self.id, line.request_id, output, ok=ok, input_tokens=tokens[0], output_tokens=tokens[1]
+            self.id, line.request_id, line.number, output, ok=ok, input_tokens=tokens[0], output_tokens=tokens[1]
         )
         if recorded:
             BATCH_LINES.labels(result="completed" if ok else "failed").inc()
@@ -525,11 +563,16 @@ class _BatchRun:
                 number, offset = number + 1, end
                 if raw.strip():
                     line = _Line(line_number, start, _custom_id(raw), f"{self.id}-{line_number}")
-                    await self.scripts.line_failed(
-                        self.id, self.token, _error_line(line, code, message), offset, number
-                    )
+                    output = _error_line(line, code, message)
+                    await self.scripts.line_failed(self.id, self.token, output, offset, number, line.number)
                     if (await self.runner.redis.llen(names.batch_results_key(self.id, "err"))) >= PART_LINES:
                         await self._flush(final=False)
+            record = await self._reload()
+            async for line, _ in self._unanswered(source):  # lost by a Redis that lost writes
+                output = _error_line(line, code, message)
+                await self.scripts.line_failed(
+                    self.id, self.token, output, record.next_offset, record.next_line, line.number
+                )
         await self._flush(final=True)
         record = await self._reload()
         status = record.status
@@ -553,8 +596,7 @@ class _BatchRun:
             err = [part for part in parts if f"/{self.id}/err/" in part]
             await files.create_output(record.owner, record.error_file_id, f"{self.id}_error.jsonl", err, expiry)
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[final]
-        if await self._move(record.status, status=final, **{stamp: _now()}):
-            await self._clean_up(record)
+        await self._move(record.status, status=final, **{stamp: _now()})  # run() cleans up what it kept
 
     async def _clean_up(self, record: BatchRecord) -> None:
         """Once the batch is final: it leaves the scan, its input may be deleted, and what it
@@ -568,6 +610,7 @@ class _BatchRun:
                 names.batch_results_key(self.id, "out"),
                 names.batch_results_key(self.id, "err"),
                 names.batch_parts_key(self.id),
+                names.batch_answered_key(self.id),
             )
             await pipe.execute()
         await self.runner.files.storage.delete_prefix(f"batches/{self.id}/")

@@ -48,10 +48,13 @@ return 1
 """
 )
 
-# KEYS: batch, lease, error lines. ARGV: token, the output line, next offset, next line.
+# KEYS: batch, lease, error lines, answered. ARGV: token, the output line, next offset, next
+# line, the line's number. Once per line: a retried call finds its bit set.
 LINE_FAILED = (
     _LEASED
     + """
+if redis.call('GETBIT', KEYS[4], ARGV[5]) == 1 then return 1 end
+redis.call('SETBIT', KEYS[4], ARGV[5], 1)
 redis.call('RPUSH', KEYS[3], ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'failed', 1)
 redis.call('HSET', KEYS[1], 'next_offset', ARGV[3], 'next_line', ARGV[4])
@@ -59,10 +62,13 @@ return 1
 """
 )
 
-# KEYS: in-flight, output or error lines, batch. ARGV: request id, the output line, the counter
-# (completed or failed), input tokens, output tokens.
+# KEYS: in-flight, output or error lines, batch, answered. ARGV: request id, the output line, the
+# counter (completed or failed), input tokens, output tokens, the line's number. Once per line: the
+# line's bit says whether it was recorded, whoever records it and however often a call is retried.
 RECORD_RESULT = """
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+if redis.call('GETBIT', KEYS[4], ARGV[6]) == 1 then return 0 end
+redis.call('SETBIT', KEYS[4], ARGV[6], 1)
 redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[3], 'input_tokens', ARGV[4])
@@ -70,10 +76,12 @@ redis.call('HINCRBY', KEYS[3], 'output_tokens', ARGV[5])
 return 1
 """
 
-# KEYS: batch, lease, output or error lines, parts. ARGV: token, lines written, the part's name.
+# KEYS: batch, lease, output or error lines, parts. ARGV: token, lines written, the part's name
+# (its sequence number and the owner's token: unique, so a retried call is seen as done).
 COMMIT_PART = (
     _LEASED
     + """
+if redis.call('LINDEX', KEYS[4], -1) == ARGV[3] then return 1 end  -- a retried call: done already
 redis.call('LTRIM', KEYS[3], tonumber(ARGV[2]), -1)
 redis.call('RPUSH', KEYS[4], ARGV[3])
 return 1
@@ -116,21 +124,32 @@ class BatchScripts:
         keys = [*_leased_keys(batch_id), names.batch_inflight_key(batch_id)]
         _leased(await self._start_line(keys=keys, args=[token, request_id, line, next_offset, next_line]))
 
-    async def line_failed(self, batch_id: str, token: str, output: bytes, next_offset: int, next_line: int) -> None:
-        keys = [*_leased_keys(batch_id), names.batch_results_key(batch_id, "err")]
-        _leased(await self._line_failed(keys=keys, args=[token, output, next_offset, next_line]))
+    async def line_failed(
+        self, batch_id: str, token: str, output: bytes, next_offset: int, next_line: int, line: int
+    ) -> None:
+        keys = [*_leased_keys(batch_id), names.batch_results_key(batch_id, "err"), names.batch_answered_key(batch_id)]
+        _leased(await self._line_failed(keys=keys, args=[token, output, next_offset, next_line, line]))
 
     async def record_result(
-        self, batch_id: str, request_id: str, output: bytes, *, ok: bool, input_tokens: int, output_tokens: int
+        self,
+        batch_id: str,
+        request_id: str,
+        line: int,
+        output: bytes,
+        *,
+        ok: bool,
+        input_tokens: int,
+        output_tokens: int,
     ) -> bool:
         """Record a line's result unless it was recorded already; whether this call did."""
         keys = [
             names.batch_inflight_key(batch_id),
             names.batch_results_key(batch_id, "out" if ok else "err"),
             names.batch_key(batch_id),
+            names.batch_answered_key(batch_id),
         ]
         counter = "completed" if ok else "failed"
-        args: list[Any] = [request_id, output, counter, input_tokens, output_tokens]
+        args: list[Any] = [request_id, output, counter, input_tokens, output_tokens, line]
         return bool(await self._record_result(keys=keys, args=args))
 
     async def commit_part(self, batch_id: str, token: str, kind: str, written: int, part: str) -> None:

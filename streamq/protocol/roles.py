@@ -339,8 +339,9 @@ GATEWAY = Role(
         # the dashboard: workers' reports (hgetall, zrange above) and the recent ends
         "lrange",
         # the Files and Batch APIs: records (hashes), indexes (sets, sorted sets), a batch's
-        # lines in flight and results (its scripts: hdel, rpush, ltrim), its lease (set, get,
-        # del), and the transactions that keep a record and its indexes together
+        # lines in flight, answered (a bitmap) and results (its scripts: hdel, rpush, ltrim,
+        # lindex, getbit, setbit), its lease (set, get, del), and the transactions that keep a
+        # record and its indexes together
         "hdel",
         "del",
         "sadd",
@@ -352,6 +353,10 @@ GATEWAY = Role(
         "rpush",
         "ltrim",
         "llen",
+        "lindex",
+        "hkeys",
+        "getbit",  # a batch's answered lines: a bitmap by line number
+        "setbit",
         "watch",
         "unwatch",
         "multi",
