@@ -166,7 +166,11 @@ def restartable_redis() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.mark.parametrize("down_s", [0.5, 5.0], ids=["a short restart", "an outage longer than the batch's lease"])
+@pytest.mark.parametrize(
+    "down_s",
+    [0.5, 5.0, 25.0],
+    ids=["a short restart", "an outage longer than the batch's lease", "an outage longer than the retries"],
+)
 async def test_a_batch_completes_each_line_once_across_a_redis_killed_and_restarted_on_its_aof(
     restartable_redis: RedisServer, tmp_path: Path, files_dir: Path, down_s: float
 ) -> None:
