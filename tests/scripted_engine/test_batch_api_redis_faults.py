@@ -34,7 +34,7 @@ from typing import Any
 
 import openai
 import pytest
-import redis
+import redis.asyncio as aioredis
 from openai.types import Batch
 
 from devkit.chaos import restart_redis
@@ -125,12 +125,12 @@ async def run_batch_through(fault: Fault, url: str, inspect_url: str, tmp_path: 
             )
             await wait_until(sdk, created.id, lambda b: answered(b) >= FAULT_AFTER, f"{FAULT_AFTER} lines answered")
 
-            inspect = redis.Redis.from_url(inspect_url)
+            inspect = aioredis.Redis.from_url(inspect_url)
             try:
-                in_flight = inspect.hlen(batch_inflight_key(created.id))
-                next_line = int(inspect.hget(batch_key(created.id), "next_line") or 0)
+                in_flight = await inspect.hlen(batch_inflight_key(created.id))
+                next_line = int(await inspect.hget(batch_key(created.id), "next_line") or 0)
             finally:
-                inspect.close()
+                await inspect.aclose()
             what = await fault()
             assert in_flight > 0 and next_line < LINES, (
                 f"the fault ({what}) did not land mid-batch: {in_flight} lines in flight, {next_line} read"
