@@ -24,8 +24,7 @@ from devkit.redis_server import RedisServer, SentinelServer, free_port, server_b
 from devkit.worker_process import scripted_worker
 from producer.client import RequestHandle, StreamqClient
 from streamq.protocol import RESULT_KEY_PREFIX, ChunkEvent, Event, FinalEvent
-
-MASTER = "streamq-master"
+from tests.support.sentinels import MASTER, replicated_redis_with_sentinels
 
 
 @pytest.fixture
@@ -87,22 +86,8 @@ async def test_worker_and_producer_find_redis_through_sentinel(
 def replicated_redis() -> Iterator[tuple[str, RedisServer, RedisServer, list[SentinelServer]]]:
     """A password-protected master, one replica and three Sentinels (quorum 2) that fail
     over one second after the master stops answering; the ``redis+sentinel://`` URL."""
-    password = uuid.uuid4().hex
-    with (
-        RedisServer(user="streamq", password=password) as master,
-        RedisServer(user="streamq", password=password, replica_of=master) as replica,
-    ):
-        sentinels = [SentinelServer(master, MASTER, quorum=2, down_after_ms=1000) for _ in range(3)]
-        try:
-            for sentinel in sentinels:
-                sentinel.start()
-            for sentinel in sentinels:  # each knows the replica and the other two: a failover can happen
-                sentinel.wait_until(lambda s: int(s["num-slaves"]) == 1 and int(s["num-other-sentinels"]) == 2)
-            hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
-            yield f"redis+sentinel://streamq:{password}@{hosts}/{MASTER}", master, replica, sentinels
-        finally:
-            for sentinel in sentinels:
-                sentinel.stop()
+    with replicated_redis_with_sentinels() as servers:
+        yield servers
 
 
 TOKENS = 600  # at 100 tokens/s per request: six seconds of streaming each
