@@ -93,7 +93,7 @@ def create_app(
             limiter=limiter,
             dashboard=DashboardSampler(client),
             waiting=WaitingRequests(client.redis),
-            batch_api=BatchApi.build(client, auth, limiter, batch_api or BatchApiConfig()),
+            batch_api=BatchApi.build(client, auth, limiter, batch_api or BatchApiConfig(), limits),
         )
         app.state.services = services
         tender = QueueTender(client, services.waiting)

@@ -150,6 +150,11 @@ class ApiKeyAuth:
             raise unauthorized("incorrect API key provided")
         return tenant
 
+    async def stored_tenant(self, digest: str) -> Tenant | None:
+        """The tenant of the stored key with this digest (``None``: revoked or unknown), for
+        work a key started that goes on without its request (a batch's lines)."""
+        return await self._stored(digest)
+
     async def _stored(self, digest: str) -> Tenant | None:
         now = time.monotonic()
         cached = self._cache.get(digest)

@@ -323,18 +323,9 @@ class BatchRun:
 
     def _generate_kwargs(self, line: BatchLine) -> dict[str, Any]:
         """``generate``'s arguments for ``line``; raises ``InvalidRequest`` for a line that cannot run."""
-        if line.error is not None or line.body is None:
-            raise InvalidRequest(line.error or "no body")
-        endpoint = ENDPOINTS[line.url]
-        body = dict(line.body)
-        model = body.get("model")
-        callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
-        affinity = _body_affinity(body) or self.affinity  # streamq's extension too
-        kwargs = {"priority": self.priority, **endpoint.to_submit_kwargs(body, limits=self.limits), **affinity}
-        if model is not None and not isinstance(model, str):
-            raise InvalidRequest(f"model must be a string, got {model!r}")
-        # Routed by model, as the gateway does; a body without one goes to --queue.
-        return {"model": model, "tenant": self.tenant, "callback": callback, **kwargs}
+        return line_submit_kwargs(
+            line, limits=self.limits, priority=self.priority, tenant=self.tenant, affinity=self.affinity
+        )
 
     def _write_completion(self, completion: Completion) -> None:
         running = self._running.pop(completion.request_id)
@@ -348,6 +339,32 @@ class BatchRun:
         status = api_error_for(exc).status  # the status the gateway would answer with
         error = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
         self.write(output_line(running.custom_id, exc.request_id, status=status, body=None, error=error), ok=False)
+
+
+def line_submit_kwargs(
+    line: BatchLine,
+    *,
+    limits: RequestLimits,
+    priority: int,
+    tenant: str | None,
+    affinity: dict[str, Any],
+) -> dict[str, Any]:
+    """``submit``'s arguments for a batch line (the gateway's Batch API runs its lines with
+    these too): ``priority`` where the body sets none, ``affinity`` where it sets neither
+    ``affinity_key`` nor ``affinity``. Raises ``InvalidRequest`` (``InvalidParameter``) for
+    a line that cannot run: that line's 400."""
+    if line.error is not None or line.body is None:
+        raise InvalidRequest(line.error or "no body")
+    endpoint = ENDPOINTS[line.url]
+    body = dict(line.body)
+    model = body.get("model")
+    callback = body.pop("callback", None)  # streamq's extension: POST the summary when it ends
+    affinity = _body_affinity(body) or affinity  # streamq's extension too
+    kwargs = {"priority": priority, **endpoint.to_submit_kwargs(body, limits=limits), **affinity}
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest(f"model must be a string, got {model!r}")
+    # Routed by model, as the gateway does; a body without one goes to --queue.
+    return {"model": model, "tenant": tenant, "callback": callback, **kwargs}
 
 
 def _body_affinity(body: dict[str, Any]) -> dict[str, Any]:

@@ -101,6 +101,9 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     """The number of the next input line to read (1-based, as errors name lines)."""
     next_offset: int = 0
     """The byte offset of that line in the input file."""
+    ending: str = ""
+    """``expired`` once its window has passed: the runner winds it down (its requests
+    cancelled, its unread lines answered ``batch_expired``) before it says ``expired``."""
 
     def to_hash(self) -> dict[str, str]:
         return {name: "" if value is None else str(value) for name, value in msgspec.structs.asdict(self).items()}

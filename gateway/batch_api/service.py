@@ -13,6 +13,7 @@ from gateway.batch_api.runner import BatchRunner
 from gateway.batch_api.storage import Storage
 from gateway.key_limits import KeyLimiter
 from producer.internal_client import InternalClient
+from producer.openai_api.limits import RequestLimits
 
 
 @dataclass
@@ -23,11 +24,18 @@ class BatchApi:
     runner: BatchRunner
 
     @classmethod
-    def build(cls, client: InternalClient, auth: ApiKeyAuth, limiter: KeyLimiter, config: BatchApiConfig) -> BatchApi:
+    def build(
+        cls,
+        client: InternalClient,
+        auth: ApiKeyAuth,
+        limiter: KeyLimiter,
+        config: BatchApiConfig,
+        limits: RequestLimits,
+    ) -> BatchApi:
         storage = Storage.from_url(config.files_url, config.s3_options)
         files = FileStore(client.redis, storage, config)
         batches = BatchStore(client.redis, config)
-        runner = BatchRunner(client, files, batches, auth, limiter, config)
+        runner = BatchRunner(client, files, batches, auth, limiter, config, limits)
         return cls(config, files, batches, runner)
 
     async def start(self) -> None:
