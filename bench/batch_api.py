@@ -15,7 +15,8 @@ server a process (and a session) of its own, as deployed:
   after);
 - ``memory``: the gateway's resident memory (``VmRSS``, sampled every 50 ms) before, at its
   peak during, and after a file of ``--memory-lines`` lines (each size on a fresh gateway)
-  through a scripted worker (``devkit/scripted_engine.py``: no model);
+  through a scripted worker (``devkit/scripted_engine.py``: no model), after a 10-line batch
+  (what a gateway loads for its first batch is not counted against the file);
 - ``takeover``: a gateway SIGKILLed mid-batch (scripted worker), a second one on the same
   Redis and files: seconds from the kill until the batch's ``request_counts`` move again, read
   through the second gateway, and whether every ``custom_id`` is answered once in the end.
@@ -420,6 +421,8 @@ def run_memory(args: argparse.Namespace, run_id: str, results_dir: Path) -> list
                 gateway = start_gateway(servers, log, scratch / "files", _extra(args.gateway_args))
                 sdk = sdk_of(gateway)
                 pid = gateway.process.pid
+                warm_up = write_lines(scratch / "warm-up.jsonl", completion_lines(10, 1, 200, prefix=f"w{count}"))
+                run_api_batch(sdk, warm_up, args.poll_s, endpoint="/v1/completions")  # its first batch: imports
                 time.sleep(1.0)
                 before = rss_kib(pid)
                 print(f"--- memory: {count:,} lines ({path.stat().st_size / 2**20:,.0f} MiB)", flush=True)
