@@ -15,11 +15,30 @@ import uvicorn
 
 from gateway.app import DEFAULT_QUEUE_TIMEOUT_S, create_app
 from gateway.auth import static_keys
+from gateway.batch_api.config import (
+    COMPLETION_WINDOWS,
+    DEFAULT_BATCH_PRIORITY,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_LINES,
+    DEFAULT_MAX_RUNNING_BATCHES,
+    DEFAULT_MAX_STORED_BYTES,
+    DEFAULT_OUTPUT_EXPIRY_S,
+    LEASE_MS,
+    BatchApiConfig,
+    default_files_url,
+)
 from gateway.body_limit import DEFAULT_MAX_BODY_BYTES
 from gateway.sse import DEFAULT_KEEPALIVE_S
 from producer.openai_api.limits import RequestLimits, add_max_n_option
 from streamq.broker.connection import add_redis_url_option, events_url_from_args, redis_url_from_args
-from streamq.env_vars import API_KEYS_ENV, DECLARED_MODELS_ENV, GATEWAY_HOST_ENV, GATEWAY_PORT_ENV, MODEL_MEMORY_ENV
+from streamq.env_vars import (
+    API_KEYS_ENV,
+    DECLARED_MODELS_ENV,
+    FILES_URL_ENV,
+    GATEWAY_HOST_ENV,
+    GATEWAY_PORT_ENV,
+    MODEL_MEMORY_ENV,
+)
 from streamq.environment import parse_declared_models
 
 DEFAULT_MAX_QUEUE_DEPTH: Final = 1000
@@ -112,8 +131,117 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model whose tokenizer answers /tokenize, /detokenize and /tokenizer_info requests that name "
         "none (lm-evaluation-harness's remote tokenizer names none; default: the one model live workers serve)",
     )
+    add_batch_api_options(parser)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser
+
+
+def add_batch_api_options(parser: argparse.ArgumentParser) -> None:
+    """The Batch API's settings (``BatchApiConfig``): where files live and how batches run."""
+    group = parser.add_argument_group("files and batches (/v1/files, /v1/batches)")
+    group.add_argument(
+        "--files-url",
+        default=os.environ.get(FILES_URL_ENV) or default_files_url(),
+        metavar="DIR|s3://BUCKET/PREFIX",
+        help="where uploaded files and batch outputs live: a local directory (every gateway on the machine "
+        "sharing it) or an S3-compatible store, with credentials from the usual AWS_* variables "
+        f"(default: ${FILES_URL_ENV} or %(default)s)",
+    )
+    group.add_argument(
+        "--s3-endpoint-url", metavar="URL", help="the S3 endpoint of an s3:// --files-url other than AWS's"
+    )
+    group.add_argument(
+        "--batch-max-file-bytes",
+        type=int,
+        default=DEFAULT_MAX_FILE_BYTES,
+        help="answer 413 to an upload larger than this, before reading it whole (default: %(default)s, 200 MB)",
+    )
+    group.add_argument(
+        "--batch-max-lines",
+        type=int,
+        default=DEFAULT_MAX_LINES,
+        help="a batch whose input has more requests than this fails validation (default: %(default)s)",
+    )
+    group.add_argument(
+        "--batch-completion-window",
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS",
+        help="a completion_window batches may name besides 24h (repeatable; e.g. 1h=3600)",
+    )
+    group.add_argument(
+        "--batch-output-expiry-s",
+        type=int,
+        default=DEFAULT_OUTPUT_EXPIRY_S,
+        help="how long a batch's output and error files are kept unless it says (default: %(default)s, 30 days)",
+    )
+    group.add_argument(
+        "--batch-priority",
+        type=int,
+        default=DEFAULT_BATCH_PRIORITY,
+        help="the priority batches' requests run at; online requests run at 0, lower runs sooner "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--batch-max-stored-bytes",
+        type=int,
+        default=DEFAULT_MAX_STORED_BYTES,
+        help="bytes one API key's files may hold (inputs and outputs) before uploads get 429 (default: %(default)s)",
+    )
+    group.add_argument(
+        "--batch-max-running",
+        type=int,
+        default=DEFAULT_MAX_RUNNING_BATCHES,
+        help="unfinished batches one API key may have before creating another gets 429 (default: %(default)s)",
+    )
+    group.add_argument(
+        "--batch-lease-ms",
+        type=int,
+        default=LEASE_MS,
+        help="a running batch's lease: a gateway that dies hands its batches to another within it "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-run-batches",
+        dest="run_batches",
+        action="store_false",
+        help="take files and batches but leave running them to other gateways (default: every gateway runs them)",
+    )
+
+
+def batch_api_config(args: argparse.Namespace) -> BatchApiConfig:
+    """``BatchApiConfig`` from the options of ``add_batch_api_options``; ``ValueError`` for
+    a value out of range."""
+    windows = dict(COMPLETION_WINDOWS)
+    for window in args.batch_completion_window:
+        name, _, seconds = window.partition("=")
+        if not name or not seconds.isdigit() or int(seconds) < 1:
+            raise ValueError(f"--batch-completion-window takes NAME=SECONDS, not {window!r}")
+        windows[name] = int(seconds)
+    positive = {
+        "--batch-max-file-bytes": args.batch_max_file_bytes,
+        "--batch-max-lines": args.batch_max_lines,
+        "--batch-output-expiry-s": args.batch_output_expiry_s,
+        "--batch-max-stored-bytes": args.batch_max_stored_bytes,
+        "--batch-max-running": args.batch_max_running,
+        "--batch-lease-ms": args.batch_lease_ms,
+    }
+    for flag, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1")
+    return BatchApiConfig(
+        files_url=args.files_url,
+        s3_options={"endpoint_url": args.s3_endpoint_url} if args.s3_endpoint_url else {},
+        max_file_bytes=args.batch_max_file_bytes,
+        max_lines=args.batch_max_lines,
+        completion_windows=windows,
+        output_expiry_s=args.batch_output_expiry_s,
+        batch_priority=args.batch_priority,
+        max_stored_bytes=args.batch_max_stored_bytes,
+        max_running_batches=args.batch_max_running,
+        lease_ms=args.batch_lease_ms,
+        run_batches=args.run_batches,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -134,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         keys = static_keys(args.api_key, args.api_key_file, os.environ.get(API_KEYS_ENV))
     except (OSError, ValueError) as exc:
         build_parser().error(f"API keys: {exc}")
+    try:
+        batch_api = batch_api_config(args)
+    except ValueError as exc:
+        build_parser().error(str(exc))
     app = create_app(
         redis_url_from_args(args),
         events_url=events_url_from_args(args),
@@ -147,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         keepalive_s=args.sse_keepalive_s,
         model_memory_s=args.model_memory_s,
         declared_models=declared,
+        batch_api=batch_api,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
 

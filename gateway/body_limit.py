@@ -4,6 +4,7 @@ Without it one client could make the gateway buffer any number of bytes (a body 
 read whole before it is parsed). A declared ``Content-Length`` over the limit is
 refused before a byte of the body is read; a chunked body is counted as it arrives
 and refused the moment it passes the limit. Either way: 413 in OpenAI's error shape.
+Uploads (``SELF_BOUNDED_PATHS``) are streamed by their route, which bounds them itself.
 """
 
 from __future__ import annotations
@@ -19,19 +20,28 @@ DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 """4 MiB: a million-character prompt of plain text (``MAX_PROMPT_CHARS``) and then some."""
 
 
+SELF_BOUNDED_PATHS: Final = frozenset({"/v1/files"})
+"""Routes that read their bodies as they stream and bound them themselves: ``POST /v1/files``
+(``gateway.routes.files``, up to the gateway's ``--batch-max-file-bytes``)."""
+
+
 class BodyTooLarge(Exception):
     """The body passed the limit while it was being read."""
 
 
 class BodyLimit:
-    """ASGI middleware: bodies larger than ``max_bytes`` get 413 and never reach the app whole."""
+    """ASGI middleware: bodies larger than ``max_bytes`` get 413 and never reach the app
+    whole; the paths in ``exempt`` pass untouched (their routes bound them)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int = DEFAULT_MAX_BODY_BYTES, exempt: frozenset[str] = SELF_BOUNDED_PATHS
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.exempt = exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in self.exempt:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)

@@ -30,6 +30,7 @@ from rich.text import Text
 
 from producer import tenants_cli
 from producer.affinity_args import add_affinity_arguments, affinity_kwargs
+from producer.batch_line import parse_request_line
 from producer.client import MIN_IN_FLIGHT, Completion, StreamqClient
 from producer.connection_args import connect_from_args
 from producer.errors import InvalidParameter, RedisFull, RequestError, StreamqError
@@ -113,30 +114,18 @@ def read_batch(lines: Iterable[str]) -> Iterator[BatchLine]:
 
 
 def _parse_line(number: int, raw: str) -> BatchLine:
+    """The line's request, or its problem (``producer.batch_line``, as the gateway's Batch
+    API checks it); a line without a string ``custom_id`` is keyed by its number."""
     where = f"line {number}"
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return BatchLine(where, None, error=f"{where}: not valid JSON: {exc}")
-    if not isinstance(obj, dict):
-        return BatchLine(where, None, error=f"{where}: must be a JSON object")
-    custom_id = obj.get("custom_id")
-    if not isinstance(custom_id, str):
-        return BatchLine(where, None, error=f"{where}: custom_id must be a string")
-    line = BatchLine(custom_id, custom_id, url=str(obj.get("url")))
-    unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
-    if unknown:
-        line.error = f"unknown field(s) in the batch line: {', '.join(unknown)}"
-    elif obj.get("method") != "POST":
-        line.error = f"method must be POST, got {obj.get('method')!r}"
-    elif obj.get("url") not in ENDPOINTS:
-        line.error = f"URL {obj.get('url')!r} is not supported; supported: {', '.join(ENDPOINTS)}"
-    elif not isinstance(obj.get("body"), dict):
-        line.error = "body must be a JSON object"
-    elif obj["body"].get("stream"):
-        line.error = "a batch request must not be sent in stream mode"
+    parsed = parse_request_line(raw, ENDPOINTS)
+    if parsed.custom_id is None:
+        assert parsed.problem is not None, "a line without a custom_id has a problem"
+        return BatchLine(where, None, error=f"{where}: {parsed.problem.message}")
+    line = BatchLine(parsed.custom_id, parsed.custom_id, url=parsed.url)
+    if parsed.problem is not None:
+        line.error = parsed.problem.message
     else:
-        line.body = obj["body"]
+        line.body = parsed.body
     return line
 
 

@@ -70,6 +70,8 @@ DECLARED_MODELS_ENV: Final = "STREAMQ_DECLARED_MODELS"
 seen, comma-separated ``NAME`` or ``NAME=QUEUE`` (a name alone: the client's queue)."""
 API_KEYS_ENV: Final = "STREAMQ_API_KEYS"
 """Comma-separated API keys the gateway accepts besides ``--api-key`` (default: none)."""
+FILES_URL_ENV: Final = "STREAMQ_FILES_URL"
+"""The gateway only: where the Batch API's files live (a directory or ``s3://bucket/prefix``)."""
 GATEWAY_HOST_ENV: Final = "STREAMQ_GATEWAY_HOST"
 GATEWAY_PORT_ENV: Final = "STREAMQ_GATEWAY_PORT"
 DEMO_MODEL_ENV: Final = "STREAMQ_DEMO_MODEL"
@@ -270,6 +272,14 @@ ENV_VARS: Final[tuple[EnvVar, ...]] = (
         "unset: none",
         ("gateway",),
         "API keys the gateway accepts besides `--api-key` and those stored in Redis",
+    ),
+    EnvVar(
+        FILES_URL_ENV,
+        "directory or `s3://bucket/prefix`",
+        "unset: `$XDG_DATA_HOME/streamq/files` (or `~/.local/share/streamq/files`)",
+        ("gateway",),
+        "where uploaded files and batch outputs live (`/v1/files`); S3 credentials from the usual `AWS_*` variables",
+        "--files-url",
     ),
     EnvVar(GATEWAY_HOST_ENV, "address", "127.0.0.1", ("gateway",), "where the gateway listens", "--host"),
     EnvVar(GATEWAY_PORT_ENV, "port", "8000", ("gateway",), "the gateway's port", "--port"),

@@ -26,7 +26,7 @@ from gateway.auth import ApiKeyAuth, Tenant
 from gateway.batch_api import names
 from gateway.batch_api.config import BatchApiConfig
 from gateway.batch_api.files import FileStore
-from gateway.batch_api.metrics import LINES
+from gateway.batch_api.metrics import BATCH_LINES
 from gateway.batch_api.objects import FINAL_STATES, BatchRecord, FileRecord
 from gateway.batch_api.records import BatchStore
 from gateway.batch_api.scripts import BatchScripts, LeaseLost
@@ -351,7 +351,7 @@ class _BatchRun:
             self.id, line.request_id, output, ok=ok, input_tokens=tokens[0], output_tokens=tokens[1]
         )
         if recorded:
-            LINES.labels(result="completed" if ok else "failed").inc()
+            BATCH_LINES.labels(result="completed" if ok else "failed").inc()
 
     async def _line_at(self, source: FileRecord, offset: int) -> bytes:
         async for _, raw in self.runner.files.read_lines(source, offset):

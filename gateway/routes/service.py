@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import http_metrics
 from gateway.auth import TENANT_STATE, Tenant
+from gateway.batch_api.metrics import batches_exposition
 from gateway.key_metrics import key_usage_exposition
 from gateway.queue_metrics import waiting_exposition
 from gateway.request_status import error_response
@@ -62,6 +63,10 @@ async def prometheus_metrics(request: Request) -> Response:
         text += await waiting_exposition(services.client, services.waiting)
     except Exception as exc:  # the gateway's own metrics still count
         logger.warning("cannot read the waiting requests from Redis: %s", exc)
+    try:
+        text += await batches_exposition(services.batch_api.batches)
+    except Exception as exc:
+        logger.warning("cannot read the batches from Redis: %s", exc)
     if services.auth.required:
         try:
             text += await key_usage_exposition(services.auth.store, services.auth.static_names)

@@ -41,6 +41,8 @@ MALFORMED: list[tuple[str, str, str | None, str]] = [
     ("{not json", "line 1", None, "line 1: not valid JSON"),
     ("[1, 2]", "line 1", None, "line 1: must be a JSON object"),
     ('{"custom_id": 5, "method": "POST"}', "line 1", None, "line 1: custom_id must be a string"),
+    ('{"method": "POST"}', "line 1", None, "line 1: missing required parameter: custom_id"),
+    ('{"custom_id": "c", "url": "/v1/completions", "body": {}}', "c", "c", "missing required parameter: method"),
     (line("c", {"prompt": "x"}, extra=1), "c", "c", "unknown field(s) in the batch line: extra"),
     (line("c", {"prompt": "x"}).replace('"POST"', '"GET"'), "c", "c", "method must be POST, got 'GET'"),
     (line("c", {"prompt": "x"}, url="/v1/embeddings"), "c", "c", "URL '/v1/embeddings' is not supported"),
