@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ import redis.asyncio as aioredis
 
 from devkit.redis_server import RedisServer
 from gateway.batch_api import names
+from gateway.batch_api.config import BatchApiConfig
 from gateway.batch_api.objects import BatchRecord
 from gateway.dashboard.batches import RECENT_S, batch_rows
 from tests.support.gateway_in_process import gateway_client
@@ -64,10 +66,12 @@ def test_unfinished_batches_come_first_oldest_first_then_those_ended_within_the_
 
 
 @pytest.fixture
-async def http(redis_server: RedisServer) -> AsyncIterator[httpx.AsyncClient]:
+async def http(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     # The harness's own Redis user: the gateway role's grants on the Batch API's keys are
     # the Batch API's (streamq/protocol/roles.py); this test is of what the panel shows.
-    async with gateway_client(redis_server.url) as (_, client):
+    # No runner: these records have no input file, and a runner would move them on.
+    config = BatchApiConfig(files_url=str(tmp_path / "files"), run_batches=False)
+    async with gateway_client(redis_server.url, batch_api=config) as (_, client):
         yield client
 
 
