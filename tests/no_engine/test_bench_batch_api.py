@@ -17,6 +17,7 @@ from bench.batch_api import (
     build_parser,
     chosen_parts,
     completion_lines,
+    filler_lines,
     make_config,
     report,
     rss_kib,
@@ -138,3 +139,21 @@ def test_a_report_of_some_parts_shows_only_theirs_and_a_takeover_that_never_resu
     text = report(config, {"takeover": takeover})
     assert "tok/s" not in text and "TTFT" not in text and "RSS" not in text
     assert "| a gateway SIGKILLed mid-batch: until the batch moves again | ≤ 5 s | never (within 120 s) |" in text
+
+
+def test_a_ttft_figure_taken_after_the_batch_ended_is_marked_not_valid() -> None:
+    ttft = {
+        "idle_s": [0.02],
+        "busy_s": [0.02],
+        "in_flight_at_start": 128.0,
+        "batch_status_after": "completed",
+        "batch_done_after": 256,
+        "batch_lines": 256,
+    }
+    text = report(config_of(), {"ttft": ttft})
+    assert "| 1.5 | 1.00 (not valid: the batch ended before the last online request" in text.replace("≤ ", "")
+
+
+def test_the_batch_filling_the_worker_outlasts_the_online_requests_at_any_size() -> None:
+    assert filler_lines(config_of()) == 5120  # 40 x 128 slots, above 4 x 384 lines
+    assert filler_lines(config_of("--num-prompts", "4000")) == 16000
