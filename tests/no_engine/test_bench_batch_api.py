@@ -78,7 +78,8 @@ def test_the_report_gives_each_figure_and_its_ratio_beside_the_goal(tmp_path: Pa
     results = {
         "offline": _path(10_000, 1.0, texts),
         "streamq_batch": _path(10_000, 1.25, texts),  # 8,000 tok/s
-        "api": _path(10_000, 1.3, {"request-0": "a", "request-1": "other"}),
+        "api": _path(10_000, 1.3, {"request-0": "a", "request-1": "other"})
+        | {"stages": {"validating_s": 1, "in_progress_s": 30, "finalizing_s": 0}},
         "ttft": {
             "idle_s": [0.010, 0.020, 0.030],
             "busy_s": [0.030, 0.040, 0.050],
@@ -113,6 +114,7 @@ def test_the_report_gives_each_figure_and_its_ratio_beside_the_goal(tmp_path: Pa
     text = report(config, results)
     assert "| `streamq batch` | 8,000 | 1.25 | 0.800 | 2/2 |" in text
     assert "| `/v1/batches` | 7,692 | 1.30 | 0.769 | 1/2 |" in text
+    assert "timestamps (whole seconds): validating 1 s, in_progress 30 s, finalizing 0 s" in text
     assert f"| `/v1/batches` tok/s ÷ `streamq batch` | {GOALS['api_vs_streamq_batch']} | 0.962 |" in text
     assert f"| `/v1/batches` tok/s ÷ offline `LLM.chat` | {GOALS['api_vs_offline']} | 0.769 |" in text
     assert "20 ms with no batch, 40 ms while a batch of 1536 lines ran" in text
