@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-len", type=int, default=256, help="output tokens, ignore_eos (default %(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=128, help="the engine's batch (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random dataset (default %(default)s)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="streamq batch and /v1/batches, each first in turn (default %(default)s)"
+    )
     parser.add_argument("--poll-s", type=float, default=0.5, help="between two retrieves (default %(default)s)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR, help="tiny model, built if absent")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
@@ -341,32 +344,22 @@ def run_throughput_and_ttft(args: argparse.Namespace, config: BatchBenchConfig, 
                 warm_out = results_dir / f"{config.run_id}-streamq-wu.jsonl"
                 warm_out.unlink(missing_ok=True)
                 run_batch_command(config, server.url, worker.queue, warm_up, warm_out, [])
-                print("--- streamq batch", flush=True)
-                cli_out = results_dir / f"{config.run_id}-streamq-out.jsonl"
-                cli_out.unlink(missing_ok=True)
-                cpu = CpuWindow(roles)
-                cpu.start()
-                run = run_batch_command(config, server.url, worker.queue, batch_file, cli_out, [])
-                window = cpu.stop()
-                texts, tokens = {}, 0
-                for raw in cli_out.read_text().splitlines():
-                    line = json.loads(raw)
-                    texts[line["custom_id"]] = completion_text(line["response"]["body"])
-                    tokens += line["response"]["body"]["usage"]["completion_tokens"]
-                out["streamq_batch"] = {
-                    "wall_s": run.wall_s,
-                    "tokens": tokens,
-                    "texts": texts,
-                    "cpu_s": {**window.seconds, "batch_command": run.cpu_s},
-                }
-                print(f"    {tokens / run.wall_s:,.0f} tok/s", flush=True)
-                print("--- /v1/batches (openai SDK)", flush=True)
-                cpu = CpuWindow(roles)
-                cpu.start()
-                api = run_api_batch(sdk, batch_file, args.poll_s)
-                api["cpu_s"] = cpu.stop().seconds
-                out["api"] = api
-                print(f"    {api['tokens'] / api['wall_s']:,.0f} tok/s", flush=True)
+                rounds: list[dict[str, Any]] = []
+                for number in range(args.rounds):  # each goes first in turn: the machine's drift shared
+                    order = ("streamq_batch", "api") if number % 2 == 0 else ("api", "streamq_batch")
+                    done: dict[str, Any] = {}
+                    for path in order:
+                        print(f"--- round {number + 1}: {dict(_PATH_NAMES)[path]}", flush=True)
+                        if path == "api":
+                            cpu = CpuWindow(roles)
+                            cpu.start()
+                            done[path] = run_api_batch(sdk, batch_file, args.poll_s)
+                            done[path]["cpu_s"] = cpu.stop().seconds
+                        else:
+                            done[path] = run_streamq_batch(config, server.url, worker.queue, batch_file, roles)
+                        print(f"    {_rate(done[path]):,.0f} tok/s", flush=True)
+                    rounds.append(done)
+                out["rounds"] = rounds
             if "ttft" in parts:
                 out["ttft"] = run_ttft(args, config, sdk, metrics_port)
         finally:
@@ -377,6 +370,29 @@ def run_throughput_and_ttft(args: argparse.Namespace, config: BatchBenchConfig, 
 def filler_lines(config: BatchBenchConfig) -> int:
     """Enough lines that the batch still runs after the last online request (it is cancelled)."""
     return max(4 * config.num_prompts, 40 * config.max_num_seqs)
+
+
+def run_streamq_batch(
+    config: BatchBenchConfig, redis_url: str, queue: str, batch_file: Path, roles: dict[str, list[int]]
+) -> dict[str, Any]:
+    """``streamq batch`` over the file (bench/batch.py's run), timed from its start to its exit."""
+    out = Path(config.results_dir) / f"{config.run_id}-streamq-out.jsonl"
+    out.unlink(missing_ok=True)  # a file left by an earlier round would be resumed: nothing to do
+    cpu = CpuWindow(roles)
+    cpu.start()
+    run = run_batch_command(config, redis_url, queue, batch_file, out, [])
+    window = cpu.stop()
+    texts, tokens = {}, 0
+    for raw in out.read_text().splitlines():
+        line = json.loads(raw)
+        texts[line["custom_id"]] = completion_text(line["response"]["body"])
+        tokens += line["response"]["body"]["usage"]["completion_tokens"]
+    return {
+        "wall_s": run.wall_s,
+        "tokens": tokens,
+        "texts": texts,
+        "cpu_s": {**window.seconds, "batch_command": run.cpu_s},
+    }
 
 
 def run_ttft(
@@ -556,30 +572,38 @@ def report(config: BatchBenchConfig, results: dict[str, Any]) -> str:
         "",
     ]
     ratios: list[tuple[str, str, str]] = []
-    paths = [(name, results[key]) for key, name in _PATH_NAMES if key in results]
-    if paths:
-        reference = results.get("offline", {}).get("texts", {})
-        lines += ["| path | tok/s | wall s | ÷ offline | texts equal to offline |", "|---|---:|---:|---:|---:|"]
-        for name, result in paths:
-            offline = f"{_rate(result) / _rate(results['offline']):.3f}" if "offline" in results else "-"
+    rounds: list[dict[str, Any]] = results.get("rounds", [])
+    offline_result = results.get("offline")
+    if offline_result or rounds:
+        reference = (offline_result or {}).get("texts", {})
+        lines += [
+            "| round | path | tok/s | wall s | ÷ offline | texts equal to offline |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        numbered = [("-", "offline", offline_result)] if offline_result else []
+        numbered += [(str(n), key, r[key]) for n, r in enumerate(rounds, start=1) for key, _ in _PATH_NAMES if key in r]
+        for number, key, result in numbered:
+            offline = f"{_rate(result) / _rate(offline_result):.3f}" if offline_result else "-"
             equal = sum(result["texts"].get(k) == v for k, v in reference.items())
             lines.append(
-                f"| {name} | {_rate(result):,.0f} | {result['wall_s']:.2f} | {offline} | {equal}/{len(reference)} |"
+                f"| {number} | {dict(_PATH_NAMES)[key]} | {_rate(result):,.0f} | {result['wall_s']:.2f} | {offline} "
+                f"| {equal}/{len(reference)} |"
             )
         lines.append("")
-        if "stages" in results.get("api", {}):
-            stages = results["api"]["stages"]
+        stages = [r["api"]["stages"] for r in rounds if "stages" in r.get("api", {})]
+        if stages:
             lines += [
-                "`/v1/batches` by the batch's own timestamps (whole seconds): "
-                + ", ".join(f"{name.removesuffix('_s')} {value} s" for name, value in stages.items()),
+                "`/v1/batches` by the batch's own timestamps (whole seconds), each round: "
+                + "; ".join(", ".join(f"{k.removesuffix('_s')} {v} s" for k, v in one.items()) for one in stages),
                 "",
             ]
-        if "api" in results and "streamq_batch" in results:
-            value = _rate(results["api"]) / _rate(results["streamq_batch"])
-            ratios.append(("`/v1/batches` tok/s ÷ `streamq batch`", GOALS["api_vs_streamq_batch"], f"{value:.3f}"))
-        if "api" in results and "offline" in results:
-            value = _rate(results["api"]) / _rate(results["offline"])
-            ratios.append(("`/v1/batches` tok/s ÷ offline `LLM.chat`", GOALS["api_vs_offline"], f"{value:.3f}"))
+        apis = [r for r in rounds if "api" in r]
+        if apis and all("streamq_batch" in r for r in apis):
+            values = "; ".join(f"{_rate(r['api']) / _rate(r['streamq_batch']):.3f}" for r in apis)
+            ratios.append(("`/v1/batches` tok/s ÷ `streamq batch`", GOALS["api_vs_streamq_batch"], values))
+        if apis and offline_result:
+            values = "; ".join(f"{_rate(r['api']) / _rate(offline_result):.3f}" for r in apis)
+            ratios.append(("`/v1/batches` tok/s ÷ offline `LLM.chat`", GOALS["api_vs_offline"], values))
     if "ttft" in results:
         ttft = results["ttft"]
         idle, busy = _p50_ms(ttft["idle_s"]), _p50_ms(ttft["busy_s"])
@@ -672,6 +696,9 @@ def main(argv: list[str] | None = None) -> None:
         results["takeover"] = run_takeover(args, run_id, args.results_dir)
     text = report(config, results)
     (args.results_dir / f"{run_id}.md").write_text(text + "\n")
+    for done in results.get("rounds", []):
+        for path in done.values():
+            path.pop("texts", None)
     compact = {
         k: ({kk: vv for kk, vv in v.items() if kk != "texts"} if isinstance(v, dict) else v) for k, v in results.items()
     }

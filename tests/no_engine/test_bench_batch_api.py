@@ -32,7 +32,7 @@ def config_of(*argv: str) -> Any:
 def test_the_defaults_are_the_issues_sizes_and_every_part_runs() -> None:
     args = build_parser().parse_args([])
     assert (args.num_prompts, args.output_len, args.max_num_seqs, args.poll_s) == (384, 256, 128, 0.5)
-    assert (args.ttft_requests, args.memory_lines, args.memory_tokens) == (20, "5000,50000", 4)
+    assert (args.ttft_requests, args.memory_lines, args.memory_tokens, args.rounds) == (20, "5000,50000", 4, 1)
     assert chosen_parts(args.parts) == list(PARTS)
 
 
@@ -77,9 +77,18 @@ def test_the_report_gives_each_figure_and_its_ratio_beside_the_goal(tmp_path: Pa
     texts = {"request-0": "a", "request-1": "b"}
     results = {
         "offline": _path(10_000, 1.0, texts),
-        "streamq_batch": _path(10_000, 1.25, texts),  # 8,000 tok/s
-        "api": _path(10_000, 1.3, {"request-0": "a", "request-1": "other"})
-        | {"stages": {"validating_s": 1, "in_progress_s": 30, "finalizing_s": 0}},
+        "rounds": [
+            {
+                "streamq_batch": _path(10_000, 1.25, texts),  # 8,000 tok/s
+                "api": _path(10_000, 1.3, {"request-0": "a", "request-1": "other"})
+                | {"stages": {"validating_s": 1, "in_progress_s": 30, "finalizing_s": 0}},
+            },
+            {
+                "api": _path(10_000, 1.0, texts)
+                | {"stages": {"validating_s": 0, "in_progress_s": 1, "finalizing_s": 1}},
+                "streamq_batch": _path(10_000, 2.0, texts),
+            },
+        ],
         "ttft": {
             "idle_s": [0.010, 0.020, 0.030],
             "busy_s": [0.030, 0.040, 0.050],
@@ -112,11 +121,17 @@ def test_the_report_gives_each_figure_and_its_ratio_beside_the_goal(tmp_path: Pa
         },
     }
     text = report(config, results)
-    assert "| `streamq batch` | 8,000 | 1.25 | 0.800 | 2/2 |" in text
-    assert "| `/v1/batches` | 7,692 | 1.30 | 0.769 | 1/2 |" in text
-    assert "timestamps (whole seconds): validating 1 s, in_progress 30 s, finalizing 0 s" in text
-    assert f"| `/v1/batches` tok/s ÷ `streamq batch` | {GOALS['api_vs_streamq_batch']} | 0.962 |" in text
-    assert f"| `/v1/batches` tok/s ÷ offline `LLM.chat` | {GOALS['api_vs_offline']} | 0.769 |" in text
+    assert "| - | offline `LLM.chat` | 10,000 | 1.00 | 1.000 | 2/2 |" in text
+    assert "| 1 | `streamq batch` | 8,000 | 1.25 | 0.800 | 2/2 |" in text
+    assert "| 1 | `/v1/batches` | 7,692 | 1.30 | 0.769 | 1/2 |" in text
+    assert "| 2 | `/v1/batches` | 10,000 | 1.00 | 1.000 | 2/2 |" in text
+    assert "| 2 | `streamq batch` | 5,000 | 2.00 | 0.500 | 2/2 |" in text
+    assert (
+        "each round: validating 1 s, in_progress 30 s, finalizing 0 s; validating 0 s, in_progress 1 s, finalizing 1 s"
+        in text
+    )
+    assert f"| `/v1/batches` tok/s ÷ `streamq batch` | {GOALS['api_vs_streamq_batch']} | 0.962; 2.000 |" in text
+    assert f"| `/v1/batches` tok/s ÷ offline `LLM.chat` | {GOALS['api_vs_offline']} | 0.769; 1.000 |" in text
     assert "20 ms with no batch, 40 ms while a batch of 1536 lines ran" in text
     assert f"| online chat TTFT p50, batch running ÷ none | {GOALS['ttft_ratio']} | 2.00 |" in text
     assert "| 50,000 | 50 | 100 | 140 | 110 | 50,000 | 0 | 90.0 |" in text
