@@ -141,7 +141,7 @@ def add_batch_api_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("files and batches (/v1/files, /v1/batches)")
     group.add_argument(
         "--files-url",
-        default=os.environ.get(FILES_URL_ENV) or default_files_url(),
+        default=default_files_url(),
         metavar="DIR|s3://BUCKET/PREFIX",
         help="where uploaded files and batch outputs live: a local directory (every gateway on the machine "
         "sharing it) or an S3-compatible store, with credentials from the usual AWS_* variables "

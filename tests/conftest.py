@@ -22,7 +22,7 @@ from devkit.tiny_model import build_tiny_model
 from devkit.worker_process import WorkerProcess, tiny_engine_flags, worker_env
 from producer.internal_client import InternalClient
 from streamq.broker.registry import WorkerRegistry
-from streamq.env_vars import CALLBACK_SECRET_ENV
+from streamq.env_vars import CALLBACK_SECRET_ENV, FILES_URL_ENV
 from streamq.protocol import WorkerRegistration
 from streamq.protocol.roles import GATEWAY, PRODUCER, WORKER
 from tests.support.callback_receiver import CALLBACK_SECRET
@@ -47,6 +47,21 @@ def garbage_collected() -> Iterator[None]:
     not in whichever later test the collector next happens to run in."""
     yield
     gc.collect()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_file_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every gateway of the session keeps the Batch API's files in one directory, as every
+    gateway of a deployment shares one storage: any of them may run any batch on the
+    session's Redis. A test that wants its own storage passes ``--files-url``."""
+    directory = tmp_path_factory.mktemp("files")
+    before = os.environ.get(FILES_URL_ENV)
+    os.environ[FILES_URL_ENV] = str(directory)
+    yield directory
+    if before is None:
+        os.environ.pop(FILES_URL_ENV, None)
+    else:
+        os.environ[FILES_URL_ENV] = before
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from streamq.env_vars import FILES_URL_ENV
+
 DEFAULT_MAX_FILE_BYTES: Final = 200 * 1024 * 1024
 """OpenAI's bound on a batch's input file: 200 MB."""
 DEFAULT_MAX_LINES: Final = 50_000
@@ -28,8 +30,11 @@ COMPLETION_WINDOWS: Final = {"24h": DAY_S}
 
 
 def default_files_url() -> str:
-    """Where files live without ``--files-url``: one directory per user on this machine,
-    so every gateway on it shares it with no flag (``$XDG_DATA_HOME/streamq/files``)."""
+    """Where files live without ``--files-url``: ``$STREAMQ_FILES_URL``, else one directory
+    per user on this machine, so every gateway on it shares it with no flag
+    (``$XDG_DATA_HOME/streamq/files``)."""
+    if configured := os.environ.get(FILES_URL_ENV):
+        return configured
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return str(Path(data) / "streamq" / "files")
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from typing import Final
 
+from streamq.protocol.names import BATCH_KEY_PREFIX, BATCHES_KEY_PREFIX, FILE_KEY_PREFIX, FILES_KEY_PREFIX
+
 OPEN_NAMESPACE: Final = "-"
 """The owner of files and batches on a gateway without API keys (one namespace)."""
 
-FILE_PREFIX: Final = "streamq:file:"
-BATCH_PREFIX: Final = "streamq:batch:"
-FILES_EXPIRY_KEY: Final = "streamq:files:expiry"
+FILE_PREFIX: Final = FILE_KEY_PREFIX
+BATCH_PREFIX: Final = BATCH_KEY_PREFIX
+FILES_EXPIRY_KEY: Final = FILES_KEY_PREFIX + "expiry"
 """Sorted set: file id by ``expires_at`` (seconds), which the sweep reads."""
-STORED_BYTES_KEY: Final = "streamq:files:bytes"
+STORED_BYTES_KEY: Final = FILES_KEY_PREFIX + "bytes"
 """Hash: owner -> bytes its files hold, against ``max_stored_bytes``."""
-ACTIVE_BATCHES_KEY: Final = "streamq:batches:active"
+ACTIVE_BATCHES_KEY: Final = BATCHES_KEY_PREFIX + "active"
 """Set: the ids of batches not yet in a final state, which every gateway's runner scans."""
 
 
@@ -25,12 +27,12 @@ def file_key(file_id: str) -> str:
 
 def files_of(owner: str) -> str:
     """Sorted set: the owner's file ids by creation (milliseconds), for lists."""
-    return f"streamq:files:of:{owner}"
+    return f"{FILES_KEY_PREFIX}of:{owner}"
 
 
 def file_users_key(file_id: str) -> str:
     """Set: the unfinished batches reading the file (it cannot be deleted while any is)."""
-    return f"streamq:file:{file_id}:users"
+    return f"{FILE_KEY_PREFIX}{file_id}:users"
 
 
 def batch_key(batch_id: str) -> str:
@@ -40,7 +42,7 @@ def batch_key(batch_id: str) -> str:
 
 def batches_of(owner: str) -> str:
     """Sorted set: the owner's batch ids by creation (milliseconds), for lists."""
-    return f"streamq:batches:of:{owner}"
+    return f"{BATCHES_KEY_PREFIX}of:{owner}"
 
 
 def batch_lease_key(batch_id: str) -> str:

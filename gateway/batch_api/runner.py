@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from redis.exceptions import RedisError
+
 from gateway.auth import ApiKeyAuth, Tenant
 from gateway.batch_api import names
 from gateway.batch_api.config import BatchApiConfig
@@ -34,7 +36,7 @@ from gateway.batch_api.validate import validate_input
 from gateway.key_limits import Admission, KeyLimiter, KeyRevoked
 from producer.batch import BatchLine, line_submit_kwargs
 from producer.client import MIN_IN_FLIGHT
-from producer.errors import DuplicateRequest, NoLiveWorker, QueueFull, RedisFull, RequestError, StreamqError
+from producer.errors import DuplicateRequest, NoLiveWorker, QueueFull, RedisFull, RequestLost, StreamqError
 from producer.handle import Completion
 from producer.internal_client import InternalClient
 from producer.openai_api.endpoints import ENDPOINTS, Endpoint
@@ -56,6 +58,12 @@ SLOTS_READ_S: Final = 5.0
 RETRY_S: Final = 2.0
 """How long a line waits to be sent again when the queue cannot take it now (full, no
 worker of its model alive, Redis full): a batch waits for room, it does not fail."""
+LOST_TRIES: Final = 3
+"""How many times a line whose request Redis lost is sent again before it is answered as lost."""
+TRANSIENT: Final = (RedisError, OSError)
+"""What leaves a line in flight rather than answering it: Redis (``RedisUnavailable`` is an
+``OSError``) or the file storage away a moment. The batch's run comes back for such a line
+until it is answered."""
 ENDING_MESSAGES: Final = {
     "cancelled": ("batch_cancelled", "This request was not run: its batch was cancelled."),
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
@@ -292,7 +300,11 @@ class _BatchRun:
                 break
             done, _ = await asyncio.wait(running, timeout=CHECK_S, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                running.pop(task)
+                request_id = running.pop(task)
+                if not task.cancelled() and (error := task.exception()) is not None:
+                    logger.warning(
+                        "batch %s: %s stays in flight, tried again in a moment: %s", self.id, request_id, error
+                    )
             await self._flush(final=False)
             if time.monotonic() - checked >= CHECK_S:
                 checked = time.monotonic()
@@ -300,6 +312,9 @@ class _BatchRun:
                     await self._cancel_running(running, ending)
                     return
         await self._flush(final=True)
+        if await self.runner.redis.hlen(names.batch_inflight_key(self.id)):
+            await asyncio.sleep(RETRY_S)  # a line could not be answered (Redis away, say): run() comes back for it
+            return
         record = await self._reload()
         await self._move(
             "in_progress",
@@ -341,9 +356,9 @@ class _BatchRun:
             if raw is None:  # a line a gateway sent before this one took the batch over
                 raw = await self._line_at(source, line.offset)
             output, ok, tokens = await self._result(record, line, raw)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # answered all the same: the line must not stay in flight forever
+        except (asyncio.CancelledError, *TRANSIENT):
+            raise  # the line stays in flight: its batch's run comes back for it
+        except Exception as exc:  # a defect: answered all the same, the line must not stay in flight forever
             logger.exception("batch %s, line %d: %s", self.id, line.number, exc)
             error = ApiError(500, f"the gateway could not run this line: {exc}", type="server_error")
             output, ok, tokens = _response_line(line, 500, error.body()), False, (0, 0)
@@ -377,10 +392,12 @@ class _BatchRun:
             return _response_line(line, 401, error.body()), False, (0, 0)
         except ApiError as refused:  # the key may not use the line's model
             return _response_line(line, refused.status, refused.body()), False, (0, 0)
+        except TRANSIENT:
+            if admission is not None:
+                await self.runner.limiter.finish(admission)
+            raise
         except StreamqError as exc:
-            error = api_error_for(exc)
-            message = f"{exc.code}: {exc.message}" if isinstance(exc, RequestError) else str(exc)
-            error.message = message
+            error = api_error_for(exc)  # the status and body the gateway answers the request with
             if admission is not None:
                 await self.runner.limiter.finish(admission)
             return _response_line(line, error.status, error.body()), False, (0, 0)
@@ -433,6 +450,7 @@ class _BatchRun:
         """Send the line's request, or follow it if it was sent already, and wait for its end.
         Sent with no queue timeout: a batch line waits for a worker within its batch's window."""
         client = self.runner.client
+        lost = 0
         if self.ending is not None:  # winding down: follow what was sent, send nothing more
             if not await client.exists(request_id):
                 raise _NotSent()
@@ -450,7 +468,14 @@ class _BatchRun:
                 await self._wait(RETRY_S)
                 continue
             async with handle:
-                return await handle.result()
+                try:
+                    return await handle.result()
+                except RequestLost as exc:  # Redis lost it (writes it had acknowledged): send it again
+                    lost += 1
+                    if lost > LOST_TRIES:
+                        raise
+                    logger.warning("batch %s: line %s was lost, sent again: %s", self.id, request_id, exc)
+            await self._wait(RETRY_S)
 
     async def _wait(self, seconds: float) -> None:
         """Wait before trying to send a line again, unless the batch is ending by then."""
@@ -492,7 +517,7 @@ class _BatchRun:
                 line = _Line.from_json(as_text(request_id), raw)
                 running[self._start(record, source, line)] = line.request_id
         await self._cancel_running(running, ending)
-        if source is not None and record.status != "validating":
+        if source is not None:
             number, offset = record.next_line, record.next_offset
             code, message = ENDING_MESSAGES[ending]
             async for end, raw in self.runner.files.read_lines(source, record.next_offset):

@@ -19,14 +19,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.auth import TENANT_STATE, Tenant
-from gateway.batch_api import names
 from gateway.batch_api.objects import BatchRecord, FileRecord
 from gateway.batch_api.records import BatchStore, batch_not_found
 from gateway.request_status import error_response
-from gateway.routes.completions import _queue_tenant, json_body
+from gateway.routes.completions import json_body, queue_tenant_of
+from gateway.routes.files import file_not_found, list_page, owner_of
 from gateway.state import services_of
 from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS
-from producer.openai_api.errors import ApiError, ApiErrorType, bad_request
+from producer.openai_api.errors import ApiError, bad_request
 
 BATCHES_PATH: Final = "/v1/batches"
 BATCH_ENDPOINTS: Final = (CHAT_COMPLETIONS.path, COMPLETIONS.path)
@@ -61,9 +61,7 @@ async def list_batches(request: Request) -> Response:
         after = request.query_params.get("after")
         limit = _limit(request.query_params.get("limit"))
         records, more = await _store(request).list(owner_of(request), after=after, limit=limit)
-        data = [record.to_openai() for record in records]
-        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-        return JSONResponse({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more})
+        return JSONResponse(list_page([record.to_openai() for record in records], more))
     except Exception as exc:
         return error_response(exc)
 
@@ -86,13 +84,6 @@ async def cancel_batch(request: Request, batch_id: str) -> Response:
         return JSONResponse(record.to_openai())
     except Exception as exc:
         return error_response(exc)
-
-
-def owner_of(request: Request) -> str:
-    """Whose files and batches the request sees: its API key's name, or the one namespace
-    of a gateway without keys."""
-    tenant: Tenant | None = getattr(request.state, TENANT_STATE, None)
-    return tenant.name if tenant is not None else names.OPEN_NAMESPACE
 
 
 def _store(request: Request) -> BatchStore:
@@ -120,7 +111,7 @@ async def _create(request: Request, body: dict[str, Any]) -> BatchRecord:
     record = BatchRecord(
         id=f"batch_{uuid.uuid4().hex}",
         owner=owner,
-        queue_tenant=_queue_tenant(request, tenant) or "",
+        queue_tenant=queue_tenant_of(request, tenant) or "",
         key_digest=tenant.digest if tenant is not None and tenant.record is not None else "",
         endpoint=endpoint,
         input_file_id=input_file.id,
@@ -137,14 +128,12 @@ async def _create(request: Request, body: dict[str, Any]) -> BatchRecord:
 
 
 async def _input_file(request: Request, file_id: str, owner: str) -> FileRecord:
-    """The owner's file ``file_id``, which must hold a batch's input (purpose ``batch``).
-    Read from its record as ``FileStore.get`` reads it (one expired and not yet swept is gone)."""
-    redis: Any = services_of(request.app).client.redis
-    raw = await redis.hgetall(names.file_key(file_id))
-    record = FileRecord.from_hash(raw) if raw else None
-    expired = record is not None and record.expires_at is not None and record.expires_at <= time.time()
-    if record is None or record.owner != owner or expired:
-        raise ApiError(404, f"No such File object: {file_id}", type=ApiErrorType.NOT_FOUND, param="input_file_id")
+    """The owner's file ``file_id``, which must hold a batch's input (purpose ``batch``)."""
+    record = await services_of(request.app).batch_api.files.get(file_id, owner)
+    if record is None:
+        error = file_not_found(file_id)
+        error.param = "input_file_id"
+        raise error
     if record.purpose != "batch":
         message = f"file {file_id} has purpose {record.purpose!r}: a batch reads a file uploaded with purpose 'batch'"
         raise bad_request(message, param="input_file_id", code="invalid_value")

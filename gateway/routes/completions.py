@@ -141,7 +141,7 @@ async def respond(request: Request, face: Face, body: Any = None) -> Response:
     return response
 
 
-def _queue_tenant(request: Request, key: Tenant | None) -> str | None:
+def queue_tenant_of(request: Request, key: Tenant | None) -> str | None:
     """The request's tenant in the queue: its API key's name for a key stored in Redis,
     else the ``X-Streamq-Tenant`` header (checked), else none (the default tenant)."""
     if key is not None and key.record is not None:
@@ -319,7 +319,7 @@ async def submit_body(
     after one id, as ``vllm serve`` names its engine requests)."""
     client = services_of(request.app).client
     tenant = account.tenant
-    queue_tenant = _queue_tenant(request, tenant)
+    queue_tenant = queue_tenant_of(request, tenant)
     submissions = params.submissions()
     base = uuid.uuid4().hex
 

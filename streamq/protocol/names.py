@@ -132,6 +132,16 @@ KEY_USAGE_PREFIX: Final = "streamq:key-usage:"
 REQUEST_KEY_PREFIX: Final = "streamq:request-key:"
 """``streamq:request-key:<request_id>``: name of the API key that created a named request;
 only that key may resume it. Kept as long as the replay log."""
+FILE_KEY_PREFIX: Final = "streamq:file:"
+"""``streamq:file:<id>`` (a file's record) and ``streamq:file:<id>:users`` (the batches reading
+it): the gateway's Files API (``gateway.batch_api.names``)."""
+FILES_KEY_PREFIX: Final = "streamq:files:"
+"""The gateway's indexes of files: by owner, by expiry, bytes stored per owner."""
+BATCH_KEY_PREFIX: Final = "streamq:batch:"
+"""``streamq:batch:{<id>}`` and its keys (lease, lines in flight, results, parts): the gateway's
+Batch API, one hash tag per batch."""
+BATCHES_KEY_PREFIX: Final = "streamq:batches:"
+"""The gateway's indexes of batches: by owner, and the unfinished ones its runners scan."""
 RESPONSE_KEY_PREFIX: Final = "streamq:response:"
 """``streamq:response:<request_id>``: JSON of a stored Responses API response's request (its
 body, model, creation time, the chat messages before its input); its output is read from the

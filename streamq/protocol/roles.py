@@ -22,6 +22,8 @@ from streamq.protocol.names import (
     ABORT_KEY,
     API_KEY_NAMES_KEY,
     API_KEYS_KEY,
+    BATCH_KEY_PREFIX,
+    BATCHES_KEY_PREFIX,
     CALLBACK_KEY_PREFIX,
     CALLBACKS_KEY,
     CANCEL_CHANNEL,
@@ -29,6 +31,8 @@ from streamq.protocol.names import (
     DEFAULT_QUEUE,
     DURABILITY_KEY,
     EVENTS_CHANNEL_PREFIX,
+    FILE_KEY_PREFIX,
+    FILES_KEY_PREFIX,
     IN_PROGRESS_PREFIX,
     JOB_KEY_PREFIX,
     KEY_STREAMS_PREFIX,
@@ -334,6 +338,25 @@ GATEWAY = Role(
         "set",
         # the dashboard: workers' reports (hgetall, zrange above) and the recent ends
         "lrange",
+        # the Files and Batch APIs: records (hashes), indexes (sets, sorted sets), a batch's
+        # lines in flight and results (its scripts: hdel, rpush, ltrim), its lease (set, get,
+        # del), and the transactions that keep a record and its indexes together
+        "hdel",
+        "del",
+        "sadd",
+        "srem",
+        "smembers",
+        "scard",
+        "zrevrank",
+        "zrevrange",  # newest first (redis-py sends ZRANGE ... REV as ZREVRANGE)
+        "rpush",
+        "ltrim",
+        "llen",
+        "watch",
+        "unwatch",
+        "multi",
+        "exec",
+        "discard",
     ),
     keys=(
         KEY_WINDOW_PREFIX + "*",
@@ -341,6 +364,10 @@ GATEWAY = Role(
         KEY_USAGE_PREFIX + "*",
         REQUEST_KEY_PREFIX + "*",
         RESPONSE_KEY_PREFIX + "*",
+        FILE_KEY_PREFIX + "*",
+        FILES_KEY_PREFIX + "*",
+        BATCH_KEY_PREFIX + "*",
+        BATCHES_KEY_PREFIX + "*",
     ),
     read_only_keys=(
         *PRODUCER.read_only_keys,
@@ -356,7 +383,8 @@ GATEWAY = Role(
     writes=PRODUCER.writes,
 )
 """The gateway is a producer (the library) behind HTTP, plus its API keys' windows, open
-streams, usage and request owners, and the Responses API's stored requests; it only reads
+streams, usage and request owners, the Responses API's stored requests, and the Files and
+Batch APIs' records; it only reads
 the keys themselves (``streamq keys`` writes them, as an administrator), the workers'
 reports and recent ends its dashboard shows, and the tokenizers workers describe
 (``/tokenizer_info``)."""

@@ -86,7 +86,8 @@ async def setup(redis_server: RedisServer, admin: aioredis.Redis, tmp_path: Path
     keys = ApiKeyStore(admin)
     tenants = [f"batches-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     secrets = [await keys.create(KeyRecord(name)) for name in tenants]
-    config = BatchApiConfig(files_url=str(tmp_path), max_running_batches=MAX_RUNNING)
+    # No runner: the tests play it (set_status), so nothing moves a batch behind their back.
+    config = BatchApiConfig(files_url=str(tmp_path), max_running_batches=MAX_RUNNING, run_batches=False)
     try:
         async with gateway_client(redis_server.url, api_keys=[OPERATOR_KEY], batch_api=config) as (_, http):
             base = str(http.base_url)

@@ -108,7 +108,7 @@ def test_the_gateway_takes_the_tenant_from_a_stored_key_else_the_header() -> Non
     from starlette.requests import Request
 
     from gateway.auth import Tenant
-    from gateway.routes.completions import _queue_tenant
+    from gateway.routes.completions import queue_tenant_of
     from producer.openai_api.errors import ApiError
     from streamq.broker.api_keys import KeyRecord
 
@@ -118,9 +118,9 @@ def test_the_gateway_takes_the_tenant_from_a_stored_key_else_the_header() -> Non
 
     stored = Tenant("team-a", "digest", KeyRecord("team-a"))
     command_line = Tenant("static-1", "digest")
-    assert _queue_tenant(request("other"), stored) == "team-a"
-    assert _queue_tenant(request("team-b"), command_line) == "team-b"
-    assert _queue_tenant(request(None), None) is None
+    assert queue_tenant_of(request("other"), stored) == "team-a"
+    assert queue_tenant_of(request("team-b"), command_line) == "team-b"
+    assert queue_tenant_of(request(None), None) is None
     with pytest.raises(ApiError) as refused:
-        _queue_tenant(request("bad name"), None)
+        queue_tenant_of(request("bad name"), None)
     assert refused.value.status == 400
