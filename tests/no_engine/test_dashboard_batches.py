@@ -20,6 +20,7 @@ from gateway.batch_api import names
 from gateway.batch_api.config import BatchApiConfig
 from gateway.batch_api.objects import BatchRecord
 from gateway.dashboard.batches import RECENT_S, batch_rows
+from streamq.protocol.roles import GATEWAY
 from tests.support.gateway_in_process import gateway_client
 
 NOW_S = 1_800_000_000
@@ -67,11 +68,10 @@ def test_unfinished_batches_come_first_oldest_first_then_those_ended_within_the_
 
 @pytest.fixture
 async def http(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    # The harness's own Redis user: the gateway role's grants on the Batch API's keys are
-    # the Batch API's (streamq/protocol/roles.py); this test is of what the panel shows.
-    # No runner: these records have no input file, and a runner would move them on.
+    # The gateway's own Redis user, as deployed. No runner: these records have no input
+    # file, and a runner would move them on.
     config = BatchApiConfig(files_url=str(tmp_path / "files"), run_batches=False)
-    async with gateway_client(redis_server.url, batch_api=config) as (_, client):
+    async with gateway_client(redis_server.url_for(GATEWAY), batch_api=config) as (_, client):
         yield client
 
 
