@@ -104,7 +104,7 @@ def _worker_counts(port: int) -> dict[str, float]:
     return counts
 
 
-def _run_batch_command(
+def run_batch_command(
     config: BatchBenchConfig, redis_url: str, queue: str, batch: Path, out: Path, extra: list[str]
 ) -> CommandRun:
     """``streamq batch`` as a user runs it, a session of its own."""
@@ -133,7 +133,7 @@ def run_streamq(
                 results / f"{config.run_id}-streamq-wu.jsonl",
             )
             warm_out.unlink(missing_ok=True)  # a file left by an earlier round would be resumed: nothing to do
-            _run_batch_command(config, server.url, worker.queue, warm_up, warm_out, batch_args)
+            run_batch_command(config, server.url, worker.queue, warm_up, warm_out, batch_args)
             client = redis.Redis.from_url(server.url)
             commands_before = _commands(client)
             counts_before = _worker_counts(metrics_port)
@@ -151,7 +151,7 @@ def run_streamq(
                     stack.enter_context(
                         PySpyRecording(worker.process.pid, results / f"{config.run_id}-worker.pyspy", gil=True)
                     )
-                batch_run = _run_batch_command(
+                batch_run = run_batch_command(
                     config, server.url, worker.queue, results / f"{config.run_id}-batch.jsonl", out, batch_args
                 )
                 window = cpu.stop()

@@ -14,6 +14,10 @@ import contextlib
 import logging
 import time
 
+from redis.exceptions import NoPermissionError
+
+from gateway.batch_api.objects import BatchRecord
+from gateway.dashboard.batches import BatchReader
 from gateway.dashboard.history import WINDOW_S
 from gateway.dashboard.snapshot import RECENT_ROWS, Reading, SnapshotBuilder, encode_snapshot, queues_to_count
 from producer.internal_client import InternalClient
@@ -47,6 +51,8 @@ class DashboardSampler:
         self._client = client
         self._stats = WorkerStatsStore(client.redis, client.data)
         self._builder = SnapshotBuilder(window_s)
+        self._batches = BatchReader()
+        self._batches_refused = False
         self._period_s = period_s
         self._idle_stop_s = idle_stop_s
         self._task: asyncio.Task[None] | None = None
@@ -115,9 +121,20 @@ class DashboardSampler:
         seconds, micros = replies[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         depths = dict(zip(queues, map(int, replies[1:]), strict=True))
-        reading = Reading(now_ms, routes, reports, depths, ends, await read_memory_policy(redis))
+        memory = await read_memory_policy(redis)
+        reading = Reading(now_ms, routes, reports, depths, ends, memory, await self._read_batches())
         await self._look_up_models(reading)
         return reading
+
+    async def _read_batches(self) -> list[BatchRecord]:
+        """The batches to show; none where the gateway's Redis user may not read them (said once)."""
+        try:
+            return await self._batches.read(self._client.redis)
+        except NoPermissionError as exc:
+            if not self._batches_refused:
+                logger.warning("dashboard: the batches are not shown: Redis refuses to read them: %s", exc)
+                self._batches_refused = True
+            return []
 
     async def _look_up_models(self, reading: Reading) -> None:
         """Find the model of ended requests never seen running, once each, in their jobs'

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
 
+from gateway.batch_api.objects import BatchRecord
+from gateway.dashboard.batches import BatchRow, batch_rows
 from gateway.dashboard.history import WINDOW_S, ModelPoints, Point, WindowTotals, WorkerHistory
 from gateway.dashboard.percentiles import summary_ms
 from streamq.broker.memory_policy import MemoryPolicy
@@ -158,6 +160,9 @@ class Snapshot(msgspec.Struct):
     recent: list[RecentRow]
     redis_memory: RedisMemoryRow | None = None
     """Redis's memory and its limit; ``None`` where ``INFO`` is refused to the gateway's user."""
+    batches: list[BatchRow] = msgspec.field(default_factory=list)
+    """The Batch API's batches, every owner's: the unfinished ones, oldest first, then those
+    that ended in the last hour, newest first (``gateway.dashboard.batches``)."""
 
 
 _encoder = msgspec.json.Encoder()
@@ -181,6 +186,8 @@ class Reading:
     """Newest first."""
     memory: MemoryPolicy | None = None
     """``INFO memory``; ``None`` where it cannot be read."""
+    batches: list[BatchRecord] = field(default_factory=list)
+    """The records of the batches to show (``gateway.dashboard.batches.BatchReader``)."""
 
 
 def queues_to_count(routes: Routes) -> list[str]:
@@ -228,7 +235,8 @@ class SnapshotBuilder:
         recent = [self._recent_row(end) for end in reading.ends[:RECENT_ROWS]]
         memory = reading.memory
         redis_memory = None if memory is None else RedisMemoryRow(memory.used, memory.maxmemory, memory.policy)
-        return Snapshot(now_ms, self.window_s, models, workers, running, recent, redis_memory)
+        batches = batch_rows(reading.batches, now_ms)
+        return Snapshot(now_ms, self.window_s, models, workers, running, recent, redis_memory, batches)
 
     def _worker_rows(self, reading: Reading, live_ids: set[str]) -> list[WorkerRow]:
         rows = []

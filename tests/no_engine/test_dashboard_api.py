@@ -104,7 +104,16 @@ async def test_live_sends_a_snapshot_at_once_and_then_every_second_the_same_to_e
 
     first, second = await asyncio.gather(watch(), watch())
     for snapshots in (first, second):
-        assert set(snapshots[0]) == {"now_ms", "window_s", "models", "workers", "running", "recent", "redis_memory"}
+        assert set(snapshots[0]) == {
+            "now_ms",
+            "window_s",
+            "models",
+            "workers",
+            "running",
+            "recent",
+            "redis_memory",
+            "batches",
+        }
         stamps = [s["now_ms"] for s in snapshots]
         assert stamps == sorted(stamps) and len(set(stamps)) >= 2
     # both watchers were sent the same readings (Redis's clock of each): one read of Redis

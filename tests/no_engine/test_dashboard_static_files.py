@@ -8,6 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
+from gateway.dashboard.batches import BatchRow
 from gateway.dashboard.snapshot import ModelRow, WorkerRow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,10 +43,10 @@ def test_the_script_inserts_data_as_text_only() -> None:
 
 def test_the_script_reads_only_fields_the_snapshot_has() -> None:
     """A field renamed on one side only would show "–" (or "NaN%") on the page, silently:
-    every ``model.<field>`` of an overview card and ``w.<field>`` of a worker row is one
-    of ``ModelRow``'s and ``WorkerRow``'s."""
+    every ``model.<field>`` of an overview card, ``w.<field>`` of a worker row and
+    ``b.<field>`` of a batch row is one of ``ModelRow``'s, ``WorkerRow``'s and ``BatchRow``'s."""
     script = (STATIC / "dashboard.js").read_text()
-    for variable, row in (("model", ModelRow), ("w", WorkerRow)):
+    for variable, row in (("model", ModelRow), ("w", WorkerRow), ("b", BatchRow)):
         read = set(re.findall(rf"\b{variable}\.([a-z_]+)\b", script))
         assert read, f"no {variable}.<field> in dashboard.js"
         assert read <= set(row.__struct_fields__), f"{row.__name__} lacks {sorted(read - set(row.__struct_fields__))}"

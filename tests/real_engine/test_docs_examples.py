@@ -47,6 +47,7 @@ OUTPUT: dict[str, str] = {
     "anthropic_messages.py": r"\n(end_turn|max_tokens) \d+ \d+\n(.|\n)*\n(end_turn|max_tokens)\n$",
     "openai_responses.py": r"^resp_\S+ (completed|incomplete) ",
     "openai_responses_background.py": r"^(completed|incomplete) .*\n1 response\.in_progress\n(.|\n)*completed\n",
+    "batch_api_sdk.py": r"^completed 3/3\nquestion-0 (.|\n)*question-1 (.|\n)*question-2 ",
 }
 """What an example's output must match (a regular expression, searched), beyond running
 without error: the parts that do not depend on the tiny model's random text."""

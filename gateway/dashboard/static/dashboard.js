@@ -833,6 +833,81 @@ function requestsView() {
   };
 }
 
+/** A batch's progress: lines answered (completed + failed) of its total, as text and a share. */
+function batchProgress(b) {
+  const done = b.completed + b.failed;
+  if (!b.total) return { text: b.status === "validating" ? "validating…" : "–", title: "no line counted yet" };
+  return {
+    text: `${fmtNumber(done)} / ${fmtNumber(b.total)} (${fmtPercent(done / b.total)})`,
+    title: `${fmtNumber(b.completed)} completed, ${fmtNumber(b.failed)} failed, of ${fmtNumber(b.total)} lines`,
+    cls: b.failed ? "warn" : "",
+    testid: "batch-progress",
+  };
+}
+
+const BATCH_STATE_CLASS = {
+  validating: "queued",
+  in_progress: "running",
+  finalizing: "running",
+  cancelling: "queued",
+  completed: "finished",
+  failed: "failed",
+  expired: "failed",
+  cancelled: "stopped",
+};
+
+function batchesView() {
+  const table = keyedTable(
+    [
+      { title: "Batch", cls: "id" },
+      { title: "Owner" },
+      { title: "Status" },
+      { title: "Progress", num: true },
+      { title: "Endpoint" },
+      { title: "Model", cls: "wrap" },
+      { title: "Created", num: true },
+      { title: "Ended", num: true },
+    ],
+    { testid: "batches-table", rowTestid: "batch-row", empty: "No batch is running or ended in the last hour." },
+  );
+  const count = h("span", { class: "muted", testid: "batches-count" });
+  return {
+    title: "Batches",
+    el: h(
+      "section",
+      {},
+      h("h1", {}, "Batches ", count),
+      h(
+        "p",
+        { class: "muted" },
+        "The Batch API's batches, every owner's: those not finished, oldest first, then those that ended in the last hour.",
+      ),
+      h("div", { class: "panel" }, table.el),
+    ),
+    update(snap) {
+      const batches = snap.batches || [];
+      const open = batches.filter((b) => b.ended_at === null).length;
+      setText(count, `(${open} not finished, ${batches.length - open} ended)`);
+      table.update(
+        batches,
+        (b) => b.id,
+        (b) => [
+          { text: shortId(b.id, 20), title: b.id },
+          b.owner,
+          { text: b.status, cls: `state ${BATCH_STATE_CLASS[b.status] || ""}`, testid: "batch-status" },
+          batchProgress(b),
+          b.endpoint,
+          b.model ?? "–",
+          { text: fmtAgo(b.created_at * 1000, snap.now_ms), title: fmtClock(b.created_at * 1000) },
+          b.ended_at === null
+            ? { text: "–", title: `expires ${fmtClock(b.expires_at * 1000)}` }
+            : { text: fmtAgo(b.ended_at * 1000, snap.now_ms), title: fmtClock(b.ended_at * 1000) },
+        ],
+      );
+    },
+  };
+}
+
 function kvList(pairs) {
   return h(
     "dl",
@@ -1361,6 +1436,7 @@ const VIEWS = {
   overview: overviewView,
   workers: workersView,
   requests: requestsView,
+  batches: batchesView,
   request: (r) => requestView(r.id),
   playground: playgroundView,
 };
