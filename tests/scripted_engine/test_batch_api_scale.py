@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from devkit.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
 from gateway.batch_api.runner import PART_LINES
 from gateway.batch_api.storage import Storage
-from producer.client import MIN_IN_FLIGHT, StreamqClient
+from producer.client import StreamqClient
 
 SLOTS = 32
 TOKENS_PER_S = 1000
@@ -111,7 +111,7 @@ def gateway(scale_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture
-async def admin(scale_redis: RedisServer) -> Iterator[aioredis.Redis]:  # type: ignore[misc]
+async def admin(scale_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(scale_redis.url)
     yield client
     await client.aclose()
@@ -245,3 +245,223 @@ def test_a_large_file_runs_with_the_gateway_memory_bounded(gateway: GatewayProce
     assert large.request_counts is not None and large.request_counts.completed == LARGE_LINES
     assert large.usage is not None and large.usage.input_tokens == PROMPT_TOKENS * LARGE_LINES
     assert small.request_counts is not None and small.request_counts.failed == 0
+
+
+S3_PREFIX = "streamq-batches"
+S3_LINES = 3 * PART_LINES + 100
+"""Lines of the S3 batch: four output parts, the last one short."""
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with S3Server(bucket="scale") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def s3_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """A worker on a Redis of its own: a gateway runs any batch of its Redis, and every gateway
+    on one Redis must share one storage (the module's other gateway keeps its files in a
+    directory)."""
+    with RedisServer() as server:
+        log = tmp_path_factory.mktemp("s3-worker") / "worker.log"
+        worker = scripted_worker(server.url, log, "--max-jobs", str(SLOTS), tokens_per_s=TOKENS_PER_S)
+        worker.start().wait_ready(timeout_s=120)
+        yield worker
+        assert worker.stop() == 0, worker.log_tail()
+
+
+@pytest.fixture(scope="module")
+def s3_gateway(
+    s3: S3Server, s3_worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    process = GatewayProcess(
+        s3_worker.redis_url,
+        tmp_path_factory.mktemp("s3-gateway") / "gateway.log",
+        "--api-key",
+        STATIC_KEY,
+        "--files-url",
+        f"s3://{s3.bucket}/{S3_PREFIX}",
+        "--s3-endpoint-url",
+        s3.url,
+        env={"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
+    ).wait_ready()
+    yield process
+    assert process.stop() == 0, process.log_tail()
+
+
+def objects_under(storage: Storage, name: str) -> list[str]:
+    """The objects under the folder ``name``, by their names in the storage: S3's own listing
+    of keys (SeaweedFS keeps a folder whose objects are gone, as an empty prefix; S3 has no
+    folders, and nothing is stored under it)."""
+    bucket, _, root = storage.root.partition("/")
+    listed = storage.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=f"{root}/{name}/")
+    assert not listed.get("IsTruncated"), "more objects than one page"
+    return sorted(item["Key"].removeprefix(root + "/") for item in listed.get("Contents", []))
+
+
+def test_a_batch_on_s3_writes_its_output_in_parts_and_leaves_none(
+    s3: S3Server, s3_worker: WorkerProcess, s3_gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    storage = Storage.from_url(f"s3://{s3.bucket}/{S3_PREFIX}", s3.options())
+    client = sdk(s3_gateway)
+    custom_ids = [f"s3-{n}" for n in range(S3_LINES)]
+    batch = create_batch(client, write_input(tmp_path / "input.jsonl", custom_ids))
+    assert objects_under(storage, "files") == [f"files/{batch.input_file_id}"]
+
+    # Two parts written: the worker held still while the bucket is read (the parts stay
+    # there until the batch completes, and the batch cannot complete meanwhile).
+    until(client, batch.id, lambda b: b.request_counts is not None and b.request_counts.completed >= 2 * PART_LINES)
+    with paused(s3_worker):
+        deadline = time.monotonic() + 30
+        while len(parts := objects_under(storage, f"batches/{batch.id}/out")) < 2:
+            assert time.monotonic() < deadline, parts
+            time.sleep(0.1)
+    assert all(part.endswith(".jsonl") for part in parts), parts
+
+    batch = until_final(client, batch.id)
+    assert batch.status == "completed" and batch.error_file_id is None, batch
+    lines = output_lines(client, batch)
+    assert_each_once(lines, custom_ids)
+    # In parts order: each line within a window of its place in the input.
+    places = {custom_id: place for place, custom_id in enumerate(custom_ids)}
+    offsets = [abs(places[line["custom_id"]] - place) for place, line in enumerate(lines)]
+    assert max(offsets) < PARTS_ORDER_SLACK, max(offsets)
+    # The output file is one object in the bucket, read back as the SDK read it; no part is left.
+    assert objects_under(storage, f"batches/{batch.id}") == []
+    assert storage.fs.cat_file(storage.path(f"files/{batch.output_file_id}")) == (
+        client.files.content(batch.output_file_id).content
+    )
+    assert objects_under(storage, "files") == sorted([f"files/{batch.input_file_id}", f"files/{batch.output_file_id}"])
+
+
+def streamq_keys(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m producer keys ...`` as an operator runs it."""
+    command = [sys.executable, "-m", "producer", "keys", *args, "--redis-url", redis_url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def create_key(redis_url: str, *limits: str) -> tuple[str, str]:
+    """A new stored key with ``limits``: its name and its secret."""
+    name = f"team-{uuid.uuid4().hex[:8]}"
+    created = streamq_keys(redis_url, "create", name, *limits)
+    assert created.returncode == 0, created.stderr
+    return name, created.stdout.strip()
+
+
+def key_listing(redis_url: str, name: str) -> str:
+    """The key's line of ``streamq keys list``."""
+    listed = streamq_keys(redis_url, "list")
+    assert listed.returncode == 0, listed.stderr
+    [line] = [line for line in listed.stdout.splitlines() if line.split("\t")[0] == name]
+    return line
+
+
+def test_a_keys_usage_counts_its_batchs_tokens(
+    gateway: GatewayProcess, scale_redis: RedisServer, tmp_path: Path
+) -> None:
+    name, secret = create_key(scale_redis.url)
+    client = sdk(gateway, secret)
+    lines, max_tokens = 10, 3
+    custom_ids = [f"usage-{n}" for n in range(lines)]
+    batch = until_final(
+        client, create_batch(client, write_input(tmp_path / "in.jsonl", custom_ids, max_tokens=max_tokens)).id
+    )
+    assert batch.status == "completed", batch
+    assert_each_once(output_lines(client, batch), custom_ids)
+    assert batch.usage is not None
+    assert (batch.usage.input_tokens, batch.usage.output_tokens) == (PROMPT_TOKENS * lines, max_tokens * lines)
+    tokens = batch.usage.input_tokens + batch.usage.output_tokens
+    assert key_listing(scale_redis.url, name).endswith(f"requests={lines} tokens={tokens}")
+
+
+async def seconds_into_the_minute(redis: aioredis.Redis) -> float:
+    seconds, micros = await redis.time()
+    return seconds % 60 + micros / 1e6
+
+
+async def test_a_key_with_a_low_rpm_completes_its_batch(
+    gateway: GatewayProcess, scale_redis: RedisServer, admin: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Twice the key's rpm in lines: half wait for the next minute (the rate windows are
+    minutes of Redis's clock), then run; none fails. The batch is created 15-25 s before a
+    minute ends, so that its lines are all sent within that minute and the limit bites."""
+    rpm = 3
+    name, secret = create_key(scale_redis.url, "--rpm", str(rpm))
+    custom_ids = [f"rpm-{n}" for n in range(2 * rpm)]
+    path = write_input(tmp_path / "in.jsonl", custom_ids, max_tokens=2)
+    while not 35 <= (now := await seconds_into_the_minute(admin)) < 45:
+        await asyncio.sleep((35 - now) % 60)
+    client = sdk(gateway, secret)
+    batch = await asyncio.to_thread(create_batch, client, path)
+    batch = await asyncio.to_thread(until_final, client, batch.id)
+    assert batch.status == "completed" and batch.error_file_id is None, batch
+    assert batch.request_counts is not None and (batch.request_counts.completed, batch.request_counts.failed) == (
+        2 * rpm,
+        0,
+    )
+    assert_each_once(await asyncio.to_thread(output_lines, client, batch), custom_ids)
+    assert f"requests={2 * rpm} " in key_listing(scale_redis.url, name)
+
+
+async def started_ms(streamq: StreamqClient, request_id: str) -> int:
+    """When the request's job started (arq's result: stored as the worker acknowledges the
+    job, just after the request's final event)."""
+    async with asyncio.timeout(30):
+        while (started := (await streamq.status(request_id)).started_ms) is None:
+            await asyncio.sleep(0.02)
+    return started
+
+
+async def test_an_online_request_starts_ahead_of_the_batch_lines_waiting(
+    gateway: GatewayProcess, scale_worker: WorkerProcess, tmp_path: Path
+) -> None:
+    """A batch fills the worker's slots and queues as many lines again; the worker held
+    still, an online chat request (priority 0) is queued behind them. Once a slot frees, the
+    worker starts the online request before any batch line that waited before it came: each
+    request's start (arq's start time, taken as the worker starts the jobs of a claim in its
+    order) is no earlier than the online one's."""
+    lines = 3 * SLOTS
+    custom_ids = [f"prio-{n}" for n in range(lines)]
+    path = write_input(tmp_path / "in.jsonl", custom_ids, max_tokens=TOKENS_PER_S)  # a second each
+    client = sdk(gateway)
+    batch = await asyncio.to_thread(create_batch, client, path)
+    line_ids = [f"{batch.id}-{number}" for number in range(1, lines + 1)]
+    async with StreamqClient.connect(scale_worker.redis_url) as streamq:
+
+        async def states() -> dict[str, Any]:
+            return {request_id: await streamq.status(request_id) for request_id in line_ids}
+
+        deadline = time.monotonic() + 120
+        while True:  # every slot a batch line's, more lines waiting in the queue
+            found = await states()
+            running = [s for s in found.values() if s.state == "running"]
+            queued = [s for s in found.values() if s.state == "queued"]
+            if len(running) == SLOTS and queued:
+                break
+            assert time.monotonic() < deadline, found
+            await asyncio.sleep(0.05)
+        online_id = f"online-{uuid.uuid4().hex}"
+        with paused(scale_worker):
+            waiting = [request_id for request_id, s in (await states()).items() if s.state == "queued"]
+            assert waiting
+            online = asyncio.create_task(
+                asyncio.to_thread(
+                    client.chat.completions.create,
+                    model=SCRIPTED_MODEL,
+                    messages=[{"role": "user", "content": "Hi"}],
+                    max_tokens=2,
+                    extra_headers={"x-streamq-request-id": online_id},
+                )
+            )
+            while (await streamq.status(online_id)).state != "queued":
+                assert not online.done(), online.result()
+                await asyncio.sleep(0.01)
+        reply = await online
+        assert reply.choices[0].message.content == " tok" * 2
+        started = await started_ms(streamq, online_id)
+        batch = await asyncio.to_thread(until_final, client, batch.id)
+        assert batch.status == "completed", batch
+        after = {request_id: await started_ms(streamq, request_id) for request_id in waiting}
+    assert all(ms >= started for ms in after.values()), (started, after)
+    assert_each_once(await asyncio.to_thread(output_lines, client, batch), custom_ids)
