@@ -33,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import openai
 import psutil
@@ -52,7 +52,7 @@ from producer.client import StreamqClient
 SLOTS = 32
 TOKENS_PER_S = 1000
 STATIC_KEY = "sq-static-" + uuid.uuid4().hex
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 PROMPT_TOKENS = 4
 """What the scripted engine counts for any prompt."""
 FINAL = ("completed", "failed", "cancelled", "expired")
@@ -328,6 +328,7 @@ def test_a_batch_on_s3_writes_its_output_in_parts_and_leaves_none(
     offsets = [abs(places[line["custom_id"]] - place) for place, line in enumerate(lines)]
     assert max(offsets) < PARTS_ORDER_SLACK, max(offsets)
     # The output file is one object in the bucket, read back as the SDK read it; no part is left.
+    assert batch.output_file_id is not None
     assert objects_under(storage, f"batches/{batch.id}") == []
     assert storage.fs.cat_file(storage.path(f"files/{batch.output_file_id}")) == (
         client.files.content(batch.output_file_id).content
@@ -377,7 +378,7 @@ def test_a_keys_usage_counts_its_batchs_tokens(
 
 async def seconds_into_the_minute(redis: aioredis.Redis) -> float:
     seconds, micros = await redis.time()
-    return seconds % 60 + micros / 1e6
+    return float(seconds % 60 + micros / 1e6)
 
 
 async def test_a_key_with_a_low_rpm_completes_its_batch(
@@ -402,6 +403,16 @@ async def test_a_key_with_a_low_rpm_completes_its_batch(
     )
     assert_each_once(await asyncio.to_thread(output_lines, client, batch), custom_ids)
     assert f"requests={2 * rpm} " in key_listing(scale_redis.url, name)
+
+
+def chat(client: openai.OpenAI, request_id: str) -> Any:
+    """An online chat request, at the gateway's priority for them (0), under ``request_id``."""
+    return client.chat.completions.create(
+        model=SCRIPTED_MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        extra_headers={"x-streamq-request-id": request_id},
+    )
 
 
 async def started_ms(streamq: StreamqClient, request_id: str) -> int:
@@ -445,15 +456,7 @@ async def test_an_online_request_starts_ahead_of_the_batch_lines_waiting(
         with paused(scale_worker):
             waiting = [request_id for request_id, s in (await states()).items() if s.state == "queued"]
             assert waiting
-            online = asyncio.create_task(
-                asyncio.to_thread(
-                    client.chat.completions.create,
-                    model=SCRIPTED_MODEL,
-                    messages=[{"role": "user", "content": "Hi"}],
-                    max_tokens=2,
-                    extra_headers={"x-streamq-request-id": online_id},
-                )
-            )
+            online = asyncio.create_task(asyncio.to_thread(chat, client, online_id))
             while (await streamq.status(online_id)).state != "queued":
                 assert not online.done(), online.result()
                 await asyncio.sleep(0.01)
