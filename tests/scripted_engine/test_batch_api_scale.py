@@ -250,6 +250,11 @@ def test_a_large_file_runs_with_the_gateway_memory_bounded(gateway: GatewayProce
 S3_PREFIX = "streamq-batches"
 S3_LINES = 3 * PART_LINES + 100
 """Lines of the S3 batch: four output parts, the last one short."""
+S3_SLOTS = 8
+S3_TOKENS_PER_S = 100
+S3_MAX_TOKENS = 2
+"""The S3 batch's worker runs 8 lines at a time, 20 ms each: at least 2.75 s for the 1,100
+lines after the first two parts, however fast the gateway, while the test looks for them."""
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +270,7 @@ def s3_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProces
     directory)."""
     with RedisServer() as server:
         log = tmp_path_factory.mktemp("s3-worker") / "worker.log"
-        worker = scripted_worker(server.url, log, "--max-jobs", str(SLOTS), tokens_per_s=TOKENS_PER_S)
+        worker = scripted_worker(server.url, log, "--max-jobs", str(S3_SLOTS), tokens_per_s=S3_TOKENS_PER_S)
         worker.start().wait_ready(timeout_s=120)
         yield worker
         assert worker.stop() == 0, worker.log_tail()
@@ -306,7 +311,7 @@ def test_a_batch_on_s3_writes_its_output_in_parts_and_leaves_none(
     storage = Storage.from_url(f"s3://{s3.bucket}/{S3_PREFIX}", s3.options())
     client = sdk(s3_gateway)
     custom_ids = [f"s3-{n}" for n in range(S3_LINES)]
-    batch = create_batch(client, write_input(tmp_path / "input.jsonl", custom_ids))
+    batch = create_batch(client, write_input(tmp_path / "input.jsonl", custom_ids, max_tokens=S3_MAX_TOKENS))
     assert objects_under(storage, "files") == [f"files/{batch.input_file_id}"]
 
     # Two parts written: the worker held still while the bucket is read (the parts stay
@@ -434,7 +439,7 @@ async def test_an_online_request_starts_ahead_of_the_batch_lines_waiting(
     order) is no earlier than the online one's."""
     lines = 3 * SLOTS
     custom_ids = [f"prio-{n}" for n in range(lines)]
-    path = write_input(tmp_path / "in.jsonl", custom_ids, max_tokens=TOKENS_PER_S)  # a second each
+    path = write_input(tmp_path / "in.jsonl", custom_ids, max_tokens=2 * TOKENS_PER_S)  # 2 s each
     client = sdk(gateway)
     batch = await asyncio.to_thread(create_batch, client, path)
     line_ids = [f"{batch.id}-{number}" for number in range(1, lines + 1)]
