@@ -390,13 +390,15 @@ async def test_a_key_with_a_low_rpm_completes_its_batch(
     gateway: GatewayProcess, scale_redis: RedisServer, admin: aioredis.Redis, tmp_path: Path
 ) -> None:
     """Twice the key's rpm in lines: half wait for the next minute (the rate windows are
-    minutes of Redis's clock), then run; none fails. The batch is created 15-25 s before a
-    minute ends, so that its lines are all sent within that minute and the limit bites."""
+    minutes of Redis's clock), then run; none fails. The batch is created 8-25 s before a
+    minute ends, so that its lines are all sent within that minute and the limit bites: the
+    last line's reply is made in a later minute than the batch was created (with the limit,
+    whenever the lines are sent: the fourth is admitted a minute after the first)."""
     rpm = 3
     name, secret = create_key(scale_redis.url, "--rpm", str(rpm))
     custom_ids = [f"rpm-{n}" for n in range(2 * rpm)]
     path = write_input(tmp_path / "in.jsonl", custom_ids, max_tokens=2)
-    while not 35 <= (now := await seconds_into_the_minute(admin)) < 45:
+    while not 35 <= (now := await seconds_into_the_minute(admin)) < 52:
         await asyncio.sleep((35 - now) % 60)
     client = sdk(gateway, secret)
     batch = await asyncio.to_thread(create_batch, client, path)
@@ -406,7 +408,9 @@ async def test_a_key_with_a_low_rpm_completes_its_batch(
         2 * rpm,
         0,
     )
-    assert_each_once(await asyncio.to_thread(output_lines, client, batch), custom_ids)
+    lines = await asyncio.to_thread(output_lines, client, batch)
+    assert_each_once(lines, custom_ids)
+    assert max(line["response"]["body"]["created"] for line in lines) // 60 > batch.created_at // 60
     assert f"requests={2 * rpm} " in key_listing(scale_redis.url, name)
 
 
