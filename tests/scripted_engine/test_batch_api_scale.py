@@ -1,5 +1,7 @@
 """The Batch API at scale and beside its neighbours, on the scripted engine: real gateway
-processes, a real scripted worker, a Redis of the module's own, the openai SDK.
+processes, a real scripted worker, a Redis of the module's own (and, for the gateway on S3,
+another with its own worker: every gateway on one Redis runs its batches, so shares one
+storage), the openai SDK.
 
 - a 20,000-line file runs with the gateway's memory (its RSS, read with psutil before, every
   few ms while it runs, and after) growing by a bound that does not scale with the file,
