@@ -421,6 +421,8 @@ class _BatchRun:
         admission = None
         try:
             admission = await self._admit(record, prepared.model)
+            if self._tenant is not None:  # the key that created the batch sees its lines' status
+                await self.runner.limiter.claim(line.request_id, self._tenant)
             completion = await self._complete(line.request_id, prepared)
         except _NotSent:
             assert self.ending is not None
