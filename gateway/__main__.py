@@ -22,6 +22,7 @@ from gateway.batch_api.config import (
     DEFAULT_MAX_LINES,
     DEFAULT_MAX_RUNNING_BATCHES,
     DEFAULT_MAX_STORED_BYTES,
+    DEFAULT_ONLINE_RESERVE,
     DEFAULT_OUTPUT_EXPIRY_S,
     LEASE_MS,
     BatchApiConfig,
@@ -195,6 +196,15 @@ def add_batch_api_options(parser: argparse.ArgumentParser) -> None:
         help="unfinished batches one API key may have before creating another gets 429 (default: %(default)s)",
     )
     group.add_argument(
+        "--batch-online-reserve",
+        type=int,
+        default=DEFAULT_ONLINE_RESERVE,
+        metavar="SLOTS",
+        help="slots of each live worker (at most an eighth of its slots) that batches leave free for online "
+        "requests, which then start at once "
+        "(default: %(default)s; 0: batches fill every slot and an online request waits for a batch line to end)",
+    )
+    group.add_argument(
         "--batch-lease-ms",
         type=int,
         default=LEASE_MS,
@@ -229,6 +239,8 @@ def batch_api_config(args: argparse.Namespace) -> BatchApiConfig:
     for flag, value in positive.items():
         if value < 1:
             raise ValueError(f"{flag} must be >= 1")
+    if args.batch_online_reserve < 0:
+        raise ValueError("--batch-online-reserve must be >= 0")
     return BatchApiConfig(
         files_url=args.files_url,
         s3_options={"endpoint_url": args.s3_endpoint_url} if args.s3_endpoint_url else {},
@@ -239,6 +251,7 @@ def batch_api_config(args: argparse.Namespace) -> BatchApiConfig:
         batch_priority=args.batch_priority,
         max_stored_bytes=args.batch_max_stored_bytes,
         max_running_batches=args.batch_max_running,
+        online_reserve=args.batch_online_reserve,
         lease_ms=args.batch_lease_ms,
         run_batches=args.run_batches,
     )

@@ -22,6 +22,10 @@ DEFAULT_MAX_STORED_BYTES: Final = 10 * 1024**3
 """What one tenant may keep in files (inputs and outputs together) before uploads get 429."""
 DEFAULT_MAX_RUNNING_BATCHES: Final = 16
 """Batches one tenant may have unfinished at once before creating another gets 429."""
+DEFAULT_ONLINE_RESERVE: Final = 4
+"""Slots of each live worker the batches leave free (at most an eighth of its slots), so
+that an online request starts at once rather than after a batch line ends (vLLM preempts a running request for KV-cache
+room, never for a sequence slot)."""
 LEASE_MS: Final = 3000
 """A batch's owner renews its lease three times within it; a gateway that dies hands its
 batches over within this, plus one scan."""
@@ -56,6 +60,8 @@ class BatchApiConfig:
     """Per tenant (per API key; the one namespace without keys)."""
     max_running_batches: int = DEFAULT_MAX_RUNNING_BATCHES
     """Per tenant."""
+    online_reserve: int = DEFAULT_ONLINE_RESERVE
+    """Per live worker."""
     lease_ms: int = LEASE_MS
     run_batches: bool = True
     """Whether this gateway runs batches (takes leases); every one does by default."""

@@ -75,6 +75,9 @@ class BatchRecord(msgspec.Struct, kw_only=True):
     priority: int
     """What its requests run at (a line's own ``priority`` may only lower their urgency)."""
     output_expires_after_s: int
+    online_reserve: int = 0
+    """Slots of each live worker its lines leave free for online requests (the creating
+    gateway's ``--batch-online-reserve``), whichever gateway runs it."""
     status: BatchStatus = "validating"
     in_progress_at: int | None = None
     finalizing_at: int | None = None

@@ -43,6 +43,7 @@ from producer.openai_api.endpoints import ENDPOINTS, Endpoint
 from producer.openai_api.errors import ApiError, api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
 from producer.openai_api.requests import ResponseShape
+from streamq.broker.registry import DEFAULT_SLOTS
 from streamq.broker.replies import as_text
 
 logger = logging.getLogger("streamq.gateway.batches")
@@ -53,6 +54,9 @@ CHECK_S: Final = 0.5
 """How often a batch's owner rereads its state (a cancel, its window) while lines run."""
 PART_LINES: Final = 1000
 """Recorded lines written to storage at a time: what Redis holds of a batch's output."""
+RESERVE_SHARE: Final = 8
+"""The reserve for online requests is at most an eighth of a worker's slots: a small worker
+keeps most of its slots for the batch."""
 SLOTS_READ_S: Final = 5.0
 """How often the lines kept in flight are sized again to the live workers' slots."""
 RETRY_S: Final = 2.0
@@ -282,7 +286,7 @@ class _BatchRun:
             running[self._start(record, source, line)] = line.request_id
         lines = aiter(self.runner.files.read_lines(source, record.next_offset))
         number, offset, exhausted = record.next_line, record.next_offset, False
-        window = _Window(self.runner.client, record.model)
+        window = _Window(self, record.model, record.online_reserve)
         checked = time.monotonic()
         while True:
             while not exhausted and len(running) < await window.size():
@@ -625,20 +629,53 @@ class _BatchRun:
 
 
 class _Window:
-    """How many lines a batch keeps in flight: twice the live workers' slots of its model
-    (a request waits for each slot as it frees), as ``streamq batch`` does."""
+    """How many lines a batch keeps in flight: as many as the live workers of its model run
+    at once, less its ``online_reserve`` slots of each (at most an eighth of a worker's: an
+    online request starts at once, rather than after a batch line ends) and less the lines
+    the other batches have in flight. No more: a line waiting in an engine's queue would take
+    the next free slot ahead of an online request. With no worker live, ``MIN_IN_FLIGHT``
+    lines wait queued for one."""
 
-    def __init__(self, client: InternalClient, model: str | None) -> None:
-        self._client, self._model = client, model
+    def __init__(self, run: _BatchRun, model: str | None, online_reserve: int) -> None:
+        self._run, self._model, self._reserve = run, model, online_reserve
         self._size, self._read_at = MIN_IN_FLIGHT, -SLOTS_READ_S
 
     async def size(self) -> int:
         now = time.monotonic()
         if now - self._read_at >= SLOTS_READ_S:
             self._read_at = now
-            with contextlib.suppress(StreamqError):
-                self._size = max(MIN_IN_FLIGHT, 2 * (await self._client.routes()).slots(self._model))
+            with contextlib.suppress(StreamqError, RedisError):
+                self._size = await self._read()
         return self._size
+
+    async def _read(self) -> int:
+        runner = self._run.runner
+        routes = await runner.client.routes()
+        live = [worker for worker in routes.workers if self._model is None or worker.serves(self._model)]
+        if not live:
+            return MIN_IN_FLIGHT
+        slots = [worker.slots or DEFAULT_SLOTS for worker in live]
+        reserved = sum(min(self._reserve, count // RESERVE_SHARE) for count in slots)
+        return max(1, sum(slots) - reserved - await self._others_in_flight())
+
+    async def _others_in_flight(self) -> int:
+        """The lines in flight of the other unfinished batches of this model."""
+        redis = self._run.runner.redis
+        others = [as_text(raw) for raw in await redis.smembers(names.ACTIVE_BATCHES_KEY)]
+        others = [batch_id for batch_id in others if batch_id != self._run.id]
+        if not others:
+            return 0
+        async with redis.pipeline(transaction=False) as pipe:
+            for batch_id in others:
+                pipe.hget(names.batch_key(batch_id), "model")
+                pipe.hlen(names.batch_inflight_key(batch_id))
+            replies = await pipe.execute()
+        models, counts = replies[0::2], replies[1::2]
+        return sum(
+            int(count)
+            for model, count in zip(models, counts, strict=True)
+            if self._model is None or as_text(model or b"") in ("", self._model)
+        )
 
 
 def _custom_id(raw: bytes) -> str | None:

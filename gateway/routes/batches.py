@@ -119,6 +119,7 @@ async def _create(request: Request, body: dict[str, Any]) -> BatchRecord:
         created_at=created_at,
         expires_at=created_at + config.completion_windows[window],
         priority=config.batch_priority,
+        online_reserve=config.online_reserve,
         output_expires_after_s=output_expiry_s,
         metadata=json.dumps(metadata) if metadata is not None else "",
         total=input_file.lines,
