@@ -11,7 +11,8 @@ server a process (and a session) of its own, as deployed:
   at a time), all with the same engine flags;
 - ``ttft``: ``--ttft-requests`` streamed chat requests one after another, time to their first
   token, with no batch, then while a batch of ``--ttft-batch-lines`` fills the worker (sent
-  once the worker reports ``--max-num-seqs`` requests in flight; the batch is cancelled
+  once the worker reports ``--max-num-seqs`` requests in flight, less the slots a batch leaves
+  free for online requests (``--batch-online-reserve``); the batch is cancelled
   after);
 - ``memory``: the gateway's resident memory (``VmRSS``, sampled every 50 ms) before, at its
   peak during, and after a file of ``--memory-lines`` lines (each size on a fresh gateway)
@@ -56,6 +57,7 @@ from devkit.redis_server import RedisServer, free_port
 from devkit.tiny_model import DEFAULT_DIR, build_tiny_model
 from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker, worker_env
 from gateway.batch_api import names
+from gateway.batch_api.config import DEFAULT_ONLINE_RESERVE
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("throughput", "ttft", "memory", "takeover")
@@ -415,7 +417,7 @@ def run_ttft(
     path = write_lines(Path(config.results_dir) / f"{config.run_id}-fill.jsonl", filler)
     batch = submit(sdk, path, "/v1/chat/completions")
     deadline = time.monotonic() + 120
-    full = min(config.max_num_seqs, lines)
+    full = min(config.max_num_seqs - min(DEFAULT_ONLINE_RESERVE, config.max_num_seqs // 8), lines)  # the reserve
     while in_flight(metrics_port) < full and time.monotonic() < deadline:
         time.sleep(0.1)
     filled = in_flight(metrics_port)
