@@ -25,15 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
@@ -50,6 +45,8 @@ from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
 from gateway.batch_api.runner import PART_LINES
 from gateway.batch_api.storage import Storage
 from producer.client import StreamqClient
+from tests.support.key_commands import create_key, streamq_keys
+from tests.support.worker_faults import paused
 
 SLOTS = 32
 TOKENS_PER_S = 1000
@@ -176,18 +173,6 @@ def assert_each_once(lines: list[dict[str, Any]], custom_ids: list[str]) -> None
     seen = [line["custom_id"] for line in lines]
     assert len(seen) == len(custom_ids) and set(seen) == set(custom_ids), "a custom_id missing or twice"
     assert all(line["response"]["status_code"] == 200 and line["error"] is None for line in lines)
-
-
-@contextmanager
-def paused(worker: WorkerProcess) -> Iterator[None]:
-    """The worker SIGSTOPped: it claims nothing, and its requests stand still, until the
-    block ends. Kept short: a job's lease lapses after 3 s."""
-    assert worker.process is not None
-    os.kill(worker.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(worker.process.pid, signal.SIGCONT)
 
 
 class PeakRss:
@@ -347,20 +332,6 @@ def test_a_batch_on_s3_writes_its_output_in_parts_and_leaves_none(
         client.files.content(batch.output_file_id).content
     )
     assert objects_under(storage, "files") == sorted([f"files/{batch.input_file_id}", f"files/{batch.output_file_id}"])
-
-
-def streamq_keys(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m producer keys ...`` as an operator runs it."""
-    command = [sys.executable, "-m", "producer", "keys", *args, "--redis-url", redis_url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
-
-
-def create_key(redis_url: str, *limits: str) -> tuple[str, str]:
-    """A new stored key with ``limits``: its name and its secret."""
-    name = f"team-{uuid.uuid4().hex[:8]}"
-    created = streamq_keys(redis_url, "create", name, *limits)
-    assert created.returncode == 0, created.stderr
-    return name, created.stdout.strip()
 
 
 def key_listing(redis_url: str, name: str) -> str:

@@ -10,8 +10,6 @@ at 100 steps/s, so token budgets and stream lengths below are exact.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devkit.gateway_process import GatewayProcess
 from devkit.redis_server import RedisServer
 from devkit.worker_process import SCRIPTED_MODEL, WorkerProcess, scripted_worker
+from tests.support.key_commands import create_key, streamq_keys
 
 MODEL = SCRIPTED_MODEL
 PROMPT = "The key to happiness is"
@@ -72,20 +71,6 @@ async def keys_raw_redis(keys_redis: RedisServer) -> AsyncIterator[aioredis.Redi
     client = aioredis.Redis.from_url(keys_redis.url)
     yield client
     await client.aclose()
-
-
-def streamq_keys(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m producer keys ...`` as an operator runs it."""
-    command = [sys.executable, "-m", "producer", "keys", *args, "--redis-url", redis_url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
-
-
-def create_key(redis_url: str, *limits: str) -> tuple[str, str]:
-    """A new key with ``limits``: its name and its secret."""
-    name = f"team-{uuid.uuid4().hex[:8]}"
-    created = streamq_keys(redis_url, "create", name, *limits)
-    assert created.returncode == 0, created.stderr
-    return name, created.stdout.strip()
 
 
 def sdk(gateway: GatewayProcess, key: str) -> openai.OpenAI:
