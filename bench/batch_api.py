@@ -22,7 +22,7 @@ server a process (and a session) of its own, as deployed:
   Redis and files: seconds from the kill until the batch's ``request_counts`` move again, read
   through the second gateway, and whether every ``custom_id`` is answered once in the end.
 
-Prints the figures and the ratios beside the issue's goals; writes
+Prints the figures and the ratios beside their goals; writes
 ``<results>/batch-api-<time>.md`` and ``.json``, and every process's log beside them.
 """
 
@@ -567,7 +567,7 @@ def _mib(kib: float) -> str:
 
 
 def report(config: BatchBenchConfig, results: dict[str, Any]) -> str:
-    """The figures, then the ratios beside the issue's goals, as markdown."""
+    """The figures, then the ratios beside their goals, as markdown."""
     lines = [
         f"Batch API bench {config.run_id}: {config.num_prompts} chat lines x {config.output_len} tokens "
         f"(input {config.input_len}), greedy, engine flags: {' '.join(config.engine_flags()[2:])}",
