@@ -631,10 +631,11 @@ class _BatchRun:
 class _Window:
     """How many lines a batch keeps in flight: as many as the live workers of its model run
     at once, less its ``online_reserve`` slots of each (at most an eighth of a worker's: an
-    online request starts at once, rather than after a batch line ends) and less the lines
-    the other batches have in flight. No more: a line waiting in an engine's queue would take
-    the next free slot ahead of an online request. With no worker live, ``MIN_IN_FLIGHT``
-    lines wait queued for one."""
+    online request starts at once, rather than after a batch line ends), shared equally with
+    the other batches of its model that run (each one's share shrinks as its lines end, so
+    one started later ramps up while the first winds down to its share). No more: a line
+    waiting in an engine's queue would take the next free slot ahead of an online request.
+    With no worker live, ``MIN_IN_FLIGHT`` lines wait queued for one."""
 
     def __init__(self, run: _BatchRun, model: str | None, online_reserve: int) -> None:
         self._run, self._model, self._reserve = run, model, online_reserve
@@ -656,10 +657,11 @@ class _Window:
             return MIN_IN_FLIGHT
         slots = [worker.slots or DEFAULT_SLOTS for worker in live]
         reserved = sum(min(self._reserve, count // RESERVE_SHARE) for count in slots)
-        return max(1, sum(slots) - reserved - await self._others_in_flight())
+        return max(1, (sum(slots) - reserved) // (1 + await self._others_running()))
 
-    async def _others_in_flight(self) -> int:
-        """The lines in flight of the other unfinished batches of this model."""
+    async def _others_running(self) -> int:
+        """The other unfinished batches of this model (in progress or validating): the
+        workers' slots are shared between them equally."""
         redis = self._run.runner.redis
         others = [as_text(raw) for raw in await redis.smembers(names.ACTIVE_BATCHES_KEY)]
         others = [batch_id for batch_id in others if batch_id != self._run.id]
@@ -667,14 +669,13 @@ class _Window:
             return 0
         async with redis.pipeline(transaction=False) as pipe:
             for batch_id in others:
-                pipe.hget(names.batch_key(batch_id), "model")
-                pipe.hlen(names.batch_inflight_key(batch_id))
+                pipe.hmget(names.batch_key(batch_id), ["model", "status"])
             replies = await pipe.execute()
-        models, counts = replies[0::2], replies[1::2]
         return sum(
-            int(count)
-            for model, count in zip(models, counts, strict=True)
-            if self._model is None or as_text(model or b"") in ("", self._model)
+            1
+            for model, status in replies
+            if as_text(status or b"") in ("validating", "in_progress")
+            and (self._model is None or as_text(model or b"") in ("", self._model))
         )
 
 

@@ -448,3 +448,55 @@ async def test_a_batch_leaves_slots_free_and_an_online_request_starts_at_once(
         assert batch.status == "completed", batch
     assert all(ms is None or ms > started for ms in ended), (started, ended)
     assert_each_once(await asyncio.to_thread(output_lines, client, batch), custom_ids)
+
+
+async def test_a_second_batch_gets_its_share_of_a_full_worker(
+    gateway: GatewayProcess, scale_worker: WorkerProcess, tmp_path: Path
+) -> None:
+    """A batch fills the worker (its slots less the reserve); a second batch created then
+    does not wait for the first to end: while the first still has lines it has not sent,
+    each batch runs about half of the slots, and both complete with every line once."""
+    client = sdk(gateway)
+    sizes = {"first": 6 * SLOTS, "second": 3 * SLOTS}
+    batches: dict[str, Batch] = {}
+    ids: dict[str, list[str]] = {}
+    for name, lines in sizes.items():
+        ids[name] = [f"{name}-{n}" for n in range(lines)]
+        path = write_input(tmp_path / f"{name}.jsonl", ids[name], max_tokens=2 * TOKENS_PER_S)  # 2 s each
+        if name == "second":  # once the first fills the worker
+            await until_running(scale_worker, batches["first"].id, sizes["first"], SLOTS - 4)
+        batches[name] = await asyncio.to_thread(create_batch, client, path)
+    share = (SLOTS - 4) // 2
+    async with StreamqClient.connect(scale_worker.redis_url) as streamq:
+        deadline = time.monotonic() + 120
+        while True:
+            running = {name: await running_lines(streamq, batches[name].id, sizes[name]) for name in sizes}
+            unsent = await lines_in(streamq, batches["first"].id, sizes["first"], "unknown")
+            assert unsent, running  # the first batch sent its last line before the second got its share
+            if all(count >= share - 2 for count in running.values()):
+                break
+            assert time.monotonic() < deadline, running
+            await asyncio.sleep(0.1)
+    for name in sizes:
+        done = await asyncio.to_thread(until_final, client, batches[name].id)
+        assert done.status == "completed", done
+        assert_each_once(await asyncio.to_thread(output_lines, client, done), ids[name])
+
+
+async def lines_in(streamq: StreamqClient, batch_id: str, lines: int, state: str) -> int:
+    """How many of the batch's lines are in ``state`` now (each line's request is
+    ``<batch id>-<line>``; one not sent yet is ``unknown``)."""
+    found = [await streamq.status(f"{batch_id}-{number}") for number in range(1, lines + 1)]
+    return sum(1 for status in found if status.state == state)
+
+
+async def running_lines(streamq: StreamqClient, batch_id: str, lines: int) -> int:
+    return await lines_in(streamq, batch_id, lines, "running")
+
+
+async def until_running(worker: WorkerProcess, batch_id: str, lines: int, count: int) -> None:
+    async with StreamqClient.connect(worker.redis_url) as streamq:
+        deadline = time.monotonic() + 120
+        while (running := await running_lines(streamq, batch_id, lines)) < count:
+            assert time.monotonic() < deadline, running
+            await asyncio.sleep(0.1)
