@@ -147,7 +147,10 @@ CHAT_FIELDS: Final[dict[str, Field]] = {
     "add_generation_prompt": _honoured(),
     "continue_final_message": _honoured(),
     "documents": _honoured("for a template that uses them"),
-    "chat_template": _refused("a request's own template: `vllm serve` refuses it too unless trusted"),
+    "chat_template": _refused(
+        "a request's own template (even an empty one): `vllm serve` refuses it too unless trusted",
+        lambda value: value is None,
+    ),
     "chat_template_kwargs": _honoured("the variables the template uses, as in `vllm serve`"),
     "media_io_kwargs": _refused("media are not carried by the queue: text-only messages"),
     "mm_processor_kwargs": _refused("media are not carried by the queue: text-only messages"),

@@ -176,7 +176,7 @@ def parse_completion_body(body: Mapping[str, Any], *, limits: RequestLimits = DE
     in ``vllm serve``; each prompt becomes a request of its own. Without ``max_tokens``
     vLLM's default (16) applies, as OpenAI's does.
     """
-    body = _require_object(body)
+    body = _whole_numbers(_require_object(body), COMPLETION_INT_FIELDS)
     _check_fields(body, chat=False, strict=limits.reject_unknown_fields)
     limits.check_sampling(body)
     prompts = _prompts(body.get("prompt"), limits)
@@ -253,6 +253,12 @@ def _template_kwargs(body: Mapping[str, Any]) -> dict[str, Any] | None:
     template variable of its own (over the request's), and ``enable_thinking`` (unless the
     request set it) true for any effort but ``none``."""
     kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, Mapping) and kwargs.get("chat_template") is not None:
+        raise InvalidParameter(
+            "a request's own chat template (chat_template_kwargs.chat_template) is refused, as `vllm serve` "
+            "refuses one it is not told to trust",
+            param="chat_template_kwargs",
+        )
     effort = body.get("reasoning_effort")
     if effort is None:
         return kwargs
@@ -290,7 +296,7 @@ def chat_request_to_submit_kwargs(body: Mapping[str, Any], *, limits: RequestLim
     Without either, vLLM's default (16 tokens) applies, where ``vllm serve`` would
     fill the model's context: the producer does not know the model's length.
     """
-    body = _require_object(body)
+    body = _whole_numbers(_require_object(body), CHAT_INT_FIELDS)
     _check_fields(body, chat=True, strict=limits.reject_unknown_fields)
     limits.check_sampling(body)
     messages = body.get("messages")
@@ -488,6 +494,39 @@ def _prompts(value: object, limits: RequestLimits) -> list[Prompt]:
         )
     limits.check_prompts(prompts)
     return prompts
+
+
+_INT_FIELDS: Final = frozenset(
+    {
+        "max_tokens",
+        "n",
+        "best_of",
+        "seed",
+        "top_k",
+        "min_tokens",
+        "prompt_logprobs",
+        "truncate_prompt_tokens",
+        "priority",
+        "stream_interval",
+        "thinking_token_budget",
+    }
+)
+COMPLETION_INT_FIELDS: Final = _INT_FIELDS | {"logprobs"}
+"""The integer fields of vLLM's ``CompletionRequest`` (its ``logprobs`` is a count)."""
+CHAT_INT_FIELDS: Final = _INT_FIELDS | {"max_completion_tokens", "top_logprobs"}
+"""The integer fields of vLLM's ``ChatCompletionRequest`` (its ``logprobs`` is a switch)."""
+
+
+def _whole_numbers(body: Mapping[str, Any], names: frozenset[str]) -> Mapping[str, Any]:
+    """``body`` with a whole float in an integer field (``16.0``) made an integer, as
+    ``vllm serve``'s pydantic models take it (JSON Schema's ``integer`` allows ``1.0``); any
+    other float is left for the checks to refuse."""
+    whole = {
+        name: int(value)
+        for name in names & body.keys()
+        if isinstance(value := body[name], float) and value.is_integer()
+    }
+    return {**body, **whole} if whole else body
 
 
 def _require_object(body: object) -> Mapping[str, Any]:

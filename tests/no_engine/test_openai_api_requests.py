@@ -436,3 +436,39 @@ def test_bad_logprob_token_ids_are_refused(body: dict[str, Any], reason: str) ->
 def test_a_message_without_content_is_rendered_empty_as_vllm_serve_renders_it() -> None:
     kwargs = chat_request_to_submit_kwargs({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant"}]})
     assert kwargs["messages"][1] == {"role": "assistant", "content": ""}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "key", "expected"),
+    [
+        ("max_tokens", 16.0, "max_tokens", 16),
+        ("max_completion_tokens", 8.0, "max_tokens", 8),
+        ("stream_interval", 1.0, "stream_interval", 1),
+        ("seed", 3.0, "seed", 3),
+        ("top_k", 5.0, "top_k", 5),
+        ("priority", 2.0, "priority", 2),
+        ("truncate_prompt_tokens", 5.0, "truncate_prompt_tokens", 5),
+    ],
+)
+def test_a_whole_float_in_an_integer_field_is_taken_as_vllm_serve_takes_it(
+    field: str, value: float, key: str, expected: int
+) -> None:
+    """JSON Schema's ``integer`` allows ``16.0``, and vllm serve's pydantic models take it as 16."""
+    kwargs = chat_request_to_submit_kwargs({"messages": [{"role": "user", "content": "hi"}], field: value})
+    assert kwargs[key] == expected and type(kwargs[key]) is int
+
+
+def test_a_fractional_float_in_an_integer_field_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="top_k"):
+        chat_request_to_submit_kwargs({"messages": [{"role": "user", "content": "hi"}], "top_k": 5.5})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"chat_template": ""}, {"chat_template": "{{ messages }}"}, {"chat_template_kwargs": {"chat_template": ""}}],
+)
+def test_a_request_s_own_chat_template_is_refused_even_empty(fields: dict[str, Any]) -> None:
+    """``vllm serve`` refuses any template a request brings (``is not None``) unless it is
+    started with ``--trust-request-chat-template``; the workers never trust one."""
+    with pytest.raises(InvalidRequest, match="chat_template"):
+        chat_request_to_submit_kwargs({"messages": [{"role": "user", "content": "hi"}], **fields})
