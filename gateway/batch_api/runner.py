@@ -281,11 +281,9 @@ class _BatchRun:
     async def _send_lines(
         self, record: BatchRecord, source: FileRecord, running: dict[asyncio.Task[None], str]
     ) -> None:
-        for request_id, raw in (await self.runner.redis.hgetall(names.batch_inflight_key(self.id))).items():
-            line = _Line.from_json(as_text(request_id), raw)
-            running[self._start(record, source, line)] = line.request_id
-        lines = aiter(self.runner.files.read_lines(source, record.next_offset))
-        number, offset, exhausted = record.next_line, record.next_offset, False
+        await self._adopt_in_flight(record, source, running)
+        lines = aiter(self._requests_in(source, record.next_offset, record.next_line))
+        exhausted = False
         window = _Window(self, record.model, record.online_reserve)
         checked = time.monotonic()
         while True:
@@ -294,13 +292,10 @@ class _BatchRun:
                 if item is None:
                     exhausted = True
                     break
-                end, raw = item
-                line_number, start = number, offset
-                number, offset = number + 1, end
-                if not raw.strip():
-                    continue
-                line = _Line(line_number, start, _custom_id(raw), f"{self.id}-{line_number}")
-                await self.scripts.start_line(self.id, self.token, line.request_id, line.to_json(), offset, number)
+                line, raw, end = item
+                await self.scripts.start_line(
+                    self.id, self.token, line.request_id, line.to_json(), end, line.number + 1
+                )
                 running[self._start(record, source, line, raw)] = line.request_id
             if not running:
                 break
@@ -356,15 +351,29 @@ class _BatchRun:
         redis = self.runner.redis
         answered = await redis.get(names.batch_answered_key(self.id)) or b""
         in_flight = {as_text(key) for key in await redis.hkeys(names.batch_inflight_key(self.id))}
-        number, offset = 1, 0
-        async for end, raw in self.runner.files.read_lines(source, 0):
-            line_number, start = number, offset
+        async for line, raw, _ in self._requests_in(source, 0, 1):
+            byte = line.number >> 3
+            done = byte < len(answered) and answered[byte] >> (7 - (line.number & 7)) & 1
+            if not done and line.request_id not in in_flight:
+                yield line, raw
+
+    async def _requests_in(
+        self, source: FileRecord, offset: int, number: int
+    ) -> AsyncIterator[tuple[_Line, bytes, int]]:
+        """The input's lines that hold a request, from ``offset`` (line ``number``) on: each
+        with its raw bytes and the offset just past it (blank lines are counted, not yielded)."""
+        async for end, raw in self.runner.files.read_lines(source, offset):
+            if raw.strip():
+                yield _Line(number, offset, _custom_id(raw), f"{self.id}-{number}"), raw, end
             number, offset = number + 1, end
-            byte = line_number >> 3
-            done = byte < len(answered) and answered[byte] >> (7 - (line_number & 7)) & 1
-            request_id = f"{self.id}-{line_number}"
-            if raw.strip() and not done and request_id not in in_flight:
-                yield _Line(line_number, start, _custom_id(raw), request_id), raw
+
+    async def _adopt_in_flight(
+        self, record: BatchRecord, source: FileRecord, running: dict[asyncio.Task[None], str]
+    ) -> None:
+        """Follow the lines recorded in flight (sent by this gateway or the one before it)."""
+        for request_id, raw in (await self.runner.redis.hgetall(names.batch_inflight_key(self.id))).items():
+            line = _Line.from_json(as_text(request_id), raw)
+            running[self._start(record, source, line)] = line.request_id
 
     async def _ending(self, record: BatchRecord) -> str | None:
         """``cancelled`` when the batch was cancelled, ``expired`` once its window has passed
@@ -557,22 +566,17 @@ class _BatchRun:
         source = await self._input(record)
         running: dict[asyncio.Task[None], str] = {}
         if source is not None:
-            for request_id, raw in (await self.runner.redis.hgetall(names.batch_inflight_key(self.id))).items():
-                line = _Line.from_json(as_text(request_id), raw)
-                running[self._start(record, source, line)] = line.request_id
+            await self._adopt_in_flight(record, source, running)
         await self._cancel_running(running, ending)
         if source is not None:
-            number, offset = record.next_line, record.next_offset
             code, message = ENDING_MESSAGES[ending]
-            async for end, raw in self.runner.files.read_lines(source, record.next_offset):
-                line_number, start = number, offset
-                number, offset = number + 1, end
-                if raw.strip():
-                    line = _Line(line_number, start, _custom_id(raw), f"{self.id}-{line_number}")
-                    output = _error_line(line, code, message)
-                    await self.scripts.line_failed(self.id, self.token, output, offset, number, line.number)
-                    if (await self.runner.redis.llen(names.batch_results_key(self.id, "err"))) >= PART_LINES:
-                        await self._flush(final=False)
+            written = 0
+            async for line, _, end in self._requests_in(source, record.next_offset, record.next_line):
+                output = _error_line(line, code, message)
+                await self.scripts.line_failed(self.id, self.token, output, end, line.number + 1, line.number)
+                written += 1
+                if written % PART_LINES == 0:
+                    await self._flush(final=False)
             record = await self._reload()
             async for line, _ in self._unanswered(source):  # lost by a Redis that lost writes
                 output = _error_line(line, code, message)
