@@ -33,9 +33,10 @@ from streamq.broker.connection import (
 from streamq.protocol import (
     ChunkEvent,
     ErrorEvent,
+    Event,
     FinalEvent,
     InvalidRequest,
-    encode_event,
+    event_json,
 )
 
 SUBCOMMANDS = ("submit", "follow", "cancel", "status", "batch", "keys", "tenants")
@@ -238,7 +239,7 @@ class ResponsePrinter:
             parts.append(Text(""))
         return Group(*parts)
 
-    def show(self, label: str, raw_json: str, event: ChunkEvent | FinalEvent | ErrorEvent) -> None:
+    def show(self, label: str, raw_json: str, event: Event) -> None:
         if self.as_json:
             sys.stdout.write(raw_json + "\n")
             sys.stdout.flush()
@@ -256,7 +257,7 @@ async def _print_events(handle: RequestHandle, label: str, printer: ResponsePrin
     """Print one request's events; True if it finished, False if it failed."""
     try:
         async for event in handle:
-            printer.show(label, encode_event(event).decode(), event)
+            printer.show(label, event_json(event), event)
             if isinstance(event, ErrorEvent):
                 raise RequestError(handle.request_id, event.code, event.message)
     except StreamqError as exc:

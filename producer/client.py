@@ -47,6 +47,8 @@ from producer.errors import (
     redis_errors_as_streamq_errors,
 )
 from producer.handle import DIGEST_PATTERN, Completion, RequestHandle, Usage, event_digest
+from producer.pooled import Pooled, check_task
+from producer.pooled import inputs_of as _inputs_of
 from producer.sharded_subscriber import ShardedEventSubscriber
 from producer.status import StatusReader
 from producer.subscriber import EventSubscriber, Inbox
@@ -87,6 +89,7 @@ from streamq.protocol import (
     FinishReason,
     GenerateRequest,
     InvalidRequest,
+    Pooling,
     SamplingOptions,
     StreamqError,
     ToolOptions,
@@ -164,6 +167,27 @@ class RequestOptions(SamplingOptions, total=False):
     cache_salt: str | None
     include_reasoning: bool
     reasoning_per_chunk: bool
+    inputs: Sequence[str | Sequence[int]]
+    pooling: Pooling | dict[str, Any]
+
+
+class PoolOptions(TypedDict, total=False):
+    """The keywords ``embed`` and ``classify`` take beside their own: ``submit``'s that a
+    pooling request has."""
+
+    request_id: str
+    model: str | None
+    deadline_s: float | None
+    queue_timeout_s: float | None
+    callback: Callback | dict[str, Any] | None
+    priority: int
+    tenant: str | None
+    defer_s: float
+    affinity_key: str | None
+    affinity: bool
+    add_special_tokens: bool | None
+    truncate_prompt_tokens: int | None
+    cache_salt: str | None
 
 
 REQUEST_OPTION_NAMES: Final = RequestOptions.__optional_keys__ - SamplingOptions.__optional_keys__
@@ -468,6 +492,8 @@ class StreamqClient:
                 "cache_salt": options.get("cache_salt"),
                 "include_reasoning": options.get("include_reasoning", True),
                 "reasoning_per_chunk": options.get("reasoning_per_chunk", False),
+                "inputs": _inputs_of(options.get("inputs")),
+                "pooling": msgspec.to_builtins(pooling) if (pooling := options.get("pooling")) is not None else None,
             }
         )
         job = _job_payload(request)
@@ -486,6 +512,7 @@ class StreamqClient:
                         model=model,
                     ) from exc
                 raise
+            check_task(request, routes, model)
             if _cap_max_tokens(request, routes.context_length(model)):
                 job = _job_payload(request)
             if not routes.is_base_model(model):  # a LoRA adapter: only workers that serve it, its own first
@@ -589,6 +616,60 @@ class StreamqClient:
         handle = await self.submit(prompt, cancel_on_close=True, stream=False, **options)
         async with handle:
             return await handle.result(timeout)
+
+    async def embed(
+        self,
+        inputs: str | Sequence[int] | Sequence[str | Sequence[int]],
+        *,
+        dimensions: int | None = None,
+        use_activation: bool | None = None,
+        timeout: float | None = None,
+        **options: Unpack[PoolOptions],
+    ) -> Pooled:
+        """Embed ``inputs`` (a text, a token-id list, or a sequence of them) with a pooling
+        model's workers, all in one request (one job: the worker runs each input through the
+        engine, as ``vllm serve`` splits a list), and return their vectors
+        (``Pooled.vectors``: numpy arrays where numpy is installed, lists of floats
+        otherwise) with each input's token count.
+
+        ``dimensions`` and ``use_activation`` (normalize; the model's default: yes) are
+        ``vllm serve``'s fields; ``truncate_prompt_tokens`` keeps that many of each input's
+        tokens (``-1``: the model's context), else an input longer than the context ends
+        the request with an ``invalid_request`` error naming its index. The other keywords
+        are ``submit``'s (``model``, ``priority``, ``deadline_s``, ``callback``, ...), and
+        so are the errors, with ``RequestError`` for a request that ended in error.
+        At most ``MAX_POOLING_INPUTS`` inputs per call."""
+        pooling = Pooling(task="embed", dimensions=dimensions, use_activation=use_activation)
+        return await self._pool(inputs, pooling, timeout, options)
+
+    async def classify(
+        self,
+        inputs: str | Sequence[int] | Sequence[str | Sequence[int]],
+        *,
+        use_activation: bool | None = None,
+        timeout: float | None = None,
+        **options: Unpack[PoolOptions],
+    ) -> Pooled:
+        """Classify ``inputs`` with a classification model's workers (``--convert classify``):
+        each result is the input's class probabilities (raw scores with
+        ``use_activation=False``). Otherwise as ``embed``."""
+        pooling = Pooling(task="classify", use_activation=use_activation)
+        return await self._pool(inputs, pooling, timeout, options)
+
+    async def _pool(
+        self,
+        inputs: str | Sequence[int] | Sequence[str | Sequence[int]],
+        pooling: Pooling,
+        timeout: float | None,
+        options: PoolOptions,
+    ) -> Pooled:
+        request = cast(RequestOptions, {**options, "inputs": _inputs_of(inputs) or [], "pooling": pooling})
+        completion = await self.generate(None, timeout=timeout, **request)
+        if completion.pooled is None:
+            raise StreamqError(
+                f"request {completion.request_id}: it ended without results ({completion.finish_reason})"
+            )
+        return completion.pooled
 
     @overload
     def generate_many(

@@ -24,6 +24,7 @@ from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.errors import MissingEvents, RequestError, RequestLost, RequestTimeout, redis_errors_as_streamq_errors
+from producer.pooled import Pooled
 from producer.subscriber import Inbox, Resync
 from streamq.protocol import (
     TERMINAL_EVENTS,
@@ -33,6 +34,7 @@ from streamq.protocol import (
     FinalEvent,
     FinishReason,
     ParsedOutput,
+    PooledEvent,
     PromptEcho,
     StreamqError,
     TokenLogprob,
@@ -76,6 +78,8 @@ class Completion:
     """A chat request not streamed, on a worker with a tool or reasoning parser: per
     completion, its message as the parser read it (``content``, ``reasoning``,
     ``tool_calls``) and ``tool_calls`` as its finish reason where it called tools."""
+    pooled: Pooled | None = None
+    """A pooling request's results (its ``inputs``' vectors)."""
 
     @property
     def text(self) -> str:
@@ -117,6 +121,7 @@ class _CompletionParts:
         self.parsed: dict[int, ParsedOutput] = {}
         self.final: FinalEvent | None = None
         self.error: ErrorEvent | None = None
+        self.pooled: PooledEvent | None = None
 
     def add(self, event: Event) -> None:
         """Take one event (an error event is kept, for ``completion`` to raise)."""
@@ -134,6 +139,8 @@ class _CompletionParts:
                 self.prompt_echo = event.prompt_echo
             if event.parsed is not UNSET and event.finish_reason is not None:
                 self.parsed[event.index] = event.parsed
+        elif isinstance(event, PooledEvent):
+            self.pooled = event  # a take-over's may follow an earlier attempt's: the last holds
         elif isinstance(event, ErrorEvent):
             self.error = event
         else:
@@ -161,6 +168,7 @@ class _CompletionParts:
             prompt_echo=self.prompt_echo,
             worker_id=final.worker,
             parsed=[self.parsed.get(i) for i in range(n)] if self.parsed else None,
+            pooled=Pooled.of_event(self.pooled, final.worker) if self.pooled is not None else None,
         )
 
 

@@ -25,6 +25,7 @@ from worker.engine import max_batch_size, start_engine
 from worker.interrupt import exit_on_stop_signal
 from worker.lease import Leases
 from worker.logs import quiet_request_failures
+from worker.pooling import engine_tasks
 from worker.presence import Presence, served_model_name
 from worker.publisher import EventPublisher, Refusal
 from worker.scheduling import lower_worker_cpu_weight
@@ -182,6 +183,7 @@ async def on_startup(ctx: dict[str, Any]) -> None:
         closing.push_async_callback(leases.close)
         model, max_model_len = served_model_name(engine)
         adapters = await _adapters(config, engine, model)
+        tasks, pooled_size = await engine_tasks(engine)
         presence = Presence(
             redis,
             worker_id=worker_id,
@@ -191,6 +193,8 @@ async def on_startup(ctx: dict[str, Any]) -> None:
             slots=_slots(config, engine),
             adapters=adapters.cards() if adapters is not None else (),
             loads_adapters=adapters is not None and adapters.loads_adapters,
+            tasks=tasks,
+            pooled_size=pooled_size,
         )
         if adapters is not None:
             adapters.on_change = presence.list_adapters

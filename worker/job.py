@@ -43,6 +43,7 @@ from worker.delivery import Delivery
 from worker.engine import engine_priority
 from worker.job_context import Generation, JobContext, JobOutcome, RequestSummary, Superseded
 from worker.logprobs import LogprobsReader
+from worker.pooling import encode_all
 from worker.presence import Presence
 from worker.progress import Progress, thread_tokenizer
 from worker.prompt_options import engine_prompt, truncated
@@ -170,10 +171,19 @@ def _validate(job: JobContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -
 
 
 def _check_model(request: GenerateRequest, presence: Presence, adapters: Adapters | None) -> None:
-    """Refuse a request meant for another model: workers of two models sharing a queue
+    """Refuse a request the engine cannot run (generation on a pooling model, the reverse,
+    a pooling task it lacks: vLLM's messages), and one meant for another model: workers of two models sharing a queue
     would otherwise answer each other's requests with the wrong model. On a worker with
     LoRA adapters any other name is an adapter's, found (or refused by name) as it runs."""
-    served = presence.registration.model
+    registration = presence.registration
+    if request.pooling is not None and not registration.runs(request.pooling.task):
+        if registration.runs("generate"):
+            raise InvalidRequest("This model does not support pooling")
+        supported = ", ".join(registration.tasks)
+        raise InvalidRequest(f"Unsupported task: {request.pooling.task!r} Supported tasks: {supported}")
+    if request.pooling is None and not registration.runs("generate"):
+        raise InvalidRequest("This model does not support generation")
+    served = registration.model
     if request.model is not None and request.model != served and adapters is None:
         raise InvalidRequest(
             f"request for model {request.model!r} reached a worker serving model {served!r} "
@@ -307,6 +317,8 @@ async def _run(job: JobContext, request: GenerateRequest, events: RequestEvents,
     difference): take over what an earlier attempt logged, keep the deadlines, run the
     engine while each output is emitted, settle."""
     state = job.state
+    if request.pooling is not None:
+        return await _run_pooling(job, request, events)
     delivery = Delivery.of(request, state.checkpoint_tokens)
     events.checkpoint_tokens = delivery.checkpoint_tokens
     prompt = await _prompt(state, request)
@@ -506,6 +518,60 @@ async def _run_engine(
         ",".join(str(r) for r in progress.finish_reasons),
         progress.prompt_tokens,
         progress.completion_tokens,
+        time.monotonic() - started,
+    )
+    return progress.summary(request.request_id)
+
+
+async def _run_pooling(job: JobContext, request: GenerateRequest, events: RequestEvents) -> JobOutcome:
+    """A pooling request's flow (``worker/pooling.py``): as a generation's, with no tokens
+    to go on from, so a take-over runs its inputs again."""
+    state = job.state
+    engine: AsyncLLM = state.engine
+    progress = await _take_over(state, request, events, 1)
+    if progress.ended:
+        await _confirm_logged_end(state, events, progress)
+        return progress.summary(request.request_id)
+    if progress.superseded:
+        return _yield_to_owner(request.request_id, events.attempt)
+    if state.cancels.was_cancelled(request.request_id):
+        return await _end(job, events, request, progress, FinishReason.CANCELLED)
+    time_left = _time_left(state, job.queued_at_ms, request, events.attempt)
+    if isinstance(time_left, FinishReason):
+        return await _end(job, events, request, progress, time_left)
+    if getattr(engine, "errored", False):
+        raise EngineDeadError("the engine is dead")
+    this_run = (request.request_id, events.attempt)
+    started = time.monotonic()
+    try:
+        with state.cancels.registered(*this_run):
+            async with asyncio.timeout(time_left):
+                priority = engine_priority(engine, request.priority, taken_over=events.attempt > 1)
+                await job.admission.wait()
+                results = await encode_all(engine, request, priority, job.admission.entered)
+    except asyncio.CancelledError:
+        stop = state.cancels.take_stop(request.request_id, events.attempt)
+        if stop is None and not state.cancels.was_cancelled(request.request_id):
+            raise  # worker shutdown: arq hands the job back
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        if stop is None:
+            return await _end(job, events, request, progress, FinishReason.CANCELLED)
+        if await _settle(state, events, stop) is not None:
+            return _yield_to_owner(request.request_id, events.attempt)
+        return progress.summary(request.request_id)
+    except TimeoutError:
+        return await _end(job, events, request, progress, FinishReason.TIMEOUT)
+    progress.finish_reasons = [FinishReason.STOP.value]
+    progress.set_prompt_tokens(sum(results.prompt_tokens))
+    events.pooled(results.shapes, results.prompt_tokens, results.data)
+    events.final(progress.finish_reasons, progress.prompt_tokens, 0)
+    if await _settle(state, events) is not None:
+        return _yield_to_owner(request.request_id, events.attempt)
+    logger.info(
+        "request %s finished: %d inputs, %d prompt tokens in %.2fs",
+        request.request_id,
+        len(results.shapes),
+        progress.prompt_tokens,
         time.monotonic() - started,
     )
     return progress.summary(request.request_id)

@@ -48,6 +48,8 @@ class Presence:
         slots: int | None = None,
         adapters: tuple[AdapterCard, ...] = (),
         loads_adapters: bool = False,
+        tasks: tuple[str, ...] = (),
+        pooled_size: int | None = None,
     ) -> None:
         self.registration = WorkerRegistration(
             worker_id=worker_id,
@@ -57,6 +59,8 @@ class Presence:
             slots=slots,
             adapters=adapters,
             loads_adapters=loads_adapters,
+            tasks=tasks,
+            pooled_size=pooled_size,
         )
         self._registry = WorkerRegistry(redis)
         self._task: asyncio.Task[None] | None = None

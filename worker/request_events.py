@@ -21,6 +21,7 @@ from streamq.protocol import (
     Event,
     FinalEvent,
     ParsedOutput,
+    PooledEvent,
     TokenLogprob,
     encode_event,
 )
@@ -217,6 +218,19 @@ class RequestEvents:
             worker=self.worker_id,
         )
         self._end(event)
+
+    def pooled(self, shapes: list[list[int]], prompt_tokens: list[int], data: bytes) -> None:
+        """Publish a pooling request's results (its final event follows)."""
+        self._publish(
+            PooledEvent(
+                request_id=self.request_id,
+                seq=self._take_seq(),
+                attempt=self.attempt,
+                shapes=shapes,
+                prompt_tokens=prompt_tokens,
+                data=data,
+            )
+        )
 
     def error(self, code: str, message: str) -> None:
         """Publish the event that ends a failed request."""

@@ -81,6 +81,16 @@ class Routes:
         lengths = [w.max_model_len for w in self.workers if w.serves(model) and w.max_model_len is not None]
         return min(lengths, default=None)
 
+    def tasks(self, model: str) -> set[str]:
+        """What ``model``'s live workers run (``generate``, ``embed``, ...: vLLM's task
+        names); empty when none is live."""
+        return {task for w in self.workers if w.serves(model) for task in (w.tasks or ("generate",))}
+
+    def pooled_size(self, model: str) -> int | None:
+        """The most values per input a pooling request for ``model`` may return, over its
+        live workers; ``None`` when none reports it."""
+        return max((w.pooled_size for w in self.workers if w.serves(model) and w.pooled_size), default=None)
+
     def slots(self, model: str | None = None) -> int:
         """Requests the live workers of ``model`` (of every model, for ``None``) run at once,
         summed; a worker that reports no ``slots`` counts ``DEFAULT_SLOTS``."""

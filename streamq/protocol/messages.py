@@ -11,6 +11,7 @@ from msgspec import UNSET, UnsetType
 from streamq.protocol.names import (
     MAX_CACHE_SALT_CHARS,
     MAX_CALLBACK_URL_CHARS,
+    MAX_POOLING_INPUTS,
     MAX_PRIORITY,
     MAX_PROMPT_CHARS,
     MAX_PROMPT_TOKEN_IDS,
@@ -245,11 +246,31 @@ class Callback(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             raise ValueError(f"callback.url is {len(self.url)} characters; the limit is {MAX_CALLBACK_URL_CHARS}")
 
 
+POOLING_TASKS: Final = ("embed", "classify")
+"""The pooling tasks a request may name (vLLM's ``PoolingTask`` names): one vector per input."""
+
+
+class Pooling(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What a pooling request asks of a pooling model (``vllm.PoolingParams``): the task is
+    always named, since vLLM's default (``token_embed``) is one vector per token."""
+
+    task: Literal["embed", "classify"] = "embed"
+    dimensions: int | None = None
+    """Keep this many of the embedding's dimensions (a Matryoshka model), as vLLM's field."""
+    use_activation: bool | None = None
+    """Apply the pooler's activation (normalize an embedding, softmax the class scores);
+    absent: the model's default (yes), as vLLM's field."""
+
+    def __post_init__(self) -> None:
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ValueError(f"dimensions must be positive, got {self.dimensions}")
+
+
 class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """The payload of one job: what to generate and how.
 
-    Exactly one of ``prompt`` (plain text), ``prompt_token_ids`` or ``messages`` (chat)
-    is given.
+    Exactly one of ``prompt`` (plain text), ``prompt_token_ids``, ``messages`` (chat) or,
+    for a pooling model, ``inputs`` (with ``pooling``) is given.
     """
 
     request_id: str
@@ -313,6 +334,12 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     """With ``messages``, on a worker with a reasoning parser: every parsed chunk counts its
     completion's reasoning tokens so far (``parsed.reasoning_tokens``), not only the last,
     for a reader that puts usage in every chunk (``stream_options.continuous_usage_stats``)."""
+    inputs: list[str | list[int]] | None = None
+    """A pooling request's inputs, each a text or a token-id list: every one goes through the
+    engine (as ``vllm serve`` splits a list), and their results come back together in one
+    ``pooled`` event before the final event."""
+    pooling: Pooling | None = None
+    """Given with ``inputs``: the pooling task and its options."""
 
     def __post_init__(self) -> None:
         if not is_valid_request_id(self.request_id):
@@ -320,9 +347,15 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
                 f"request_id must match {REQUEST_ID_PATTERN.pattern} "
                 f"(letters, digits, '._:-', at most 128 characters), got {self.request_id!r}"
             )
-        given = [f for f in ("prompt", "prompt_token_ids", "messages") if getattr(self, f) is not None]
+        given = [f for f in ("prompt", "prompt_token_ids", "messages", "inputs") if getattr(self, f) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of 'prompt', 'prompt_token_ids' or 'messages', got {given or 'none'}")
+            raise ValueError(
+                f"give exactly one of 'prompt', 'prompt_token_ids', 'messages' or 'inputs', got {given or 'none'}"
+            )
+        if (self.inputs is None) != (self.pooling is None):
+            raise ValueError("'inputs' and 'pooling' go together: a pooling request gives both")
+        if self.inputs is not None:
+            _check_pooling_request(self)
         if self.prompt is not None and not self.prompt:
             raise ValueError("prompt must not be empty")
         if self.prompt_token_ids is not None:
@@ -364,8 +397,32 @@ class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
                 f"got {self.tenant!r}"
             )
         size = len(self.prompt or "") + sum(len(m.text) for m in self.messages or ())
+        size += sum(len(i) for i in self.inputs or () if isinstance(i, str))
         if size > MAX_PROMPT_CHARS:
             raise ValueError(f"prompt is {size} characters; the limit is {MAX_PROMPT_CHARS}")
+
+
+def _check_pooling_request(request: GenerateRequest) -> None:
+    """Refuse a pooling request's inputs that can never run, and generation's fields on it."""
+    inputs = request.inputs or []
+    if not inputs:
+        raise ValueError("inputs must not be empty")
+    if len(inputs) > MAX_POOLING_INPUTS:
+        raise ValueError(f"inputs holds {len(inputs)} inputs; the limit is {MAX_POOLING_INPUTS}")
+    for index, item in enumerate(inputs):
+        if isinstance(item, list):
+            if not item:
+                raise ValueError(f"inputs[{index}] is an empty token-id list")
+            if len(item) > MAX_PROMPT_TOKEN_IDS or min(item) < 0:
+                raise ValueError(f"inputs[{index}]: token ids must be 0 or more, at most {MAX_PROMPT_TOKEN_IDS}")
+    generation = {
+        "sampling": request.sampling != Sampling(),
+        "echo": request.echo,
+        "return_prompt_token_ids": request.return_prompt_token_ids,
+        "truncation_side": request.truncation_side is not None,
+    }
+    if given := [name for name, set_ in generation.items() if set_]:
+        raise ValueError(f"a pooling request takes no generation fields, got {', '.join(given)}")
 
 
 def check_cache_salt(salt: str) -> None:
@@ -427,7 +484,17 @@ class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defau
     loads_adapters: bool = False
     """Whether it loads adapters it does not list yet, by name (vLLM's LoRA resolvers): a
     request for a model no worker lists goes to its queue."""
+    tasks: tuple[str, ...] = ()
+    """What its engine runs, by vLLM's task names (``generate``; ``embed``, ``classify``, ...
+    for a pooling model); empty: ``generate`` (a worker that does not list them)."""
+    pooled_size: int | None = None
+    """A pooling model's values per input at most (its hidden size): what bounds a pooling
+    request's results (``MAX_POOLED_BYTES``) before it is enqueued."""
     v: int = PROTOCOL_VERSION
+
+    def runs(self, task: str) -> bool:
+        """Whether its engine runs ``task`` (``generate``, ``embed``, ...)."""
+        return task in (self.tasks or ("generate",))
 
     def serves(self, model: str) -> bool:
         """Whether ``model`` is this worker's base model or one of its listed adapters."""
@@ -557,6 +624,23 @@ class FinalEvent(_Event, tag="final", kw_only=True):
     the same worker are reusing its prefix cache (docs/features/prefix-aware-pickup.md)."""
 
 
+class PooledEvent(_Event, tag="pooled", kw_only=True):
+    """A pooling request's results, every input's, just before its final event.
+
+    On the wire it is a JSON line (these fields but ``data``), a newline, then ``data``: the
+    results packed as little-endian ``dtype``, input after input, each of the shape in
+    ``shapes`` (a 1,024-value embedding is 4 KiB, not ~20 KB of JSON numbers). JSON never
+    holds a raw newline, so any reader splits at the first one."""
+
+    dtype: str = "float32"
+    shapes: list[list[int]]
+    """Per input, its result's shape (one dimension for ``embed`` and ``classify``)."""
+    prompt_tokens: list[int]
+    """Per input, its tokens as the engine ran it (after truncation)."""
+    data: bytes | UnsetType = UNSET
+    """The packed results (carried after the JSON line, never inside it)."""
+
+
 class ErrorEvent(_Event, tag="error", kw_only=True):
     """The last event of a request that failed; ``code`` is an ``ErrorCode`` value."""
 
@@ -564,7 +648,7 @@ class ErrorEvent(_Event, tag="error", kw_only=True):
     message: str
 
 
-Event = ChunkEvent | FinalEvent | ErrorEvent
+Event = ChunkEvent | PooledEvent | FinalEvent | ErrorEvent
 TERMINAL_EVENTS: Final = (FinalEvent, ErrorEvent)
 
 _event_encoder = msgspec.json.Encoder()
@@ -572,10 +656,26 @@ _event_decoder = msgspec.json.Decoder(Event)
 
 
 def encode_event(event: Event) -> bytes:
-    """Serialize an event to its JSON wire form."""
+    """Serialize an event to its wire form: JSON, and for a ``PooledEvent`` its packed
+    results after a newline."""
+    if isinstance(event, PooledEvent) and isinstance(event.data, bytes):
+        return b"%b\n%b" % (_event_encoder.encode(msgspec.structs.replace(event, data=UNSET)), event.data)
     return _event_encoder.encode(event)
 
 
+def event_json(event: Event) -> str:
+    """An event as JSON text alone, for people and logs: a ``PooledEvent`` without its data."""
+    if isinstance(event, PooledEvent):
+        event = msgspec.structs.replace(event, data=UNSET)
+    return _event_encoder.encode(event).decode()
+
+
 def decode_event(data: bytes | str) -> Event:
-    """Parse an event's JSON wire form (raises ``msgspec.DecodeError`` on bad input)."""
+    """Parse an event's wire form (raises ``msgspec.DecodeError`` on bad input)."""
+    if isinstance(data, bytes) and (end := data.find(b"\n")) >= 0:
+        event = _event_decoder.decode(data[:end])
+        if not isinstance(event, PooledEvent):
+            raise msgspec.DecodeError("only a pooled event carries data after its JSON")
+        event.data = data[end + 1 :]
+        return event
     return _event_decoder.decode(data)

@@ -245,6 +245,16 @@ has one entry per chunk event (one or more DELTAs) plus its final event."""
 LOG_TTL_MS: Final = 3_600_000
 """How long a request's replay log outlives its last event."""
 
+MAX_POOLING_INPUTS: Final = 2048
+"""The most inputs one pooling request (``inputs``) may hold: OpenAI's bound per
+embeddings request."""
+
+MAX_POOLED_BYTES: Final = 16 * 1024 * 1024
+"""The most bytes of results one pooling request may return in its ``pooled`` event (its
+vectors, packed): far below Redis's default pub/sub output buffer limit (32 MB, past which
+Redis drops the subscriber). A request whose inputs could pass it (inputs x the model's
+``pooled_size`` x 4 bytes) is refused at enqueue."""
+
 # --- environment variables: their defaults (their names: streamq.env_vars) ----------
 DEFAULT_REDIS_URL: Final = "redis://localhost:6379"
 DEFAULT_DRAIN_SECONDS: Final = 30

@@ -1,0 +1,137 @@
+"""A pooling request through the engine: every input's vector, packed for one event.
+
+A request of many inputs is one job: each input is its own engine request (as ``vllm
+serve`` splits a list), all in the engine at once so it batches them, and their results go
+out together, packed as little-endian float32 (``PooledEvent``), not as JSON numbers.
+The task is always named (``embed``, ``classify``): vLLM's default for a pooling request
+without one is ``token_embed``, a vector per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+from vllm import PoolingParams
+from vllm.exceptions import VLLMValidationError
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from streamq.protocol import GenerateRequest, InvalidRequest, Pooling
+from worker.prompt_options import engine_prompt
+
+ENGINE_ID_SEPARATOR = "#"
+"""Between a request's id and an input's index in the engine's request ids: a character no
+request id holds, so no two requests' inputs share an engine id."""
+
+
+async def engine_tasks(engine: AsyncLLM) -> tuple[tuple[str, ...], int | None]:
+    """What the engine runs (vLLM's task names) and, for a pooling model, its most values
+    per input (the hidden size). An engine that cannot say runs ``generate``."""
+    supported = getattr(engine, "get_supported_tasks", None)
+    if supported is None:
+        return ("generate",), None
+    tasks = tuple(str(task) for task in await supported())
+    if "generate" in tasks:
+        return tasks, None
+    return tasks, int(engine.model_config.get_hidden_size())
+
+
+@dataclass(frozen=True)
+class PooledResults:
+    """Every input's result, packed, and its tokens."""
+
+    shapes: list[list[int]]
+    prompt_tokens: list[int]
+    data: bytes
+
+
+def pooling_params(pooling: Pooling) -> PoolingParams:
+    """vLLM's parameters for the request's ``pooling`` (task always set)."""
+    return PoolingParams(task=pooling.task, dimensions=pooling.dimensions, use_activation=pooling.use_activation)
+
+
+def _engine_input(item: str | list[int], request: GenerateRequest, max_model_len: int) -> Any:
+    """One input as the engine takes it; a token-id input truncated here (vLLM truncates
+    text as it tokenizes it, ``_tokenization_kwargs``)."""
+    keep = None if isinstance(item, str) else _keep(request, max_model_len)
+    return engine_prompt(item if keep is None else item[:keep], request.cache_salt)
+
+
+def _keep(request: GenerateRequest, max_model_len: int) -> int | None:
+    """How many tokens of each input to keep: ``truncate_prompt_tokens`` (``-1``: the whole
+    context, a pooling request leaving none for output, as ``vllm serve``)."""
+    keep = request.truncate_prompt_tokens
+    if keep is None:
+        return None
+    if keep > max_model_len:
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
+            "Please request a smaller truncation size."
+        )
+    return max_model_len if keep < 0 else keep
+
+
+def _tokenization_kwargs(request: GenerateRequest, max_model_len: int) -> dict[str, Any] | None:
+    kwargs: dict[str, Any] = {}
+    if request.add_special_tokens is not None:
+        kwargs["add_special_tokens"] = request.add_special_tokens
+    keep = _keep(request, max_model_len)
+    if keep is not None:
+        kwargs.update(truncation=True, max_length=keep)
+    return kwargs or None
+
+
+async def encode_all(
+    engine: AsyncLLM, request: GenerateRequest, priority: int, on_first: Callable[[], None]
+) -> PooledResults:
+    """Run every input of ``request`` through the engine at once and pack the results.
+
+    An input the engine refuses (too long, a bad token id) fails the whole request with
+    vLLM's message, prefixed with the input's index; the other inputs are aborted (a
+    cancelled ``encode`` aborts its engine request)."""
+    assert request.inputs is not None and request.pooling is not None, "validated: a pooling request"
+    params = pooling_params(request.pooling)
+    max_model_len = engine.model_config.max_model_len
+    tokenization = _tokenization_kwargs(request, max_model_len)
+    first = asyncio.Event()
+
+    async def one(index: int, item: str | list[int]) -> tuple[Any, int]:
+        engine_id = f"{request.request_id}{ENGINE_ID_SEPARATOR}{index}"
+        try:
+            prompt = _engine_input(item, request, max_model_len)
+            output = None
+            outputs = engine.encode(prompt, params, engine_id, priority=priority, tokenization_kwargs=tokenization)
+            async for last in outputs:  # one output, when the input is done
+                output = last
+        except (VLLMValidationError, ValueError) as exc:
+            raise InvalidRequest(f"inputs[{index}]: {exc}") from None
+        assert output is not None, "encode yields the request's one output"
+        if not first.is_set():
+            first.set()
+            on_first()
+        return output.outputs.data, len(output.prompt_token_ids or ())
+
+    tasks = [asyncio.ensure_future(one(index, item)) for index, item in enumerate(request.inputs)]
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:  # one failed: the rest leave the engine
+            task.cancel()
+    arrays = [
+        numpy.asarray(data.float().numpy() if hasattr(data, "numpy") else data, dtype="<f4") for data, _ in results
+    ]
+    return PooledResults(
+        shapes=[list(array.shape) for array in arrays],
+        prompt_tokens=[tokens for _, tokens in results],
+        data=b"".join(array.tobytes() for array in arrays),
+    )
+
+
+def _as_float32(data: Any) -> numpy.ndarray:
+    """A result (a CPU tensor, of whatever float type the model runs) as float32 numbers."""
+    if hasattr(data, "numpy"):
+        data = data.float().numpy()
+    return numpy.asarray(data, dtype="<f4")
