@@ -13,6 +13,7 @@ Imports neither vllm nor torch, so any service can use it.
 from producer.client import (
     Completion,
     Connecting,
+    PoolOptions,
     RequestHandle,
     RequestOptions,
     SamplingOptions,
@@ -35,6 +36,7 @@ from producer.errors import (
     StreamqError,
     UnknownModel,
 )
+from producer.pooled import Pooled
 from streamq.protocol import (
     Callback,
     ChatMessage,
@@ -44,6 +46,8 @@ from streamq.protocol import (
     Event,
     FinalEvent,
     ParsedOutput,
+    PooledEvent,
+    Pooling,
     PromptEcho,
     StructuredOutputs,
     TokenLogprob,
@@ -71,6 +75,10 @@ __all__ = [
     "MissingEvents",
     "NoLiveWorker",
     "ParsedOutput",
+    "PoolOptions",
+    "Pooled",
+    "PooledEvent",
+    "Pooling",
     "PromptEcho",
     "QueueFull",
     "RedisFull",

@@ -188,6 +188,8 @@ class StreamqClient(_Closes):
     submit = _blocking_handle(aio.StreamqClient.submit)
     follow = _blocking_handle(aio.StreamqClient.follow)
     generate = _blocking(aio.StreamqClient.generate)
+    embed = _blocking(aio.StreamqClient.embed)
+    classify = _blocking(aio.StreamqClient.classify)
     cancel = _blocking(aio.StreamqClient.cancel)
     status = _blocking(aio.StreamqClient.status)
     live_models = _blocking(aio.StreamqClient.live_models)
