@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_ELSEWHERE = {
     "lora_adapters.py": "tests/real_engine/test_lora_adapters.py, against workers with adapters",
     "flask_view.py": "test_the_flask_view_serves_and_streams, as a Flask server",
+    "client_embed.py": "tests/real_engine/test_pooling_through_the_queue.py, against an embedding worker",
 }
 EXAMPLES = sorted(path for path in (ROOT / "docs" / "examples").glob("*.py") if path.name not in RUN_ELSEWHERE)
 
