@@ -37,6 +37,7 @@ from producer.errors import InvalidParameter, RedisFull, RequestError, StreamqEr
 from producer.openai_api.endpoints import ENDPOINTS, Endpoint
 from producer.openai_api.errors import api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits, add_max_n_option
+from producer.openai_api.pooling import PoolingCall
 from producer.openai_api.requests import ResponseShape
 from streamq.broker.connection import add_connection_options
 from streamq.protocol import InvalidRequest
@@ -180,7 +181,7 @@ class _Running:
     custom_id: str | None
     endpoint: Endpoint
     model: str | None
-    shape: ResponseShape
+    shape: ResponseShape | PoolingCall
 
 
 STALL_CHECK_S = 5.0

@@ -42,6 +42,7 @@ from producer.internal_client import InternalClient
 from producer.openai_api.endpoints import ENDPOINTS, Endpoint
 from producer.openai_api.errors import ApiError, api_error_for
 from producer.openai_api.limits import DEFAULT_LIMITS, RequestLimits
+from producer.openai_api.pooling import PoolingCall
 from producer.openai_api.requests import ResponseShape
 from streamq.broker.registry import DEFAULT_SLOTS
 from streamq.broker.replies import as_text
@@ -101,7 +102,7 @@ class _Line:
 class _Prepared:
     kwargs: dict[str, Any]
     endpoint: Endpoint
-    shape: ResponseShape
+    shape: ResponseShape | PoolingCall
     model: str | None
 
 

@@ -25,11 +25,11 @@ from gateway.request_status import error_response
 from gateway.routes.completions import json_body, queue_tenant_of
 from gateway.routes.files import file_not_found, list_page, owner_of
 from gateway.state import services_of
-from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS
+from producer.openai_api.endpoints import CHAT_COMPLETIONS, COMPLETIONS, POOLING_BATCH_PATHS
 from producer.openai_api.errors import ApiError, bad_request
 
 BATCHES_PATH: Final = "/v1/batches"
-BATCH_ENDPOINTS: Final = (CHAT_COMPLETIONS.path, COMPLETIONS.path)
+BATCH_ENDPOINTS: Final = (CHAT_COMPLETIONS.path, COMPLETIONS.path, *POOLING_BATCH_PATHS)
 """What a batch's lines may call: the gateway's endpoints that answer one request a line."""
 CREATE_FIELDS: Final = frozenset({"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"})
 MAX_METADATA_PAIRS: Final = 16

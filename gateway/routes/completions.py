@@ -50,6 +50,7 @@ from streamq.protocol import (
     Event,
     FinalEvent,
     FinishReason,
+    PooledEvent,
     is_valid_request_id,
 )
 from streamq.protocol.affinity import check_affinity_key
@@ -440,6 +441,8 @@ async def _sse_text(
                 await account.close(succeeded=False)
                 yield encoder.framing.error(timed_out)
                 return
+            if isinstance(event, PooledEvent):
+                continue  # a pooling request's results: never on a completions stream
             if isinstance(event, ChunkEvent):
                 account.charge(0, len(event.token_ids))
             elif isinstance(event, FinalEvent):

@@ -41,7 +41,7 @@ from producer.openai_api.chunks import ChunkBuilder
 from producer.openai_api.errors import ApiError, ApiErrorType, bad_request
 from producer.openai_api.requests import OpenAIRequest, parse_openai_body
 from producer.openai_api.responses import ResponseMeta
-from streamq.protocol import is_valid_request_id
+from streamq.protocol import PooledEvent, is_valid_request_id
 
 RESPONSES_PATH: Final = "/v1/responses"
 CANCEL_WAIT_S: Final = 30.0
@@ -193,6 +193,8 @@ async def _replayed(
             if item is None:
                 yield None
                 continue
+            if isinstance(item, PooledEvent):
+                continue  # a pooling request's results: never on a response's stream
             events = [event for chunk in chunks.chunks(item) for event in framing.events(json.loads(chunk))]
             if chunks.done:
                 events += framing.end_events()
