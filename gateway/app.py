@@ -21,7 +21,7 @@ from gateway.dashboard.sampler import DashboardSampler
 from gateway.faces_messages import MESSAGES_FACE, MESSAGES_PATH
 from gateway.key_limits import KeyLimiter
 from gateway.queue_metrics import QueueTender
-from gateway.routes import batches, completions, files, messages, requests, responses, service, tokenizer
+from gateway.routes import batches, completions, files, messages, pooling, requests, responses, service, tokenizer
 from gateway.sse import DEFAULT_KEEPALIVE_S
 from gateway.state import GatewayConfig, GatewayServices
 from producer.internal_client import InternalClient
@@ -119,7 +119,7 @@ def create_app(
     app.state.config = GatewayConfig(
         limits=limits, queue_timeout_s=queue_timeout_s, keepalive_s=keepalive_s, tokenizer_model=tokenizer_model
     )
-    routers = (service, completions, messages, responses, requests, tokenizer, files, batches)
+    routers = (service, completions, pooling, messages, responses, requests, tokenizer, files, batches)
     for router in (module.router for module in routers):
         app.include_router(router)
     dashboard_routes.install(app)

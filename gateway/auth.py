@@ -176,6 +176,8 @@ class ApiKeyAuth:
 DASHBOARD_API_PREFIX = "/dashboard/api/"
 TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
 """``vllm serve``'s tokenizer routes, outside ``/v1/`` as there, guarded as ``/v1/*`` is."""
+POOLING_ROOT_PATHS = frozenset({"/pooling", "/classify", "/score", "/rerank"})
+"""``vllm serve``'s pooling routes outside ``/v1/``, guarded as ``/v1/*`` is."""
 """The dashboard's data: every queue's requests and workers, for operators only."""
 
 
@@ -211,6 +213,7 @@ class ApiKeyMiddleware:
         return (
             path.startswith(("/v1/", DASHBOARD_API_PREFIX))
             or path in TOKENIZER_PATHS
+            or path in POOLING_ROOT_PATHS
             or path == DASHBOARD_API_PREFIX.rstrip("/")
             or (self.protect_metrics and path == "/metrics")
         )
