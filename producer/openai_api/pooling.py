@@ -25,6 +25,8 @@ from typing import Any, Final, Literal
 
 from producer.errors import InvalidParameter
 from producer.openai_api.errors import ApiError, ApiErrorType, bad_request
+from producer.openai_api.fields import Support
+from producer.openai_api.pooling_fields import POOLING_FIELDS
 from producer.pooled import Pooled
 from streamq.protocol import MAX_POOLING_INPUTS, InvalidRequest, Pooling, is_valid_request_id
 from streamq.protocol.messages import check_cache_salt
@@ -126,10 +128,7 @@ def parse_pooling_body(path: str, body: object, *, default_task: Literal["embed"
     encoding = "float"
     if api.kind in ("embeddings", "pooling"):
         encoding = _encoding_format(body)
-    if api.kind == "classify":
-        for name in ("dimensions", "encoding_format"):
-            if body.get(name) is not None:
-                raise InvalidParameter(f"{name} is not a field of /classify", param=name)
+    if api.kind == "classify":  # vLLM's classify body has no dimensions: ignored, as vllm serve ignores it
         pooling = Pooling(task="classify", use_activation=use_activation)
     elif api.kind == "pooling":
         if body.get("dimensions") is not None:  # vLLM's words
@@ -149,10 +148,6 @@ def _scoring_call(
     api: PoolingApi, body: Mapping[str, Any], common: dict[str, Any], use_activation: bool | None
 ) -> PoolingCall:
     """A score or rerank body: its two sides, checked as vLLM's ``validate_score_input``."""
-    for name in ("max_tokens_per_query", "max_tokens_per_doc"):
-        value = body.get(name)
-        if value is not None and value != 0:
-            raise InvalidParameter(f"{name} is not supported by streamq (only 0: no truncation)", param=name)
     top_n = 0
     if api.kind == "rerank":
         if "query" not in body or "documents" not in body:
@@ -195,24 +190,13 @@ def _score_side(value: object, name: str, *, single: bool = False) -> list[str]:
 
 
 def _refuse_removed(body: Mapping[str, Any]) -> None:
-    """Fields vLLM 0.32 removed, with its words, and vLLM's fields streamq cannot honour."""
+    """``normalize``, which vLLM 0.32 removed (its words), and the fields ``POOLING_FIELDS``
+    refuses, unless they carry their default."""
     if "normalize" in body:
         raise InvalidParameter("Parameter `normalize` was removed; use `use_activation` instead.", param="normalize")
-    unsupported = {
-        "padding": "padding is not supported by streamq",
-        "truncation_side": "truncation_side is not supported by streamq for pooling (tokens are kept from the left)",
-        "mm_processor_kwargs": "streamq's pooling takes text or token ids only",
-        "embed_dtype": "streamq returns float32 only",
-    }
-    for name, why in unsupported.items():
-        value = body.get(name)
-        if value is not None and not (name == "embed_dtype" and value == "float32"):
-            raise InvalidParameter(f"{name}={_short(value)}: {why}", param=name)
-    endianness = body.get("endianness")
-    if endianness is not None and endianness not in ("native", "little"):
-        raise InvalidParameter(
-            f"endianness={_short(endianness)}: streamq returns little-endian only", param="endianness"
-        )
+    for name, spec in POOLING_FIELDS.items():
+        if spec.support is Support.REFUSED and name in body and not spec.is_default(body[name]):
+            raise InvalidParameter(f"{name}={_short(body[name])} is not supported by streamq: {spec.note}", param=name)
 
 
 def _options(body: Mapping[str, Any], api: PoolingApi) -> dict[str, Any]:

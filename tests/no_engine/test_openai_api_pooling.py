@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import warnings
+from pathlib import Path
 
 import numpy
 import pytest
 
 from producer.errors import InvalidParameter
 from producer.openai_api.errors import ApiError, api_error_for
+from producer.openai_api.fields import Support, table_markdown
 from producer.openai_api.pooling import (
     CLASSIFY,
     EMBEDDINGS,
@@ -21,6 +23,7 @@ from producer.openai_api.pooling import (
     parse_pooling_body,
     pooling_response,
 )
+from producer.openai_api.pooling_fields import POOLING_FIELDS, pooling_summary
 from producer.pooled import Pooled
 from streamq.protocol import MAX_POOLING_INPUTS, InvalidRequest, Pooling
 
@@ -33,6 +36,7 @@ with warnings.catch_warnings():
     from vllm.entrypoints.pooling.scoring import protocol as scoring_protocol
     from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
+GATEWAY_PAGE = Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
 VECTORS = numpy.array([[0.6, 0.8, 0.0], [1.0, 0.0, 0.0], [0.0, 0.6, -0.8]], dtype="<f4")
 POOLED = Pooled("r1", [[3]] * 3, [2, 3, 4], VECTORS.tobytes())
 
@@ -150,7 +154,10 @@ def test_score_takes_vllms_field_names_and_embeds_queries_then_documents(names: 
         ({"queries": "a", "documents": []}, "At least one text_pair element must be given"),
         ({"query": "a"}, "a score body needs one pair of fields"),
         ({"queries": "a", "documents": [{"content": []}]}, "streamq scores text only"),
-        ({"queries": "a", "documents": "b", "max_tokens_per_doc": 5}, "max_tokens_per_doc is not supported"),
+        (
+            {"queries": "a", "documents": "b", "max_tokens_per_doc": 5},
+            "max_tokens_per_doc=5 is not supported by streamq",
+        ),
     ],
 )
 def test_a_bad_score_body_is_a_400(body: dict[str, object], message: str) -> None:
@@ -284,3 +291,36 @@ def test_an_api_the_model_has_or_an_unknown_model_passes() -> None:
     check_model_tasks(EMBEDDINGS, {"embed", "token_embed"}, "m")
     check_model_tasks(RERANK, {"embed"}, "m")
     check_model_tasks(CLASSIFY, set(), "m")
+
+
+# --- the fields table ---
+
+
+def test_every_field_of_vllms_pooling_requests_is_classified() -> None:
+    classes = (
+        embed_protocol.EmbeddingCompletionRequest,
+        pooling_protocol.PoolingCompletionRequest,
+        classify_protocol.ClassificationCompletionRequest,
+        scoring_protocol.ScoreQueriesDocumentsRequest,
+        scoring_protocol.ScoreQueriesItemsRequest,
+        scoring_protocol.ScoreDataRequest,
+        scoring_protocol.ScoreTextRequest,
+        scoring_protocol.RerankRequest,
+    )
+    assert set(POOLING_FIELDS) == {name for cls in classes for name in cls.model_fields}
+
+
+def test_the_gateway_page_shows_the_pooling_table() -> None:
+    page = GATEWAY_PAGE.read_text(encoding="utf-8")
+    assert pooling_summary() in " ".join(page.split())
+    assert table_markdown(POOLING_FIELDS) in page
+
+
+@pytest.mark.parametrize("name", [n for n, spec in POOLING_FIELDS.items() if spec.support is Support.REFUSED])
+def test_a_refused_field_is_a_400_naming_it_and_its_default_passes(name: str) -> None:
+    body = {"input": "x", "query": "q", "documents": ["d"]}
+    with pytest.raises(InvalidParameter) as caught:
+        parse_pooling_body("/v1/embeddings", {**body, name: "asks-for-something"})
+    assert caught.value.param == name
+    default = {"embed_dtype": "float32", "endianness": "little"}.get(name)
+    parse_pooling_body("/v1/embeddings", {**body, name: default})
