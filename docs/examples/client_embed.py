@@ -12,7 +12,7 @@ async def main() -> None:
         embedded = await client.embed(documents, model=MODEL)  # one request, one job
         query = (await client.embed("Where do jobs wait?", model=MODEL)).as_lists()[0]
         # The vectors are normalized (the model's default): their dot product is the cosine.
-        scores = [sum(a * b for a, b in zip(vector, query)) for vector in embedded.as_lists()]
+        scores = [sum(a * b for a, b in zip(vector, query, strict=True)) for vector in embedded.as_lists()]
         best = max(range(len(documents)), key=scores.__getitem__)
         print(documents[best], len(query), embedded.prompt_tokens)
 

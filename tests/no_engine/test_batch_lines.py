@@ -45,7 +45,7 @@ MALFORMED: list[tuple[str, str, str | None, str]] = [
     ('{"custom_id": "c", "url": "/v1/completions", "body": {}}', "c", "c", "missing required parameter: method"),
     (line("c", {"prompt": "x"}, extra=1), "c", "c", "unknown field(s) in the batch line: extra"),
     (line("c", {"prompt": "x"}).replace('"POST"', '"GET"'), "c", "c", "method must be POST, got 'GET'"),
-    (line("c", {"prompt": "x"}, url="/v1/embeddings"), "c", "c", "URL '/v1/embeddings' is not supported"),
+    (line("c", {"prompt": "x"}, url="/v1/moderations"), "c", "c", "URL '/v1/moderations' is not supported"),
     (json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": []}), "c", "c", "body must"),
     (line("c", {"prompt": "x", "stream": True}), "c", "c", "a batch request must not be sent in stream mode"),
 ]

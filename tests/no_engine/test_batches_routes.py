@@ -176,7 +176,7 @@ async def test_another_tenants_file_is_not_found(setup: Setup) -> None:
 def bad_create_bodies(file_id: str, output_file_id: str) -> list[tuple[dict[str, Any], str, int]]:
     good = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
     return [
-        ({**good, "endpoint": "/v1/embeddings"}, "endpoint", 400),
+        ({**good, "endpoint": "/v1/moderations"}, "endpoint", 400),
         ({**good, "endpoint": "/v1/responses"}, "endpoint", 400),
         ({**good, "completion_window": "1h"}, "completion_window", 400),
         ({**good, "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", 400),

@@ -103,7 +103,15 @@ def test_created_defaults_to_now() -> None:
 
 
 def test_each_endpoint_builds_its_own_response() -> None:
-    assert list(ENDPOINTS) == ["/v1/completions", "/v1/chat/completions"]
+    assert list(ENDPOINTS) == [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+    ]
     assert COMPLETIONS.to_response([COMPLETION], model="m")["object"] == "text_completion"
     assert CHAT_COMPLETIONS.to_response([COMPLETION], model="m")["object"] == "chat.completion"
     assert CHAT_COMPLETIONS.to_submit_kwargs({"messages": [{"role": "user", "content": "x"}]}) == {
