@@ -59,7 +59,7 @@ def input_lines(model: str) -> list[str]:
         _request("several", "/v1/completions", {"prompt": ["Hi", "Yo"], "max_tokens": 2}),
         _request("cold", "/v1/completions", {"prompt": "Hi", "temperature": -1.0}),
         "",
-        json.dumps({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
+        json.dumps({"custom_id": "moderate", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}}),
         _request("nobody", "/v1/completions", {"model": "no-such-model", "prompt": "Hi", "max_tokens": 2}),
     ]
 
@@ -127,7 +127,7 @@ def test_batch_file_runs_through_the_queue_and_a_rerun_skips_what_is_done(
     assert several["response"]["status_code"] == 400 and "a batch line takes one prompt" in several["error"]
     assert by_id["cold"]["response"]["status_code"] == 400  # refused by vLLM on the worker
     assert by_id["cold"]["error"].startswith("invalid_request:") and "temperature" in by_id["cold"]["error"]
-    assert by_id["embed"]["response"]["status_code"] == 400 and "/v1/embeddings" in by_id["embed"]["error"]
+    assert by_id["moderate"]["response"]["status_code"] == 400 and "/v1/moderations" in by_id["moderate"]["error"]
     nobody = by_id["nobody"]  # routed by its model, which no worker serves
     assert nobody["response"]["status_code"] == 404 and "no worker serves model 'no-such-model'" in nobody["error"]
 

@@ -7,7 +7,11 @@ responses compared whole (only ids and timestamps may differ; vectors and scores
 from __future__ import annotations
 
 import base64
+import json
 import math
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,3 +194,67 @@ def test_an_empty_input_list_is_a_400_and_the_worker_answers_after(servers: tupl
     response = httpx.post(servers[1] + "/v1/embeddings", json={"model": MODEL, "input": []}, timeout=120)
     assert response.status_code == 400 and response.json()["error"]["param"] == "input", response.text
     _assert_same(servers, "/v1/embeddings", {"input": "still answering"})
+
+
+POOLING_LINES: list[tuple[str, str, dict[str, Any]]] = [
+    ("embed", "/v1/embeddings", {"input": ["one text", "another"]}),
+    ("embed-b64", "/v1/embeddings", {"input": "x", "encoding_format": "base64"}),
+    ("score", "/score", {"text_1": "a question", "text_2": ["an answer", "a banana"]}),
+    ("rerank", "/v1/rerank", {"query": "a question", "documents": ["a banana", "an answer"], "top_n": 1}),
+    ("too-long", "/v1/embeddings", {"input": ["short", LONG_TEXT]}),
+]
+"""Batch lines of the pooling APIs, as ``vllm run-batch`` reads them: each answered as the
+path is by ``vllm serve``; the too-long one a 400 naming its input."""
+
+
+def _batch_line(custom_id: str, url: str, body: dict[str, Any]) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": MODEL, **body}})
+
+
+def _assert_lines_answered_as_vllm_serve(servers: tuple[str, str], outputs: dict[str, dict[str, Any]]) -> None:
+    for custom_id, url, body in POOLING_LINES:
+        if custom_id not in outputs:
+            continue
+        if custom_id == "too-long":
+            assert outputs[custom_id]["status_code"] == 400, outputs[custom_id]
+            continue
+        theirs = httpx.post(servers[0] + url, json={"model": MODEL, **body}, timeout=120)
+        assert theirs.status_code == 200 and outputs[custom_id]["status_code"] == 200, outputs[custom_id]
+        _assert_close(theirs.json(), outputs[custom_id]["body"], custom_id)
+
+
+def test_a_batch_file_of_pooling_lines_is_answered_as_vllm_serve_answers_them(
+    servers: tuple[str, str], producer_url: str, tmp_path: Path
+) -> None:
+    source, results = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(_batch_line(*line) + "\n" for line in POOLING_LINES))
+    command = [sys.executable, "-m", "producer", "batch", str(source), str(results), "--redis-url", producer_url]
+    run = subprocess.run([*command, "--no-progress"], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 1, run.stderr  # one line failed
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    outputs = {line["custom_id"]: {**line["response"], "error": line["error"]} for line in lines}
+    assert sorted(outputs) == sorted(custom_id for custom_id, _, _ in POOLING_LINES)
+    assert outputs["too-long"]["error"].startswith("invalid_request: inputs[1]: ")
+    _assert_lines_answered_as_vllm_serve(servers, outputs)
+
+
+def test_the_batch_api_runs_an_embeddings_batch_as_vllm_serve_answers_its_lines(servers: tuple[str, str]) -> None:
+    embeddings = [line for line in POOLING_LINES if line[1] == "/v1/embeddings"]
+    data = "".join(_batch_line(*line) + "\n" for line in embeddings).encode()
+    with openai.OpenAI(base_url=servers[1] + "/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
+        upload = sdk.files.create(file=("embeddings.jsonl", data), purpose="batch")
+        batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/embeddings", completion_window="24h")
+        deadline = time.monotonic() + 120
+        while batch.status not in ("completed", "failed", "expired", "cancelled"):
+            assert time.monotonic() < deadline, batch
+            time.sleep(0.3)
+            batch = sdk.batches.retrieve(batch.id)
+        assert batch.status == "completed", batch
+        assert batch.request_counts is not None and (batch.request_counts.completed, batch.request_counts.failed) == (
+            len(embeddings) - 1,
+            1,
+        )
+        answered = [json.loads(x) for x in sdk.files.content(batch.output_file_id or "").text.splitlines()]
+        failed = [json.loads(x) for x in sdk.files.content(batch.error_file_id or "").text.splitlines()]
+    outputs = {line["custom_id"]: line["response"] for line in answered + failed}
+    _assert_lines_answered_as_vllm_serve(servers, outputs)
