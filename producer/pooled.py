@@ -110,7 +110,7 @@ def inputs_of(inputs: str | Sequence[int] | Sequence[str | Sequence[int]] | None
     if items and all(_is_token_id(item) for item in items):
         return [cast(list[int], items)]
     for index, item in enumerate(items):  # a dict or bytes would otherwise pass as its keys or byte values
-        if not isinstance(item, str) and not (_is_sequence(item) and all(_is_token_id(i) for i in item)):
+        if not isinstance(item, str) and not (_is_sequence(item) and all(map(_is_token_id, cast(Sequence[int], item)))):
             raise InvalidRequest(f"inputs[{index}] must be a text or a list of token ids, got {type(item).__name__}")
     return [item if isinstance(item, str) else list(cast(Sequence[int], item)) for item in items]
 
