@@ -156,11 +156,19 @@ async def test_truncate_prompt_tokens_embeds_the_first_tokens(client: StreamqCli
     assert pooled.prompt_tokens == [TRUNCATE, TRUNCATE]
     expected = await client.embed(kept, model=EMBED_MODEL)
     assert close(pooled.vectors, [expected.as_lists()[0]] * 2)
+    # -1: as many as the context holds (a pooling request leaves none for output).
+    whole = await client.embed([LONG_TEXT, long_ids], model=EMBED_MODEL, truncate_prompt_tokens=-1)
+    assert whole.prompt_tokens == [EMBED_MAX_MODEL_LEN] * 2
+    expected = await client.embed(long_ids[:EMBED_MAX_MODEL_LEN], model=EMBED_MODEL)
+    assert close(whole.vectors, [expected.as_lists()[0]] * 2)
+    with pytest.raises(RequestError, match=f"cannot be greater than max_model_len = {EMBED_MAX_MODEL_LEN}"):
+        await client.embed(["short"], model=EMBED_MODEL, truncate_prompt_tokens=EMBED_MAX_MODEL_LEN + 1)
 
 
-async def test_a_too_long_input_names_its_index(client: StreamqClient) -> None:
+@pytest.mark.parametrize("long_input", [LONG_TEXT, list(range(3, 3 + EMBED_MAX_MODEL_LEN + 1))], ids=["text", "ids"])
+async def test_a_too_long_input_names_its_index(client: StreamqClient, long_input: str | list[int]) -> None:
     with pytest.raises(RequestError) as error:
-        await client.embed(["short", LONG_TEXT], model=EMBED_MODEL)
+        await client.embed(["short", long_input], model=EMBED_MODEL)
     assert error.value.code == "invalid_request"
     assert str(error.value).count("inputs[1]: ") == 1
     assert f"maximum context length is {EMBED_MAX_MODEL_LEN} tokens" in str(error.value)
