@@ -104,10 +104,24 @@ def inputs_of(inputs: str | Sequence[int] | Sequence[str | Sequence[int]] | None
         return None
     if isinstance(inputs, str):
         return [inputs]
+    if not _is_sequence(inputs):
+        raise InvalidRequest(f"inputs must be a text, a token-id list or a list of them, got {type(inputs).__name__}")
     items = list(inputs)
-    if items and all(isinstance(item, int) for item in items):
+    if items and all(_is_token_id(item) for item in items):
         return [cast(list[int], items)]
+    for index, item in enumerate(items):  # a dict or bytes would otherwise pass as its keys or byte values
+        if not isinstance(item, str) and not (_is_sequence(item) and all(map(_is_token_id, cast(Sequence[int], item)))):
+            raise InvalidRequest(f"inputs[{index}] must be a text or a list of token ids, got {type(item).__name__}")
     return [item if isinstance(item, str) else list(cast(Sequence[int], item)) for item in items]
+
+
+def _is_sequence(value: object) -> bool:
+    """A list-like of inputs or token ids: not a text, bytes or a mapping (a ``Sequence``)."""
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray | memoryview)
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_task(request: GenerateRequest, routes: Routes, model: str) -> None:

@@ -120,9 +120,7 @@ async def encode_all(
     finally:
         for task in tasks:  # one failed: the rest leave the engine
             task.cancel()
-    arrays = [
-        numpy.asarray(data.float().numpy() if hasattr(data, "numpy") else data, dtype="<f4") for data, _ in results
-    ]
+    arrays = [_as_float32(data) for data, _ in results]
     return PooledResults(
         shapes=[list(array.shape) for array in arrays],
         prompt_tokens=[tokens for _, tokens in results],
