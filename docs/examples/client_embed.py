@@ -14,7 +14,8 @@ async def main() -> None:
         # The vectors are normalized (the model's default): their dot product is the cosine.
         scores = [sum(a * b for a, b in zip(vector, query, strict=True)) for vector in embedded.as_lists()]
         best = max(range(len(documents)), key=scores.__getitem__)
-        print(documents[best], len(query), embedded.prompt_tokens)
+        print(documents[best])
+        print(len(query), "dimensions;", embedded.prompt_tokens, "tokens per document")
 
 
 asyncio.run(main())

@@ -17,6 +17,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +35,7 @@ import redis.asyncio as aioredis
 from devkit.worker_process import SIZED_LINE, WorkerProcess, tiny_engine_flags, worker_env
 from producer.client import StreamqClient
 from producer.errors import RequestError
+from producer.sync import StreamqClient as BlockingClient
 from streamq.env_vars import CALLBACK_SECRET_ENV
 from streamq.protocol import (
     JOB_KEY_PREFIX,
@@ -55,6 +58,8 @@ EMBED_MODEL = "tiny-embed"
 """The embedding workers' served model name (the generation worker's is its directory)."""
 EMBED_QUEUE = f"streamq:queue:{EMBED_MODEL}-{uuid.uuid4().hex[:8]}"
 EMBED_MAX_MODEL_LEN = 256
+EMBEDDING_DIMENSIONS = 128
+"""The tiny model's hidden size: its vectors' length."""
 
 TEXTS = [
     "The future of artificial intelligence is",
@@ -394,3 +399,28 @@ async def test_a_pooling_request_whose_worker_died_is_run_again(
     assert numpy.allclose(
         numpy.frombuffer(pooled[0].data, dtype="<f4"), numpy.frombuffer(calm.data, dtype="<f4"), atol=TOLERANCE
     )
+
+
+def test_the_docs_client_example_finds_the_closest_document(embedder: WorkerProcess, producer_url: str) -> None:
+    """docs/features/pooling-models.md's example, run as a reader runs it, finds the document
+    the blocking client's vectors say is closest to its query."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "REDIS_URL": producer_url, "STREAMQ_EMBED_MODEL": EMBED_MODEL}
+    run = subprocess.run(
+        [sys.executable, str(root / "docs" / "examples" / "client_embed.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    assert run.returncode == 0, run.stderr
+    documents = ["Redis keeps the queue.", "vLLM runs the model.", "Workers pull jobs."]
+    with BlockingClient.connect(producer_url) as client:
+        embedded = client.embed(documents, model=EMBED_MODEL)
+        query = client.embed("Where do jobs wait?", model=EMBED_MODEL).vectors[0]
+    closest = documents[int(numpy.argmax([vector @ query for vector in embedded.vectors]))]
+    assert run.stdout.splitlines() == [
+        closest,
+        f"{EMBEDDING_DIMENSIONS} dimensions; {embedded.prompt_tokens} tokens per document",
+    ]
