@@ -19,7 +19,7 @@ from vllm import PoolingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from streamq.protocol import GenerateRequest, InvalidRequest, Pooling
+from streamq.protocol import MAX_POOLED_BYTES, GenerateRequest, InvalidRequest, Pooling
 from worker.prompt_options import engine_prompt
 
 ENGINE_ID_SEPARATOR = "#"
@@ -121,6 +121,12 @@ async def encode_all(
         for task in tasks:  # one failed: the rest leave the engine
             task.cancel()
     arrays = [_as_float32(data) for data, _ in results]
+    size = sum(array.nbytes for array in arrays)
+    if size > MAX_POOLED_BYTES:  # a producer that did not check the bound before enqueue
+        raise InvalidRequest(
+            f"the results of {len(arrays)} inputs are {size} bytes, past the {MAX_POOLED_BYTES}-byte bound on one "
+            "request's: send fewer inputs per request"
+        )
     return PooledResults(
         shapes=[list(array.shape) for array in arrays],
         prompt_tokens=[tokens for _, tokens in results],
