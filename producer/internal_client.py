@@ -40,6 +40,11 @@ class InternalClient(StreamqClient):
         """The live workers (model, queue, slots) and every model ever registered."""
         return await self._routes()
 
+    async def routes_serving(self, model: str) -> Routes:
+        """``routes()``, reused for a second while they show ``model`` live: the read ``submit``
+        makes, so a route that looks its model up first costs no second registry read."""
+        return await self._routes_serving(model)
+
     def models_waiting(self, routes: Routes) -> dict[str, str]:
         """Model name -> queue, for each model with no live worker in ``routes`` that still
         takes requests (they wait for its next worker): declared, or served within

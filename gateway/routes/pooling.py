@@ -70,7 +70,7 @@ async def _pool(request: Request, account: Account) -> Response:
     model = body.get("model") if isinstance(body, dict) else None
     tasks: set[str] = set()
     if isinstance(model, str) and model:
-        tasks = (await client.routes()).tasks(model)
+        tasks = (await client.routes_serving(model)).tasks(model)
     default_task: Literal["embed", "classify"] = "classify" if "classify" in tasks and "embed" not in tasks else "embed"
     call = parse_pooling_body(path, body, default_task=default_task)
     assert call.model is not None, "with_default_model names the model"
