@@ -20,6 +20,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from streamq.protocol import MAX_POOLED_BYTES, GenerateRequest, InvalidRequest, Pooling
+from worker.progress import thread_tokenizer
 from worker.prompt_options import engine_prompt
 
 ENGINE_ID_SEPARATOR = "#"
@@ -96,6 +97,7 @@ async def encode_all(
     params = pooling_params(request.pooling)
     max_model_len = engine.model_config.max_model_len
     tokenization = _tokenization_kwargs(request, max_model_len)
+    inputs = await _tokenized(engine, request.inputs, tokenization)
     first = asyncio.Event()
 
     async def one(index: int, item: str | list[int]) -> tuple[Any, int]:
@@ -103,7 +105,7 @@ async def encode_all(
         try:
             prompt = _engine_input(item, request, max_model_len)
             output = None
-            outputs = engine.encode(prompt, params, engine_id, priority=priority, tokenization_kwargs=tokenization)
+            outputs = engine.encode(prompt, params, engine_id, priority=priority)
             async for last in outputs:  # one output, when the input is done
                 output = last
         except (VLLMValidationError, ValueError) as exc:
@@ -114,7 +116,7 @@ async def encode_all(
             on_first()
         return output.outputs.data, len(output.prompt_token_ids or ())
 
-    tasks = [asyncio.ensure_future(one(index, item)) for index, item in enumerate(request.inputs)]
+    tasks = [asyncio.ensure_future(one(index, item)) for index, item in enumerate(inputs)]
     try:
         results = await asyncio.gather(*tasks)
     finally:
@@ -132,6 +134,28 @@ async def encode_all(
         prompt_tokens=[tokens for _, tokens in results],
         data=b"".join(array.tobytes() for array in arrays),
     )
+
+
+async def _tokenized(
+    engine: AsyncLLM, inputs: list[str | list[int]], tokenization: dict[str, Any] | None
+) -> list[str | list[int]]:
+    """``inputs`` with every text tokenized, in one batch call of the tokenizer in a thread
+    (``truncation`` and ``max_length`` as vLLM's renderer passes them): one call a request,
+    not one per input. A text past the context is left whole, for the engine to refuse
+    with vLLM's message."""
+    texts = [index for index, item in enumerate(inputs) if isinstance(item, str)]
+    if not texts:
+        return inputs
+    kwargs = {"add_special_tokens": True, **(tokenization or {})}
+    ids = await asyncio.to_thread(_encode_batch, engine.get_tokenizer(), [inputs[i] for i in texts], kwargs)
+    tokenized = list(inputs)
+    for index, token_ids in zip(texts, ids, strict=True):
+        tokenized[index] = token_ids
+    return tokenized
+
+
+def _encode_batch(engine_tokenizer: Any, texts: list[Any], kwargs: dict[str, Any]) -> list[list[int]]:
+    return [list(ids) for ids in thread_tokenizer(engine_tokenizer)(texts, **kwargs)["input_ids"]]
 
 
 def _as_float32(data: Any) -> numpy.ndarray:

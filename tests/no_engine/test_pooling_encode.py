@@ -8,7 +8,7 @@ import asyncio
 import warnings
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy
 import pytest
@@ -23,17 +23,32 @@ with warnings.catch_warnings():
     from worker.pooling import encode_all
 
 
+class CharacterTokenizer:
+    """A token per character, called as a Hugging Face tokenizer is: a batch at once. The
+    worker tokenizes with a copy of the engine's tokenizer: the calls are the class's."""
+
+    batches: ClassVar[list[list[str]]] = []
+
+    def __call__(self, texts: list[str], **_: Any) -> dict[str, list[list[int]]]:
+        self.batches.append(texts)
+        return {"input_ids": [[ord(c) for c in text] for text in texts]}
+
+
 class StandInEngine:
     """Answers each input with a vector of its length, after every input has arrived (so a
     request whose inputs were sent one after another would never finish)."""
 
     def __init__(self, inputs: int, *, refuse: int | None = None) -> None:
         self.model_config = SimpleNamespace(max_model_len=64)
+        self.tokenizer = CharacterTokenizer()
         self.all_arrived = asyncio.Event()
         self.arrived: list[str] = []
         self.aborted: list[str] = []
         self.inputs = inputs
         self.refuse = refuse
+
+    def get_tokenizer(self) -> CharacterTokenizer:
+        return self.tokenizer
 
     async def encode(self, prompt: Any, params: Any, request_id: str, **_: Any) -> AsyncIterator[Any]:
         self.arrived.append(request_id)
@@ -59,11 +74,12 @@ def request(inputs: list[str | list[int]]) -> GenerateRequest:
     return parse_request({"request_id": "r1", "inputs": inputs, "pooling": {"task": "embed"}})
 
 
-async def test_every_input_runs_at_once_and_results_come_back_in_input_order() -> None:
+async def test_every_input_runs_at_once_its_texts_tokenized_together_and_results_come_back_in_order() -> None:
     engine = StandInEngine(3)
     async with asyncio.timeout(30):  # inputs sent one after another would wait here for ever
         results = await encode_all(engine, request(["ab", [1, 2, 3], "abcd"]), 0, lambda: None)  # type: ignore[arg-type]
     assert engine.arrived == ["r1#0", "r1#1", "r1#2"]
+    assert CharacterTokenizer.batches[-1] == ["ab", "abcd"], "the texts are tokenized in one call"
     assert results.shapes == [[2], [3], [4]] and results.prompt_tokens == [2, 3, 4]
     values = numpy.frombuffer(results.data, dtype="<f4")
     assert values.tolist() == [0, 0, 1, 1, 1, 2, 2, 2, 2]
