@@ -180,7 +180,7 @@ class JobRunner:
         """arq's stored result of the job: its outcome, or the exception that failed it."""
         data = serialize_result(
             job.function,
-            tuple(job.args),
+            _stored_args(job.args),
             job.kwargs,
             tries,
             job.enqueued_ms,
@@ -195,6 +195,15 @@ class JobRunner:
         )
         assert data is not None, "serialize_job encodes any value (an exception as its type and message)"
         return data
+
+
+def _stored_args(args: list[Any]) -> tuple[Any, ...]:
+    """The job's arguments as its stored result keeps them: a pooling request's without its
+    ``inputs`` (a corpus would be kept twice, for as long as results are: the events already
+    hold what each input gave)."""
+    if len(args) == 1 and isinstance(args[0], dict) and "inputs" in args[0]:
+        return ({name: value for name, value in args[0].items() if name != "inputs"},)
+    return tuple(args)
 
 
 @dataclass(frozen=True)

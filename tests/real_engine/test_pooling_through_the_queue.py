@@ -170,6 +170,20 @@ async def test_truncate_prompt_tokens_embeds_the_first_tokens(client: StreamqCli
         await client.embed(["short"], model=EMBED_MODEL, truncate_prompt_tokens=EMBED_MAX_MODEL_LEN + 1)
 
 
+async def test_the_stored_result_keeps_the_request_but_not_its_inputs(
+    client: StreamqClient, raw_redis: aioredis.Redis
+) -> None:
+    """arq's result of a pooling job (kept an hour) names the request without its inputs: a
+    corpus is not kept twice."""
+    request_id = f"embed-{uuid.uuid4().hex}"
+    await client.embed(TEXTS, model=EMBED_MODEL, request_id=request_id)
+    result = await job_result(raw_redis, request_id)
+    assert result["s"] is True
+    (stored,) = result["a"]
+    assert (stored["request_id"], stored["model"], stored["pooling"]) == (request_id, EMBED_MODEL, {})  # embed: the default
+    assert "inputs" not in stored
+
+
 @pytest.mark.parametrize("long_input", [LONG_TEXT, list(range(3, 3 + EMBED_MAX_MODEL_LEN + 1))], ids=["text", "ids"])
 async def test_a_too_long_input_names_its_index(client: StreamqClient, long_input: str | list[int]) -> None:
     with pytest.raises(RequestError) as error:
