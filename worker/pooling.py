@@ -1,11 +1,12 @@
 """A pooling request through the engine: every input's vector, packed for one event.
 
 A request of many inputs is one job: its texts are tokenized in one batch call (one thread
-hop and one call of the tokenizer per request: most of what a front end spends per input),
-then each input is its own engine request (as ``vllm serve`` splits a list), all in the
-engine at once so it batches them, and their results go out together, packed as little-endian float32 (``PooledEvent``), not as JSON numbers.
-The task is always named (``embed``, ``classify``): vLLM's default for a pooling request
-without one is ``token_embed``, a vector per token.
+hop and one call of the tokenizer per request, where tokenizing each input alone is most of
+what a front end spends per input), then each input is its own engine request (as ``vllm
+serve`` splits a list), all in the engine at once so it batches them, and their results go
+out together, packed as little-endian float32 (``PooledEvent``), not as JSON numbers. The
+task is always named (``embed``, ``classify``): vLLM's default for a pooling request without
+one is ``token_embed``, a vector per token.
 """
 
 from __future__ import annotations

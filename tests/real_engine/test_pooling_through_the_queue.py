@@ -180,7 +180,8 @@ async def test_the_stored_result_keeps_the_request_but_not_its_inputs(
     result = await job_result(raw_redis, request_id)
     assert result["s"] is True
     (stored,) = result["a"]
-    assert (stored["request_id"], stored["model"], stored["pooling"]) == (request_id, EMBED_MODEL, {})  # embed: the default
+    # The task embed is the default, left out of the JSON.
+    assert (stored["request_id"], stored["model"], stored["pooling"]) == (request_id, EMBED_MODEL, {})
     assert "inputs" not in stored
 
 
