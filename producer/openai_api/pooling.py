@@ -27,10 +27,9 @@ from producer.errors import InvalidParameter
 from producer.openai_api.errors import ApiError, ApiErrorType, bad_request
 from producer.openai_api.fields import Support
 from producer.openai_api.pooling_fields import POOLING_FIELDS
+from producer.openai_api.requests import cache_salt_of, priority_of, truncate_prompt_tokens_of
 from producer.pooled import Pooled
 from streamq.protocol import MAX_POOLING_INPUTS, InvalidRequest, Pooling, is_valid_request_id
-from streamq.protocol.messages import check_cache_salt
-from streamq.protocol.names import MAX_PRIORITY, MIN_PRIORITY
 
 PoolingKind = Literal["embeddings", "pooling", "classify", "score", "rerank"]
 
@@ -202,32 +201,13 @@ def _refuse_removed(body: Mapping[str, Any]) -> None:
 def _options(body: Mapping[str, Any], api: PoolingApi) -> dict[str, Any]:
     """``submit``'s options of a pooling body, type-checked now."""
     options: dict[str, Any] = {}
-    keep = body.get("truncate_prompt_tokens")
-    if keep is not None:
-        if not isinstance(keep, int) or isinstance(keep, bool) or keep < -1:
-            raise InvalidParameter(
-                f"truncate_prompt_tokens must be an integer of -1 or more, got {_short(keep)}",
-                param="truncate_prompt_tokens",
-            )
+    if (keep := truncate_prompt_tokens_of(body)) is not None:
         options["truncate_prompt_tokens"] = keep
     if api.kind not in ("score", "rerank"):  # vLLM adds a scoring request's special tokens always
         options["add_special_tokens"] = _optional_bool(body, "add_special_tokens", default=True)
-    priority = body.get("priority")
-    if priority is not None:
-        if not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-            raise InvalidParameter(
-                f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {_short(priority)}",
-                param="priority",
-            )
+    if (priority := priority_of(body)) is not None:
         options["priority"] = priority
-    salt = body.get("cache_salt")
-    if salt is not None:
-        try:
-            if not isinstance(salt, str):
-                raise ValueError(f"cache_salt must be a string, got {_short(salt)}")
-            check_cache_salt(salt)
-        except ValueError as exc:
-            raise InvalidParameter(str(exc), param="cache_salt") from None
+    if (salt := cache_salt_of(body)) is not None:
         options["cache_salt"] = salt
     return options
 

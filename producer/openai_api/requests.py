@@ -63,13 +63,7 @@ def _prompt_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """``submit``'s ``truncate_prompt_tokens``, ``truncation_side`` and ``cache_salt``,
     type-checked now (the worker checks ``truncate_prompt_tokens`` against the model's context)."""
     fields: dict[str, Any] = {}
-    keep = body.get("truncate_prompt_tokens")
-    if keep is not None:
-        if not isinstance(keep, int) or isinstance(keep, bool) or keep < -1:
-            raise InvalidParameter(
-                f"truncate_prompt_tokens must be an integer of -1 or more, got {_short(keep)}",
-                param="truncate_prompt_tokens",
-            )
+    if (keep := truncate_prompt_tokens_of(body)) is not None:
         fields["truncate_prompt_tokens"] = keep
     side = body.get("truncation_side")
     if side is not None:
@@ -78,26 +72,55 @@ def _prompt_fields(body: Mapping[str, Any]) -> dict[str, Any]:
                 f"`truncation_side` must be either 'left' or 'right', got {_short(side)}", param="truncation_side"
             )
         fields["truncation_side"] = side
-    salt = body.get("cache_salt")
-    if salt is not None:
-        if not isinstance(salt, str) or not salt:
-            raise InvalidParameter("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
-        try:
-            check_cache_salt(salt)
-        except ValueError as exc:
-            raise InvalidParameter(str(exc), param="cache_salt") from None
+    if (salt := cache_salt_of(body)) is not None:
         fields["cache_salt"] = salt
     return fields
+
+
+def truncate_prompt_tokens_of(body: Mapping[str, Any]) -> int | None:
+    """The body's ``truncate_prompt_tokens``, type-checked (-1 or more; the worker checks it
+    against the model's context)."""
+    keep = body.get("truncate_prompt_tokens")
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < -1):
+        raise InvalidParameter(
+            f"truncate_prompt_tokens must be an integer of -1 or more, got {_short(keep)}",
+            param="truncate_prompt_tokens",
+        )
+    return keep
+
+
+def cache_salt_of(body: Mapping[str, Any]) -> str | None:
+    """The body's ``cache_salt``, checked as vLLM checks it."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise InvalidParameter("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    try:
+        check_cache_salt(salt)
+    except ValueError as exc:
+        raise InvalidParameter(str(exc), param="cache_salt") from None
+    return salt
+
+
+def priority_of(body: Mapping[str, Any]) -> int | None:
+    """The body's ``priority``: vLLM takes an integer; streamq's is 32-bit."""
+    priority = body.get("priority")
+    if priority is not None and (
+        not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise InvalidParameter(
+            f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {_short(priority)}",
+            param="priority",
+        )
+    return priority
 
 
 def _queue_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """``submit``'s ``priority`` (vLLM takes an integer; streamq's is 32-bit) and
     ``affinity_key`` (vLLM's ``session_id``: a stable identity shared by related requests)."""
     fields: dict[str, Any] = {}
-    priority = body.get("priority")
-    if priority is not None:
-        if not isinstance(priority, int) or isinstance(priority, bool) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-            raise InvalidRequest(f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}")
+    if (priority := priority_of(body)) is not None:
         fields["priority"] = priority
     session = body.get("session_id")
     if session is not None:
