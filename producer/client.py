@@ -141,12 +141,10 @@ class ConnectOptions(TypedDict, total=False):
     connect_timeout_s: float | None
 
 
-class RequestOptions(SamplingOptions, total=False):
-    """``submit``'s and ``generate``'s keyword arguments beside the prompt, spelled once:
-    the request's own (``submit`` says what each does) and ``SamplingOptions``, so that an
-    editor completes them and a type checker catches a typo."""
+class PoolOptions(TypedDict, total=False):
+    """The request's own keyword arguments that every request takes, a pooling one too
+    (``embed``'s and ``classify``'s beside their own); ``submit`` says what each does."""
 
-    messages: Sequence[ChatMessage | dict[str, Any]] | None
     request_id: str | None
     model: str | None
     deadline_s: float | None
@@ -157,37 +155,26 @@ class RequestOptions(SamplingOptions, total=False):
     defer_s: float
     affinity_key: str | None
     affinity: bool
+    add_special_tokens: bool | None
+    truncate_prompt_tokens: int | None
+    cache_salt: str | None
+
+
+class RequestOptions(SamplingOptions, PoolOptions, total=False):
+    """``submit``'s and ``generate``'s keyword arguments beside the prompt, spelled once:
+    the request's own (``PoolOptions`` and those below; ``submit`` says what each does) and
+    ``SamplingOptions``, so that an editor completes them and a type checker catches a typo."""
+
+    messages: Sequence[ChatMessage | dict[str, Any]] | None
     echo: bool
     chat_options: ChatTemplateOptions | dict[str, Any] | None
-    add_special_tokens: bool | None
     tools: ToolOptions | dict[str, Any] | None
     return_prompt_token_ids: bool
-    truncate_prompt_tokens: int | None
     truncation_side: Literal["left", "right"] | None
-    cache_salt: str | None
     include_reasoning: bool
     reasoning_per_chunk: bool
     inputs: Sequence[str | Sequence[int]]
     pooling: Pooling | dict[str, Any]
-
-
-class PoolOptions(TypedDict, total=False):
-    """The keywords ``embed`` and ``classify`` take beside their own: ``submit``'s that a
-    pooling request has."""
-
-    request_id: str
-    model: str | None
-    deadline_s: float | None
-    queue_timeout_s: float | None
-    callback: Callback | dict[str, Any] | None
-    priority: int
-    tenant: str | None
-    defer_s: float
-    affinity_key: str | None
-    affinity: bool
-    add_special_tokens: bool | None
-    truncate_prompt_tokens: int | None
-    cache_salt: str | None
 
 
 REQUEST_OPTION_NAMES: Final = RequestOptions.__optional_keys__ - SamplingOptions.__optional_keys__
