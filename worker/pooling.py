@@ -12,7 +12,7 @@ one is ``token_embed``, a vector per token.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from streamq.protocol import MAX_POOLED_BYTES, GenerateRequest, InvalidRequest, Pooling
 from worker.progress import thread_tokenizer
-from worker.prompt_options import engine_prompt
+from worker.prompt_options import check_truncation, engine_prompt
 
 ENGINE_ID_SEPARATOR = "#"
 """Between a request's id and an input's index in the engine's request ids: a character no
@@ -56,35 +56,14 @@ def pooling_params(pooling: Pooling) -> PoolingParams:
     return PoolingParams(task=pooling.task, dimensions=pooling.dimensions, use_activation=pooling.use_activation)
 
 
-def _engine_input(item: str | list[int], request: GenerateRequest, max_model_len: int) -> Any:
-    """One input as the engine takes it; a token-id input truncated here (vLLM truncates
-    text as it tokenizes it, ``_tokenization_kwargs``)."""
-    keep = None if isinstance(item, str) else _keep(request, max_model_len)
-    return engine_prompt(item if keep is None else item[:keep], request.cache_salt)
-
-
 def _keep(request: GenerateRequest, max_model_len: int) -> int | None:
     """How many tokens of each input to keep: ``truncate_prompt_tokens`` (``-1``: the whole
     context, a pooling request leaving none for output, as ``vllm serve``)."""
     keep = request.truncate_prompt_tokens
     if keep is None:
         return None
-    if keep > max_model_len:
-        raise InvalidRequest(
-            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
-            "Please request a smaller truncation size."
-        )
+    check_truncation(keep, max_model_len)
     return max_model_len if keep < 0 else keep
-
-
-def _tokenization_kwargs(request: GenerateRequest, max_model_len: int) -> dict[str, Any] | None:
-    kwargs: dict[str, Any] = {}
-    if request.add_special_tokens is not None:
-        kwargs["add_special_tokens"] = request.add_special_tokens
-    keep = _keep(request, max_model_len)
-    if keep is not None:
-        kwargs.update(truncation=True, max_length=keep)
-    return kwargs or None
 
 
 async def encode_all(
@@ -97,15 +76,14 @@ async def encode_all(
     cancelled ``encode`` aborts its engine request)."""
     assert request.inputs is not None and request.pooling is not None, "validated: a pooling request"
     params = pooling_params(request.pooling)
-    max_model_len = engine.model_config.max_model_len
-    tokenization = _tokenization_kwargs(request, max_model_len)
-    inputs = await _tokenized(engine, request.inputs, tokenization)
+    keep = _keep(request, engine.model_config.max_model_len)
+    inputs = await _token_ids(engine, request.inputs, keep, request.add_special_tokens)
     first = asyncio.Event()
 
-    async def one(index: int, item: str | list[int]) -> tuple[Any, int]:
+    async def one(index: int, token_ids: list[int]) -> tuple[Any, int]:
         engine_id = f"{request.request_id}{ENGINE_ID_SEPARATOR}{index}"
         try:
-            prompt = _engine_input(item, request, max_model_len)
+            prompt = engine_prompt(token_ids, request.cache_salt)
             output = None
             outputs = engine.encode(prompt, params, engine_id, priority=priority)
             async for last in outputs:  # one output, when the input is done
@@ -138,22 +116,23 @@ async def encode_all(
     )
 
 
-async def _tokenized(
-    engine: AsyncLLM, inputs: list[str | list[int]], tokenization: dict[str, Any] | None
-) -> list[str | list[int]]:
-    """``inputs`` with every text tokenized, in one batch call of the tokenizer in a thread
-    (``truncation`` and ``max_length`` as vLLM's renderer passes them): one call a request,
-    not one per input. A text past the context is left whole, for the engine to refuse
-    with vLLM's message."""
-    texts = [index for index, item in enumerate(inputs) if isinstance(item, str)]
-    if not texts:
-        return inputs
-    kwargs = {"add_special_tokens": True, **(tokenization or {})}
-    ids = await asyncio.to_thread(_encode_batch, engine.get_tokenizer(), [inputs[i] for i in texts], kwargs)
-    tokenized = list(inputs)
-    for index, token_ids in zip(texts, ids, strict=True):
-        tokenized[index] = token_ids
-    return tokenized
+async def _token_ids(
+    engine: AsyncLLM, inputs: list[str | list[int]], keep: int | None, add_special_tokens: bool | None
+) -> list[list[int]]:
+    """Every input as the token ids the engine is given, cut to ``keep``: the texts tokenized
+    in one batch call of the tokenizer in a thread (``truncation`` and ``max_length`` as vLLM's
+    renderer passes them), one call a request, not one per input. A text past the context is
+    left whole, for the engine to refuse with vLLM's message."""
+    ids = [item if keep is None else item[:keep] for item in inputs if not isinstance(item, str)]
+    texts = [item for item in inputs if isinstance(item, str)]
+    tokenized: Iterator[list[int]] = iter(())
+    if texts:
+        kwargs: dict[str, Any] = {"add_special_tokens": add_special_tokens is not False}
+        if keep is not None:
+            kwargs.update(truncation=True, max_length=keep)
+        tokenized = iter(await asyncio.to_thread(_encode_batch, engine.get_tokenizer(), texts, kwargs))
+    given = iter(ids)
+    return [next(tokenized) if isinstance(item, str) else next(given) for item in inputs]
 
 
 def _encode_batch(engine_tokenizer: Any, texts: list[Any], kwargs: dict[str, Any]) -> list[list[int]]:

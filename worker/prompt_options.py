@@ -19,17 +19,22 @@ def truncated(token_ids: list[int], request: GenerateRequest, max_model_len: int
     keep = request.truncate_prompt_tokens
     if keep is None:
         return token_ids
-    if keep > max_model_len:
-        raise InvalidRequest(
-            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
-            "Please request a smaller truncation size."
-        )
+    check_truncation(keep, max_model_len)
     if keep < 0:
         keep = max(0, max_model_len - 1)
     if keep >= len(token_ids):
         return token_ids
     side = request.truncation_side or getattr(tokenizer, "truncation_side", "right")
     return token_ids[len(token_ids) - keep :] if side == "left" else token_ids[:keep]
+
+
+def check_truncation(keep: int, max_model_len: int) -> None:
+    """Refuse a ``truncate_prompt_tokens`` past the context, as ``vllm serve`` refuses it."""
+    if keep > max_model_len:
+        raise InvalidRequest(
+            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {max_model_len}. "
+            "Please request a smaller truncation size."
+        )
 
 
 def engine_prompt(prompt: str | list[int], cache_salt: str | None) -> str | TextPrompt | TokensPrompt:
