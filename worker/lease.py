@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from redis.asyncio import Redis
 
 from streamq.broker.data_plane import OwnerRead
-from streamq.protocol import IN_PROGRESS_PREFIX, LEASE_TTL_MS
+from streamq.protocol import IN_PROGRESS_PREFIX, JOB_KEY_PREFIX, LEASE_TTL_MS
 from streamq.protocol.names import cancelled_key
 from streamq.protocol.script_calls import LeaseRenewal, RenewLeases
 from streamq.protocol.scripts import Script
@@ -110,6 +110,7 @@ class Leases:
         jobs = [
             LeaseRenewal(
                 IN_PROGRESS_PREFIX + request_id,
+                JOB_KEY_PREFIX + request_id,
                 lease_holder(self.worker_id, attempt),
                 attempt,
                 cancelled_key(request_id),

@@ -101,7 +101,9 @@ class OwnerRead:
     ``schedule_callback``) read the owner key themselves, atomically with their writes. On
     a cluster the owner key lives on another server, so its value is read first and passed
     in: ownership only moves forward (a newer attempt, then ``ended`` for good), so a value
-    read a moment early can only make a script act as it would have a moment earlier."""
+    read a moment early can only make a script decide as it would have a moment earlier.
+    What it writes lands later, though: ``renew_leases`` sets a lease only while the job is
+    stored, so that a renewal after the job's end does not set its lease again."""
 
     def __init__(self, data: DataRedis) -> None:
         self.names = names_of(data)

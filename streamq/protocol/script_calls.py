@@ -536,6 +536,7 @@ class LeaseRenewal(NamedTuple):
     """One job of ``RenewLeases``: ``owner_key`` on one Redis, else ``owner`` (every job alike)."""
 
     in_progress_key: Key
+    job_key: Key
     holder: str
     attempt: int
     cancelled_key: str

@@ -87,6 +87,7 @@ class Roles:
         renewals = [
             LeaseRenewal(
                 IN_PROGRESS_PREFIX + job_id,
+                JOB_KEY_PREFIX + job_id,
                 lease_holder(worker_id, 1),
                 1,
                 cancelled_key(job_id),

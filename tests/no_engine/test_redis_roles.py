@@ -117,9 +117,8 @@ async def test_a_producer_cannot_renew_or_take_a_lease(producer: aioredis.Redis,
     job_id = f"test-{uuid.uuid4().hex}"
     lease = IN_PROGRESS_PREFIX + job_id
     await admin.set(lease, "worker-1:1", px=60_000)
-    renew = RenewLeases(
-        ttl_ms=LEASE_TTL_MS, jobs=[LeaseRenewal(lease, "intruder:1", 1, cancelled_key(job_id), owner="")]
-    )
+    renewal = LeaseRenewal(lease, JOB_KEY_PREFIX + job_id, "intruder:1", 1, cancelled_key(job_id), owner="")
+    renew = RenewLeases(ttl_ms=LEASE_TTL_MS, jobs=[renewal])
     with pytest.raises(NoPermissionError):  # its KEYS must be writable
         await Script(producer, RenewLeases)(renew)
     with pytest.raises(NoPermissionError):
@@ -213,6 +212,7 @@ async def test_a_worker_does_its_own_work(worker: aioredis.Redis, admin: aioredi
     assert await admin.exists(affinity_free_key(queue, name)) == 0
     lost: list[tuple[str, int]] = []
     leases = Leases(worker, worker_id=name, on_lost=lambda *job: lost.append(job))
+    await admin.set(JOB_KEY_PREFIX + request_id, b"{}")  # a lease is renewed while its job is stored
     with leases.held(request_id, 1):
         await leases.renew()
     assert not lost and await admin.get(IN_PROGRESS_PREFIX + request_id) == f"{name}:1".encode()
