@@ -113,6 +113,24 @@ async def test_a_request_whose_queue_was_evicted_is_lost_naming_eviction_not_wai
     assert EVICTION_WORDS in str(lost.value), lost.value
 
 
+@pytest.mark.parametrize("evicted", ["its tenant's queue", "the bands"])
+async def test_a_queued_job_whose_place_in_the_index_was_evicted_is_still_run(
+    worker: WorkerProcess, admin: aioredis.Redis, redis_server: RedisServer, evicted: str
+) -> None:
+    """The claim's index (the priority bands, each band's tenants, each tenant's queue of
+    jobs) lost the job's place, its entry still there: the claim's scan of arq's queue finds
+    the job no claim reaches any more, and it runs, instead of waiting queued forever."""
+    async with await StreamqClient.connect(redis_server.url) as client:
+        with paused(worker):
+            handle = await client.submit("index evicted", max_tokens=8, ignore_eos=True)
+            pattern = f"{client.queue}:fifo:*" if evicted == "its tenant's queue" else f"{client.queue}:bands"
+            keys = [key async for key in admin.scan_iter(match=pattern)]
+            assert keys and await admin.delete(*keys) == len(keys)
+            assert await admin.hexists(f"{client.queue}:indexed", handle.request_id)
+        completion = await asyncio.wait_for(handle.result(), 30)
+    assert completion.completion_tokens == 8 and completion.finish_reasons == ["length"]
+
+
 async def test_a_running_request_whose_lease_was_evicted_ends_once_with_every_token(
     worker: WorkerProcess, admin: aioredis.Redis, redis_server: RedisServer
 ) -> None:
@@ -220,5 +238,5 @@ async def test_under_a_full_evicting_redis_every_request_ends_once_and_none_hang
         await admin.config_set("maxmemory", 0)
         assert worker.stop() == 0, worker.log_tail()
     assert evicted > 0, "Redis evicted nothing: the test did not test"
-    assert sum(outcomes.values()) == 1000 and "waited past 60 s" not in outcomes, (outcomes, waited[:3])
+    assert sum(outcomes.values()) == 1000 and "waited past 60 s" not in outcomes, f"{outcomes}: {'; '.join(waited)}"
     assert not unexplained, unexplained[:3]

@@ -45,7 +45,8 @@
 --    TTL (<queue>:affinity:<key>); a claim of a job with keys not held for this worker is a
 --    miss; the worker's free slots and load are set for enqueue to read;
 -- 3. at most once per scan interval (all workers together), arq's queue itself, in score
---    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script;
+--    order, for due jobs nobody indexed (a bare ZADD) or claimed through this script, and
+--    indexed ones the index no longer reaches (an evicting Redis deleted part of it);
 -- 4. with `wanted` taken, up to `ahead` more from the index, for the worker's engine to
 --    start as slots free, as far as the waiting jobs exceed the other workers' free slots.
 -- A job only some workers may run (<queue>:eligible:<id>: a LoRA adapter not every worker
@@ -309,15 +310,36 @@ local function from_index(limit)
 end
 from_index(wanted)
 
--- 3. arq's queue itself (due jobs nobody indexed: a bare ZADD), when slots remain and nobody
---    scanned lately.
+-- Whether the scan below may take a due job: one nobody indexed, or one indexed where no
+-- claim would reach it any more (an evicting Redis deleted its place in the index: its band,
+-- its tenant in the band or its entry in the tenant's queue, or the window it was held for):
+-- its index entry is dropped, and it is taken like a bare ZADD.
+local function unindexed(id)
+  local meta = redis.call('HGET', indexed, id)
+  if not meta then return true end
+  if redis.call('ZSCORE', q .. ':deferred', id) then return false end -- held, or not due yet
+  local band, tenant = string.match(meta, '^(%S+) (%S+)')
+  local fifo = q .. ':fifo:' .. band .. ':' .. tenant
+  if redis.call('ZSCORE', fifo, id) and redis.call('ZSCORE', bands, band)
+      and redis.call('ZSCORE', q .. ':tenants:' .. band, tenant) then
+    return false
+  end
+  if not may_run(id) then return false end
+  redis.call('HDEL', indexed, id)
+  redis.call('ZREM', fifo, id)
+  redis.call('ZREM', waiting_key(q, band), id)
+  return true
+end
+
+-- 3. arq's queue itself (due jobs nobody indexed: a bare ZADD; or no longer reached through
+--    the index), when slots remain and nobody scanned lately.
 if n < wanted and redis.call('SET', q .. ':scan', now, 'NX', 'PX', scan_ms) then
   local offset = 0
   while n < wanted do
     local page_due = redis.call('ZRANGEBYSCORE', q, '-inf', now, 'WITHSCORES', 'LIMIT', offset, page)
     if #page_due == 0 then break end
     for i = 1, #page_due, 2 do
-      if redis.call('HEXISTS', indexed, page_due[i]) == 0 and take(page_due[i], page_due[i + 1]) then
+      if unindexed(page_due[i]) and take(page_due[i], page_due[i + 1]) then
         redis.call('ZREM', queue_waiting_key(q), page_due[i]) -- a lapsed lease step 1 did not reach
         if n >= wanted then break end
       end
