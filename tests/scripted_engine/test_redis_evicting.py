@@ -4,8 +4,8 @@ eviction cost names it.
 
 Redis deletes keys of its choosing when full; the targeted tests delete one key each, as an
 eviction would, on a Redis that has evicted keys before (so that streamq can tell that it
-evicts): a queued job's payload, a running request's lease, its replay log, the workers'
-registrations. The soak lets a full ``allkeys-random`` Redis choose. A real worker on the
+evicts): a queued job's payload, its place in the claim's index, a running request's lease,
+its replay log, the workers' registrations. The soak lets a full ``allkeys-random`` Redis choose. A real worker on the
 scripted engine; the library's client as a user runs it.
 """
 

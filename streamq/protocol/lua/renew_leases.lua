@@ -14,9 +14,10 @@
 -- one owns the request, or it ended). A lease is only set while its job is stored: an owner
 -- read ahead may predate the end, and the job's end deletes both its key and its lease here,
 -- so a renewal that runs after it must not set the lease again (nor where an evicting Redis
--- deleted the job: nobody could take it over); the attempt goes on. A held job whose request has a cancel recorded (see
--- cancel) is reported so, and its worker cancels it as if it had heard the cancel's message,
--- which it may have missed (its listener was reconnecting).
+-- deleted the job: nobody could take it over); the attempt goes on. A held job whose
+-- request has a cancel recorded (see cancel) is reported so, and its worker cancels it as if
+-- it had heard the cancel's message, which it may have missed (its listener was
+-- reconnecting).
 -- Returns per job 1 (held), 2 (held, and its request cancelled) or 0 (lost).
 local ttl, held = ARGV[1], {}
 local ahead = #ARGV - 1 == 2 * #KEYS
