@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from streamq.broker.registry import Routes
-from streamq.protocol import MAX_POOLED_BYTES, GenerateRequest, InvalidRequest, PooledEvent
+from streamq.protocol import MAX_POOLED_BYTES, GenerateRequest, InvalidRequest, PooledEvent, task_refusal
 
 try:  # numpy is optional: lists of floats without it
     import numpy
@@ -132,16 +132,10 @@ def check_task(request: GenerateRequest, routes: Routes, model: str) -> None:
     tasks = routes.tasks(model)
     if not tasks:
         return
+    if (refusal := task_refusal(tasks, request.pooling)) is not None:
+        raise InvalidRequest(f"{refusal} (model {model!r})")
     if request.pooling is None:
-        if "generate" not in tasks:
-            raise InvalidRequest(f"This model does not support generation (model {model!r} is a pooling model)")
         return
-    task = request.pooling.task
-    if not tasks - {"generate"}:
-        raise InvalidRequest(f"This model does not support pooling (model {model!r} generates text)")
-    if task not in tasks:
-        supported = ", ".join(sorted(tasks))
-        raise InvalidRequest(f"Unsupported task: {task!r} Supported tasks: {supported} (model {model!r})")
     size = routes.pooled_size(model)
     inputs = len(request.inputs or ())
     if size is not None and inputs * size * 4 > MAX_POOLED_BYTES:

@@ -35,6 +35,7 @@ from streamq.protocol import (
     InvalidRequest,
     is_valid_request_id,
     parse_request,
+    task_refusal,
 )
 from worker import metrics
 from worker.adapters import Adapters
@@ -171,18 +172,13 @@ def _validate(job: JobContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -
 
 
 def _check_model(request: GenerateRequest, presence: Presence, adapters: Adapters | None) -> None:
-    """Refuse a request the engine cannot run (generation on a pooling model, the reverse,
-    a pooling task it lacks: vLLM's messages), and one meant for another model: workers of two models sharing a queue
-    would otherwise answer each other's requests with the wrong model. On a worker with
+    """Refuse a request the engine cannot run (``task_refusal``: vLLM's messages), and one
+    meant for another model: workers of two models sharing a queue would otherwise answer
+    each other's requests with the wrong model. On a worker with
     LoRA adapters any other name is an adapter's, found (or refused by name) as it runs."""
     registration = presence.registration
-    if request.pooling is not None and not registration.runs(request.pooling.task):
-        if registration.runs("generate"):
-            raise InvalidRequest("This model does not support pooling")
-        supported = ", ".join(registration.tasks)
-        raise InvalidRequest(f"Unsupported task: {request.pooling.task!r} Supported tasks: {supported}")
-    if request.pooling is None and not registration.runs("generate"):
-        raise InvalidRequest("This model does not support generation")
+    if (refusal := task_refusal(registration.engine_tasks, request.pooling)) is not None:
+        raise InvalidRequest(refusal)
     served = registration.model
     if request.model is not None and request.model != served and adapters is None:
         raise InvalidRequest(
@@ -327,17 +323,11 @@ async def _run(job: JobContext, request: GenerateRequest, events: RequestEvents,
     # The seed a take-over would need to generate the request again is fixed now.
     params = with_take_over_seed(sampling_params_for(request, delivery, prompt.rendered), request.request_id)
     progress = await _take_over(state, request, events, params.n)
-    if progress.ended:  # an earlier attempt finished; only arq's bookkeeping was lost
-        await _confirm_logged_end(state, events, progress)
-        return progress.summary(request.request_id)
-    if progress.superseded:  # a newer attempt took it over first
-        return _yield_to_owner(request.request_id, events.attempt)
+    cleared = await _clear_to_start(job, request, events, progress)
+    if not isinstance(cleared, _Cleared):
+        return cleared
     running.progress = progress
-    if state.cancels.was_cancelled(request.request_id):  # before it started (a take-over of a cancelled request)
-        return await _end(job, events, request, progress, FinishReason.CANCELLED)
-    time_left = _time_left(state, job.queued_at_ms, request, events.attempt)
-    if isinstance(time_left, FinishReason):
-        return await _end(job, events, request, progress, time_left)
+    time_left = cleared.time_left
     generation = await _generation(state.engine, request, progress, prompt_ids, params, delivery)
     if generation is None:  # finished (or out of budget) before the final event went out
         return await _end(job, events, request, progress, FinishReason.LENGTH)
@@ -349,6 +339,34 @@ async def _run(job: JobContext, request: GenerateRequest, events: RequestEvents,
     parsing = _output_parsing(state, request, prompt, params.n, delivery, progress)
     readers = _Readers(reader, reporter, parsing)
     return await _run_engine(job, request, events, progress, generation, readers, time_left, lora)
+
+
+@dataclass(frozen=True)
+class _Cleared:
+    """An attempt free to start its engine, for ``time_left`` seconds (``None``: no deadline)."""
+
+    time_left: float | None
+
+
+async def _clear_to_start(
+    job: JobContext, request: GenerateRequest, events: RequestEvents, progress: Progress
+) -> JobOutcome | _Cleared:
+    """What ends an attempt before its engine starts, a generation's or a pooling
+    request's alike: an earlier attempt's end (only arq's bookkeeping was lost), a newer
+    attempt that took the request over first, a cancel heard before it started (a take-over
+    of a cancelled request), a deadline passed; else how long it may run."""
+    state = job.state
+    if progress.ended:
+        await _confirm_logged_end(state, events, progress)
+        return progress.summary(request.request_id)
+    if progress.superseded:
+        return _yield_to_owner(request.request_id, events.attempt)
+    if state.cancels.was_cancelled(request.request_id):
+        return await _end(job, events, request, progress, FinishReason.CANCELLED)
+    time_left = _time_left(state, job.queued_at_ms, request, events.attempt)
+    if isinstance(time_left, FinishReason):
+        return await _end(job, events, request, progress, time_left)
+    return _Cleared(time_left)
 
 
 async def _lora_request(state: WorkerState, request: GenerateRequest) -> LoRARequest | None:
@@ -529,16 +547,10 @@ async def _run_pooling(job: JobContext, request: GenerateRequest, events: Reques
     state = job.state
     engine: AsyncLLM = state.engine
     progress = await _take_over(state, request, events, 1)
-    if progress.ended:
-        await _confirm_logged_end(state, events, progress)
-        return progress.summary(request.request_id)
-    if progress.superseded:
-        return _yield_to_owner(request.request_id, events.attempt)
-    if state.cancels.was_cancelled(request.request_id):
-        return await _end(job, events, request, progress, FinishReason.CANCELLED)
-    time_left = _time_left(state, job.queued_at_ms, request, events.attempt)
-    if isinstance(time_left, FinishReason):
-        return await _end(job, events, request, progress, time_left)
+    cleared = await _clear_to_start(job, request, events, progress)
+    if not isinstance(cleared, _Cleared):
+        return cleared
+    time_left = cleared.time_left
     if getattr(engine, "errored", False):
         raise EngineDeadError("the engine is dead")
     this_run = (request.request_id, events.attempt)

@@ -84,7 +84,7 @@ class Routes:
     def tasks(self, model: str) -> set[str]:
         """What ``model``'s live workers run (``generate``, ``embed``, ...: vLLM's task
         names); empty when none is live."""
-        return {task for w in self.workers if w.serves(model) for task in (w.tasks or ("generate",))}
+        return {task for w in self.workers if w.serves(model) for task in w.engine_tasks}
 
     def pooled_size(self, model: str) -> int | None:
         """The most values per input a pooling request for ``model`` may return, over its

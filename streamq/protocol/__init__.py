@@ -48,6 +48,7 @@ from streamq.protocol.messages import (
     encode_registration,
     event_json,
     parse_request,
+    task_refusal,
 )
 from streamq.protocol.names import (
     ABORT_KEY,
@@ -156,6 +157,7 @@ __all__ = [
     "TopLogprob",
     "AdapterCard",
     "WorkerRegistration",
+    "task_refusal",
     "decode_event",
     "decode_registration",
     "encode_event",

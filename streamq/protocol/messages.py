@@ -3,6 +3,7 @@ and a worker's registration, each with its encoder and decoder."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Final, Literal, TypedDict
 
 import msgspec
@@ -465,6 +466,21 @@ class AdapterCard(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit
     """Where the worker loaded it from (``/v1/models``' ``root``, as vllm serve shows it)."""
 
 
+def task_refusal(tasks: Collection[str], pooling: Pooling | None) -> str | None:
+    """vLLM's words for a request that an engine running ``tasks`` cannot run: generation
+    on a pooling model, pooling on a model that generates, a pooling task it lacks;
+    ``None`` where it can. One rule for the producer, which refuses before enqueue, and the
+    worker, which refuses what reached it all the same (from a producer in another
+    language, or routed before the model's workers changed)."""
+    if pooling is None:
+        return None if "generate" in tasks else "This model does not support generation"
+    if not set(tasks) - {"generate"}:
+        return "This model does not support pooling"
+    if pooling.task not in tasks:
+        return f"Unsupported task: {pooling.task!r} Supported tasks: {', '.join(sorted(tasks))}"
+    return None
+
+
 class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
     """What a live worker tells producers: which models it serves on which queue.
 
@@ -492,9 +508,10 @@ class WorkerRegistration(msgspec.Struct, forbid_unknown_fields=False, omit_defau
     request's results (``MAX_POOLED_BYTES``) before it is enqueued."""
     v: int = PROTOCOL_VERSION
 
-    def runs(self, task: str) -> bool:
-        """Whether its engine runs ``task`` (``generate``, ``embed``, ...)."""
-        return task in (self.tasks or ("generate",))
+    @property
+    def engine_tasks(self) -> tuple[str, ...]:
+        """What its engine runs (``generate``, ``embed``, ...), ``generate`` where unlisted."""
+        return self.tasks or ("generate",)
 
     def serves(self, model: str) -> bool:
         """Whether ``model`` is this worker's base model or one of its listed adapters."""
