@@ -42,8 +42,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.broker.replies import as_text
 from streamq.broker.transport import pack_command
@@ -280,6 +282,14 @@ async def detect(execute: Callable[..., Awaitable[Any]]) -> ServerState:
     return ServerState(tuple(replicas), str(persistence.get("aof_enabled", "0")) == "1", waitaof, note)
 
 
+async def _detect_node(node: ClusterNode) -> ServerState:
+    """``detect`` on one cluster primary; a failure names it."""
+    try:
+        return await detect(node.execute_command)
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise RedisConnectionError(f"primary {node.name}: {exc}") from exc
+
+
 def _info(reply: Any) -> dict[str, Any]:
     """An ``INFO`` reply as a dict (redis-py's parsed one as it is)."""
     if isinstance(reply, dict):
@@ -447,10 +457,20 @@ class DetectedDurability(Durability):
             self.set_waits(NO_WAIT)
             return
         redis = self._redis
+        if isinstance(redis, RedisCluster):
+            await redis.initialize()  # the cluster's layout read again, where a failure closed it
         self._primaries = primaries_of(redis)
         if isinstance(redis, RedisCluster):
             primaries = redis.get_primaries()
-            found = await asyncio.gather(*(detect(node.execute_command) for node in primaries))
+            try:
+                found = await asyncio.gather(*(_detect_node(node) for node in primaries))
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # As redis-py does when a node's connection fails: every connection closed,
+                # the layout read again at the next use. The client may have no other traffic
+                # that would (a failover to a replica whose shard has no writes yet), and a
+                # dead primary it still lists would fail every detection.
+                await redis.aclose()
+                raise
             self.states = {node.name: state for node, state in zip(primaries, found, strict=True)}
             nodes = {name: self.resolve(state) for name, state in self.states.items()}
             self.set_waits(_strictest(nodes.values(), self.timeout_ms), nodes)

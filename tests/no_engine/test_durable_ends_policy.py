@@ -23,6 +23,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from devkit.chaos import fail_over
 from devkit.redis_cluster import RedisCluster
 from devkit.redis_server import FreezingProxy, RedisServer, has_waitaof
 from producer.client import StreamqClient
@@ -707,3 +708,27 @@ async def test_on_a_cluster_each_end_waits_on_its_primarys_connection(cluster: R
         assert json.loads((await log.read(other))[0])["finish_reasons"] == ["cancelled"]
     finally:
         await client.aclose()
+
+
+async def test_after_a_failover_the_check_alone_learns_the_new_primary_and_its_wait() -> None:
+    """A primary fails over to its replica, which has none of its own. The worker's check
+    learns it by itself, with no other traffic on the client that would have it read the
+    cluster's layout again: the new primary's ends wait for no replica, instead of for one it
+    lacks, each held for good."""
+    with RedisCluster(primaries=3, replicas_per_primary=1) as cluster:
+        client = await connect_cluster(cluster.url)
+        try:
+            durability = await detected(client)
+            primary = cluster.node(cluster.primary_ports()[0])
+            [replica] = cluster.replicas_of(primary)
+            promoted = f"127.0.0.1:{replica.port}"
+            assert durability.wait(f"127.0.0.1:{primary.port}") == EndWait(1, False, BOUND_MS)
+            fail_over(cluster, primary)
+            async with asyncio.timeout(30):
+                while promoted not in durability.states:
+                    await durability.check()
+                    await asyncio.sleep(0.2)
+            assert durability.wait(promoted) == EndWait(0, False, BOUND_MS)
+            assert f"127.0.0.1:{primary.port}" not in durability.states
+        finally:
+            await client.aclose()
