@@ -174,8 +174,8 @@ def _validate(job: JobContext, args: Sequence[Any], kwargs: Mapping[str, Any]) -
 def _check_model(request: GenerateRequest, presence: Presence, adapters: Adapters | None) -> None:
     """Refuse a request the engine cannot run (``task_refusal``: vLLM's messages), and one
     meant for another model: workers of two models sharing a queue would otherwise answer
-    each other's requests with the wrong model. On a worker with
-    LoRA adapters any other name is an adapter's, found (or refused by name) as it runs."""
+    each other's requests with the wrong model. On a worker with LoRA adapters any other
+    name is an adapter's, found (or refused by name) as it runs."""
     registration = presence.registration
     if (refusal := task_refusal(registration.engine_tasks, request.pooling)) is not None:
         raise InvalidRequest(refusal)
