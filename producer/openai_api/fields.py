@@ -134,7 +134,10 @@ COMPLETION_FIELDS: Final[dict[str, Field]] = {
 CHAT_FIELDS: Final[dict[str, Field]] = {
     **_COMMON,
     "add_special_tokens": _honoured("added to the rendered template (default false: it holds them)"),
-    "messages": _honoured("text content (a string or text parts), assistant `tool_calls`, tool answers"),
+    "messages": _honoured(
+        "text content (a string, or the parts vLLM reads as text: `text`, `refusal`, `thinking`, `input_text`, "
+        "`output_text`), assistant `tool_calls`, tool answers"
+    ),
     "top_logprobs": _honoured(),
     "max_completion_tokens": _honoured("wins over `max_tokens`"),
     "tools": _honoured("rendered and parsed on the worker by vLLM's renderer and tool parser"),

@@ -605,7 +605,8 @@ def _message(message: object, position: int) -> dict[str, Any]:
         raise InvalidRequest(f"{where}.role must be a string")
     if isinstance(content, list):
         # Text parts joined by newlines, as vLLM renders them for a template that takes a string.
-        content = "\n".join(_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content))
+        texts = (_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content))
+        content = "\n".join(text for text in texts if text is not None)
     calls = message.get("tool_calls")
     if calls is not None and not (isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)):
         raise InvalidRequest(f"{where}.tool_calls must be a list of tool call objects")
@@ -684,7 +685,31 @@ def _tools(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"tools": {k: v for k, v in options.items() if v is not None}}
 
 
-def _text_part(part: object, where: str) -> str:
-    if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-        raise InvalidRequest(f"{where}: only text content parts ({{'type': 'text', 'text': ...}}) are supported")
-    return str(part["text"])
+TEXT_PARTS: Final = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+"""The content parts vLLM reads as text (its ``TEXT_PART_TYPES``), each with the key that holds
+its text."""
+SKIPPED_WHEN_EMPTY: Final = frozenset({"text", "refusal"})
+"""Parts vLLM skips when their text is missing (``PART_TYPES_TO_SKIP_NONE_CONTENT``)."""
+
+
+def _text_part(part: object, where: str) -> str | None:
+    """A content part's text as vLLM renders it for a template that takes a string: a
+    plain string, or a part of a text type (a refusal, a thinking part, ...); ``None`` for
+    one vLLM skips. Media parts are refused (no multimodal model serves here)."""
+    if isinstance(part, str):
+        return part
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+    if key is not None and isinstance(part, Mapping):
+        text = part.get(key)
+        if isinstance(text, str):
+            return text
+        if text is None and kind in SKIPPED_WHEN_EMPTY:
+            return None
+    raise InvalidRequest(f"{where}: only text content parts ({{'type': 'text', 'text': ...}}) are supported")

@@ -6,12 +6,15 @@ a reason naming what is wrong."""
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import pytest
 
 from producer.openai_api.limits import RequestLimits
 from producer.openai_api.requests import (
+    SKIPPED_WHEN_EMPTY,
+    TEXT_PARTS,
     chat_request_to_submit_kwargs,
     completion_request_to_submit_kwargs,
     parse_openai_body,
@@ -436,6 +439,30 @@ def test_bad_logprob_token_ids_are_refused(body: dict[str, Any], reason: str) ->
 def test_a_message_without_content_is_rendered_empty_as_vllm_serve_renders_it() -> None:
     kwargs = chat_request_to_submit_kwargs({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant"}]})
     assert kwargs["messages"][1] == {"role": "assistant", "content": ""}
+
+
+def test_content_parts_vllm_reads_as_text_are_rendered_as_its_text_and_media_refused() -> None:
+    """vLLM reads a refusal, a thinking part and the Responses API's text parts as text, and
+    skips a text or refusal part without its text (``vllm/renderers/chat_utils.py``); the
+    parts join by newlines, as vLLM renders them for a template that takes a string."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from vllm.renderers.chat_utils import PART_TYPES_TO_SKIP_NONE_CONTENT, TEXT_PART_TYPES
+    assert set(TEXT_PARTS) == TEXT_PART_TYPES and set(PART_TYPES_TO_SKIP_NONE_CONTENT) == SKIPPED_WHEN_EMPTY
+    parts = [
+        "plain",
+        {"type": "text", "text": "a"},
+        {"type": "refusal", "refusal": "no"},
+        {"type": "thinking", "thinking": "hm"},
+        {"type": "output_text", "text": "b"},
+        {"type": "text"},
+        {"type": "refusal", "refusal": None},
+    ]
+    kwargs = chat_request_to_submit_kwargs({"messages": [{"role": "assistant", "content": parts}]})
+    assert kwargs["messages"][0]["content"] == "plain\na\nno\nhm\nb"
+    for bad in ({"type": "thinking"}, {"type": "text", "text": 5}, {"type": "input_audio", "input_audio": {}}):
+        with pytest.raises(InvalidRequest, match=r"messages\[0\]\.content\[0\]: only text content parts"):
+            chat_request_to_submit_kwargs({"messages": [{"role": "user", "content": [bad]}]})
 
 
 @pytest.mark.parametrize(

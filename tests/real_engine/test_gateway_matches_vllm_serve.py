@@ -37,7 +37,7 @@ from transformers import AutoTokenizer
 from devkit.gateway_process import GatewayProcess
 from devkit.worker_process import tiny_engine_flags, worker_env
 from producer.openai_api.fields import ENDPOINT_FIELDS, LEGACY_FIELDS, Support
-from streamq.protocol import ChunkEvent, decode_event, events_channel
+from streamq.protocol import ChunkEvent, decode_event, events_channel, is_valid_request_id
 from tests.support.schema_fuzz import Answers, answered, bounded, drawn_bodies
 from tests.support.session import MAX_MODEL_LEN
 from tests.support.vllm_serve import beside_a_worker, comparable, post
@@ -585,12 +585,17 @@ FUZZ_CASES = 100
 """Bodies drawn per endpoint: the same each run (``tests/support/schema_fuzz.py``)."""
 
 
-def refused_for_the_queue(answers: Answers, chat: bool) -> bool:
+def refused_for_the_queue(answers: Answers, body: Any, chat: bool) -> bool:
     """A 400 of the gateway naming a field its table refuses (a reason of the queue's:
-    beam search, disaggregation, tensors, ...), sent with a value other than its default."""
+    beam search, disaggregation, tensors, ...), sent with a value other than its default;
+    or a ``request_id`` that cannot name a streamq request (docs/gateway.md: it names the
+    request's Redis keys, URL and headers, where ``vllm serve`` takes any string)."""
     if answers.gateway_status != 400:
         return False
     param = json.loads(answers.gateway_text)["error"].get("param")
+    if param == "request_id":
+        request_id = body.get("request_id") if isinstance(body, dict) else None
+        return not (isinstance(request_id, str) and is_valid_request_id(request_id))
     field = {**ENDPOINT_FIELDS[chat], **LEGACY_FIELDS}.get(param or "")
     return field is not None and field.support is Support.REFUSED
 
@@ -604,10 +609,11 @@ def test_bodies_drawn_from_vllm_serves_schema_are_answered_as_it_answers_them(se
     schema = httpx.get(servers.serve_url + "/openapi.json", timeout=30).json()
     chat = path.endswith("chat/completions")
     differences = []
-    for body in drawn_bodies(schema, path, FUZZ_CASES):
-        answers = answered(servers.serve_url, servers.gateway_url, path, bounded(body, MODEL))
+    for drawn in drawn_bodies(schema, path, FUZZ_CASES):
+        body = bounded(drawn, MODEL)
+        answers = answered(servers.serve_url, servers.gateway_url, path, body)
         serve_ok, gateway_ok = answers.serve_status == 200, answers.gateway_status == 200
-        refused_alone = serve_ok and not gateway_ok and not refused_for_the_queue(answers, chat)
+        refused_alone = serve_ok and not gateway_ok and not refused_for_the_queue(answers, body, chat)
         answered_alone = gateway_ok and 400 <= answers.serve_status < 500
         if answers.gateway_status >= 500 or refused_alone or answered_alone:
             differences.append(answers.describe())
