@@ -47,6 +47,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streamq.broker.cluster import refresh_slot_map
 from streamq.broker.replies import as_text
 from streamq.broker.transport import pack_command
 from streamq.env_vars import DURABLE_ENDS_ENV
@@ -457,19 +458,17 @@ class DetectedDurability(Durability):
             self.set_waits(NO_WAIT)
             return
         redis = self._redis
-        if isinstance(redis, RedisCluster):
-            await redis.initialize()  # the cluster's layout read again, where a failure closed it
         self._primaries = primaries_of(redis)
         if isinstance(redis, RedisCluster):
             primaries = redis.get_primaries()
             try:
                 found = await asyncio.gather(*(_detect_node(node) for node in primaries))
             except (RedisConnectionError, RedisTimeoutError, OSError):
-                # As redis-py does when a node's connection fails: every connection closed,
-                # the layout read again at the next use. The client may have no other traffic
-                # that would (a failover to a replica whose shard has no writes yet), and a
-                # dead primary it still lists would fail every detection.
-                await redis.aclose()
+                # A primary away (failed over?): the slot map read again now, as a send that
+                # meets a node away does. The client may have no other traffic that would,
+                # and a dead primary it still lists would fail every detection.
+                with contextlib.suppress(Exception):
+                    await refresh_slot_map(redis)
                 raise
             self.states = {node.name: state for node, state in zip(primaries, found, strict=True)}
             nodes = {name: self.resolve(state) for name, state in self.states.items()}
